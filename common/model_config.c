@@ -79,6 +79,16 @@
       .vocab = 65024, .max_seq = 2048, .tied_embeddings = 1, .norm_bias = 1,             \
       .norm_eps = 1e-5f, .rope_theta = 10000.0f, .act = "gelu", .pos = ZO_POS_ROTARY,    \
       .layer_norms = norms, .parallel_block = 1}}
+/* OPT (config.json of facebook/opt-*): LayerNorm with biases, biased q, k, v,
+ * out_proj and fc1/fc2 (4h, ReLU), learned positions of 2048 + 2 rows, tied;
+ * vocabulary 50272. */
+#define OPT(n, L, h, a)                                                                   \
+    {n, "",                                                                               \
+     {.name = n, .family = "opt", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,       \
+      .n_heads = a, .n_kv_heads = a, .head_dim = (h) / (a), .ffn = 4 * (h),              \
+      .vocab = 50272, .max_seq = 2048, .tied_embeddings = 1, .attn_bias = 1,             \
+      .out_bias = 1, .norm_bias = 1, .norm_eps = 1e-5f, .act = "relu",                   \
+      .pos = ZO_POS_LEARNED, .pos_offset = 2}}
 /* Gemma-2 (config.json of google/gemma-2-2b, -9b, -27b): Gemma's layers
  * with four norms (layer_norms 4), scores times query_pre_attn_scalar^-0.5
  * and capped at 50, logits capped at 30, a window of 4096 positions on
@@ -153,6 +163,13 @@ static const zo_model_preset presets[] = {
     NEOX("gpt-neox-20b", 44, 6144, 64, 50432, "gelu_fast"),
     FALCON("falcon-7b", 32, 4544, 71, 1, 1),
     FALCON("falcon-40b", 60, 8192, 128, 8, 2),
+    OPT("opt-125m", 12, 768, 12),
+    OPT("opt-1.3b", 24, 2048, 32),
+    OPT("opt-2.7b", 32, 2560, 32),
+    OPT("opt-6.7b", 32, 4096, 32),
+    OPT("opt-13b", 40, 5120, 40),
+    OPT("opt-30b", 48, 7168, 56),
+    OPT("opt-66b", 64, 9216, 72),
     GEMMA2("gemma-2-2b", 26, 2304, 8, 4, 256, 9216, 256),
     GEMMA2("gemma-2-9b", 42, 3584, 16, 8, 256, 14336, 256),
     /* heads of 128, but query_pre_attn_scalar 144 (hidden / heads) */
@@ -498,7 +515,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these), GPT-NeoX's
      * erf form ("gelu") too; LLaMA: SiLU, Gemma's gate that tanh form (GeGLU) */
     int gelu_known = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
-                     !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
+                     !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu")) ||
+                     (zo_model_opt(c) && !strcmp(c->act, "relu")); /* OPT's ReLU */
     int gemma = zo_family_gemma(c->family);
     int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !gelu_known : strcmp(c->act, "silu"));
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
@@ -513,7 +531,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
-    else if ((c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY)) || c->pos_offset)
+    else if (c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY) &&
+             !(zo_model_opt(c) && c->pos == ZO_POS_LEARNED))
         snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
     else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_post_norms(c) && gemma) &&
              !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
@@ -988,6 +1007,7 @@ int zo_model_fused_proj(const zo_model_config *c) { return !strcmp(c->family, "p
 int zo_model_neox(const zo_model_config *c) { return !strcmp(c->family, "gpt_neox"); }
 int zo_model_falcon(const zo_model_config *c) { return !strcmp(c->family, "falcon"); }
 int zo_model_qkv_grouped(const zo_model_config *c) { return zo_model_neox(c) || zo_model_falcon(c); }
+int zo_model_opt(const zo_model_config *c) { return !strcmp(c->family, "opt"); }
 
 int zo_model_rope_dim(const zo_model_config *c)
 {
@@ -1137,8 +1157,9 @@ static void parse_falcon(hf *r, zo_model_config *c, const family *f)
 }
 
 /* OPT: LayerNorm, biased q/k/v/o and MLP (ReLU), learned positions with two
- * extra rows, tied output layer. OPT-350m's post-norm layers and embedding
- * projections are refused. */
+ * extra rows, tied output layer. OPT-350m's post-norm layers
+ * (do_layer_norm_before false, which also drops the final norm: not in
+ * `modelled`, so refused by name) and embedding projections are refused. */
 static void parse_opt(hf *r, zo_model_config *c, const family *f)
 {
     c->arch = ZO_ARCH_GPT;
@@ -1146,9 +1167,12 @@ static void parse_opt(hf *r, zo_model_config *c, const family *f)
     c->pos_offset = 2;
     c->norm_bias = 1;
     hf_shape(r, c, "ffn_dim");
+    c->norm_eps = 1e-5f; /* OPTConfig has no epsilon: torch's LayerNorm default */
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
     c->attn_bias = c->out_bias = hf_bool(r, "enable_bias", 1);
+    /* OPTConfig's default activation_function is "relu" */
     hf_act(r, "activation_function", NULL, c);
+    if (!c->act[0]) snprintf(c->act, sizeof c->act, "relu");
     if (hf_int(r, "word_embed_proj_dim", c->hidden) != c->hidden)
         hf_fail(r, ZO_ERR_UNSUPPORTED, "word_embed_proj_dim",
                 "an embedding narrower than hidden_size (projected in and out) is not modelled");
@@ -1229,7 +1253,7 @@ static const family families[] = {
     {"RefinedWeb", NULL, parse_falcon, "Falcon-40B (its first model_type)", 1, 0, 0, NULL, 1},
     {"opt", "OPTForCausalLM", parse_opt,
      "OPT: LayerNorm, biased q/k/v/o and ReLU MLP, learned positions (+2 rows), tied", 1, 0, 0,
-     "word_embed_proj_dim,do_layer_norm_before", 0},
+     "word_embed_proj_dim", 1},
     {"bloom", "BloomForCausalLM", parse_bloom,
      "BLOOM: LayerNorm (and on the embeddings), biased fused qkv and GELU MLP, ALiBi, tied", 1,
      0, 0, NULL, 0},

@@ -148,6 +148,9 @@ int zo_model_falcon(const zo_model_config *c);
  * the erf GELU allowed, query_key_value's rows grouped per kv head in the
  * file ([q ... k v] of group 0, then of group 1, ...) */
 int zo_model_qkv_grouped(const zo_model_config *c);
+/* OPT: GPT layers as Linear weights under model.decoder., q, k and v
+ * separate, learned positions read from row pos_offset (2) on, ReLU */
+int zo_model_opt(const zo_model_config *c);
 /* Gemma-2's layers: a norm on the attention's and on the MLP's output
  * before each residual add (layer_norms 4 on a LLaMA layer). */
 int zo_model_post_norms(const zo_model_config *c);

@@ -227,6 +227,9 @@ static void embedding_block(builder *b)
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "gpt_neox.embed_in.weight");
     } else if (zo_model_falcon(c)) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "transformer.word_embeddings.weight");
+    } else if (zo_model_opt(c)) { /* positions from row pos_offset (2) on */
+        add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "model.decoder.embed_tokens.weight");
+        add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq + c->pos_offset, h, "model.decoder.embed_positions.weight");
     } else if (c->arch == ZO_ARCH_GPT) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq, h, "wpe.weight");
@@ -295,6 +298,40 @@ static void grouped_layer(builder *b, int i)
     add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.dense_4h_to_h.weight", p, i);
     if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.dense_4h_to_h.bias", p, i);
     qkv_sub_views(l, bl, q, kv);
+}
+
+/* Layer i of an OPT model: GPT-2's layer as Linear weights under OPT's
+ * names, q, k and v separate (biased where enable_bias, as are out_proj,
+ * fc1 and fc2), with fused views over them. */
+static void opt_layer(builder *b, int i)
+{
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
+    const int64_t h = c->hidden, f = c->ffn, q = (int64_t)c->n_heads * c->head_dim;
+    const int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
+    const char *p = "model.decoder.layers";
+    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.self_attn_layer_norm.weight", p, i);
+    add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.self_attn_layer_norm.bias", p, i);
+    add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
+    add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
+    add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+    if (c->attn_bias) {
+        add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
+        add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
+        add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
+    }
+    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.out_proj.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.out_proj.bias", p, i);
+    add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.final_layer_norm.weight", p, i);
+    add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.final_layer_norm.bias", p, i);
+    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.fc1.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.fc1.bias", p, i);
+    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.fc2.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.fc2.bias", p, i);
+    static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
+    static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
+    fuse_views(l, b->block, MODEL_ROLE_QKV_W, qkv_w, 3);
+    fuse_views(l, b->block, MODEL_ROLE_QKV_B, qkv_b, 3);
 }
 
 /* Layer i of a LLaMA-family model (the builder at its block): separate
@@ -382,7 +419,10 @@ static void head_block(builder *b)
         if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
         return;
     }
-    if (c->arch == ZO_ARCH_GPT) {
+    if (zo_model_opt(c)) {
+        add(b, MODEL_ROLE_NORM_W, 0, h, 0, "model.decoder.final_layer_norm.weight");
+        add(b, MODEL_ROLE_NORM_B, 0, h, 0, "model.decoder.final_layer_norm.bias");
+    } else if (c->arch == ZO_ARCH_GPT) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "ln_f.weight");
         if (c->norm_bias) add(b, MODEL_ROLE_NORM_B, 0, h, 0, "ln_f.bias");
     } else {
@@ -435,6 +475,7 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
         b.block = model_layout_layer_block(i);
         b.layer = i;
         if (zo_model_qkv_grouped(&cfg)) grouped_layer(&b, i);
+        else if (zo_model_opt(&cfg)) opt_layer(&b, i);
         else if (cfg.arch == ZO_ARCH_GPT) gpt_layer(&b, i);
         else llama_layer(&b, i);
     }

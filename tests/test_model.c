@@ -32,13 +32,12 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "pythia-160m.json", "pythia-6.9b.json", "gpt-neox-20b.json",
                                    "falcon-7b.json", "falcon-40b.json",
                                    "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
-                                   "gemma-3-1b.json"};
+                                   "gemma-3-1b.json", "opt-125m.json", "opt-1.3b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name. */
 static const struct { const char *config, *family; } not_built[] = {
     {"deepseek-v2-lite.json", "deepseek_v2"}, {"falcon-rw-1b.json", "falcon"} /* ALiBi */,
-    {"opt-125m.json", "opt"},
     {"bloom-560m.json", "bloom"},
 };
 
@@ -228,6 +227,18 @@ static void test_layout_refuses_families(void **state)
     c.qk_norm = 1;
     assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "q/k norms on GPT layers"));
+    /* OPT-350m's post-norm layers (without its projections) and an OPT
+     * without its final norm: refused by name when the config is read */
+    static const char *opt_refused[][2] = {{"\"do_layer_norm_before\": false", "do_layer_norm_before"},
+                                           {"\"_remove_final_layer_norm\": true", "_remove_final_layer_norm"}};
+    for (int i = 0; i < 2; i++) {
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"opt\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                 "\"num_attention_heads\": 4, \"ffn_dim\": 256, \"vocab_size\": 100, %s}", opt_refused[i][0]);
+        assert_int_equal(zo_model_config_parse(json, "opt.json", &c), ZO_ERR_UNSUPPORTED);
+        if (!strstr(zo_last_error(), opt_refused[i][1])) fail_msg("%s", zo_last_error());
+    }
 }
 
 /* Variants the presets do not cover: untied GPT, Qwen2-style q/k/v biases,

@@ -23,8 +23,12 @@ static int has_rope(const tf_model *m) { return !is_gpt(m) || m->cfg.pos == ZO_P
 static int parallel_residual(const tf_model *m) { return m->cfg.parallel_block; }
 /* Falcon-7B: one norm for both (ln2 is ln1) */
 static int one_norm(const zo_model_config *c) { return c->layer_norms == 1; }
-/* GELU's erf form (GPT-NeoX's "gelu"), else its tanh form */
-static int gelu_exact(const zo_model_config *c) { return !strcmp(c->act, "gelu"); }
+/* The GPT MLP's activation: GELU's erf form (GPT-NeoX's "gelu"), ReLU
+ * (OPT's), else GELU's tanh form */
+static int act_form(const zo_model_config *c)
+{
+    return !strcmp(c->act, "gelu") ? GPU_ACT_GELU_ERF : !strcmp(c->act, "relu") ? GPU_ACT_RELU : GPU_ACT_GELU_TANH;
+}
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
 /* the LLaMA-shaped MLP's gate: GELU's tanh form (Gemma's GeGLU; the
@@ -1208,13 +1212,21 @@ static float embed_scale(const tf_model *m)
     return m->dtype == ZO_DTYPE_F32 ? v : zo_load_f32(b, m->dtype, 0);
 }
 
+/* Position p's row of the learned table: row p, OPT's row p + 2 (pos_offset:
+ * Hugging Face's positions count from 2, the rows before are never read) */
+static gpu_tensor pos_rows(const zo_model_config *c, gpu_tensor wpe)
+{
+    if (wpe.data) wpe.data = (char *)wpe.data + (size_t)c->pos_offset * c->hidden * zo_dtype_size(wpe.dtype);
+    return wpe;
+}
+
 static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
 {
     const zo_model_config *c = &m->cfg;
     int N = m->b * m->t;
     const void *W = base_buf(m, bb);
     gpu_tensor out = gpu_t(m->res[0], m->dtype), wte = bview(m, W, 0, MODEL_ROLE_TOK_EMB);
-    gpu_tensor wpe = bview(m, W, 0, MODEL_ROLE_POS_EMB);
+    gpu_tensor wpe = pos_rows(c, bview(m, W, 0, MODEL_ROLE_POS_EMB));
     /* res[0][N, h] = wte[tokens] (+ wpe[position]): positions from 0, or in
      * generation from each sequence's (m->pos: one call for the batch) */
     zo_status st = m->opts.kv_len && wpe.data
@@ -1277,7 +1289,7 @@ static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream
     zo_status st = is_gemma(m) ? gpu_scale(s, F32(m->dres), embed_scale(m), (size_t)N * c->hidden) : ZO_OK;
     if (st != ZO_OK) return st;
     return gpu_embedding_backward(s, tf_view(m, bb->grads, 0, MODEL_ROLE_TOK_EMB),
-                                  tf_view(m, bb->grads, 0, MODEL_ROLE_POS_EMB), F32(m->dres),
+                                  pos_rows(c, tf_view(m, bb->grads, 0, MODEL_ROLE_POS_EMB)), F32(m->dres),
                                   m->tokens, N, m->t, c->hidden, c->vocab);
 }
 
@@ -2073,7 +2085,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                                                 ln2, N, f, h)) != ZO_OK ||
                       (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, fc, f)) != ZO_OK))
             return st;
-        if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st;
+        if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f, act_form(c))) != ZO_OK) return st;
     } else {
         gpu_tensor up = gpu_t(a->up, dt);
         if (!kept && ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, fc,
@@ -2187,7 +2199,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         return st;
     if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, ddown, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
-        if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st; /* dfc, in place */
+        if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, act_form(c))) != ZO_OK) return st; /* dfc, in place */
         if ((st = linear_role_backward(m, l, bb, s, up, dh, 0.0f, dff, ln2)) != ZO_OK) return st;
     } else {
         gpu_tensor dup = F32(m->dff2), upa = gpu_t(a->up, dt);
