@@ -763,7 +763,8 @@ static void test_hf_config_from_presets(void **state)
 {
     (void)state;
     static const char *const dense[] = {"qwen3-0.6b", "qwen3-8b", "gemma-2b", "phi-4", "mistral-7b",
-                                        "pythia-1.4b", "gpt-neox-20b", "falcon-7b", "falcon-40b"};
+                                        "pythia-1.4b", "gpt-neox-20b", "falcon-7b", "falcon-40b",
+                                        "opt-125m", "opt-66b"};
     for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
         zo_model_config c, back;
         assert_int_equal(zo_model_preset_find(dense[i], &c), ZO_OK);

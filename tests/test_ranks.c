@@ -1982,6 +1982,13 @@ static const char falcon_config[] =
     "\"max_position_embeddings\": 64, \"multi_query\": true, \"parallel_attn\": true, "
     "\"new_decoder_architecture\": false, \"bias\": false, \"alibi\": false}";
 
+/* OPT: LayerNorms, q, k, v apart, every projection biased, ReLU, a learned
+ * position table read from row 2, tied. */
+static const char opt_config[] =
+    "{\"model_type\": \"opt\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"ffn_dim\": 128, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"activation_function\": \"relu\", \"enable_bias\": true}";
+
 /* One family's rows: full fine-tuning and LoRA on every linear layer (for
  * Phi-3 PEFT's adapters on the fused qkv_proj and gate_up_proj) on 2 ranks
  * at ZeRO-2 (placement 1: bf16, the weights on the GPU, no clipping) and
@@ -2062,10 +2069,13 @@ static void test_family_neox(void **state)
     family_rows("neox", neox_config);
 }
 
+/* Falcon's rows, then OPT's (a couple of seconds: they share Falcon's ctest
+ * entry rather than start one of their own) */
 static void test_family_falcon(void **state)
 {
     (void)state;
     family_rows("falcon", falcon_config);
+    family_rows("opt", opt_config);
 }
 
 /* What the table does not run, refused by train with its words, exit 2,
