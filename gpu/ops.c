@@ -79,6 +79,8 @@ static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
     if (d->hq % d->hkv)
         return zo_error(ZO_ERR_INVALID, "%s: hkv %d does not divide hq %d", op, d->hkv, d->hq);
     if (d->window < 0) return zo_error(ZO_ERR_INVALID, "%s: window %d < 0", op, d->window);
+    if (!(d->alibi >= 0.0f) || !isfinite(d->alibi))
+        return zo_error(ZO_ERR_INVALID, "%s: alibi %g must be finite and >= 0", op, (double)d->alibi);
     return ZO_OK;
 }
 
