@@ -116,6 +116,17 @@
       .window_period = 6, .query_pre_attn_scalar = qpas, .rope_local_theta = 10000.0f,   \
       .rope_scaling = scaling, .rope_factor = factor}}
 
+/* BLOOM (config.json of bigscience/bloom-*): LayerNorm with biases (on the
+ * word embeddings too), query_key_value per head, 4h GELU (tanh form) MLP,
+ * biases, ALiBi, tied; vocabulary 250880, trained at 2048 positions. */
+#define BLOOM(n, L, h, a)                                                                 \
+    {n, "",                                                                               \
+     {.name = n, .family = "bloom", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,     \
+      .n_heads = a, .n_kv_heads = a, .head_dim = (h) / (a), .ffn = 4 * (h),              \
+      .vocab = 250880, .max_seq = 2048, .tied_embeddings = 1, .attn_bias = 1,            \
+      .out_bias = 1, .norm_bias = 1, .norm_eps = 1e-5f, .pos = ZO_POS_ALIBI,             \
+      .embed_norm = 1}}
+
 static const zo_model_preset presets[] = {
     GPT("gpt2", "gpt2-124m,gpt2-small", "gpt2", 12, 768, 12, 50257, 1024),
     GPT("gpt2-medium", "gpt2-355m", "gpt2", 24, 1024, 16, 50257, 1024),
@@ -170,6 +181,10 @@ static const zo_model_preset presets[] = {
     OPT("opt-13b", 40, 5120, 40),
     OPT("opt-30b", 48, 7168, 56),
     OPT("opt-66b", 64, 9216, 72),
+    BLOOM("bloom-560m", 24, 1024, 16),
+    BLOOM("bloom-1b7", 24, 2048, 16),
+    BLOOM("bloom-7b1", 30, 4096, 32),
+    BLOOM("bloom", 70, 14336, 112),
     GEMMA2("gemma-2-2b", 26, 2304, 8, 4, 256, 9216, 256),
     GEMMA2("gemma-2-9b", 42, 3584, 16, 8, 256, 14336, 256),
     /* heads of 128, but query_pre_attn_scalar 144 (hidden / heads) */
@@ -522,8 +537,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
      * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
      * norm for both */
-    int grouped = zo_model_qkv_grouped(c);
-    int rotary = c->arch == ZO_ARCH_LLAMA || grouped;
+    int grouped = zo_model_qkv_grouped(c), bloom = zo_model_bloom(c);
+    int rotary = c->arch == ZO_ARCH_LLAMA || (grouped && !bloom);
     char lacks[64];
     if (!known) snprintf(lacks, sizeof lacks, "its layers");
     else if (c->moe.experts && (c->moe.first_dense || c->moe.router_bias || c->arch == ZO_ARCH_GPT))
@@ -532,7 +547,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
     else if (c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY) &&
-             !(zo_model_opt(c) && c->pos == ZO_POS_LEARNED))
+             !(zo_model_opt(c) && c->pos == ZO_POS_LEARNED) && !(bloom && c->pos == ZO_POS_ALIBI))
         snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
     else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_post_norms(c) && gemma) &&
              !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
@@ -543,7 +558,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
          * architecture, whose attention and MLP are side by side */
         snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
     else if (grouped && c->rope_scaling[0]) snprintf(lacks, sizeof lacks, "its rope_scaling");
-    else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
+    else if (c->embed_norm && !bloom) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
@@ -1006,7 +1021,11 @@ int zo_model_fused_proj(const zo_model_config *c) { return !strcmp(c->family, "p
 
 int zo_model_neox(const zo_model_config *c) { return !strcmp(c->family, "gpt_neox"); }
 int zo_model_falcon(const zo_model_config *c) { return !strcmp(c->family, "falcon"); }
-int zo_model_qkv_grouped(const zo_model_config *c) { return zo_model_neox(c) || zo_model_falcon(c); }
+int zo_model_bloom(const zo_model_config *c) { return !strcmp(c->family, "bloom"); }
+int zo_model_qkv_grouped(const zo_model_config *c)
+{
+    return zo_model_neox(c) || zo_model_falcon(c) || zo_model_bloom(c);
+}
 int zo_model_opt(const zo_model_config *c) { return !strcmp(c->family, "opt"); }
 
 int zo_model_rope_dim(const zo_model_config *c)
@@ -1197,6 +1216,11 @@ static void parse_bloom(hf *r, zo_model_config *c, const family *f)
     c->ffn = hf_times(r, "hidden_size", 4, c->hidden);
     c->norm_eps = hf_float(r, "layer_norm_epsilon", 1e-5f);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+    /* BloomGelu is GELU's tanh form (the default activation); the residual
+     * taken after the norms is another model */
+    if (hf_bool(r, "apply_residual_connection_post_layernorm", 0))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "apply_residual_connection_post_layernorm",
+                "true (the residual from the norms' outputs) is not modelled");
 }
 
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
@@ -1256,7 +1280,7 @@ static const family families[] = {
      "word_embed_proj_dim", 1},
     {"bloom", "BloomForCausalLM", parse_bloom,
      "BLOOM: LayerNorm (and on the embeddings), biased fused qkv and GELU MLP, ALiBi, tied", 1,
-     0, 0, NULL, 0},
+     0, 0, NULL, 1},
     /* recognised and refused */
     {"t5", "T5ForConditionalGeneration", NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
     {"mt5", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},

@@ -40,6 +40,8 @@ static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_K_NORM_W] = "k_norm_w",
     [MODEL_ROLE_POST_ATTN_NORM_W] = "post_attn_norm_w",
     [MODEL_ROLE_POST_MLP_NORM_W] = "post_mlp_norm_w",
+    [MODEL_ROLE_EMB_NORM_W] = "emb_norm_w",
+    [MODEL_ROLE_EMB_NORM_B] = "emb_norm_b",
     [MODEL_ROLE_NORM_W] = "norm_w",
     [MODEL_ROLE_NORM_B] = "norm_b",
     [MODEL_ROLE_LM_HEAD_W] = "lm_head_w",
@@ -225,8 +227,12 @@ static void embedding_block(builder *b)
     const int64_t h = c->hidden, v = c->vocab;
     if (zo_model_neox(c)) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "gpt_neox.embed_in.weight");
-    } else if (zo_model_falcon(c)) {
+    } else if (zo_model_falcon(c) || zo_model_bloom(c)) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "transformer.word_embeddings.weight");
+        if (c->embed_norm) { /* BLOOM's */
+            add(b, MODEL_ROLE_EMB_NORM_W, 0, h, 0, "transformer.word_embeddings_layernorm.weight");
+            add(b, MODEL_ROLE_EMB_NORM_B, 0, h, 0, "transformer.word_embeddings_layernorm.bias");
+        }
     } else if (zo_model_opt(c)) { /* positions from row pos_offset (2) on */
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "model.decoder.embed_tokens.weight");
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq + c->pos_offset, h, "model.decoder.embed_positions.weight");
@@ -264,7 +270,8 @@ static void gpt_layer(builder *b, int i)
     qkv_sub_views(l, bl, q, kv); /* q, k, v are row ranges of the fused c_attn */
 }
 
-/* Layer i of a GPT-NeoX or Falcon model: GPT-2's tensors under their names,
+/* Layer i of a GPT-NeoX, Falcon or BLOOM model (BLOOM's is the sequential
+ * Falcon's with biases, a kv head a query head): GPT-2's tensors under their names,
  * as Linear weights ([out, in]); query_key_value's rows grouped per kv head
  * in the file (hf_head_rows), [q | k | v] here. GPT-NeoX: every projection
  * and norm biased, two norms. Falcon: biases where `bias` (norms always);
@@ -413,7 +420,7 @@ static void head_block(builder *b)
         if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "embed_out.weight");
         return;
     }
-    if (zo_model_falcon(c)) {
+    if (zo_model_falcon(c) || zo_model_bloom(c)) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "transformer.ln_f.weight");
         add(b, MODEL_ROLE_NORM_B, 0, h, 0, "transformer.ln_f.bias");
         if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");

@@ -300,6 +300,18 @@ FAMILIES = {
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=4, alpha=8.0, targets="q_proj,v_proj,fc1,fc2", lr=1e-2),
         qlora=True),
+    # BLOOM (BloomForCausalLM): the word embeddings' LayerNorm, query_key_value per head, ALiBi
+    # over 3 heads of 64 (not a power of two: the third head's slope is the extra one), biases,
+    # GELU's tanh form, tied; BloomConfig's own keys (n_layer, n_head); with QLoRA
+    "bloom": dict(
+        seed=59,
+        config={"architectures": ["BloomForCausalLM"], "model_type": "bloom", "n_layer": 2, "hidden_size": 192,
+                "n_head": 3, "vocab_size": 128, "layer_norm_epsilon": 1e-5,
+                "apply_residual_connection_post_layernorm": False, "tie_word_embeddings": True,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=1, seq=100, grad_accum=2, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2),
+        qlora=True),
     # Gemma-2: Gemma's layers with norms on the attention's and the MLP's outputs, scores times
     # query_pre_attn_scalar^-0.5 (64 on heads of 256) and soft-capped at 5 (scores reach ~10),
     # logits capped at 3 (they reach ~7), a window of 48 on layer 0 (the even layers), seq 130
@@ -762,7 +774,7 @@ def check_family(train, name, workdir):
 
     ck = Checks()
     B, T, K = run["micro_batch"], run["seq"], run["grad_accum"]
-    nh = c["n_head"] if gpt else c["num_attention_heads"]
+    nh = mf.heads(c)
     nkv = nh if gpt else mf.falcon_kv_heads(c) if c["model_type"] == "falcon" else c.get("num_key_value_heads", nh)
     print(f"{name}: {sum(v.numel() for v in params.values())} parameters, head size {mf.head_dim(c)}, "
           f"{nh} heads over {nkv} kv heads, batch {B} x seq {T} x grad-accum {K}, "

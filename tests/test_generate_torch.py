@@ -130,7 +130,7 @@ FAMILIES = {
         seed=54,
         config=dict(e2e.FAMILIES["gemma2"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                     sliding_window=24, eos_token_id=127),
-        embed_gain=0.125,
+        scale={"model.embed_tokens.weight": 0.125},
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
@@ -189,6 +189,14 @@ for _name, _seed in (("gpt_neox", 54), ("falcon", 61), ("falcon_new", 59)):
                     eos_token_id=127),
         lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
                   peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]))
+# BLOOM: test_e2e_torch's model with 4 layers (ALiBi over 3 heads of 64, the embedding norm
+# scaled down), PEFT's four modules
+FAMILIES["bloom"] = dict(
+    seed=65,
+    config=dict(e2e.FAMILIES["bloom"]["config"], n_layer=4, eos_token_id=127),
+    scale={"transformer.word_embeddings_layernorm.weight": 0.1, "transformer.word_embeddings_layernorm.bias": 0.1},
+    lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
+              peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]))
 # OPT: test_e2e_torch's model with 4 layers (learned positions from row 2, ReLU, tied); q and v
 # apart (PEFT's default targets for OPT) with out_proj, fc1 and fc2
 FAMILIES["opt"] = dict(
@@ -284,8 +292,10 @@ def check_family(gen, name, workdir):
     gpt, moe = c["model_type"] == "gpt2", spec.get("moe", False)
     g = torch.Generator().manual_seed(spec["seed"])
     params = e2e.moe_params(c, g) if moe else mf.PARAMS.get(c["model_type"], mf.llama_params)(c, g, std=1.0)
-    if "embed_gain" in spec:  # Gemma-2: back to Gemma's embedding (a larger one makes the model repeat its input)
-        params["model.embed_tokens.weight"] = params["model.embed_tokens.weight"] * spec["embed_gain"]
+    # tensors scaled where the model as drawn repeats its input: Gemma-2's embedding back to
+    # Gemma's, BLOOM's embedding norm (its unit-scale output through the tied head)
+    for tensor, gain in spec.get("scale", {}).items():
+        params[tensor] = params[tensor] * gain
     V = c["vocab_size"]
     prompts = [torch.randint(0, V - 1, (n,), generator=g).tolist() for n in PROMPT_LENS]
     d = os.path.join(workdir, name)

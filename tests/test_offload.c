@@ -97,6 +97,19 @@ static zo_model_config tiny_opt(int layers, int hidden, int vocab, int max_seq)
     return c;
 }
 
+/* BLOOM: GPT layers as the sequential Falcon's with biases, ALiBi, a
+ * LayerNorm on the word embeddings (its input kept), tied. */
+static zo_model_config tiny_bloom(int layers, int hidden, int vocab)
+{
+    zo_model_config c = tiny_model(ZO_ARCH_GPT, layers, hidden, vocab, 64);
+    snprintf(c.name, sizeof c.name, "tiny-bloom");
+    snprintf(c.family, sizeof c.family, "bloom");
+    c.pos = ZO_POS_ALIBI;
+    c.embed_norm = 1;
+    if (zo_model_config_validate(&c) != ZO_OK) fail_msg("tiny_bloom: %s", zo_last_error());
+    return c;
+}
+
 /* ---- a training run ---------------------------------------------------------------- */
 
 typedef struct run {
@@ -2053,20 +2066,24 @@ static void test_memplan_agrees_neox(void **state)
     }
 }
 
-/* OPT, 1024 tokens through 4 narrow layers: the peak bytes per tier against
- * memplan's within 3% (ReLU keeps what GELU keeps: its input), no
- * recompute, full, and QLoRA on every linear layer (q, k, v adapted apart). */
+/* OPT and BLOOM, 1024 tokens through 4 narrow layers: the peak bytes per
+ * tier against memplan's within 3% (ReLU keeps what GELU keeps: its input;
+ * BLOOM's embedding norm its input, memplan's "embedding norm input"), no
+ * recompute, full, and QLoRA on every linear layer (OPT's q, k, v adapted
+ * apart). */
 static void test_memplan_agrees_opt(void **state)
 {
     (void)state;
-    for (int v = 0; v < 3; v++) {
-        run r = {.cfg = tiny_opt(4, 64, 128, 256), .dt = ZO_DTYPE_BF16, .B = 4, .T = 256, .steps = 1};
+    for (int v = 0; v < 6; v++) {
+        run r = {.cfg = v < 3 ? tiny_opt(4, 64, 128, 256) : tiny_bloom(4, 64, 128), .dt = ZO_DTYPE_BF16,
+                 .B = 4, .T = 256, .steps = 1};
         base_config(&r.oc);
         r.oc.sub_group = 50000;
-        r.oc.recompute = v == 1 ? OFFLOAD_RECOMPUTE_FULL : OFFLOAD_RECOMPUTE_NONE;
-        if (v == 2) r.lora = (tf_lora_options){.r = 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR, .nf4 = 1};
+        r.oc.recompute = v % 3 == 1 ? OFFLOAD_RECOMPUTE_FULL : OFFLOAD_RECOMPUTE_NONE;
+        if (v % 3 == 2) r.lora = (tf_lora_options){.r = 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR, .nf4 = 1};
         static const char *names[] = {"opt, 1024 tokens, recompute none", "opt, 1024 tokens, recompute full",
-                                      "opt, 1024 tokens, qlora"};
+                                      "opt, 1024 tokens, qlora", "bloom, 1024 tokens, recompute none",
+                                      "bloom, 1024 tokens, recompute full", "bloom, 1024 tokens, qlora"};
         peaks_agree(names[v], &r);
     }
 }
