@@ -25,7 +25,7 @@ _Static_assert((int)ZO_PLAN_SCHED_SERIAL == (int)OFFLOAD_SCHEDULE_SERIAL &&
 static const char HELP[] =
     "usage: train --model CONFIG|PRESET --data FILE [options]\n"
     "\n"
-    "Train or fine-tune a GPT-2, GPT-NeoX (Pythia), Falcon, OPT or LLaMA-family transformer on a token file,\n"
+    "Train or fine-tune a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM or LLaMA-family transformer on a token file,\n"
     "or on text through the model's tokenizer.json (docs/finetune.md). Batches are\n"
     "sequential: at step k, row i starts at token ((k*B + i) * S) mod (N - S - 1)\n"
     "(padded rows: row i is record (k*B + i) mod R).\n"
@@ -94,7 +94,7 @@ static const char HELP[] =
     "  --lora-targets LIST    linear layers with adapters: q,k,v,o,gate,up,down (any of them;\n"
     "                         PEFT's q_proj ... down_proj, Mixtral's w1,w3,w2 too) or all-linear\n"
     "                         (default q,v; GPT-2: q, k or v adapt c_attn; Phi-3: q, k or v adapt\n"
-    "                         qkv_proj, gate or up gate_up_proj, PEFT's; GPT-NeoX, Falcon: q, k or v\n"
+    "                         qkv_proj, gate or up gate_up_proj, PEFT's; GPT-NeoX, Falcon, BLOOM: q, k or v\n"
     "                         adapt query_key_value, PEFT's dense, dense_h_to_4h, dense_4h_to_h\n"
     "                         name o, up, down; OPT: PEFT's q_proj, v_proj, out_proj, fc1, fc2\n"
     "                         name o, up, down; an MoE model: gate,\n"
