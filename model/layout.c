@@ -307,6 +307,25 @@ static void grouped_layer(builder *b, int i)
     qkv_sub_views(l, bl, q, kv);
 }
 
+/* Layer i's q, k and v apart under `p` (LLaMA's model.layers, OPT's
+ * model.decoder.layers): their weights when `weights`, their biases when
+ * `biases`, self_attn.{q,k,v}_proj. */
+static void qkv_apart(builder *b, const char *p, int i, int weights, int biases)
+{
+    const zo_model_config *c = &b->l->cfg;
+    const int64_t h = c->hidden, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    if (weights) {
+        add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
+        add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
+        add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+    }
+    if (biases) {
+        add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
+        add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
+        add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
+    }
+}
+
 /* Layer i of an OPT model: GPT-2's layer as Linear weights under OPT's
  * names, q, k and v separate (biased where enable_bias, as are out_proj,
  * fc1 and fc2), with fused views over them. */
@@ -315,18 +334,10 @@ static void opt_layer(builder *b, int i)
     model_layout *l = b->l;
     const zo_model_config *c = &l->cfg;
     const int64_t h = c->hidden, f = c->ffn, q = (int64_t)c->n_heads * c->head_dim;
-    const int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
     const char *p = "model.decoder.layers";
     add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.self_attn_layer_norm.weight", p, i);
     add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.self_attn_layer_norm.bias", p, i);
-    add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
-    add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
-    add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
-    if (c->attn_bias) {
-        add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
-        add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
-        add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
-    }
+    qkv_apart(b, p, i, 1, c->attn_bias);
     add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.out_proj.weight", p, i);
     if (c->out_bias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.out_proj.bias", p, i);
     add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.final_layer_norm.weight", p, i);
@@ -357,18 +368,9 @@ static void llama_layer(builder *b, int i)
     if (c->norm_bias)
         add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
     const int fused = zo_model_fused_proj(c);
-    if (fused) { /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
+    if (fused) /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
         add(b, MODEL_ROLE_QKV_W, 0, q + 2 * kv, h, "%s.%d.self_attn.qkv_proj.weight", p, i);
-    } else {
-        add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
-        add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
-        add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
-    }
-    if (c->attn_bias) {
-        add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
-        add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
-        add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
-    }
+    qkv_apart(b, p, i, !fused, c->attn_bias);
     add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
     if (c->out_bias)
         add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
