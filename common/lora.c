@@ -147,14 +147,19 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     const int mixtral = !strcmp(c->family, "mixtral");
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
+    /* the shared expert's paths (Qwen2-MoE's mlp.shared_expert, DeepSeek's mlp.shared_experts) */
+    const int ds = !strcmp(zo_moe_shared_name(c), "shared_experts");
+    const char *const shared[3] = {ds ? "mlp.shared_experts.gate_proj" : "mlp.shared_expert.gate_proj",
+                                   ds ? "mlp.shared_experts.up_proj" : "mlp.shared_expert.up_proj",
+                                   ds ? "mlp.shared_experts.down_proj" : "mlp.shared_expert.down_proj"};
     const zo_lora_module moe[] = {
         llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V], llama[LLAMA_O],
         {ZO_LORA_GATE, mixtral ? "w1" : "gate_proj", mixtral ? "w1" : "gate_proj", h, fe, (int)E, ep},
         {ZO_LORA_UP, mixtral ? "w3" : "up_proj", mixtral ? "w3" : "up_proj", h, fe, (int)E, ep},
         {ZO_LORA_DOWN, mixtral ? "w2" : "down_proj", mixtral ? "w2" : "down_proj", fe, h, (int)E, ep},
-        {ZO_LORA_GATE, "gate_proj", "mlp.shared_expert.gate_proj", h, fs, 0, NULL},
-        {ZO_LORA_UP, "up_proj", "mlp.shared_expert.up_proj", h, fs, 0, NULL},
-        {ZO_LORA_DOWN, "down_proj", "mlp.shared_expert.down_proj", fs, h, 0, NULL},
+        {ZO_LORA_GATE, "gate_proj", shared[0], h, fs, 0, NULL},
+        {ZO_LORA_UP, "up_proj", shared[1], h, fs, 0, NULL},
+        {ZO_LORA_DOWN, "down_proj", shared[2], fs, h, 0, NULL},
     };
     /* OPT: q, k and v as LLaMA's, then out_proj and the MLP's fc1, fc2 */
     const zo_lora_module opt[] = {
@@ -176,6 +181,15 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     for (size_t i = 0; i < count; i++)
         if (targets & all[i].targets) out[n++] = all[i];
     return n;
+}
+
+int zo_lora_layer_modules_at(const zo_model_config *c, int layer, unsigned targets,
+                             zo_lora_module out[ZO_LORA_MAX_MODULES])
+{
+    if (!c->moe.experts || zo_model_layer_is_moe(c, layer)) return zo_lora_layer_modules(c, targets, out);
+    zo_model_config dense = *c; /* DeepSeek's dense first layer: LLaMA's modules */
+    dense.moe.experts = 0;
+    return zo_lora_layer_modules(&dense, targets, out);
 }
 
 int zo_lora_dense_modules(const zo_lora_module *mods, int n, int *experts)
@@ -227,11 +241,20 @@ unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
 
 uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets)
 {
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n = zo_lora_layer_modules(cfg, targets, mods);
-    uint64_t per_layer = 0;
-    for (int i = 0; i < n; i++)
-        per_layer += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r *
-                     (uint64_t)(mods[i].in + mods[i].out);
-    return per_layer * (uint64_t)cfg->n_layers;
+    /* (two kinds of layer: DeepSeek's dense first ones, then MoE ones) */
+    int n_dense = cfg->moe.experts ? cfg->moe.first_dense : cfg->n_layers;
+    if (n_dense > cfg->n_layers) n_dense = cfg->n_layers;
+    uint64_t total = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        int layers = kind ? cfg->n_layers - n_dense : n_dense;
+        if (!layers) continue;
+        zo_lora_module mods[ZO_LORA_MAX_MODULES];
+        int n = zo_lora_layer_modules_at(cfg, kind ? cfg->n_layers - 1 : 0, targets, mods);
+        uint64_t per_layer = 0;
+        for (int i = 0; i < n; i++)
+            per_layer += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r *
+                         (uint64_t)(mods[i].in + mods[i].out);
+        total += per_layer * (uint64_t)layers;
+    }
+    return total;
 }

@@ -92,6 +92,11 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc);
  * `experts` times), the shared expert's gate up down); returns their count. */
 int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,
                           zo_lora_module out[ZO_LORA_MAX_MODULES]);
+/* Those of layer `layer`: an MoE model's dense first layer (DeepSeek's
+ * first_k_dense_replace) has a LLaMA layer's (its MLP of ffn), every other
+ * layer zo_layer_modules's. */
+int zo_lora_layer_modules_at(const zo_model_config *cfg, int layer, unsigned targets,
+                             zo_lora_module out[ZO_LORA_MAX_MODULES]);
 
 /* Of the n modules zo_lora_layer_modules gave: how many are not a routed
  * expert's (the runtime keeps each one's A x [tokens, r] for its backward),

@@ -199,6 +199,16 @@ static const zo_model_preset presets[] = {
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
     QWEN3("qwen3-30b-a3b", "qwen3_moe", 48, 2048, 32, 4, 6144, 0,
           .moe = {.experts = 128, .top_k = 8, .expert_ffn = 768, .norm_topk = 1, .aux_coef = 0.001f}),
+    /* DeepSeekMoE 16B (deepseek-ai/deepseek-moe-16b-base's config.json): a
+     * dense first layer of 10944, then 27 MoE layers of 64 routed experts of
+     * 1408 (6 a token, not renormalized) and 2 shared ones (one MLP of
+     * 2816); the balance loss per layer and sequence, alpha 0.001 */
+    {"deepseek-moe-16b", "deepseek-moe-16b-base",
+     {.name = "deepseek-moe-16b", .family = "deepseek", .arch = ZO_ARCH_LLAMA, .n_layers = 28, .hidden = 2048,
+      .n_heads = 16, .n_kv_heads = 16, .head_dim = 128, .ffn = 10944, .vocab = 102400, .max_seq = 4096,
+      .norm_eps = 1e-6f, .rope_theta = 10000.0f, .act = "silu",
+      .moe = {.experts = 64, .top_k = 6, .expert_ffn = 1408, .shared_ffn = 2816, .first_dense = 1,
+              .aux_loss = 1, .aux_coef = 0.001f, .aux_per_layer = 1, .seq_aux = 1}}},
 };
 
 const zo_model_preset *zo_model_presets(size_t *count)
@@ -388,6 +398,11 @@ int zo_model_layer_is_moe(const zo_model_config *c, int layer)
     return c->moe.experts > 0 && layer >= c->moe.first_dense;
 }
 
+const char *zo_moe_shared_name(const zo_model_config *c)
+{
+    return !strncmp(c->family, "deepseek", 8) ? "shared_experts" : "shared_expert";
+}
+
 uint64_t zo_moe_capacity(const zo_model_config *c, double factor, uint64_t n)
 {
     if (!(factor > 0) || c->moe.experts < 1) return 0;
@@ -540,10 +555,13 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     int grouped = zo_model_qkv_grouped(c), bloom = zo_model_bloom(c);
     int rotary = c->arch == ZO_ARCH_LLAMA || (grouped && !bloom);
     char lacks[64];
-    if (!known) snprintf(lacks, sizeof lacks, "its layers");
-    else if (c->moe.experts && (c->moe.first_dense || c->moe.router_bias || c->arch == ZO_ARCH_GPT))
-        snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
-    else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
+    /* (DeepSeek-V2's and V3's latent attention and V3's router correction
+     * named first: their family is DeepSeekMoE's otherwise) */
+    if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention (kv_lora_rank)");
+    else if (c->moe.router_bias)
+        snprintf(lacks, sizeof lacks, "a router score correction (topk_method noaux_tc)");
+    else if (!known) snprintf(lacks, sizeof lacks, "its layers");
+    else if (c->moe.experts && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
     else if (c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY) &&
@@ -557,7 +575,6 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         /* FalconConfig has grouped kv heads only with the new decoder
          * architecture, whose attention and MLP are side by side */
         snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
-    else if (grouped && c->rope_scaling[0]) snprintf(lacks, sizeof lacks, "its rope_scaling");
     else if (c->embed_norm && !bloom) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
@@ -1107,6 +1124,20 @@ static void parse_deepseek(hf *r, zo_model_config *c, const family *f)
         c->moe.shared_ffn = hf_times(r, "n_shared_experts", hf_int2(r, "n_shared_experts", NULL, 0, 0),
                                      c->moe.expert_ffn);
         c->moe.first_dense = hf_int2(r, "first_k_dense_replace", NULL, 0, 0);
+        /* the gate (MoEGate): softmax scores, the top k, divided by their
+         * sum when norm_topk_prob and top_k > 1; in training each MoE
+         * layer adds aux_loss_alpha times its own balance loss to the
+         * gradient, per sequence with seq_aux */
+        c->moe.norm_topk = hf_bool(r, "norm_topk_prob", 0) && c->moe.top_k > 1;
+        c->moe.aux_coef = hf_float(r, "aux_loss_alpha", 0.001f);
+        c->moe.aux_loss = c->moe.aux_coef != 0.0f;
+        c->moe.aux_per_layer = 1;
+        c->moe.seq_aux = hf_bool(r, "seq_aux", 1);
+        if (!r->st && !(c->moe.aux_coef >= 0.0f))
+            hf_fail(r, ZO_ERR_FORMAT, "aux_loss_alpha", "must be >= 0 (got %g)", c->moe.aux_coef);
+        const cJSON *sf = hf_item(r, "scoring_func");
+        if (!v3 && sf && !(cJSON_IsString(sf) && !strcmp(sf->valuestring, "softmax")))
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "scoring_func", "only \"softmax\" is modelled");
         const cJSON *m = hf_item(r, "topk_method");
         c->moe.router_bias = v3 && (!m || (cJSON_IsString(m) && !strcmp(m->valuestring, "noaux_tc")));
         if (hf_int(r, "moe_layer_freq", 1) != 1)
@@ -1260,7 +1291,7 @@ static const family families[] = {
      "Qwen3-MoE: Qwen3 attention, routed experts", 0, 4, 128, MOE_KEYS, 1},
     {"deepseek", "DeepseekForCausalLM", parse_deepseek,
      "DeepSeekMoE: LLaMA attention, dense first layers, shared + routed experts", 0, 0, 0,
-     DS_KEYS, 0},
+     DS_KEYS, 1},
     {"deepseek_v2", "DeepseekV2ForCausalLM", parse_deepseek,
      "DeepSeek-V2: latent attention (MLA), dense first layers, shared + routed experts", 0, 0, 0,
      DS_KEYS "," MLA_KEYS, 0},

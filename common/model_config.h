@@ -51,10 +51,19 @@ typedef struct zo_moe {
      * size): the softmax over all experts, then the top_k of it, divided by
      * their sum when norm_topk (Mixtral always; Qwen2-MoE's norm_topk_prob);
      * with aux_loss (output_router_logits) the loss gains aux_coef
-     * (router_aux_loss_coef) times Switch's load-balancing loss. */
+     * (router_aux_loss_coef) times Switch's load-balancing loss.
+     * DeepSeek's gate (aux_per_layer): each MoE layer's own loss, aux_coef
+     * (aux_loss_alpha) times E sum_j f_j P_j with f_j the share of the
+     * layer's top_k choices that picked j and P_j its mean probability,
+     * over each sequence and averaged over the micro-batch's (seq_aux) or
+     * over all its tokens; summed over the layers, in the gradient only
+     * (the loss DeepSeek's model returns, and train prints, is the
+     * cross-entropy). */
     int norm_topk;
     int aux_loss;
     float aux_coef;
+    int aux_per_layer;
+    int seq_aux;
 } zo_moe;
 
 #define ZO_ROPE_MAX_FACTORS 256 /* longrope factors a config may hold: head_dim up to 512 */
@@ -239,6 +248,10 @@ typedef struct zo_layer_params {
 } zo_layer_params;
 
 int zo_model_layer_is_moe(const zo_model_config *cfg, int layer);
+/* The shared expert's module under an MoE layer's mlp: DeepSeek's
+ * "shared_experts" (its n_shared_experts as one MLP), else Qwen2-MoE's
+ * "shared_expert". */
+const char *zo_moe_shared_name(const zo_model_config *cfg);
 
 /* Capacity-limited routing (memplan's --capacity-factor F, the plan's
  * parallel.capacity_factor; 0: dropless): an expert takes at most

@@ -111,6 +111,8 @@ static const field moe_fields[] = {
     BOOL(E, norm_topk, F_SHAPE | F_COMPARE | F_OPTIONAL),
     BOOL(E, aux_loss, F_SHAPE | F_COMPARE | F_OPTIONAL),
     {"aux_coef", F_FLT, offsetof(E, aux_coef), 0, 0, 1e6, NULL, F_SHAPE | F_COMPARE | F_OPTIONAL},
+    BOOL(E, aux_per_layer, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    BOOL(E, seq_aux, F_SHAPE | F_COMPARE | F_OPTIONAL),
 };
 #undef E
 

@@ -339,12 +339,13 @@ zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_hea
 }
 
 zo_status gpu_rope_forward_seq(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
-                               int64_t ldx, int64_t ldh, float theta, const int32_t *pos, const double *inv_freq,
-                               float scale)
+                               int64_t ldx, int64_t ldh, float theta, const int32_t *pos, int n_pos,
+                               const double *inv_freq, float scale)
 {
     if (!pos) return zo_error(ZO_ERR_INVALID, "gpu_rope_forward_seq: pos is NULL");
-    RUN(ROPE_FORWARD, .t = {x}, .p = {(void *)inv_freq, (void *)pos}, .i = {n, t, n_heads, d, ldx, 0, ldh},
-        .f = {theta, scale});
+    if (n_pos < t) return zo_error(ZO_ERR_INVALID, "gpu_rope_forward_seq: n_pos %d < t %d", n_pos, t);
+    RUN(ROPE_FORWARD, .t = {x}, .p = {(void *)inv_freq, (void *)pos},
+        .i = {n, t, n_heads, d, ldx, 0, ldh, n_pos}, .f = {theta, scale});
 }
 
 zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
@@ -383,11 +384,13 @@ zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *t
 }
 
 zo_status gpu_embedding_forward_seq(gpu_stream_t s, gpu_tensor out, const int32_t *tokens, gpu_tensor wte,
-                                    gpu_tensor wpe, const int32_t *pos, int n, int t, int c, int vocab)
+                                    gpu_tensor wpe, const int32_t *pos, int n_pos, int n, int t, int c, int vocab)
 {
     if (!pos) return zo_error(ZO_ERR_INVALID, "gpu_embedding_forward_seq: pos is NULL");
     if (!wpe.data) return zo_error(ZO_ERR_INVALID, "gpu_embedding_forward_seq: wpe is NULL (positions index it)");
-    RUN(EMBEDDING_FORWARD, .t = {out, wte, wpe}, .p = {(void *)tokens, (void *)pos}, .i = {n, t, c, vocab});
+    if (n_pos < t) return zo_error(ZO_ERR_INVALID, "gpu_embedding_forward_seq: n_pos %d < t %d", n_pos, t);
+    RUN(EMBEDDING_FORWARD, .t = {out, wte, wpe}, .p = {(void *)tokens, (void *)pos},
+        .i = {n, t, c, vocab, n_pos});
 }
 
 zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,

@@ -311,11 +311,13 @@ zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_h
  * t, and row r has position pos[r / t] + r % t, pos being ceil(n / t)
  * int32 in device memory (generation's, where each sequence of a batch
  * sits at its own place in the cache: one call where one call a sequence
- * was needed). The positions are not checked: the cached attention of the
- * same step reads the same ones and stops the stream on a bad one. */
+ * was needed). n_pos (>= t) is the positions there are (the cache's
+ * length): a sequence whose pos is outside [0, n_pos - t] is a sticky
+ * stream error naming it (its rows are left as they were), as a bad token
+ * is the embedding's. */
 zo_status gpu_rope_forward_seq(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
-                               int64_t ldx, int64_t ldh, float theta, const int32_t *pos, const double *inv_freq,
-                               float scale);
+                               int64_t ldx, int64_t ldh, float theta, const int32_t *pos, int n_pos,
+                               const double *inv_freq, float scale);
 
 /* ---- ops: activations ---------------------------------------------------------
  * The MLP's activation, by form:
@@ -345,9 +347,11 @@ zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *t
                                 gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab);
 /* The same with a position a sequence of t rows (generation's batch, each
  * sequence at its own place in the cache): row r adds wpe[pos[r / t] +
- * r % t]; pos: n / t int32 on the device, wpe required. */
+ * r % t]; pos: n / t int32 on the device, wpe required, of n_pos (>= t)
+ * rows. A sequence whose pos is outside [0, n_pos - t] is a sticky stream
+ * error naming it, as a bad token is (its rows are not written). */
 zo_status gpu_embedding_forward_seq(gpu_stream_t s, gpu_tensor out, const int32_t *tokens, gpu_tensor wte,
-                                    gpu_tensor wpe, const int32_t *pos, int n, int t, int c, int vocab);
+                                    gpu_tensor wpe, const int32_t *pos, int n_pos, int n, int t, int c, int vocab);
 zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
                                  gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
                                  int vocab);

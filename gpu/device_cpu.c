@@ -612,7 +612,7 @@ static zo_status cpu_run_attention_cached(cpu_scratch *ws, const gpu_op_args *a,
 static zo_status rope(cpu_scratch *ws, const gpu_op_args *a, int inverse, int nt)
 {
     return cpu_rope(ws, a->t[0], (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3], a->i[4],
-                    a->i[6], a->f[0], (int)a->i[5], a->p[1], a->p[0], a->f[1], inverse, nt);
+                    a->i[6], a->f[0], (int)a->i[5], a->p[1], (int)a->i[7], a->p[0], a->f[1], inverse, nt);
 }
 
 static zo_status cpu_run_rope_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
@@ -698,7 +698,7 @@ static zo_status cpu_run_moe_scatter_add(cpu_scratch *ws, const gpu_op_args *a, 
 
 static zo_status cpu_run_embedding_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_embedding_forward(ws, a->t[0], a->p[0], a->t[1], a->t[2], a->p[1], (int)a->i[0],
+    return cpu_embedding_forward(ws, a->t[0], a->p[0], a->t[1], a->t[2], a->p[1], (int)a->i[4], (int)a->i[0],
                                  (int)a->i[1], (int)a->i[2], (int)a->i[3], nt);
 }
 

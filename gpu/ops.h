@@ -39,7 +39,7 @@ extern "C" {
  * d (a GEMM's operands are t[0..2], not d.gemm.a/b/c). */
 #define GPU_OP_MAX_T 6
 #define GPU_OP_MAX_P 3
-#define GPU_OP_MAX_I 7
+#define GPU_OP_MAX_I 8
 #define GPU_OP_MAX_F 2
 
 /* gpu_adam_state_update's descriptor as the kernels take it: the step's
@@ -138,7 +138,8 @@ typedef struct gpu_op_slot {
       gpu_check_attn_cached)                                                                     \
     X(ROPE_FORWARD, rope_forward,                                                               \
       (GPU_T(0, x), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),            \
-       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq), GPU_POPT(1, pos)), \
+       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq), GPU_POPT(1, pos),     \
+       GPU_INT(7, n_pos)),                                                                       \
       gpu_check_rope)                                                                            \
     X(ROPE_BACKWARD, rope_backward,                                                             \
       (GPU_T(0, dx), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),           \
@@ -156,7 +157,7 @@ typedef struct gpu_op_slot {
       NULL)                                                                                      \
     X(EMBEDDING_FORWARD, embedding_forward,                                                     \
       (GPU_T(0, out), GPU_T(1, wte), GPU_TOPT(2, wpe), GPU_P(0, tokens), GPU_DIM(0, n),          \
-       GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab), GPU_POPT(1, pos)),                       \
+       GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab), GPU_POPT(1, pos), GPU_INT(4, n_pos)),    \
       NULL)                                                                                      \
     X(EMBEDDING_BACKWARD, embedding_backward,                                                   \
       (GPU_T(0, dwte), GPU_TOPT(1, dwpe), GPU_T(2, dout), GPU_P(0, tokens), GPU_DIM(0, n),       \

@@ -1362,14 +1362,27 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
 
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
+/* Each of the sequences of t rows of n starts at pos[s]: within [0, n_pos - t],
+ * so that its rows' positions are within the n_pos there are. */
+static zo_status check_seq_pos(const char *op, const int32_t *pos, int n, int t, int n_pos)
+{
+    for (int s = 0; s < (n + t - 1) / t; s++)
+        if (pos[s] < 0 || pos[s] > n_pos - t)
+            return zo_error(ZO_ERR_INVALID, "%s: pos[%d] = %d outside [0, %d): positions %d..%d of %d", op, s,
+                            pos[s], n_pos - t + 1, pos[s], pos[s] + t - 1, n_pos);
+    return ZO_OK;
+}
+
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                   int64_t ldh, float theta, int pos0, const int32_t *seq_pos, const double *freq, float scale,
-                   int inverse, int nt)
+                   int64_t ldh, float theta, int pos0, const int32_t *seq_pos, int n_pos, const double *freq,
+                   float scale, int inverse, int nt)
 {
     const int half = d / 2, team = cpu_team(nt);
     const size_t db = al64((size_t)d * sizeof(float));
     char *base;
-    zo_status st = reserve_team(ws, "gpu_rope", (size_t)half * sizeof(double), 2 * db, team, &base);
+    zo_status st = seq_pos ? check_seq_pos("gpu_rope_forward_seq", seq_pos, n, t, n_pos) : ZO_OK;
+    if (st != ZO_OK) return st;
+    st = reserve_team(ws, "gpu_rope", (size_t)half * sizeof(double), 2 * db, team, &base);
     if (st != ZO_OK) return st;
     double *inv_freq = (double *)base;
     for (int i = 0; i < half; i++) inv_freq[i] = freq ? freq[i] : pow((double)theta, -2.0 * i / d);
@@ -1584,10 +1597,11 @@ static zo_status check_ids(const char *op, const char *what, const int32_t *ids,
 }
 
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
-                                gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n, int t, int c,
-                                int vocab, int nt)
+                                gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n_pos, int n, int t,
+                                int c, int vocab, int nt)
 {
     zo_status s = check_ids("gpu_embedding_forward", "tokens", tokens, n, vocab, 0);
+    if (s == ZO_OK && pos && wpe.data) s = check_seq_pos("gpu_embedding_forward_seq", pos, n, t, n_pos);
     if (s != ZO_OK) return s;
     const int team = cpu_team(nt);
     const size_t cb = al64((size_t)c * sizeof(float));

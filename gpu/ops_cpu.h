@@ -108,10 +108,11 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                                  const float *lse, int nt);
 zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out, gpu_tensor qkv,
                                gpu_tensor k_cache, gpu_tensor v_cache, const int32_t *pos, int tc, int nt);
-/* seq_pos (NULL: none): a position a sequence of t rows, added to pos0 */
+/* seq_pos (NULL: none): a position a sequence of t rows, added to pos0,
+ * each in [0, n_pos - t] (else an error naming it, nothing turned) */
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                   int64_t ldh, float theta, int pos0, const int32_t *seq_pos, const double *inv_freq, float scale,
-                   int inverse, int nt);
+                   int64_t ldh, float theta, int pos0, const int32_t *seq_pos, int n_pos, const double *inv_freq,
+                   float scale, int inverse, int nt);
 /* exact: the erf form in place of the tanh form */
 /* form: GPU_ACT_GELU_TANH, GPU_ACT_GELU_ERF or GPU_ACT_RELU (gpu/device.h) */
 void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int form, int nt);
@@ -121,9 +122,11 @@ void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, 
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
                          gpu_tensor up, size_t n, int gelu, int nt);
 /* pos (NULL: none): a position a sequence of t rows, where wpe's rows start */
+/* pos (NULL: none): a position a sequence of t rows into wpe's n_pos
+ * rows, each in [0, n_pos - t] (else an error naming it, nothing written) */
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
-                                gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n, int t, int c,
-                                int vocab, int nt);
+                                gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n_pos, int n, int t,
+                                int c, int vocab, int nt);
 zo_status cpu_embedding_backward(cpu_scratch *ws, gpu_tensor dwte, gpu_tensor dwpe,
                                  gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
                                  int vocab, int nt);

@@ -179,9 +179,9 @@ static void llama_mlp(builder *b, int i)
     if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
 }
 
-/* The MLP of an MoE layer (Mixtral's block_sparse_moe, Qwen2-MoE's mlp):
- * the router, the experts (gate, up, down each), Qwen2-MoE's shared expert
- * and its gate. The EXPERT_* views are expert 0's. */
+/* The MLP of an MoE layer (Mixtral's block_sparse_moe, Qwen2-MoE's and
+ * DeepSeek's mlp): the router, the experts (gate, up, down each), the
+ * shared expert(s) and Qwen2-MoE's gate on them. The EXPERT_* views are expert 0's. */
 static void moe_layer(builder *b, int i)
 {
     const zo_model_config *c = &b->l->cfg;
@@ -206,10 +206,11 @@ static void moe_layer(builder *b, int i)
         v->offset = t->offset;
         v->tensor = first + k;
     }
-    if (fs) {
-        add(b, MODEL_ROLE_MLP_GATE_W, 0, fs, h, "%s.%d.mlp.shared_expert.gate_proj.weight", p, i);
-        add(b, MODEL_ROLE_MLP_UP_W, 0, fs, h, "%s.%d.mlp.shared_expert.up_proj.weight", p, i);
-        add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, fs, "%s.%d.mlp.shared_expert.down_proj.weight", p, i);
+    if (fs) { /* Qwen2-MoE's shared_expert; DeepSeek's shared_experts, n of them as one MLP */
+        const char *se = zo_moe_shared_name(c);
+        add(b, MODEL_ROLE_MLP_GATE_W, 0, fs, h, "%s.%d.mlp.%s.gate_proj.weight", p, i, se);
+        add(b, MODEL_ROLE_MLP_UP_W, 0, fs, h, "%s.%d.mlp.%s.up_proj.weight", p, i, se);
+        add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, fs, "%s.%d.mlp.%s.down_proj.weight", p, i, se);
     }
     if (c->moe.shared_gate)
         add(b, MODEL_ROLE_SHARED_GATE_W, 0, 1, h, "%s.%d.mlp.shared_expert_gate.weight", p, i);

@@ -52,15 +52,18 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
     if ((st = zo_model_config_validate(&cfg)) != ZO_OK) return zo_error_wrap(st, "LoRA layout: %s", cfg.name);
     if ((st = zo_lora_check(&cfg, lc)) != ZO_OK) return zo_error_wrap(st, "LoRA layout: %s", cfg.name);
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int nm = zo_lora_layer_modules(&cfg, lc->targets, mods);
+    int nm;
     l->cfg = cfg;
     l->expert_first = first;
     l->expert_count = count;
     l->n_layers = cfg.n_layers;
     l->n_blocks = cfg.n_layers + 2;
     l->n_tensors = 0;
-    for (int j = 0; j < nm; j++) l->n_tensors += 2 * (mods[j].experts ? count : 1);
-    l->n_tensors *= cfg.n_layers;
+    /* (each layer's own modules: DeepSeek's dense first layers have LLaMA's MLP) */
+    for (int layer = 0; layer < cfg.n_layers; layer++) {
+        nm = zo_lora_layer_modules_at(&cfg, layer, lc->targets, mods);
+        for (int j = 0; j < nm; j++) l->n_tensors += 2 * (mods[j].experts ? count : 1);
+    }
     l->block_numel = calloc((size_t)l->n_blocks, sizeof *l->block_numel);
     l->views = calloc((size_t)l->n_blocks * MODEL_ROLE_COUNT, sizeof *l->views);
     l->tensors = calloc(l->n_tensors ? (size_t)l->n_tensors : 1, sizeof *l->tensors);
@@ -75,6 +78,7 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
     int k = 0;
     for (int layer = 0; layer < cfg.n_layers; layer++) {
         int blk = model_layout_layer_block(layer);
+        nm = zo_lora_layer_modules_at(&cfg, layer, lc->targets, mods);
         for (int j = 0; j < nm; j++) {
             /* a routed expert's adapters lie together, expert after expert
              * (every expert module of the layer at the first of them) */
@@ -109,10 +113,13 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
     for (int b = 0; b < l->n_blocks; b++) l->total_numel += l->block_numel[b];
     /* (the experts outside the window: their adapters) */
     uint64_t outside = 0;
+    nm = zo_lora_layer_modules(&cfg, lc->targets, mods);
     for (int j = 0; j < nm; j++)
         if (mods[j].experts)
             outside += (uint64_t)(cfg.moe.experts - count) * (uint64_t)lc->r * (uint64_t)(mods[j].in + mods[j].out);
-    outside *= (uint64_t)cfg.n_layers;
+    int moe_layers = 0;
+    for (int layer = 0; layer < cfg.n_layers; layer++) moe_layers += zo_model_layer_is_moe(&cfg, layer);
+    outside *= (uint64_t)moe_layers;
     uint64_t want = zo_lora_trainable_params(&cfg, lc->r, lc->targets) - outside;
     if ((uint64_t)l->total_numel != want) {
         model_layout_free(l);
@@ -230,8 +237,10 @@ static int entry_matches(const char *path, const char *entry)
  * the target). */
 static zo_status module_bits(const char *path, const zo_model_config *cfg, const char *entry, unsigned *bits)
 {
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n = zo_lora_layer_modules(cfg, ZO_LORA_ALL_LINEAR, mods), hit[ZO_LORA_MAX_MODULES] = {0};
+    /* an MoE layer's modules, and a dense first layer's (DeepSeek's) */
+    zo_lora_module mods[2 * ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(cfg, ZO_LORA_ALL_LINEAR, mods), hit[2 * ZO_LORA_MAX_MODULES] = {0};
+    if (cfg->moe.experts && cfg->moe.first_dense) n += zo_lora_layer_modules_at(cfg, 0, ZO_LORA_ALL_LINEAR, mods + n);
     *bits = 0;
     int deeper = 0;
     for (int i = 0; i < n; i++) {

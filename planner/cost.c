@@ -146,12 +146,13 @@ void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *
  * dA += du^T x and dx += du A backward; a routed expert's over the rows
  * routed to it (its share of T x top_k). QLoRA dequantizes each linear
  * weight before its GEMM, in the forward and again in the backward. */
-static void adapters_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,
+static void adapters_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T, int moe,
                           double *f, double *b)
 {
     double r = t->lora.r, tp = t->tp;
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
-    int n = plan_peft_modules(m, t->lora.targets, t->ep, mods);
+    /* (an MoE layer's, or a dense one's: DeepSeek's first layers) */
+    int n = plan_peft_modules_at(m, moe ? m->n_layers - 1 : 0, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
         double in = (double)mods[i].in / (mods[i].row ? tp : 1);
         double out = (double)mods[i].out / (mods[i].row ? 1 : tp);
@@ -174,12 +175,7 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
  * times), for the model's FLOPs. */
 static double lora_active(const zo_model_config *m, const plan_train *t)
 {
-    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
-    int n = plan_peft_modules(m, t->lora.targets, 1, mods);
-    double a = 0;
-    for (int i = 0; i < n; i++)
-        a += (mods[i].expert ? mods[i].routed : 1) * (double)t->lora.r * (double)(mods[i].in + mods[i].out);
-    return a * m->n_layers;
+    return plan_lora_layers_sum(m, t->lora.r, t->lora.targets, 1);
 }
 
 /* A layer's matmuls as they add up: forward and backward seconds, and the
@@ -354,7 +350,7 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     double attn_f, attn_b, attn_rc;
     attn_core_time(t, c, heads, dqk, dv, &attn_f, &attn_b, &attn_rc);
     double ew_f = elementwise_time(m, t, c, T, q, k, mlp_ew);
-    if (c->frozen) adapters_time(m, t, c, T, &a.f, &a.b);
+    if (c->frozen) adapters_time(m, t, c, T, moe, &a.f, &a.b);
     o->fwd = a.f + attn_f + ew_f;
     o->bwd = a.b + attn_b + 2 * ew_f;
     tp_time(m, t, c, T, o);

@@ -31,23 +31,49 @@ void plan_gen_defaults(plan_gen *g)
 /* ---- the blocks ------------------------------------------------------------------ */
 
 /* A chain of blocks as the runtime stores one kind of weights: bytes of
- * each (embedding, a layer, the head; every layer alike), their element size. */
+ * each (embedding, a layer, the head; every layer alike but an MoE model's
+ * n_dense dense first layers of `dense` bytes each: DeepSeek's), their
+ * element size. */
 typedef struct blocks {
     int nb;
     uint64_t first, layer, last; /* bytes */
+    int n_dense;
+    uint64_t dense;
 } blocks;
 
-static uint64_t blocks_total(const blocks *b) { return b->first + (uint64_t)(b->nb - 2) * b->layer + b->last; }
-static uint64_t blocks_largest(const blocks *b) { return max_u64(max_u64(b->first, b->layer), b->last); }
+static uint64_t blocks_total(const blocks *b)
+{
+    return b->first + (uint64_t)(b->nb - 2 - b->n_dense) * b->layer + (uint64_t)b->n_dense * b->dense + b->last;
+}
+static uint64_t blocks_largest(const blocks *b)
+{
+    return max_u64(max_u64(max_u64(b->first, b->layer), b->last), b->n_dense ? b->dense : 0);
+}
 
 /* What a store of b takes on NVMe: each block from a 4096-byte boundary and
  * the store's end on one (an empty block holds one element: `es`). */
 static uint64_t blocks_nvme(const blocks *b, uint64_t es)
 {
-    uint64_t sz[3] = {b->first ? b->first : es, b->layer ? b->layer : es, b->last ? b->last : es};
-    uint64_t a = NVME_BLOCK_ALIGN, r[3];
-    for (int k = 0; k < 3; k++) r[k] = (sz[k] + a - 1) / a * a;
-    return r[0] + (uint64_t)(b->nb - 2) * r[1] + r[2];
+    uint64_t sz[4] = {b->first ? b->first : es, b->layer ? b->layer : es, b->last ? b->last : es,
+                      b->dense ? b->dense : es};
+    uint64_t a = NVME_BLOCK_ALIGN, r[4];
+    for (int k = 0; k < 4; k++) r[k] = (sz[k] + a - 1) / a * a;
+    return r[0] + (uint64_t)(b->nb - 2 - b->n_dense) * r[1] + (uint64_t)b->n_dense * r[3] + r[2];
+}
+
+/* Elements of one layer's adapters (layer `layer`'s kind: DeepSeek's dense
+ * first layers have LLaMA's modules); *n_u the modules whose A x the
+ * runtime keeps, *expert_ad whether a routed expert's are among them. */
+static uint64_t layer_adapters(const zo_model_config *m, int layer, const zo_lora_config *lc, int *n_u,
+                               int *expert_ad)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules_at(m, layer, lc->targets, mods);
+    *n_u = zo_lora_dense_modules(mods, n, expert_ad);
+    uint64_t el = 0;
+    for (int i = 0; i < n; i++)
+        el += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)lc->r * (uint64_t)(mods[i].in + mods[i].out);
+    return el;
 }
 
 /* ---- the lines ------------------------------------------------------------------- */
@@ -105,10 +131,13 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
     uint64_t B = (uint64_t)g->batch, N = B * (uint64_t)rows, es = zo_dtype_size(g->dtype);
     const zo_moe *mo = &m->moe;
     uint64_t E = (uint64_t)mo->experts, K = (uint64_t)mo->top_k, fe = (uint64_t)mo->expert_ffn;
-    uint64_t h = (uint64_t)m->hidden, f = (uint64_t)(E ? mo->shared_ffn : m->ffn), d = (uint64_t)m->head_dim;
-    uint64_t widest = max_u64(f, K * fe), r = g->method != ZO_PLAN_FULL ? (uint64_t)g->lora.r : 0;
+    /* (the MLP's width: an MoE layer's shared expert's, or DeepSeek's dense first layers' if wider) */
+    uint64_t fs = (uint64_t)mo->shared_ffn, fd = !E || mo->first_dense ? (uint64_t)m->ffn : 0;
+    uint64_t h = (uint64_t)m->hidden, f = max_u64(fs, fd), d = (uint64_t)m->head_dim;
+    uint64_t widest = max_u64(fs, K * fe), r = g->method != ZO_PLAN_FULL ? (uint64_t)g->lora.r : 0;
     uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
     int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT, post = zo_model_post_norms(m);
+    int rotary = llama || m->pos == ZO_POS_ROTARY; /* GPT-NeoX's and Falcon's too */
     uint64_t a[] = {
         N * 4, B * 4,                                           /* tokens, positions */
         layers * N * h * es, layers * N * 4, layers * N * 4,    /* ln1, its mean and rstd */
@@ -122,7 +151,8 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         B * h * es, B * h * es, B * 4, B * 4,                   /* the rows read out, the final norm */
         B * (uint64_t)m->vocab * 4,                             /* fp32 logits */
         wdq,                                                    /* QLoRA: a dequantized weight */
-        llama && m->rope_scaling[0] ? d / 2 * 8 : 0,            /* a rope_scaling's frequencies */
+        rotary && m->rope_scaling[0] ? (uint64_t)zo_model_rope_dim(m) / 2 * 8 : 0, /* a rope_scaling's
+                                                                 frequencies (the rotated part's) */
         zo_family_gemma(m->family) ? 2 * max_u64(h, m->qk_norm ? d : 0) * 4 : 0, /* Gemma: ones, 1 + w (fp32) */
         layers * N * E * 4, layers * N * E * 4,                 /* MoE: router logits, weights */
         layers * K * N * fe * es, layers * K * N * fe * es,     /* the experts' gate, up */
@@ -329,8 +359,14 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     /* the weights: the model's blocks, or a frozen base (its format) and adapters */
     zo_param_counts pc;
     zo_model_param_counts(m, &pc);
-    blocks w = {nb, pc.embedding * es, pc.per_layer * es, (pc.final_norm + pc.head) * es}, base = w, ad = {nb, 0, 0, 0};
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    /* (an MoE model's dense first layers: DeepSeek's, blocks of their own size) */
+    int n_dense = m->moe.experts ? m->moe.first_dense : 0;
+    if (n_dense > m->n_layers) n_dense = m->n_layers;
+    zo_layer_params dl;
+    zo_model_layer_params(m, 0, &dl);
+    blocks w = {nb, pc.embedding * es, pc.per_layer * es, (pc.final_norm + pc.head) * es, n_dense, dl.total * es};
+    blocks base = w, ad = {nb, 0, 0, 0, n_dense, 0};
+    zo_lora_module mods[ZO_LORA_MAX_MODULES]; /* (an MoE layer's, for the time) */
     int n_mods = 0, dense_mods = 0, expert_ad = 0;
     uint64_t wdq = 0;
     if (adapters) {
@@ -341,10 +377,14 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
         t.lora = g->lora;
         plan_peft p;
         plan_peft_stage(m, &t, 0, &p);
-        base = (blocks){nb, p.first_frozen, p.layer_frozen, p.last_frozen};
+        int moe = m->moe.experts > 0;
+        base = (blocks){nb, p.first_frozen, p.kind_frozen[moe], p.last_frozen, n_dense, p.kind_frozen[0]};
+        /* the runtime keeps the A x of the wider kind's dense modules */
+        int u0 = 0, x0 = 0;
         n_mods = zo_lora_layer_modules(m, g->lora.targets, mods);
-        dense_mods = zo_lora_dense_modules(mods, n_mods, &expert_ad);
-        ad.layer = zo_lora_trainable_params(m, g->lora.r, g->lora.targets) / (L ? L : 1) * es;
+        ad.layer = layer_adapters(m, m->n_layers - 1, &g->lora, &dense_mods, &expert_ad) * es;
+        if (n_dense) ad.dense = layer_adapters(m, 0, &g->lora, &u0, &x0) * es;
+        if (u0 > dense_mods) dense_mods = u0;
         /* QLoRA dequantizes each linear weight into one scratch as large as
          * the widest, as the runtime sizes it (zo_lora_dequant_elems) */
         if (g->method == ZO_PLAN_QLORA) wdq = zo_lora_dequant_elems(m) * es;
@@ -355,11 +395,11 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
      * host memory, no frozen base): a slot holds the largest dense part, two
      * expert slots one routed expert each, and a forward copies the dense
      * parts and the experts it touches (touched(): at most top_k a token) */
-    zo_layer_params lp; /* (the runtime's MoE families have every layer an MoE layer: first_dense 0) */
+    zo_layer_params lp; /* (an MoE layer's; DeepSeek's dense first layers stream whole) */
     zo_model_layer_params(m, m->n_layers - 1, &lp);
     int apart = lp.experts && !adapters && g->params_on == ZO_PLAN_CPU;
     uint64_t expert_b = apart ? lp.expert * es : 0, layer_dense = w.layer - (uint64_t)lp.experts * expert_b;
-    blocks dense = {nb, w.first, layer_dense, w.last};
+    blocks dense = {nb, w.first, layer_dense, w.last, w.n_dense, w.dense};
     /* the stores, the device slots of what streams (offload/offload.c, stream.c) */
     zo_plan_tier w_on = adapters ? g->adapters_on : g->params_on;
     int w_streamed = w_on != ZO_PLAN_GPU, b_streamed = adapters && g->params_on != ZO_PLAN_GPU;
@@ -405,7 +445,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
      * parts and the experts it touches, the prompts' its own */
     uint64_t tok_experts = (uint64_t)touched(m, g->batch) * expert_b;
     uint64_t prompt_experts = (uint64_t)touched(m, (double)g->batch * g->prompt) * expert_b;
-    if (apart) e->stream_bytes = blocks_total(&dense) + L * tok_experts;
+    if (apart) e->stream_bytes = blocks_total(&dense) + (L - (uint64_t)n_dense) * tok_experts;
     e->experts_apart = apart;
     e->experts_token = (int)touched(m, g->batch);
     e->experts_prompt = (int)touched(m, (double)g->batch * g->prompt);

@@ -384,10 +384,10 @@ static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *
     if (m->params_override)
         return zo_error(ZO_ERR_INVALID, "%s: the adapters need the model's shape (--model or a "
                                         "shape, not --params N)", flag);
-    if (m->moe.experts && (m->moe.first_dense || m->moe.router_bias))
-        return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts with %s, whose adapters are "
-                                        "not modelled (Mixtral-like and Qwen2-MoE layers are)", flag, m->name,
-                        m->moe.first_dense ? "dense first layers" : "a router bias");
+    if (m->moe.experts && m->moe.router_bias)
+        return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts with a router bias, whose adapters "
+                                        "are not modelled (Mixtral-like, Qwen2-MoE and DeepSeekMoE layers are)",
+                        flag, m->name);
     if (m->mla.kv_rank)
         return zo_error(ZO_ERR_INVALID, "%s: %s has latent attention, whose projections the "
                                         "adapter targets do not name", flag, m->name);
@@ -742,51 +742,79 @@ int plan_peft_modules(const zo_model_config *m, unsigned targets, int ep,
     return n;
 }
 
-uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets)
+/* An MoE model's dense first layer as a dense model (DeepSeek's:
+ * LLaMA's layer with its MLP of ffn). */
+static zo_model_config dense_of(const zo_model_config *m)
 {
-    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
-    int n = plan_peft_modules(m, targets, 1, mods);
-    uint64_t per_layer = 0;
-    for (int i = 0; i < n; i++) per_layer += mods[i].count * (uint64_t)r * (uint64_t)(mods[i].in + mods[i].out);
-    return per_layer * (uint64_t)m->n_layers;
+    zo_model_config d = *m;
+    d.moe.experts = 0;
+    return d;
 }
 
-void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, plan_peft *o)
+int plan_peft_modules_at(const zo_model_config *m, int layer, unsigned targets, int ep,
+                         plan_peft_module out[PLAN_PEFT_MAX_MODULES])
 {
-    memset(o, 0, sizeof *o);
-    stage_shape sh;
-    stage_params(m, t, stage, &sh);
+    if (!m->moe.experts || zo_model_layer_is_moe(m, layer)) return plan_peft_modules(m, targets, ep, out);
+    zo_model_config d = dense_of(m);
+    return plan_peft_modules(&d, targets, ep, out);
+}
+
+double plan_lora_layers_sum(const zo_model_config *m, int r, unsigned targets, int routed)
+{
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    double total = 0;
+    /* the dense layers (all, or DeepSeek's first ones) and the MoE layers */
+    int n_moe = m->moe.experts ? m->n_layers - m->moe.first_dense : 0;
+    if (n_moe < 0) n_moe = 0;
+    for (int moe = 0; moe < 2; moe++) {
+        int layers = moe ? n_moe : m->n_layers - n_moe;
+        if (layers <= 0) continue;
+        int n = plan_peft_modules_at(m, moe ? m->n_layers - 1 : 0, targets, 1, mods);
+        for (int i = 0; i < n; i++)
+            total += (double)layers * (routed && mods[i].expert ? (double)mods[i].routed : (double)mods[i].count) *
+                     (double)r * (double)(mods[i].in + mods[i].out);
+    }
+    return total;
+}
+
+uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets)
+{
+    return (uint64_t)plan_lora_layers_sum(m, r, targets, 0); /* (exact: below 2^53) */
+}
+
+/* One kind of layer's frozen block and adapters (plan_peft_stage's per-layer
+ * fields) for the layers of m like `layer`; *expert_nf4 and *expert_linear
+ * one routed expert's (0 in a dense layer). */
+static void peft_layer(const zo_model_config *m, const plan_train *t, int layer, plan_peft *o,
+                       uint64_t *expert_nf4, uint64_t *expert_linear, uint64_t *ex)
+{
+    zo_model_config d = dense_of(m);
+    const zo_model_config *k = m->moe.experts && !zo_model_layer_is_moe(m, layer) ? &d : m;
     uint64_t wsz = zo_dtype_size(t->dtype), tp = (uint64_t)t->tp, r = (uint64_t)t->lora.r;
     int nf4 = t->method == ZO_PLAN_QLORA;
-    o->layers = sh.layers;
     /* one layer: its linear weights (PEFT's all-linear; MoE: every local
      * expert's), split by TP; the norms, biases and an MoE router stay in the
      * model dtype */
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
-    int n = plan_peft_modules(m, ZO_LORA_ALL_LINEAR, t->ep, mods);
-    uint64_t expert_nf4 = 0, expert_linear = 0; /* one routed expert's (MoE) */
+    int n = plan_peft_modules(k, ZO_LORA_ALL_LINEAR, t->ep, mods);
+    *expert_nf4 = *expert_linear = 0;
     for (int i = 0; i < n; i++) {
         uint64_t w = ceil_div((uint64_t)(mods[i].in * mods[i].out), tp);
         uint64_t b = ceil_div(zo_nf4_bytes(w), PEFT_NF4_ALIGN) * PEFT_NF4_ALIGN;
         o->layer_linear += mods[i].count * w;
         o->layer_nf4 += mods[i].count * b;
         if (mods[i].expert) {
-            expert_linear += w;
-            expert_nf4 += b;
+            *expert_linear += w;
+            *expert_nf4 += b;
         }
     }
-    /* the widest weight the runtime dequantizes at once, as it sizes its
-     * scratch (zo_lora_dequant_elems: q, k and v as one, for its fused
-     * q|k|v GEMM), split by TP */
-    o->largest_linear = ceil_div(zo_lora_dequant_elems(m), tp);
     zo_layer_params lp;
-    uint64_t ex;
-    zo_model_layer_params(m, m->n_layers - 1, &lp);
-    uint64_t layer = layer_on_rank(&lp, t, &ex);
-    o->layer_frozen = nf4 ? (layer - o->layer_linear) * wsz + o->layer_nf4 : layer * wsz;
+    zo_model_layer_params(k, k == m ? m->n_layers - 1 : 0, &lp);
+    uint64_t layer_b = layer_on_rank(&lp, t, ex);
+    o->layer_frozen = nf4 ? (layer_b - o->layer_linear) * wsz + o->layer_nf4 : layer_b * wsz;
     /* the adapters: column-parallel layers keep A [r, in] whole and split B
      * [out, r]; row-parallel ones (o, down: their input is split) the reverse */
-    n = plan_peft_modules(m, t->lora.targets, t->ep, mods);
+    n = plan_peft_modules(k, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
         uint64_t in = (uint64_t)mods[i].in, out = (uint64_t)mods[i].out;
         uint64_t el = mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
@@ -798,22 +826,64 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
         if (!mods[i].expert || t->runtime == PLAN_RUNTIME_EAGER) o->u_width += (double)mods[i].routed * (double)r;
         o->n_adapters++;
     }
-    o->trainable = (uint64_t)sh.layers * o->layer_trainable;
+}
+
+static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, plan_peft *o)
+{
+    memset(o, 0, sizeof *o);
+    stage_shape sh;
+    stage_params(m, t, stage, &sh);
+    uint64_t wsz = zo_dtype_size(t->dtype);
+    int nf4 = t->method == ZO_PLAN_QLORA;
+    o->layers = sh.layers;
+    /* the stage's layers by kind ([0] dense, [1] MoE), each kind's layer
+     * (plan_peft_stage's per-layer fields the larger kind's) */
+    o->kind_layers[0] = sh.layers - sh.moe_layers;
+    o->kind_layers[1] = sh.moe_layers;
+    uint64_t expert_nf4 = 0, expert_linear = 0, ex = 0, largest = 0; /* one routed expert's (MoE) */
+    uint64_t local = (uint64_t)(m->moe.experts / t->ep);
+    for (int kind = 0; kind < 2; kind++) {
+        if (!o->kind_layers[kind]) continue;
+        plan_peft k = {0};
+        uint64_t xn, xl, kx;
+        peft_layer(m, t, kind ? m->n_layers - 1 : 0, &k, &xn, &xl, &kx);
+        uint64_t layers = (uint64_t)o->kind_layers[kind];
+        o->kind_trainable[kind] = k.layer_trainable;
+        o->kind_frozen[kind] = k.layer_frozen;
+        o->trainable += layers * k.layer_trainable;
+        o->frozen += layers * k.layer_frozen;
+        o->nf4 += nf4 ? layers * k.layer_nf4 : 0;
+        o->layer_linear = max_u64(o->layer_linear, k.layer_linear);
+        o->layer_nf4 = max_u64(o->layer_nf4, k.layer_nf4);
+        o->layer_frozen = max_u64(o->layer_frozen, k.layer_frozen);
+        o->layer_trainable = max_u64(o->layer_trainable, k.layer_trainable);
+        if (k.u_width > o->u_width) o->u_width = k.u_width;
+        if (k.n_adapters > o->n_adapters) o->n_adapters = k.n_adapters;
+        if (kind) {
+            o->layer_trainable_ex = k.layer_trainable_ex;
+            expert_nf4 = xn;
+            expert_linear = xl;
+            ex = kx;
+        }
+        /* this runtime moves an MoE layer's base as one block; eager
+         * frameworks each local expert, and the rest */
+        uint64_t expert = kx && t->runtime == PLAN_RUNTIME_EAGER ? (nf4 ? xn : xl * wsz) : 0;
+        largest = max_u64(largest, max_u64(expert ? k.layer_frozen - local * expert : k.layer_frozen, expert));
+    }
+    /* the widest weight the runtime dequantizes at once, as it sizes its
+     * scratch (zo_lora_dequant_elems: q, k and v as one, for its fused
+     * q|k|v GEMM), split by TP */
+    o->largest_linear = ceil_div(zo_lora_dequant_elems(m), (uint64_t)t->tp);
     /* the embedding and head blocks stay whole in the model dtype (QLoRA
      * quantizes the layers' linear weights only) */
     o->first_frozen = sh.emb * wsz;
     o->last_frozen = sh.head * wsz;
-    o->frozen = (uint64_t)sh.layers * o->layer_frozen + o->first_frozen + o->last_frozen;
-    o->nf4 = nf4 ? (uint64_t)sh.layers * o->layer_nf4 : 0;
-    /* this runtime moves an MoE layer's base as one block; eager frameworks
-     * each local expert, and the rest */
-    uint64_t expert = ex && t->runtime == PLAN_RUNTIME_EAGER ? (nf4 ? expert_nf4 : expert_linear * wsz) : 0;
-    uint64_t local = (uint64_t)(m->moe.experts / t->ep);
+    o->frozen += o->first_frozen + o->last_frozen;
     o->layer_frozen_ex = nf4 ? local * expert_nf4 : ex * wsz;
-    o->largest_frozen = expert ? o->layer_frozen - local * expert : o->layer_frozen;
-    if (expert > o->largest_frozen) o->largest_frozen = expert;
-    if (o->first_frozen > o->largest_frozen) o->largest_frozen = o->first_frozen;
-    if (o->last_frozen > o->largest_frozen) o->largest_frozen = o->last_frozen;
+    (void)expert_linear;
+    o->largest_frozen = max_u64(largest, max_u64(o->first_frozen, o->last_frozen));
 }
 
 static uint64_t frac_of(uint64_t total, double f) { return round_u64((double)total * f); }
@@ -845,7 +915,10 @@ static double gpu_share(const zo_model_config *m, const plan_train *t, const sta
         int l = b - sh->first; /* the stage's layer, or -1 (embedding), or layers (head) */
         if (l < 0) suffix += pf ? 0 : sh->emb;
         else if (l >= sh->layers) suffix += pf ? 0 : sh->head;
-        else suffix += pf ? pf->layer_trainable : layer[zo_model_layer_is_moe(m, sh->first_layer + l)];
+        else {
+            int moe = zo_model_layer_is_moe(m, sh->first_layer + l);
+            suffix += pf ? pf->kind_trainable[moe] : layer[moe];
+        }
         double d = fabs((double)suffix - want);
         if (best < 0 || d < best) {
             best = d;
@@ -899,7 +972,7 @@ static void stage_init(stage_est *s, const zo_model_config *m, const plan_train 
     s->gsz = zo_dtype_size(t->grad_dtype);
     s->tr = s->peft ? s->pf.trainable : s->sh.params;
     /* (LoRA: the routed experts' adapters apart only with expert parallelism) */
-    s->tr_ex = !s->peft ? s->sh.experts : t->ep > 1 ? (uint64_t)s->pf.layers * s->pf.layer_trainable_ex : 0;
+    s->tr_ex = !s->peft ? s->sh.experts : t->ep > 1 ? (uint64_t)s->pf.kind_layers[1] * s->pf.layer_trainable_ex : 0;
     s->tr_largest = s->peft ? s->pf.layer_trainable : s->sh.largest;
     /* ZeRO shards over the ranks that hold the same parameters: all of DP
      * for the rest, DP / EP ("expert data parallel") for routed experts */
@@ -967,18 +1040,32 @@ static uint64_t frozen_part(const stage_est *s, uint64_t bytes)
  * frozen_part; with expert parallelism the dense bytes over DP and the
  * routed experts' over DP / EP, each padded to 4 B a rank, the runtime's
  * segments). */
-static uint64_t frozen_layer_part(const stage_est *s)
+static uint64_t frozen_kind_part(const stage_est *s, int kind)
 {
     const plan_peft *pf = &s->pf;
-    if (s->t->zero < 3 || s->dp <= 1) return pf->layer_frozen;
-    return ep_part(pf->layer_frozen, pf->layer_frozen_ex, s->dp, s->t->ep, 4);
+    if (s->t->zero < 3 || s->dp <= 1) return pf->kind_frozen[kind];
+    return ep_part(pf->kind_frozen[kind], kind ? pf->layer_frozen_ex : 0, s->dp, s->t->ep, 4);
+}
+
+/* The larger of a dense and an MoE layer's (DeepSeek's two kinds). */
+static uint64_t frozen_layer_part(const stage_est *s)
+{
+    uint64_t d = frozen_kind_part(s, 0), x = frozen_kind_part(s, 1);
+    return d > x ? d : x;
 }
 
 /* A rank's part of a layer's adapters at ZeRO-3 (elements): over DP; with
- * expert parallelism the routed experts' over DP / EP. */
+ * expert parallelism the routed experts' over DP / EP (a layer of `kind`:
+ * [0] dense, [1] MoE). */
+static uint64_t adapters_kind_part(const stage_est *s, int kind)
+{
+    return ep_part(s->pf.kind_trainable[kind], kind ? s->pf.layer_trainable_ex : 0, s->dp, s->t->ep, 1);
+}
+
 static uint64_t adapters_layer_part(const stage_est *s)
 {
-    return ep_part(s->pf.layer_trainable, s->pf.layer_trainable_ex, s->dp, s->t->ep, 1);
+    uint64_t d = adapters_kind_part(s, 0), x = adapters_kind_part(s, 1);
+    return d > x ? d : x;
 }
 
 /* On NVMe a store's blocks (ZeRO-3: the rank's parts of them) start on
@@ -996,26 +1083,37 @@ static void nvme_aligned(const stage_est *s, uint64_t *frozen, uint64_t *adapter
     const stage_shape *sh = &s->sh;
     const plan_peft *pf = &s->pf;
     uint64_t al = PLAN_NVME_ALIGN;
-    if (t->params_on == ZO_PLAN_NVME && sh->layers)
+    /* (each kind of layer its own blocks: DeepSeek's dense first ones, MoE
+     * ones; the stage's last layer is of the kind that comes last) */
+    int last_kind = pf->kind_layers[1] > 0;
+    if (t->params_on == ZO_PLAN_NVME && sh->layers) {
         *frozen = (sh->first ? ceil_div(frozen_part(s, pf->first_frozen), al) * al : 0) +
-                  (uint64_t)(sh->layers - (sh->last ? 0 : 1)) * (ceil_div(frozen_layer_part(s), al) * al) +
-                  (sh->last ? frozen_part(s, pf->last_frozen) : frozen_layer_part(s));
+                  (sh->last ? frozen_part(s, pf->last_frozen) : frozen_kind_part(s, last_kind));
+        for (int k = 0; k < 2; k++)
+            *frozen += (uint64_t)(pf->kind_layers[k] - (!sh->last && k == last_kind ? 1 : 0)) *
+                       (ceil_div(frozen_kind_part(s, k), al) * al);
+    }
     /* (parts: the last one rounded up too) */
     if (t->params_on == ZO_PLAN_NVME && sh->layers && t->zero >= 3 && s->dp > 1) *frozen = ceil_div(*frozen, al) * al;
-    uint64_t layer = t->zero >= 3 ? adapters_layer_part(s) : pf->layer_trainable;
-    if (t->adapters_on == ZO_PLAN_NVME)
-        *adapters = ((uint64_t)sh->layers * ceil_div(layer * s->wsz, al) + (sh->first ? 1 : 0) + (sh->last ? 1 : 0)) * al;
+    if (t->adapters_on == ZO_PLAN_NVME) {
+        *adapters = ((sh->first ? 1 : 0) + (sh->last ? 1 : 0)) * al;
+        for (int k = 0; k < 2; k++) {
+            uint64_t layer = t->zero >= 3 ? adapters_kind_part(s, k) : pf->kind_trainable[k];
+            *adapters += (uint64_t)pf->kind_layers[k] * ceil_div(layer * s->wsz, al) * al;
+        }
+    }
 }
 
-/* A rank's frozen base at ZeRO-3: the bytes over DP; with expert
- * parallelism each layer's routed experts' over the DP / EP ranks holding
- * them, the rest over DP (the runtime's segments of bytes). */
+/* A rank's frozen base at ZeRO-3: each block's part, as the runtime
+ * partitions the base (offload_dp_part_bytes: a block's bytes padded to 4 B
+ * x DP, 4 B words gathered; with expert parallelism a layer's routed
+ * experts' over the DP / EP ranks holding them, the rest over DP). */
 static uint64_t frozen_z3(const stage_est *s)
 {
     const plan_peft *pf = &s->pf;
-    uint64_t layers = s->sh.layers, ex = s->t->ep > 1 ? pf->layer_frozen_ex : 0;
-    /* (a layer's experts' part: ep_part of the experts alone) */
-    return ceil_div(pf->frozen - layers * ex, s->dp) + layers * ep_part(ex, ex, s->dp, s->t->ep, 1);
+    /* (each kind of layer its own blocks: DeepSeek's dense first ones, MoE ones) */
+    return frozen_part(s, pf->first_frozen) + (uint64_t)pf->kind_layers[0] * frozen_kind_part(s, 0) +
+           (uint64_t)pf->kind_layers[1] * frozen_kind_part(s, 1) + frozen_part(s, pf->last_frozen);
 }
 
 /* The largest of a rank's parts of the frozen blocks at ZeRO-3 on several
@@ -1512,7 +1610,7 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
  * gradient and the pairs' weight gradient, the router's gradient and the
  * pairs' weights' gradient per token and expert (fp32), the weighted
  * expert activation of the widest MLP, and each layer's [2 E] statistics
- * of the load-balancing loss. */
+ * of the load-balancing loss (DeepSeek's: of each sequence). */
 static void moe_buffers(const stage_est *s, plan_estimate *e)
 {
     const zo_model_config *m = s->m;
@@ -1525,8 +1623,10 @@ static void moe_buffers(const stage_est *s, plan_estimate *e)
     uint64_t routed_ffn = (ep_rows ? ep_rows : pairs) * (uint64_t)m->moe.expert_ffn;
     uint64_t shared_ffn = sb * (uint64_t)m->moe.shared_ffn;
     uint64_t widest = routed_ffn > shared_ffn ? routed_ffn : shared_ffn;
+    /* (the statistics: DeepSeek's balance loss counts each sequence apart) */
+    uint64_t stat_rows = m->moe.aux_per_layer ? (uint64_t)t->micro_batch : 1;
     uint64_t bytes = pairs * h * (2 * s->wsz + 4) + pairs * 4 + 2 * sb * E * 4 + widest * s->wsz +
-                     (uint64_t)m->n_layers * 2 * E * 4;
+                     (uint64_t)m->n_layers * stat_rows * 2 * E * 4;
     add(e, "MoE dispatch buffers (pairs in and out, their gradients, router gradients)", ZO_PLAN_GPU,
         PLAN_ACTIVATIONS, bytes);
     /* expert parallelism: the rows in arrival order and grouped by expert

@@ -381,13 +381,22 @@ typedef struct plan_peft_module {
 } plan_peft_module;
 
 /* The adapted layers of one layer for `targets` (LLaMA and GPT layers:
- * zo_lora_layer_modules's, count 1); returns how many kinds. */
+ * zo_lora_layer_modules's, count 1; an MoE model's: an MoE layer's);
+ * returns how many kinds. */
 int plan_peft_modules(const zo_model_config *m, unsigned targets, int ep,
                       plan_peft_module out[PLAN_PEFT_MAX_MODULES]);
+/* Those of layer `layer`: DeepSeek's dense first layers have LLaMA's. */
+int plan_peft_modules_at(const zo_model_config *m, int layer, unsigned targets, int ep,
+                         plan_peft_module out[PLAN_PEFT_MAX_MODULES]);
 
 /* Trainable parameters of rank-r adapters on `targets`: PEFT's count
  * (zo_lora_trainable_params) for dense layers, every expert's for MoE. */
 uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets);
+/* Over every layer (each its own kind's modules: DeepSeek's dense first
+ * layers), each adapted module's r (in + out) times its count, or with
+ * `routed` a routed expert's times the experts a token passes (top_k): the
+ * trainable count, or the adapter parameters a token meets. */
+double plan_lora_layers_sum(const zo_model_config *m, int r, unsigned targets, int routed);
 
 /* What one rank of a pipeline stage holds when it trains adapters on a
  * frozen base (TP splits each adapted layer as its weight: a column-parallel
@@ -413,8 +422,15 @@ typedef struct plan_peft {
     int n_adapters;          /* kinds of adapted linear layers in a layer */
     double u_width;          /* elements of the adapters' A x a token keeps per layer, r each
                                 (MoE: the routed experts' top_k r only in an eager runtime;
-                                this one keeps none of theirs) */
+                                this one keeps none of theirs); the wider kind's (as the
+                                runtime's lora_u) */
     int layers;
+    /* The two kinds of layer of an MoE model with dense first layers
+     * (DeepSeek), [0] dense and [1] MoE (a model of one kind: that kind's;
+     * the per-layer fields above are the larger of the two): */
+    int kind_layers[2];             /* the stage's layers of each kind */
+    uint64_t kind_trainable[2];     /* adapter elements of one layer of the kind */
+    uint64_t kind_frozen[2];        /* bytes of one layer's frozen block */
 } plan_peft;
 
 /* The frozen base and the adapters of stage `stage` on one rank (method

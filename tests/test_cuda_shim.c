@@ -536,17 +536,22 @@ static void test_rope(void **state)
                 want[o + i] = x1 * cos(ang) - x2 * sin(ang);
                 want[o + d / 2 + i] = x2 * cos(ang) + x1 * sin(ang);
             }
-    assert_int_equal(shim_launch_rope(NULL, tx, n, t, heads, d, ld, d, theta, pos0, NULL, NULL, 1.0f, 0), ZO_OK);
+    cuda_err_rec rerr = {0};
+    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, 1.0f, 0),
+                     ZO_OK);
     assert_int_equal(check_tensor("rope", tx, want, nx), 0);
     /* the inverse rotation brings x back */
-    assert_int_equal(shim_launch_rope(NULL, tx, n, t, heads, d, ld, d, theta, pos0, NULL, NULL, 1.0f, 1), ZO_OK);
+    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, 1.0f, 1),
+                     ZO_OK);
     for (size_t i = 0; i < nx; i++) want[i] = x[i];
     assert_int_equal(check_tensor("rope inverse", tx, want, nx), 0);
     /* with longrope's attention scaling: the rotated heads times scale, the
      * transpose scaling them again (scale^2 x) */
     const float scale = 1.25f;
-    assert_int_equal(shim_launch_rope(NULL, tx, n, t, heads, d, ld, d, theta, pos0, NULL, NULL, scale, 0), ZO_OK);
-    assert_int_equal(shim_launch_rope(NULL, tx, n, t, heads, d, ld, d, theta, pos0, NULL, NULL, scale, 1), ZO_OK);
+    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, scale, 0),
+                     ZO_OK);
+    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, scale, 1),
+                     ZO_OK);
     for (int r = 0; r < n; r++)
         for (int j = 0; j < heads * d; j++) want[(size_t)r * ld + j] = (double)scale * scale * x[(size_t)r * ld + j];
     assert_int_equal(check_tensor("rope scaled", tx, want, nx), 0);
@@ -635,7 +640,7 @@ static void test_embedding(void **state)
             wdwpe[(r % t) * c + j] += dout[r * c + j];
         }
     cuda_err_rec err = {0};
-    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe, NULL, n, t, c,
+    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe, NULL, 0, n, t, c,
                                                    vocab),
                      ZO_OK);
     assert_int_equal(err.code, 0);
@@ -656,13 +661,14 @@ static void test_embedding(void **state)
     for (int r = 0; r < n; r++)
         for (int j = 0; j < c; j++)
             wout[r * c + j] = (double)wte[tokens[r] * c + j] + wpe2[(pos[r / t] + r % t) * c + j];
-    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe2, pos, n, t, c, vocab), ZO_OK);
+    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe2, pos, rows, n, t, c, vocab),
+                     ZO_OK);
     assert_int_equal(err.code, 0);
     assert_int_equal(check_tensor("embedding, a position a sequence", out, wout, (size_t)n * c), 0);
     free(wpe2), free(twpe2.data);
     /* a token out of range: recorded once (row, value, limit), its row skipped */
     tokens[4] = 70;
-    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe, NULL, n, t, c,
+    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe, NULL, 0, n, t, c,
                                                    vocab),
                      ZO_OK);
     assert_int_equal(err.code, CUDA_ERR_EMBEDDING_FORWARD);

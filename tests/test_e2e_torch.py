@@ -231,13 +231,17 @@ FAMILIES = {
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
     # GPT-NeoX (Pythia's kind): query_key_value interleaved per head in the file, rotary on the
     # first quarter of each 64-wide head, biases everywhere, the erf GELU, a parallel residual,
-    # embed_out untied; the checkpoint carries the buffers older ones have (ignored)
+    # embed_out untied; the checkpoint carries the buffers older ones have (ignored); LLaMA-3.1's
+    # rope_scaling over the 8 rotary frequencies of base 100 with an original length of 64 (the
+    # sequence is 130): wavelengths 6 and 11 kept, 20 to 63 blended, 112 and up divided by 8
     "gpt_neox": dict(
         seed=51,
         config={"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "num_hidden_layers": 2,
                 "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512, "vocab_size": 128,
                 "max_position_embeddings": 256, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
-                "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
+                "rotary_pct": 0.25, "rotary_emb_base": 100, "use_parallel_residual": True,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                 "tie_word_embeddings": False, "attention_bias": True, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2),
@@ -254,14 +258,16 @@ FAMILIES = {
         run=dict(micro_batch=1, seq=100, grad_accum=2, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
         lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
     # Falcon-7B's kind: multi-query (one kv head), one norm before the parallel attention and MLP,
-    # no projection biases, rotary over the whole 64-wide head, the erf GELU, tied
+    # no projection biases, rotary over the whole 64-wide head, the erf GELU, tied; a linear
+    # rope_scaling of 4 (the older "type" key)
     "falcon": dict(
         seed=55,
         config={"architectures": ["FalconForCausalLM"], "model_type": "falcon", "num_hidden_layers": 2,
                 "hidden_size": 256, "num_attention_heads": 4, "ffn_hidden_size": 512, "vocab_size": 128,
                 "max_position_embeddings": 256, "multi_query": True, "new_decoder_architecture": False,
                 "parallel_attn": True, "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5,
-                "rope_theta": 10000.0, "tie_word_embeddings": True, "torch_dtype": "float32"},
+                "rope_theta": 10000.0, "rope_scaling": {"type": "linear", "factor": 4.0},
+                "tie_word_embeddings": True, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2)),
     # Falcon-40B's kind: the new decoder architecture, 2 kv groups of 2 query heads (query_key_value
@@ -327,6 +333,32 @@ FAMILIES = {
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
 }
+# DeepSeekMoE (DeepseekForCausalLM, trust_remote_code's modeling_deepseek.py): LLaMA attention, a dense
+# first layer (first_k_dense_replace 1, intermediate_size), then MoE layers: softmax gate, top 3 of 6 not
+# renormalized, two shared experts as one MLP of 2 x moe_intermediate_size with no gate; the balance
+# loss per layer and per sequence (seq_aux) with aux_loss_alpha raised so that it counts, in the
+# gradient only (the loss DeepseekForCausalLM returns is the cross-entropy)
+FAMILIES["deepseek"] = dict(
+    seed=45,
+    config={"architectures": ["DeepseekForCausalLM"], "model_type": "deepseek", "num_hidden_layers": 3,
+            "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "intermediate_size": 160, "moe_intermediate_size": 48, "n_routed_experts": 6, "n_shared_experts": 2,
+            "num_experts_per_tok": 3, "first_k_dense_replace": 1, "moe_layer_freq": 1, "norm_topk_prob": False,
+            "scoring_func": "softmax", "aux_loss_alpha": 0.05, "seq_aux": True,
+            "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
+            "tie_word_embeddings": False, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=70, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+    # lr 1e-3: at 3e-3 the adapters' gradient norms (8 to 17, clipped to 1) grow ill-conditioned
+    # for an fp32-against-float64 comparison by step 2, as Qwen2-MoE's do at 1e-2
+    lora=dict(r=4, alpha=16.0, targets="all-linear", lr=1e-3))
+# the balance loss over the micro-batch's tokens together (seq_aux false), renormalized top 2, one
+# shared expert, every layer an MoE layer (LoRA on every linear layer but the router)
+FAMILIES["deepseek_tok"] = dict(
+    FAMILIES["deepseek"], seed=47,
+    config=dict(FAMILIES["deepseek"]["config"], seq_aux=False, norm_topk_prob=True, num_experts_per_tok=2,
+                n_shared_experts=1, first_k_dense_replace=0),
+    run=dict(micro_batch=2, seq=70, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0))
 # Gemma-3 (text): Gemma-2's layers with an RMSNorm (1 + w) on each q and k head, no caps, 3 layers
 # with sliding_window_pattern 3 (layers 0 and 1 local: a window of 48 and base 10000; layer 2 global:
 # rope_theta 1e6 and a linear rope_scaling of 8, as gemma-3-4b's)
@@ -359,7 +391,20 @@ def sparse(name):
 # ---- the PyTorch side -----------------------------------------------------------------------
 
 def is_moe(c):
-    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe")
+    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek")
+
+
+def deepseek(c):
+    return c["model_type"] == "deepseek"
+
+
+def dense_layer(c, l):
+    """DeepSeek's first first_k_dense_replace layers keep LLaMA's MLP of intermediate_size."""
+    return deepseek(c) and l < c.get("first_k_dense_replace", 0)
+
+
+def shared_name(c):
+    return "shared_experts." if deepseek(c) else "shared_expert."
 
 
 def moe_names(c):
@@ -373,6 +418,9 @@ def moe_shape(c):
     """Experts, experts per token, an expert's width, the shared expert's (0: none)."""
     if c["model_type"] == "mixtral":
         return c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], 0
+    if deepseek(c):
+        f = c["moe_intermediate_size"]
+        return c["n_routed_experts"], c["num_experts_per_tok"], f, (c.get("n_shared_experts") or 0) * f
     return (c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"],
             c.get("shared_expert_intermediate_size", 0))
 
@@ -381,11 +429,14 @@ def moe_params(c, g):
     """A LLaMA model's attention (q/k/v biases for Qwen2-MoE, q/k norms for Qwen3-MoE) with an MoE
     MLP in every layer."""
     base = dict(c, model_type={"qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}.get(c["model_type"], "llama"))
-    p = {k: v for k, v in mf.llama_params(base, g, std=1.0).items() if ".mlp." not in k}
+    p = {k: v for k, v in mf.llama_params(base, g, std=1.0).items()
+         if ".mlp." not in k or dense_layer(c, int(k.split(".")[2]))}
     h = c["hidden_size"]
     E, _, f, fs = moe_shape(c)
     pre, (wg, wu, wd) = moe_names(c)
     for l in range(c["num_hidden_layers"]):
+        if dense_layer(c, l):
+            continue
         m = f"model.layers.{l}.{pre}"
         p[m + "gate.weight"] = torch.randn(E, h, generator=g) / math.sqrt(h)
         for e in range(E):
@@ -393,10 +444,12 @@ def moe_params(c, g):
             p[f"{m}experts.{e}.{wu}.weight"] = 0.2 * torch.randn(f, h, generator=g) / math.sqrt(h) * 5
             p[f"{m}experts.{e}.{wd}.weight"] = 0.15 * torch.randn(h, f, generator=g) / math.sqrt(f) * 5
         if fs:
-            p[m + "shared_expert.gate_proj.weight"] = torch.randn(fs, h, generator=g) / math.sqrt(h)
-            p[m + "shared_expert.up_proj.weight"] = torch.randn(fs, h, generator=g) / math.sqrt(h)
-            p[m + "shared_expert.down_proj.weight"] = 0.75 * torch.randn(h, fs, generator=g) / math.sqrt(fs)
-            p[m + "shared_expert_gate.weight"] = torch.randn(1, h, generator=g) / math.sqrt(h)
+            se = m + shared_name(c)
+            p[se + "gate_proj.weight"] = torch.randn(fs, h, generator=g) / math.sqrt(h)
+            p[se + "up_proj.weight"] = torch.randn(fs, h, generator=g) / math.sqrt(h)
+            p[se + "down_proj.weight"] = 0.75 * torch.randn(h, fs, generator=g) / math.sqrt(fs)
+            if not deepseek(c):
+                p[m + "shared_expert_gate.weight"] = torch.randn(1, h, generator=g) / math.sqrt(h)
     return p
 
 
@@ -445,7 +498,11 @@ def moe_mlp(c, p, m, x):
     w, sel = torch.topk(w, k, dim=-1)
     if ROUTED[0] is not None:
         ROUTED[0].append(len(set(sel.flatten().tolist())))
-    if c["model_type"] == "mixtral" or c.get("norm_topk_prob", False):
+    if deepseek(c):
+        # MoEGate: renormalized only with top_k > 1, the sum plus 1e-20
+        if k > 1 and c.get("norm_topk_prob", False):
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    elif c["model_type"] == "mixtral" or c.get("norm_topk_prob", False):
         w = w / w.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(hs)
     silu = torch.nn.functional.silu
@@ -458,9 +515,10 @@ def moe_mlp(c, p, m, x):
             @ p[f"{m}experts.{e}.{wd}.weight"].T
         out = out.index_add(0, rows, ye * w[rows, slot, None])
     if fs:
-        ys = (silu(hs @ p[m + "shared_expert.gate_proj.weight"].T) * (hs @ p[m + "shared_expert.up_proj.weight"].T)) \
-            @ p[m + "shared_expert.down_proj.weight"].T
-        out = out + torch.sigmoid(hs @ p[m + "shared_expert_gate.weight"].T) * ys
+        se = m + shared_name(c)
+        ys = (silu(hs @ p[se + "gate_proj.weight"].T) * (hs @ p[se + "up_proj.weight"].T)) @ p[se + "down_proj.weight"].T
+        # DeepSeek's shared experts are added as they are; Qwen2-MoE's behind a sigmoid gate
+        out = out + (ys if deepseek(c) else torch.sigmoid(hs @ p[m + "shared_expert_gate.weight"].T) * ys)
     return out.view(b, t, h), logits
 
 
@@ -485,6 +543,12 @@ def moe_forward(c, p, idx):
         y = mf.causal_attention(q, k, v, None).transpose(1, 2).reshape(b, t, nh * d)
         x = x + lin(y, pre + "self_attn.o_proj")
         a = mf.rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        if dense_layer(c, l):
+            mlp = pre + "mlp."
+            silu = torch.nn.functional.silu
+            x = x + (silu(a @ p[mlp + "gate_proj.weight"].T) * (a @ p[mlp + "up_proj.weight"].T)) \
+                @ p[mlp + "down_proj.weight"].T
+            continue
         y, r = moe_mlp(c, p, pre + moe_names(c)[0], a)
         x = x + y
         routers.append(r)
@@ -504,12 +568,34 @@ def load_balancing_loss(routers, E, k):
     return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * E
 
 
+def deepseek_aux_loss(c, r, b, t):
+    """MoEGate's balance loss of one layer in training (router logits r [b t, E]): aux_loss_alpha
+    times E sum_j f_j P_j, f_j the share of the top-k choices that picked j and P_j the mean score,
+    per sequence and averaged over the b sequences with seq_aux, else over all b t tokens."""
+    E, k, _, _ = moe_shape(c)
+    scores = torch.softmax(r, dim=-1)
+    _, sel = torch.topk(scores, k, dim=-1)
+    if c.get("seq_aux", True):
+        ce = torch.zeros(b, E, dtype=scores.dtype)
+        ce.scatter_add_(1, sel.view(b, -1), torch.ones(b, t * k, dtype=scores.dtype))
+        ce = ce / (t * k / E)
+        return (ce * scores.view(b, t, E).mean(dim=1)).sum(dim=1).mean() * c["aux_loss_alpha"]
+    fi = torch.nn.functional.one_hot(sel.view(-1), E).to(scores.dtype).mean(0) * E
+    return (scores.mean(0) * fi).sum() * c["aux_loss_alpha"]
+
+
 def moe_loss(c, p, x, y):
     """The causal LM loss, plus router_aux_loss_coef times the load-balancing loss when
-    output_router_logits (MixtralForCausalLM.forward with labels)."""
+    output_router_logits (MixtralForCausalLM.forward with labels). DeepSeek: each MoE layer's
+    balance loss enters the gradient only (AddAuxiliaryLoss), the loss is the cross-entropy."""
     logits, routers = moe_forward(c, p, x)
     V = logits.shape[-1]
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+    if deepseek(c):
+        if c.get("aux_loss_alpha", 0.001) > 0 and torch.is_grad_enabled():
+            aux = sum(deepseek_aux_loss(c, r, x.shape[0], x.shape[1]) for r in routers)
+            loss = loss + (aux - aux.detach())
+        return loss
     if c.get("output_router_logits"):
         E, k, _, _ = moe_shape(c)
         loss = loss + c.get("router_aux_loss_coef", 0.001) * load_balancing_loss(routers, E, k)
@@ -685,9 +771,9 @@ def write_tokens(path, ids):
         a.tofile(f)
 
 
-def run_train(train, d, run, extra):
-    """train's step losses, gradient norms and eval loss, its time and its command line."""
-    cmd = [train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
+def run_train_cmd(train, d, run, extra):
+    """train's command line for a run of these data and settings, `extra` last."""
+    return [train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
            "--weights", os.path.join(d, "model"),
            "--data", os.path.join(d, "train.bin"), "--eval-data", os.path.join(d, "eval.bin"),
            "--eval-batches", str(EVAL_BATCHES), "--steps", str(STEPS),
@@ -697,6 +783,12 @@ def run_train(train, d, run, extra):
            "--min-lr", repr(run["min_lr"]), "--beta1", repr(OPT["beta1"]), "--beta2", repr(OPT["beta2"]),
            "--eps", repr(OPT["eps"]), "--weight-decay", repr(OPT["weight_decay"]),
            "--clip", repr(OPT["clip"])] + extra
+
+
+def run_train(train, d, run, extra, steps=STEPS):
+    """train's step losses, gradient norms and eval loss (`steps` step lines: fewer for a resumed
+    run), its time and its command line."""
+    cmd = run_train_cmd(train, d, run, extra)
     t0 = time.time()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
@@ -711,7 +803,7 @@ def run_train(train, d, run, extra):
             norms.append(float(w[w.index("norm") + 1]))
         elif line.startswith("eval step "):
             ev = float(w[4])
-    if len(losses) != STEPS or ev is None:
+    if len(losses) != steps or ev is None:
         print(p.stdout)
         print(f"train printed {len(losses)} step lines and {'an' if ev is not None else 'no'} eval line")
         sys.exit(2)
@@ -788,15 +880,26 @@ def check_family(train, name, workdir):
     t_torch = time.time() - t0
     # what the Gemma-2 and Gemma-3 tests rely on changes the reference's first loss by far more
     # than the tolerance: each soft cap; the local layers' own rotary base and the global
-    # layers' rope_scaling
+    # layers' rope_scaling; GPT-NeoX's and Falcon's rope_scaling where given
     variants = {"gemma2": {"attn_logit_softcapping": None, "final_logit_softcapping": None},
                 "gemma3_text": {"rope_local_base_freq": c.get("rope_theta"), "rope_scaling": None}}
+    if c["model_type"] in ("gpt_neox", "falcon") and c.get("rope_scaling"):
+        variants[c["model_type"]] = {"rope_scaling": None}
     for key, other in variants.get(c["model_type"], {}).items():
         with torch.no_grad():
             changed = micro_loss(dict(c, **{key: other}), params, data, run, 0).item()
             given = micro_loss(c, params, data, run, 0).item()
         ck.fact(f"with {key} {other} the reference's loss moves ({given:.6f} -> {changed:.6f})",
                 abs(changed - given) > 10 * REL * given)
+    if deepseek(c):
+        # the balance loss is in the gradient only: the first micro-batch's gradient norm moves without it
+        def grad_norm(cc):
+            q = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+            micro_loss(cc, q, data, run, 0).backward()
+            return torch.sqrt(sum((v.grad ** 2).sum() for v in q.values() if v.grad is not None)).item()
+        with_aux, without = grad_norm(c), grad_norm(dict(c, aux_loss_alpha=0.0))
+        ck.fact(f"without the balance loss the reference's gradient norm moves ({with_aux:.6f} -> {without:.6f})",
+                abs(with_aux - without) > 10 * REL * with_aux)
     if is_moe(c):
         ck.fact(f"the reference's expert choices clear of ties (smallest gap {MIN_GAP[0]:.1e} > {TIE_GAP:.0e})",
                 MIN_GAP[0] > TIE_GAP)
@@ -821,6 +924,8 @@ def check_family(train, name, workdir):
             print(f" recomputed: {rcmd}")
             ck.fact(f"losses, norms and eval loss with {' '.join(flags)} equal the first run's "
                     f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
+    if deepseek(c):
+        check_resume(ck, train, d, run, got_l, got_n, got_ev)
     if sparse(name):
         check_experts_apart(ck, train, c, params, d, run, (got_l, got_n, got_ev), sdir, shard)
         # the untouched experts in each optimizer shard: the device's, and half of it on NVMe
@@ -922,6 +1027,22 @@ def check_experts_apart(ck, train, c, params, d, run, want, sdir, shard):
     seams = 2 * run["grad_accum"] * STEPS
     ck.fact(f"training copies {train_fetched} experts, of {visits} visits to experts routed to (at least "
             f"{visits - 2 * seams}: 2 a seam between passes)", visits - 2 * seams <= train_fetched <= visits)
+
+
+def check_resume(ck, train, d, run, want_l, want_n, want_ev):
+    """A checkpoint (--ckpt) after the first step, resumed (--resume) on the same schedule
+    (--schedule-steps): the last steps, their norms and the eval loss are the whole run's, bit for bit
+    (the layers of both kinds, dense and MoE, and the router's state are in the checkpoint)."""
+    ckdir = os.path.join(d, "ckpt")
+    shutil.rmtree(ckdir, ignore_errors=True)
+    sched = ["--schedule-steps", str(STEPS)]
+    first = subprocess.run(run_train_cmd(train, d, run, sched + ["--ckpt", ckdir, "--steps", "1"]),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ck.fact(f"--ckpt after step 1 (exit {first.returncode})", first.returncode == 0)
+    l, n, ev, _, cmd = run_train(train, d, run, sched + ["--resume", ckdir], steps=STEPS - 1)
+    print(f" resumed: {cmd}")
+    ck.fact(f"resumed at step 2: its steps, norms and eval loss the whole run's ({l} {ev})",
+            l == want_l[1:] and n == want_n[1:] and ev == want_ev)
 
 
 def lora_modules(c, params, targets):

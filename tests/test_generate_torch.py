@@ -170,6 +170,14 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         lora=dict(r=4, alpha=16.0, targets="all-linear")),
 }
+# DeepSeekMoE: test_e2e_torch's (a dense first layer, then MoE layers of 6 routed experts, 3 a
+# token, and two ungated shared experts) with 4 layers; adapters on every linear layer (the dense
+# layer's MLP, the routed and shared experts, the attention)
+FAMILIES["deepseek"] = dict(
+    seed=49, moe=True,
+    config=dict(e2e.FAMILIES["deepseek"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127),
+    lora=dict(r=4, alpha=16.0, targets="all-linear"))
 # Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000), layer 2
 # global (rope_theta 1e6, linear rope_scaling 8)
 FAMILIES["gemma3_text"] = dict(
@@ -181,7 +189,8 @@ FAMILIES["gemma3_text"] = dict(
 # GPT-NeoX (query_key_value interleaved per head in the file, rotary on a quarter of each 64-wide
 # head, the erf GELU, a parallel residual, embed_out), Falcon-7B's kind (multi-query, one norm, no
 # biases, tied) and Falcon-40B's (the new decoder architecture: 2 kv groups, ln_attn and ln_mlp,
-# biases, untied): test_e2e_torch's models with 4 layers; PEFT's four modules as adapters
+# biases, untied): test_e2e_torch's models with 4 layers (GPT-NeoX's llama3 and Falcon's linear
+# rope_scaling included); PEFT's four modules as adapters
 for _name, _seed in (("gpt_neox", 54), ("falcon", 61), ("falcon_new", 59)):
     FAMILIES[_name] = dict(
         seed=_seed,
@@ -418,7 +427,8 @@ def check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes):
     only those a forward routes to: the weight bytes copied are each forward's dense parts plus
     exactly the experts the reference routed to, and fewer than whole layers would move."""
     E, _, f, _ = e2e.moe_shape(c)
-    h, L = c["hidden_size"], c["num_hidden_layers"]
+    h = c["hidden_size"]
+    L = sum(not e2e.dense_layer(c, l) for l in range(c["num_hidden_layers"]))  # the MoE layers
     eb = 3 * f * h * 4  # an expert's gate, up and down, fp32
     stats = os.path.join(d, "stats.json")
     if run_ok(gen, d, prompts, ["--params-on", "cpu", "--prefetch", "1", "--stats-json", stats]) is None:

@@ -1940,7 +1940,7 @@ static void rope_grid(gpu_op_id op)
                                g[2], g[3], g[4], ldh, ename(storage[t]));
             int64_t ldx = (int64_t)g[3] * ldh;
             c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[2], c.a.i[3] = g[4], c.a.i[4] = ldx, c.a.i[5] = 0;
-            c.a.i[6] = ldh;
+            c.a.i[6] = ldh, c.a.i[7] = 4096 + g[1] - 1; /* the positions there are */
             c.a.f[0] = 10000.0f;
             c.a.f[1] = 1.0f;
             OUT_T(&c, 0, storage[t], (size_t)g[0] * ldx);
@@ -2134,7 +2134,7 @@ static void parity_embedding_forward(void)
             pcase c = new_case(GPU_OP_EMBEDDING_FORWARD,
                                "positions a sequence: n %d t %d c %d vocab %d, %d positions %s", g[0], g[1], g[2],
                                g[3], g[4], ename(storage[t]));
-            c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[2], c.a.i[3] = g[3];
+            c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[2], c.a.i[3] = g[3], c.a.i[4] = g[4];
             OUT_T(&c, 0, storage[t], (size_t)g[0] * g[2]);
             IN_T(&c, 1, storage[t], (size_t)g[3] * g[2]);
             IN_T(&c, 2, storage[t], (size_t)g[4] * g[2]);
@@ -2828,6 +2828,121 @@ static void test_attention_path_env(void **state)
 }
 #endif
 
+/* ---- positions out of range -------------------------------------------------------------- */
+
+/* gpu_rope_forward_seq and gpu_embedding_forward_seq with a sequence whose
+ * position runs past the positions there are (n_pos: the cache's length,
+ * wpe's rows) or is negative: on a device of the interface the stream's
+ * next synchronize fails naming the op and the sequence (pos[s] = p
+ * outside [0, n_pos - t + 1)), once; on the shim the kernels record it in
+ * the stream's error record (the sequence, its position, the limit). The
+ * last position that fits (n_pos - t) is fine. 3 sequences of t 2. */
+enum { BP_T = 2, BP_SEQ = 3, BP_ROWS = BP_T * BP_SEQ, BP_D = 8, BP_POS = 10 };
+
+#ifdef ZO_HAVE_CUDA_SHIM
+/* The op's arguments as gpu_op_run hands them to a backend (the shim's). */
+static void bad_position_args(gpu_op_id op, gpu_op_args *a, void *x, void *wte, void *wpe, int32_t *tok,
+                              int32_t *pos)
+{
+    *a = (gpu_op_args){0};
+    if (op == GPU_OP_ROPE_FORWARD) {
+        a->t[0] = gpu_t(x, ZO_DTYPE_F32);
+        a->p[1] = pos;
+        a->i[0] = BP_ROWS, a->i[1] = BP_T, a->i[2] = 1, a->i[3] = BP_D, a->i[4] = BP_D, a->i[6] = BP_D;
+        a->i[7] = BP_POS;
+        a->f[0] = 10000.0f, a->f[1] = 1.0f;
+    } else {
+        a->t[0] = gpu_t(x, ZO_DTYPE_F32), a->t[1] = gpu_t(wte, ZO_DTYPE_F32), a->t[2] = gpu_t(wpe, ZO_DTYPE_F32);
+        a->p[0] = tok, a->p[1] = pos;
+        a->i[0] = BP_ROWS, a->i[1] = BP_T, a->i[2] = BP_D, a->i[3] = 4, a->i[4] = BP_POS;
+    }
+}
+#endif
+
+/* One op on a device: the positions in `p` (host) copied to the device,
+ * the op called (it queues), the synchronize's status and message. */
+static zo_status bad_position_on(devpair *d, gpu_op_id op, const int32_t *p, char *msg, size_t cap)
+{
+    float *x, *wte, *wpe;
+    int32_t *tok, *pos, zeros[BP_ROWS] = {0};
+    assert_int_equal(gpu_mem_alloc(d->dev, BP_ROWS * BP_D * 4, (void **)&x), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(d->dev, 4 * BP_D * 4, (void **)&wte), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(d->dev, BP_POS * BP_D * 4, (void **)&wpe), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(d->dev, sizeof zeros, (void **)&tok), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(d->dev, BP_SEQ * 4, (void **)&pos), ZO_OK);
+    assert_int_equal(gpu_memset_async(d->s, x, 0, BP_ROWS * BP_D * 4), ZO_OK);
+    assert_int_equal(gpu_memset_async(d->s, wte, 0, 4 * BP_D * 4), ZO_OK);
+    assert_int_equal(gpu_memset_async(d->s, wpe, 0, BP_POS * BP_D * 4), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(d->s, tok, zeros, sizeof zeros, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(d->s, pos, p, BP_SEQ * 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(d->s), ZO_OK);
+    gpu_tensor tx = gpu_t(x, ZO_DTYPE_F32);
+    zo_status st = op == GPU_OP_ROPE_FORWARD
+                       ? gpu_rope_forward_seq(d->s, tx, BP_ROWS, BP_T, 1, BP_D, BP_D, BP_D, 10000.0f, pos, BP_POS,
+                                              NULL, 1.0f)
+                       : gpu_embedding_forward_seq(d->s, tx, tok, gpu_t(wte, ZO_DTYPE_F32),
+                                                   gpu_t(wpe, ZO_DTYPE_F32), pos, BP_POS, BP_ROWS, BP_T, BP_D, 4);
+    assert_int_equal(st, ZO_OK); /* queued: found while running */
+    zo_clear_error();
+    st = gpu_stream_synchronize(d->s);
+    snprintf(msg, cap, "%s", zo_last_error());
+    assert_int_equal(gpu_stream_synchronize(d->s), ZO_OK); /* reported once */
+    gpu_mem_free(d->dev, x), gpu_mem_free(d->dev, wte), gpu_mem_free(d->dev, wpe);
+    gpu_mem_free(d->dev, tok), gpu_mem_free(d->dev, pos);
+    return st;
+}
+
+static void test_bad_positions(void **state)
+{
+    (void)state;
+    static const int32_t fits[BP_SEQ] = {0, BP_POS - BP_T, 3};
+    static const int32_t bad[][BP_SEQ] = {{0, BP_POS - BP_T + 1, 3}, {4, 0, -1}};
+    static const int bad_seq[] = {1, 2};
+    static const gpu_op_id ops[2] = {GPU_OP_ROPE_FORWARD, GPU_OP_EMBEDDING_FORWARD};
+    static const char *names[2] = {"gpu_rope_forward_seq", "gpu_embedding_forward_seq"};
+    devpair *devs[2] = {&cpu_dev, cuda_dev.dev ? &cuda_dev : NULL};
+    char msg[512], want[96];
+    for (int o = 0; o < 2; o++)
+        for (int k = 0; k < 2; k++) {
+            if (!devs[k]) continue;
+            assert_int_equal(bad_position_on(devs[k], ops[o], fits, msg, sizeof msg), ZO_OK);
+            for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+                int s = bad_seq[b];
+                zo_status st = bad_position_on(devs[k], ops[o], bad[b], msg, sizeof msg);
+                snprintf(want, sizeof want, "pos[%d] = %d outside [0, %d)", s, bad[b][s], BP_POS - BP_T + 1);
+                printf("  %s, %s: %s\n", names[o], k ? "cuda" : "cpu", msg);
+                assert_int_equal(st, ZO_ERR_INVALID);
+                if (!strstr(msg, names[o]) || !strstr(msg, want)) fail_msg("wanted %s: %s", want, msg);
+            }
+        }
+#ifdef ZO_HAVE_CUDA_SHIM
+    /* the CUDA kernels on the host: the error record */
+    float x[BP_ROWS * BP_D] = {0}, wte[4 * BP_D] = {0}, wpe[BP_POS * BP_D] = {0};
+    int32_t tok[BP_ROWS] = {0}, pos[BP_SEQ];
+    for (int o = 0; o < 2; o++) {
+        gpu_op_args a;
+        shim_exec sx;
+        assert_int_equal(shim_exec_init(&sx), ZO_OK);
+        memcpy(pos, fits, sizeof pos);
+        bad_position_args(ops[o], &a, x, wte, wpe, tok, pos);
+        assert_int_equal(shim_cuda_ops[ops[o]](&sx.exec, &a), ZO_OK);
+        assert_int_equal(sx.err.code, 0);
+        for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+            memcpy(pos, bad[b], sizeof pos);
+            sx.err = (cuda_err_rec){0};
+            assert_int_equal(shim_cuda_ops[ops[o]](&sx.exec, &a), ZO_OK);
+            printf("  %s, cuda-shim: code %d, pos[%d] = %d, limit %d\n", names[o], sx.err.code, sx.err.index,
+                   sx.err.value, sx.err.limit);
+            assert_int_equal(sx.err.code, o == 0 ? CUDA_ERR_ROPE_SEQ : CUDA_ERR_EMBEDDING_POS);
+            assert_int_equal(sx.err.index, bad_seq[b]);
+            assert_int_equal(sx.err.value, bad[b][bad_seq[b]]);
+            assert_int_equal(sx.err.limit, BP_POS - BP_T + 1);
+        }
+        shim_exec_free(&sx);
+    }
+#endif
+}
+
 static int open_device(devpair *d, const char *name)
 {
     /* n_threads 0, train's default: each op sizes its team from OpenMP's
@@ -2877,6 +2992,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_op),
+        cmocka_unit_test(test_bad_positions),
 #ifdef ZO_HAVE_CUDA_SHIM
         cmocka_unit_test(test_attention_path_env),
 #endif

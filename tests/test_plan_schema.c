@@ -223,7 +223,8 @@ static void test_roundtrip(void **state)
 static const char *const optional_fields[] = {"training.recompute_layers", "training.reduce_dtype",
                                               "hardware.peers_via_host", "model.features.moe.norm_topk",
                                               "model.features.moe.aux_loss",
-                                              "model.features.moe.aux_coef", "training.optim_dtype",
+                                              "model.features.moe.aux_coef", "model.features.moe.aux_per_layer",
+                                              "model.features.moe.seq_aux", "training.optim_dtype",
                                               "training.master", "training.loss_chunk",
                                               "hardware.nvme_read_bw_busy"};
 

@@ -33,7 +33,7 @@ static char nvme_dir[64];
 /* The families of the cases: gpt (1) or not (0, LLaMA), and the mixtures of
  * experts and Gemma-2 (its output norms' buffers), from their Hugging Face
  * configs. */
-enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3, FAM_GEMMA2 = 4 };
+enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3, FAM_GEMMA2 = 4, FAM_DEEPSEEK = 5 };
 
 /* A small model of the family's shape. */
 static zo_model_config model(int gpt, int layers)
@@ -42,7 +42,13 @@ static zo_model_config model(int gpt, int layers)
     if (gpt >= FAM_MIXTRAL) { /* Mixtral: 8 experts, 2 a token; Qwen2-MoE: 6, 3 a token, a shared expert */
         char json[1024];
         snprintf(json, sizeof json,
-                 gpt == FAM_GEMMA2
+                 gpt == FAM_DEEPSEEK /* a dense first layer wider than the MoE layers' MLPs */
+                     ? "{\"model_type\": \"deepseek\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
+                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 768, "
+                       "\"moe_intermediate_size\": 64, \"n_shared_experts\": 2, \"n_routed_experts\": 6, "
+                       "\"num_experts_per_tok\": 3, \"first_k_dense_replace\": 1, \"vocab_size\": 320, "
+                       "\"max_position_embeddings\": 4096}"
+                 : gpt == FAM_GEMMA2
                      ? "{\"model_type\": \"gemma2\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
                        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, "
                        "\"intermediate_size\": 384, \"vocab_size\": 320, \"max_position_embeddings\": 4096, "
@@ -230,6 +236,13 @@ static void test_peaks(void **state)
          0, 0},
         {"gemma2 fp32, streamed from host, prefetch 1", FAM_GEMMA2, 4, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_CPU,
          ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0},
+        /* DeepSeekMoE: a dense first layer (its MLP wider than an MoE layer's), then MoE layers */
+        {"deepseek bf16, resident", FAM_DEEPSEEK, 3, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
+         ZO_PLAN_FULL, 0, 0},
+        {"deepseek fp32, experts apart from host, prefetch 1", FAM_DEEPSEEK, 3, 3, 11, 5, ZO_DTYPE_F32, ZO_PLAN_CPU,
+         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0},
+        {"deepseek fp32, LoRA r 4 all-linear, base streamed", FAM_DEEPSEEK, 3, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_CPU,
+         ZO_PLAN_GPU, 2, ZO_PLAN_LORA, 4, all},
     };
     int bad = 0;
     printf("  measured / planned peak bytes per tier:\n");

@@ -256,6 +256,17 @@ static void test_lora_memory(void **state)
     run_cfg(&an);
     uint64_t part = (la + 2) / 3;
     assert_true(item(&an.e, "LoRA adapters") == ((uint64_t)L * ((part * 2 + al - 1) / al) + 2) * al);
+    /* the base partitioned over the 3 ranks as the runtime does it
+     * (offload_dp_part_bytes): each block's bytes padded to 4 B x 3, a
+     * rank's part a third of that; not a third of the whole, which is up to
+     * 4 B a block less */
+    uint64_t unit = 4 * 3;
+    uint64_t want = (emb + unit - 1) / unit * 4 + (uint64_t)L * ((layer + unit - 1) / unit * 4) +
+                    (head + unit - 1) / unit * 4;
+    printf("  QLoRA base at ZeRO-3 on 3 ranks: %llu bytes a rank (a third of the whole: %llu)\n",
+           (unsigned long long)item(&an.e, "frozen base"), (unsigned long long)((got + 2) / 3));
+    assert_true(item(&an.e, "frozen base") == want);
+    assert_true(want > (got + 2) / 3); /* the padding matters at this shape */
 }
 
 /* ---- time ----------------------------------------------------------------------------------- */

@@ -38,8 +38,8 @@
  *   one kv head; four norms, soft caps that bite, alternating windows; q/k
  *   norms and a local rotary base; per-head qkv rows, a quarter of each head
  *   rotated, the parallel residual; multi-query under one norm): full
- *   fine-tuning and LoRA on
- *   every linear layer at ZeRO-2 and ZeRO-3 on 2 ranks against one rank's
+ *   fine-tuning, LoRA on every linear layer and QLoRA (the same adapters
+ *   over an NF4 base) at ZeRO-2 and ZeRO-3 on 2 ranks against one rank's
  *   --grad-accum 2, as the matrix's rows.
  * - Refusals: every combination outside the table is refused by train
  *   (exit 2, once under mpirun, the table's words: zo_capability_check's),
@@ -612,6 +612,17 @@ static void test_moe(void **state)
 
 /* ---- expert parallelism ------------------------------------------------------------------ */
 
+/* DeepSeekMoE: a dense first layer (intermediate_size 128), then 3 MoE
+ * layers of 8 routed experts, 3 a token, and two ungated shared experts;
+ * the balance loss per layer and sequence (seq_aux), alpha raised so that
+ * it counts. */
+static const char deepseek_config[] =
+    "{\"model_type\": \"deepseek\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"moe_intermediate_size\": 16, \"n_routed_experts\": 8, \"n_shared_experts\": 2, "
+    "\"num_experts_per_tok\": 3, \"first_k_dense_replace\": 1, \"norm_topk_prob\": false, "
+    "\"aux_loss_alpha\": 0.05, \"seq_aux\": true, \"vocab_size\": 256, \"max_position_embeddings\": 64}";
+
 /* Qwen2-MoE-shaped with 8 experts (the 6 of qwen2_moe_config do not split
  * over 4 ranks). */
 static const char qwen2_moe8_config[] =
@@ -840,13 +851,13 @@ static const char qwen3_moe8_config[] =
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[3] = {"mixtral", "qwen2_moe8", "qwen3_moe8"};
+static const char *const ep_names[4] = {"mixtral", "qwen2_moe8", "qwen3_moe8", "deepseek"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[3] = {mixtral_config, qwen2_moe8_config, qwen3_moe8_config};
+    const char *texts[4] = {mixtral_config, qwen2_moe8_config, qwen3_moe8_config, deepseek_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -1894,21 +1905,53 @@ static void test_moe_ep_capacity(void **state)
     ep_capacity(0, 1);
 }
 
+static void family_rows(const char *name, const char *text);
+static void ep_rows_of(int mdl, const char *tag, int lora, int zero3);
+
+/* DeepSeekMoE (a dense first layer, then MoE layers with ungated shared
+ * experts, the balance loss per layer and sequence): full fine-tuning,
+ * LoRA on every linear layer (the dense layer's MLP, the routed and shared
+ * experts, the attention) and QLoRA at ZeRO-2 and ZeRO-3 as family_rows,
+ * then --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3, full and LoRA (each rank's
+ * own experts and their adapters, the all-to-all bytes). */
+static void deepseek_rows(void)
+{
+    family_rows("deepseek", deepseek_config);
+    ep_rows_of(3, "ds", 0, 1);
+    ep_rows_of(3, "dsl", 1, 1);
+    config = "config.json";
+}
+
+/* Model mdl's plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on
+ * the GPU, clipping; with lora adapters on every linear layer, on the GPU),
+ * and with zero3 at ZeRO-3 too (each layer's block partitioned, an MoE
+ * layer's experts over DP / EP), against one rank with --grad-accum 2
+ * (ep_run). */
+static void ep_rows_of(int mdl, const char *tag, int lora, int zero3)
+{
+    const char *place = lora ? "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu "
+                               "--optimizer cpu"
+                             : "--dtype fp32 --params gpu --optimizer cpu";
+    char path[512];
+    double ref[2][STEPS];
+    ep_use_model(mdl, path, sizeof path);
+    ep_refs(place, tag, mdl, 0, 1, ref);
+    ep_run(mdl, place, 2, 2, 0, 1, ref);
+    if (zero3) ep_run(mdl, place, 2, 2, 3, 1, ref);
+}
+
 /* Qwen3-MoE with expert parallelism: the Qwen3-MoE-shaped model, memplan's
- * plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on the GPU,
- * clipping) against one rank with --grad-accum 2 (losses within 1e-6
+ * plan for --ep 2 on 2 ranks at ZeRO-0 (ep_rows_of: losses within 1e-6
  * relative, every rank's peaks within 3% of the plan, the all-to-all
- * bytes), and with capacity factor 0.5 as test_moe_ep_capacity. */
+ * bytes), and with capacity factor 0.5 as test_moe_ep_capacity; then
+ * DeepSeekMoE's rows (deepseek_rows: in this group, not one of its own,
+ * for the suite's minutes). */
 static void test_moe_ep_qwen3(void **state)
 {
     (void)state;
-    const char *place = "--dtype fp32 --params gpu --optimizer cpu";
-    char path[512];
-    double ref[2][STEPS];
-    ep_use_model(2, path, sizeof path);
-    ep_refs(place, "q3", 2, 0, 1, ref);
-    ep_run(2, place, 2, 2, 0, 1, ref);
+    ep_rows_of(2, "q3", 0, 0);
     ep_capacity(2, 0);
+    deepseek_rows();
 }
 
 /* ---- the dense families beyond LLaMA ------------------------------------------------- */
@@ -1995,25 +2038,30 @@ static const char bloom_config[] =
     "{\"model_type\": \"bloom\", \"n_layer\": 4, \"hidden_size\": 64, \"n_head\": 4, "
     "\"vocab_size\": 256, \"layer_norm_epsilon\": 1e-5, \"seq_length\": 64}";
 
-/* One family's rows: full fine-tuning and LoRA on every linear layer (for
- * Phi-3 PEFT's adapters on the fused qkv_proj and gate_up_proj) on 2 ranks
- * at ZeRO-2 (placement 1: bf16, the weights on the GPU, no clipping) and
- * ZeRO-3 (placement 2: fp32, the weights or the base in host memory, the
- * optimizer half on NVMe, clipping), memplan's plans, against one rank's
- * --grad-accum 2 from the plan for one rank: within 1e-6 relative at every
- * step, bit-identical in placement 1, each rank's peaks within 3% of the
- * plan (as matrix's rows). */
+/* One family's rows: full fine-tuning, LoRA on every linear layer (for
+ * Phi-3 PEFT's adapters on the fused qkv_proj and gate_up_proj) and QLoRA
+ * (the same adapters over an NF4 base) on 2 ranks at ZeRO-2 (placement 1:
+ * bf16, the weights or the base on the GPU, no clipping) and ZeRO-3
+ * (placement 2: fp32, the weights or the base in host memory, QLoRA's on
+ * NVMe, the optimizer half on NVMe, clipping), memplan's plans, against one
+ * rank's --grad-accum 2 from the plan for one rank: within 1e-6 relative at
+ * every step, bit-identical in placement 1, each rank's peaks within 3% of
+ * the plan (as matrix's rows). Each method's seconds are printed. */
 static void family_rows(const char *name, const char *text)
 {
     /* static: the global config points into it, and a failing assert
      * leaves before the end puts config back */
     static char path[512];
+    static const char *const family_methods[3] = {"", "--lora 4 --lora-targets all-linear",
+                                                  "--lora 4 --lora-targets all-linear --qlora"};
     char flags[1024], plan[512], extra[256], place[256];
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
     files_write_text(path, text);
     config = strrchr(path, '/') + 1;
-    for (int method = 0; method <= 1; method++) {
-        const char *mf = method ? "--lora 4 --lora-targets all-linear" : "";
+    for (int method = 0; method <= 2; method++) {
+        const char *mf = family_methods[method];
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int p = 1; p <= 2; p++) {
             int stage = p == 1 ? 2 : 3;
             double ref[STEPS], got[STEPS];
@@ -2034,10 +2082,15 @@ static void family_rows(const char *name, const char *text)
             assert_true(worst <= 1e-6);
             if (p == 1) assert_int_equal(same, STEPS);
             check_peaks(last_out, 2);
+            if (method == 2) assert_non_null(strstr(last_out, "method: qlora (")); /* the NF4 base */
         }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        printf("  %s, %s: %.1f s\n", name, method_names[method],
+               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     }
     config = "config.json";
 }
+
 
 static void test_family_qwen3(void **state)
 {
@@ -2084,6 +2137,7 @@ static void test_family_falcon(void **state)
     family_rows("opt", opt_config);
     family_rows("bloom", bloom_config);
 }
+
 
 /* What the table does not run, refused by train with its words, exit 2,
  * said once (rank 0) under mpirun; nothing trained. */

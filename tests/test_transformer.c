@@ -1475,7 +1475,7 @@ static zo_status init_at(gpu_device_t dev, const char *json, int t, char *msg, s
     if ((st = tf_init(&m, &cfg, dev, ZO_DTYPE_F32, 1, t)) == ZO_OK) {
         if (has_freq) *has_freq = m.rope_freq != NULL;
         if (freq && m.rope_freq) /* the CPU device's memory is the host's */
-            memcpy(freq, m.rope_freq, (size_t)(cfg.head_dim / 2) * sizeof *freq);
+            memcpy(freq, m.rope_freq, (size_t)(zo_model_rope_dim(&cfg) / 2) * sizeof *freq);
         tf_free(&m);
     }
     snprintf(msg, cap, "%s", zo_last_error());
@@ -1499,7 +1499,10 @@ static void llama3_freq(double *f, int d, double theta, double factor, double lo
  * sliding windows at any length (the op masks them; test_ops and
  * test_e2e_torch check the numbers); rope_scaling llama3 and linear with
  * their frequencies uploaded, dynamic within its original length; yarn and
- * dynamic past its length refused by name; "default" is no scaling. */
+ * dynamic past its length refused by name; "default" is no scaling. GPT-NeoX
+ * and Falcon the same (their rotary embedding is LLaMA's in Hugging Face):
+ * linear over GPT-NeoX's rotated part, yarn and dynamic past its length
+ * refused by name. */
 static void test_attention_extent(void **state)
 {
     (void)state;
@@ -1549,6 +1552,26 @@ static void test_attention_extent(void **state)
                                   "\"factor\": 4.0}}", 8, msg, sizeof msg, NULL, NULL),
                      ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(msg, "rope_scaling \"yarn\""));
+    /* GPT-NeoX: linear over the rotated half of each head of 16 (4 frequencies of 8 dims) */
+#define NEOX "{\"model_type\": \"gpt_neox\", \"num_hidden_layers\": 1, \"hidden_size\": 32, " \
+             "\"num_attention_heads\": 2, \"intermediate_size\": 64, \"vocab_size\": 64, \"rotary_pct\": 0.5, "
+    assert_int_equal(init_at(dev, NEOX "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}}", 8, msg,
+                             sizeof msg, f, &has),
+                     ZO_OK);
+    assert_int_equal(has, 1);
+    for (int i = 0; i < 4; i++) assert_true(fabs(f[i] - pow(10000.0, -2.0 * i / 8) / 4.0) < 1e-15);
+    assert_int_equal(init_at(dev, NEOX "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", 8, msg,
+                             sizeof msg, NULL, NULL),
+                     ZO_ERR_UNSUPPORTED);
+    if (!strstr(msg, "rope_scaling \"yarn\"")) fail_msg("%s", msg);
+#undef NEOX
+    /* Falcon: dynamic past max_position_embeddings refused by name */
+    assert_int_equal(init_at(dev, "{\"model_type\": \"falcon\", \"num_hidden_layers\": 1, \"hidden_size\": 32, "
+                                  "\"num_attention_heads\": 2, \"vocab_size\": 64, \"max_position_embeddings\": 32, "
+                                  "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}",
+                             33, msg, sizeof msg, NULL, NULL),
+                     ZO_ERR_UNSUPPORTED);
+    if (!strstr(msg, "rope_scaling \"dynamic\"") || !strstr(msg, "33")) fail_msg("%s", msg);
     assert_int_equal(init_at(dev, "{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"rope_type\": "
                                   "\"default\"}}", 8, msg, sizeof msg, NULL, &has),
                      ZO_OK);

@@ -67,6 +67,7 @@ static zo_status expert_ranges(tf_offload_model *a, const tf_model *m, int lora)
     }
     if (!stride) return ZO_OK; /* LoRA on none of the experts' projections */
     for (int l = 0; l < L; l++) {
+        if (!zo_model_layer_is_moe(&m->cfg, l)) continue; /* DeepSeek's dense first layers */
         int b = model_layout_layer_block(l);
         if (!lora) first = model_layout_view(&m->layout, b, MODEL_ROLE_EXPERT_GATE_W)->offset;
         for (int e = 0; e < E; e++)

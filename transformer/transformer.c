@@ -12,6 +12,12 @@
 
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
+/* Rows of router statistics a layer keeps: DeepSeek's balance loss counts
+ * each sequence's choices apart (in training), the others the micro-batch's */
+static size_t stat_rows(const tf_model *m)
+{
+    return m->cfg.moe.aux_per_layer && !m->opts.kv_len ? (size_t)m->B : 1;
+}
 /* Gemma, Gemma-2 and Gemma-3: RMSNorm times (1 + w) (Gemma-3's q/k norms
  * too), the embedding times sqrt(hidden), GeGLU */
 static int is_gemma(const tf_model *m) { return zo_family_gemma(m->cfg.family); }
@@ -37,10 +43,20 @@ static int tf_geglu(const zo_model_config *c) { return zo_family_gemma(c->family
 /* the heads Qwen3's q/k norms normalise per token (0 without them) */
 static int qk_heads(const zo_model_config *c) { return c->qk_norm ? c->n_heads + c->n_kv_heads : 0; }
 static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
-/* The width of the dense MLP activations: the MLP's, or in an MoE model the
- * shared expert's (0: none) */
-static size_t mlp_width(const zo_model_config *c) { return (size_t)(c->moe.experts ? c->moe.shared_ffn : c->ffn); }
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+/* The width of layer l's dense MLP activations: the MLP's, or in an MoE
+ * layer the shared expert's (0: none) */
+static size_t layer_mlp_width(const zo_model_config *c, int l)
+{
+    return (size_t)(zo_model_layer_is_moe(c, l) ? c->moe.shared_ffn : c->ffn);
+}
+/* The widest of them: DeepSeek's dense first layers' MLP or its MoE layers'
+ * shared experts */
+static size_t mlp_width(const zo_model_config *c)
+{
+    if (!c->moe.experts) return (size_t)c->ffn;
+    return max_z((size_t)c->moe.shared_ffn, c->moe.first_dense ? (size_t)c->ffn : 0);
+}
 /* Columns per token of the widest MLP activation: the dense MLP's, the
  * shared expert's, or the top_k chosen experts' (packed [N top_k, expert_ffn]) */
 static size_t widest_mlp(const zo_model_config *c)
@@ -85,32 +101,22 @@ static int frozen_is_nf4(const tf_model *m, const model_tensor *t)
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-/* The adapter layout, the slots of one layer's adapters and the frozen
- * buffers' offsets (host memory; the device buffers come after). */
-static zo_status lora_init(tf_model *m)
+/* One kind of layer's adapter slots from its modules (mods), as
+ * model_lora_layout_init lays such a layer out: the modules in order, the
+ * routed experts' together at the first of them, expert after expert;
+ * returns the layer's adapter elements, *n the slots, *n_u the A x kept. */
+static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mods, tf_lora_slot *slots, int *n,
+                         int *n_u)
 {
-    zo_status st;
-    const tf_lora_options *o = &m->opts.lora;
     const zo_model_config *c = &m->cfg;
-    zo_lora_config lc = {.r = o->r, .alpha = o->alpha, .targets = o->targets};
-    if ((st = model_lora_layout_init_experts(&m->adapters, c, &lc, m->layout.expert_first, m->layout.expert_count)) !=
-        ZO_OK)
-        return zo_error_wrap(st, "tf_init");
-    m->lora_scale = o->alpha / (float)o->r;
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    const int n_mods = zo_lora_layer_modules(c, o->targets, mods);
-    m->n_lora_u = zo_lora_dense_modules(mods, n_mods, &m->lora_experts);
-    const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = o->r;
-    /* offsets as model_lora_layout_init lays a layer out: the modules in
-     * order, the routed experts' together at the first of them, expert
-     * after expert */
+    const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = m->opts.lora.r;
     size_t at = 0, e_stride = 0, e_at = 0;
     int e_seen = 0, u = 0; /* u: the next column of lora_u, the dense modules' in order */
     for (int j = 0; j < n_mods; j++)
         if (mods[j].experts) e_stride += (size_t)r * (size_t)(mods[j].in + mods[j].out);
-    m->n_lora = 0;
+    *n = 0;
     for (int j = 0; j < n_mods; j++) {
-        tf_lora_slot *sl = &m->lora[m->n_lora++];
+        tf_lora_slot *sl = &slots[(*n)++];
         unsigned t = mods[j].targets;
         const int uj = mods[j].experts ? -1 : u++;
         sl->u = uj;
@@ -119,7 +125,7 @@ static zo_status lora_init(tf_model *m)
              * first f rows and an up slot with the rest, over the one A (its
              * gradient the sum of both slots'; B's rows are [out, r]) */
             int f = (int)mods[j].out / 2;
-            tf_lora_slot *up = &m->lora[m->n_lora++];
+            tf_lora_slot *up = &slots[(*n)++];
             *sl = (tf_lora_slot){.stage = TF_LORA_GATE, .u = uj, .in = (int)mods[j].in, .out = f,
                                  .a_off = at, .b_off = at + (size_t)r * (size_t)mods[j].in};
             *up = *sl;
@@ -150,9 +156,50 @@ static zo_status lora_init(tf_model *m)
         sl->b_off = *pos + (size_t)r * sl->in;
         *pos += (size_t)r * (size_t)(sl->in + sl->out);
     }
-    if (at != m->adapters.block_numel[model_layout_layer_block(0)])
-        return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of a layer laid out in %zu elements, not %zu", at,
-                        m->adapters.block_numel[model_layout_layer_block(0)]);
+    *n_u = u;
+    return at;
+}
+
+/* The adapter slots of layer l: a dense first layer's (DeepSeek), else lora[]. */
+static const tf_lora_slot *layer_slots(const tf_model *m, int l, int *n)
+{
+    if (m->n_lora_dense && !is_moe(m, l)) {
+        *n = m->n_lora_dense;
+        return m->lora_dense;
+    }
+    *n = m->n_lora;
+    return m->lora;
+}
+
+/* The adapter layout, the slots of a layer's adapters (an MoE model's dense
+ * first layers: their own) and the frozen buffers' offsets (host memory;
+ * the device buffers come after). */
+static zo_status lora_init(tf_model *m)
+{
+    zo_status st;
+    const tf_lora_options *o = &m->opts.lora;
+    const zo_model_config *c = &m->cfg;
+    zo_lora_config lc = {.r = o->r, .alpha = o->alpha, .targets = o->targets};
+    if ((st = model_lora_layout_init_experts(&m->adapters, c, &lc, m->layout.expert_first, m->layout.expert_count)) !=
+        ZO_OK)
+        return zo_error_wrap(st, "tf_init");
+    m->lora_scale = o->alpha / (float)o->r;
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    for (int kind = 0; kind < 2; kind++) {
+        /* kind 0: the layers of lora[] (the last layer's kind); 1: a dense first layer of an MoE model */
+        if (kind && !(c->moe.experts && c->moe.first_dense && c->n_layers > 0)) break;
+        int layer = kind ? 0 : c->n_layers - 1, n_u, experts;
+        const int n_mods = zo_lora_layer_modules_at(c, layer > 0 ? layer : 0, o->targets, mods);
+        zo_lora_dense_modules(mods, n_mods, &experts);
+        if (!kind) m->lora_experts = experts;
+        size_t at = lora_slots(m, mods, n_mods, kind ? m->lora_dense : m->lora, kind ? &m->n_lora_dense : &m->n_lora,
+                               &n_u);
+        if (n_u > m->n_lora_u) m->n_lora_u = n_u;
+        size_t want = m->adapters.block_numel[model_layout_layer_block(layer > 0 ? layer : 0)];
+        if (at != want)
+            return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of layer %d laid out in %zu elements, not %zu",
+                            layer, at, want);
+    }
     const model_layout *l = &m->layout;
     m->frozen_off = calloc((size_t)l->n_tensors + 1, sizeof *m->frozen_off);
     m->frozen_bytes = calloc((size_t)l->n_blocks, sizeof *m->frozen_bytes);
@@ -409,7 +456,7 @@ static zo_status gen_alloc(tf_model *m)
         {(void **)&a->moe_wp, L ? K * N * 4 : 0, "expert token weights"},
         {(void **)&a->sgate, L && c->moe.shared_gate ? N * 4 : 0, "shared expert gate"},
         {(void **)&m->moe_stats, L * 2 * E * 4, "router statistics"},
-        {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
+        {&m->sact, E ? N * max_z((size_t)c->moe.shared_ffn, K * fe) * es : 0, "weighted expert activation"},
         {&m->moe_x, K * N * h * es, "expert inputs"},
         {&m->moe_y, K * N * h * es, "expert outputs"},
         {&m->eu, E && m->lora_experts ? (size_t)zo_moe_expert_rows(c, 0, N, 1) * m->opts.lora.r * es : 0,
@@ -572,6 +619,12 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             continue;
         }
         tf_layer_acts *a = &m->acts[l];
+        /* the layer's own MLP width; layer 0's set serves the recomputed
+         * layers too (dense and MoE alike: the widest) */
+        int shared = l == 0 && tf_recompute_layers(m) > 1;
+        size_t f = shared ? mlp_width(c) : layer_mlp_width(c, (int)l);
+        /* the router's and experts' buffers: an MoE layer's (DeepSeek's dense first layers have none) */
+        size_t me = E && (shared || is_moe(m, (int)l)) ? 1 : 0;
         const act_req r[] = {
             {&a->ln1, N * h * es, "ln1"},
             {(void **)&a->mean1, N * 4, "ln1 mean"},
@@ -593,19 +646,20 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->up, llama ? N * f * es : 0, "mlp up"},
             {&a->act, N * f * es, "mlp activation"},
             {&a->lora_u, N * lora_cols * es, "LoRA A x"},
-            {(void **)&a->router_logits, N * E * 4, "router logits"},
-            {(void **)&a->router_w, N * E * 4, "router weights"},
-            {&a->efc, X * fe * es, "expert gates"},
-            {&a->eup, X * fe * es, "expert ups"},
-            {&a->eact, X * fe * es, "expert activations"},
-            {(void **)&a->moe_idx, Mr * 4, "expert tokens"},
-            {(void **)&a->moe_wp, Mr * 4, "expert token weights"},
-            {(void **)&a->sgate, c->moe.shared_gate ? N * 4 : 0, "shared expert gate"},
-            {&a->ep_x, m->ep_rows * h * es, "expert parallel inputs"},
-            {(void **)&a->ep_wp, m->ep_rows * 4, "expert parallel weights"},
-            {(void **)&a->ep_idx, 2 * m->ep_rows * 4, "expert parallel order"},
+            {(void **)&a->router_logits, me * N * E * 4, "router logits"},
+            {(void **)&a->router_w, me * N * E * 4, "router weights"},
+            {&a->efc, me * X * fe * es, "expert gates"},
+            {&a->eup, me * X * fe * es, "expert ups"},
+            {&a->eact, me * X * fe * es, "expert activations"},
+            {(void **)&a->moe_idx, me * Mr * 4, "expert tokens"},
+            {(void **)&a->moe_wp, me * Mr * 4, "expert token weights"},
+            {(void **)&a->sgate, c->moe.shared_gate ? me * N * 4 : 0, "shared expert gate"},
+            {&a->ep_x, me * m->ep_rows * h * es, "expert parallel inputs"},
+            {(void **)&a->ep_wp, me * m->ep_rows * 4, "expert parallel weights"},
+            {(void **)&a->ep_idx, me * 2 * m->ep_rows * 4, "expert parallel order"},
         };
         if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
+        if (!me) continue;
         if (E && (!(a->moe_idx_h = malloc(Mr * 4)) || !(a->moe_wp_h = malloc(Mr * 4)) ||
                   !(a->moe_off = calloc(E + 1, sizeof *a->moe_off)))) {
             st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (routing of %zu tokens)", N);
@@ -634,11 +688,11 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->datt, N * q_width(c) * 4, "attention gradient"},
         {(void **)&m->dff, wide * 4, "mlp gradient"},
         {(void **)&m->dff2, llama ? wide * 4 : 0, "mlp up gradient"},
-        {(void **)&m->moe_stats, L * 2 * E * 4, "router statistics"},
+        {(void **)&m->moe_stats, L * stat_rows(m) * 2 * E * 4, "router statistics"},
         {(void **)&m->drouter, N * E * 4, "router gradient"},
         {(void **)&m->dweights, N * E * 4, "expert weight gradient"},
         {(void **)&m->dz, c->moe.shared_gate ? N * 4 : 0, "shared expert gate gradient"},
-        {&m->sact, E ? wide * es : 0, "weighted expert activation"},
+        {&m->sact, E ? max_z(N * (size_t)c->moe.shared_ffn, X * fe) * es : 0, "weighted expert activation"},
         {&m->moe_x, Mr * h * es, "expert inputs"},
         {&m->moe_y, Mr * h * es, "expert outputs"},
         {(void **)&m->moe_dx, Mr * h * 4, "expert input gradients"},
@@ -812,8 +866,10 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
                                       [TF_LORA_EXPERT_UP] = MODEL_ROLE_EXPERT_UP_W,
                                       [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W};
     const int r = m->opts.lora.r;
-    for (int j = 0; j < m->n_lora; j++) {
-        const tf_lora_slot *sl = &m->lora[j];
+    int n;
+    const tf_lora_slot *slots = layer_slots(m, block - 1, &n);
+    for (int j = 0; j < n; j++) {
+        const tf_lora_slot *sl = &slots[j];
         const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
         int experts = sl->e_stride ? m->layout.expert_count : 1; /* a routed expert's: each expert's */
         for (int e = 0; e < experts; e++) {
@@ -1051,10 +1107,10 @@ static zo_status base_linear_backward(tf_model *m, gpu_stream_t s, const void *b
     return linear_backward(s, dx, dx_beta, dw, db, dy_bias, dy, x, w, N, out, in);
 }
 
-/* Adapter j's A [r, in] or B [out, r] in a layer block's adapter buffer. */
-static gpu_tensor lora_part(const tf_model *m, const void *buf, int j, int part)
+/* Slot sl's A [r, in] or B [out, r] in a layer block's adapter buffer. */
+static gpu_tensor lora_part(const tf_model *m, const void *buf, const tf_lora_slot *sl, int part)
 {
-    size_t off = part == MODEL_LORA_A ? m->lora[j].a_off : m->lora[j].b_off;
+    size_t off = part == MODEL_LORA_A ? sl->a_off : sl->b_off;
     return gpu_t((char *)buf + off * zo_dtype_size(m->dtype), m->dtype);
 }
 
@@ -1119,14 +1175,16 @@ static zo_status lora_forward(tf_model *m, gpu_stream_t s, int l, const tf_block
     zo_status st;
     const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora_u * r;
     const zo_dtype dt = m->dtype;
-    for (int j = 0; j < m->n_lora; j++) {
-        const tf_lora_slot *sl = &m->lora[j];
+    int n;
+    const tf_lora_slot *slots = layer_slots(m, l, &n);
+    for (int j = 0; j < n; j++) {
+        const tf_lora_slot *sl = &slots[j];
         if (sl->stage != stage) continue;
         gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)sl->u * r * zo_dtype_size(dt), dt);
         gpu_tensor yc = y;
         if (y.data) yc.data = (char *)y.data + (size_t)sl->col * zo_dtype_size(y.dtype);
-        if ((st = adapter_forward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
-                                  lora_part(m, bb->params, j, MODEL_LORA_B), x, yc, ldy, N, sl->in, sl->out)) !=
+        if ((st = adapter_forward(m, s, u, ldu, lora_part(m, bb->params, sl, MODEL_LORA_A),
+                                  lora_part(m, bb->params, sl, MODEL_LORA_B), x, yc, ldy, N, sl->in, sl->out)) !=
             ZO_OK)
             return st;
     }
@@ -1143,14 +1201,16 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
     zo_status st;
     const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora_u * r;
     const zo_dtype dt = m->dtype;
-    for (int j = 0; j < m->n_lora; j++) {
-        const tf_lora_slot *sl = &m->lora[j];
+    int n;
+    const tf_lora_slot *slots = layer_slots(m, l, &n);
+    for (int j = 0; j < n; j++) {
+        const tf_lora_slot *sl = &slots[j];
         if (sl->stage != stage) continue;
         gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)sl->u * r * zo_dtype_size(dt), dt);
         gpu_tensor dyc = gpu_t((char *)dy.data + (size_t)sl->col * zo_dtype_size(dy.dtype), dy.dtype);
-        if ((st = adapter_backward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
-                                   lora_part(m, bb->params, j, MODEL_LORA_B), lora_part(m, bb->grads, j, MODEL_LORA_A),
-                                   lora_part(m, bb->grads, j, MODEL_LORA_B), dyc, lddy, x, dx, N, sl->in,
+        if ((st = adapter_backward(m, s, u, ldu, lora_part(m, bb->params, sl, MODEL_LORA_A),
+                                   lora_part(m, bb->params, sl, MODEL_LORA_B), lora_part(m, bb->grads, sl, MODEL_LORA_A),
+                                   lora_part(m, bb->grads, sl, MODEL_LORA_B), dyc, lddy, x, dx, N, sl->in,
                                    sl->out)) != ZO_OK)
             return st;
     }
@@ -1160,7 +1220,7 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
 /* Routed expert e's adapter j, A or B, in a layer block's adapter buffer. */
 static gpu_tensor expert_lora_part(const tf_model *m, const void *buf, int j, int e, int part)
 {
-    gpu_tensor t = lora_part(m, buf, j, part);
+    gpu_tensor t = lora_part(m, buf, &m->lora[j], part);
     t.data = (char *)t.data + (size_t)e * m->lora[j].e_stride * zo_dtype_size(m->dtype);
     return t;
 }
@@ -1243,9 +1303,13 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     /* BLOOM: the embedding into the norm's saved input, normed into res[0] */
     gpu_tensor out = c->embed_norm ? gpu_t(m->emb_x, m->dtype) : res0;
     /* res[0][N, h] = wte[tokens] (+ wpe[position]): positions from 0, or in
-     * generation from each sequence's (m->pos: one call for the batch) */
+     * generation from each sequence's (m->pos: one call for the batch),
+     * within wpe's rows */
+    const model_view *pv = model_layout_view(&m->layout, 0, MODEL_ROLE_POS_EMB);
+    int n_pos = pv ? (int)(pv->numel / (size_t)c->hidden) : 0;
     zo_status st = m->opts.kv_len && wpe.data
-                       ? gpu_embedding_forward_seq(s, out, m->tokens, wte, wpe, m->pos, N, m->t, c->hidden, c->vocab)
+                       ? gpu_embedding_forward_seq(s, out, m->tokens, wte, wpe, m->pos, n_pos, N, m->t, c->hidden,
+                                                   c->vocab)
                        : gpu_embedding_forward(s, out, m->tokens, wte, wpe, N, m->t, c->hidden, c->vocab);
     if (st == ZO_OK && c->embed_norm)
         st = norm_forward(m, s, res0, m->emb_mean, m->emb_rstd, out, bview(m, W, 0, MODEL_ROLE_EMB_NORM_W),
@@ -1294,8 +1358,9 @@ static zo_status rope_rows(tf_model *m, int l, gpu_stream_t s, gpu_tensor qkv, i
     const double *f;
     float theta, scale;
     rope_params(m, l, &f, &theta, &scale);
+    /* positions within the cache's kv_len */
     return gpu_rope_forward_seq(s, qkv, m->b * m->t, m->t, c->n_heads + c->n_kv_heads, zo_model_rope_dim(c), ld,
-                                c->head_dim, theta, m->pos, f, scale);
+                                c->head_dim, theta, m->pos, m->opts.kv_len, f, scale);
 }
 
 static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
@@ -1765,12 +1830,19 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     gpu_tensor xg = gpu_t(m->moe_x, dt), yg = gpu_t(m->moe_y, dt);
     gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
 
-    /* router: logits [N, E] (fp32), the chosen experts' weights, the statistics of layer l */
-    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
-        (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits),
-                                     m->moe_stats + (size_t)l * 2 * E, N, E, mo->top_k, mo->norm_topk)) != ZO_OK ||
-        (st = moe_route(m, l, s, !recompute)) != ZO_OK)
+    /* router: logits [N, E] (fp32), the chosen experts' weights, the
+     * statistics of layer l (DeepSeek's: of each sequence, S of them) */
+    const size_t S = stat_rows(m);
+    const int rows = S > 1 ? m->t : N;
+    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK)
         return st;
+    for (int i = 0; i * rows < N; i++)
+        if ((st = gpu_moe_router_forward(s, rows_at(F32(a->router_w), i * rows, E),
+                                         rows_at(F32(a->router_logits), i * rows, E),
+                                         m->moe_stats + ((size_t)l * S + (size_t)i) * 2 * E, rows, E, mo->top_k,
+                                         mo->norm_topk)) != ZO_OK)
+            return st;
+    if ((st = moe_route(m, l, s, !recompute)) != ZO_OK) return st;
     const int *off = a->moe_off, M = off[E];
     /* the pairs' inputs xg [M, h]; the experts here take theirs (with
      * expert parallelism the rows every rank sent them, ep_x) */
@@ -1818,20 +1890,24 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     }
     if (!fs) return ZO_OK;
     /* the shared expert: fc = ln2 Wg^T, up = ln2 Wu^T (and their adapters),
-     * act = silu(fc) up [N, fs], then tmp += (sigmoid(ln2 w_sg) * act) Wdown^T */
+     * act = silu(fc) up [N, fs], then tmp += (sigmoid(ln2 w_sg) * act) Wdown^T
+     * (Qwen2-MoE's gate), or tmp += act Wdown^T (DeepSeek's, ungated) */
+    const int gated = mo->shared_gate;
     gpu_tensor sa = gpu_t(a->act, dt), sfc = gpu_t(a->fc, dt), sup = gpu_t(a->up, dt);
     if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_MLP_GATE_W, sfc, ln2, N, fs, h, 0.0f)) != ZO_OK ||
         (st = lora_forward(m, s, l, bb, TF_LORA_GATE, ln2, sfc, fs)) != ZO_OK ||
         (st = base_xwt(m, s, bb, blk, MODEL_ROLE_MLP_UP_W, sup, ln2, N, fs, h, 0.0f)) != ZO_OK ||
         (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, sup, fs)) != ZO_OK ||
         (st = gpu_swiglu_forward(s, sa, sfc, sup, (size_t)N * fs, 0)) != ZO_OK ||
-        (st = base_xwt(m, s, bb, blk, MODEL_ROLE_SHARED_GATE_W, F32(a->sgate), ln2, N, 1, h, 0.0f)) != ZO_OK)
+        (gated &&
+         (st = base_xwt(m, s, bb, blk, MODEL_ROLE_SHARED_GATE_W, F32(a->sgate), ln2, N, 1, h, 0.0f)) != ZO_OK))
         return st;
     if (recompute) return ZO_OK;
-    if ((st = gpu_moe_scale_forward(s, sact, sa, a->sgate, N, fs, 1, 1)) != ZO_OK ||
-        (st = base_xwt(m, s, bb, blk, MODEL_ROLE_MLP_DOWN_W, tmp, sact, N, h, fs, 1.0f)) != ZO_OK)
+    gpu_tensor down_in = gated ? sact : sa;
+    if ((gated && (st = gpu_moe_scale_forward(s, sact, sa, a->sgate, N, fs, 1, 1)) != ZO_OK) ||
+        (st = base_xwt(m, s, bb, blk, MODEL_ROLE_MLP_DOWN_W, tmp, down_in, N, h, fs, 1.0f)) != ZO_OK)
         return st;
-    return lora_forward(m, s, l, bb, TF_LORA_DOWN, sact, tmp, h);
+    return lora_forward(m, s, l, bb, TF_LORA_DOWN, down_in, tmp, h);
 }
 
 /* dh += dy W (+ the adapters' share), dW += dy^T x (none with LoRA) for the
@@ -1861,8 +1937,9 @@ static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs 
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
     gpu_tensor ln2 = gpu_t(a->ln2, dt), act = gpu_t(a->act, dt), wd;
-    gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, dt), op;
-    /* g [N, f] = dres Wdown; dWdown += dres^T (sigmoid(z) act) */
+    const int gated = m->cfg.moe.shared_gate;
+    gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gated ? gpu_t(m->sact, dt) : act, op;
+    /* g [N, f] = dres Wdown; dWdown += dres^T (sigmoid(z) act), or dres^T act ungated */
     if ((st = gemm_operand(m, s, F32(m->dres), N, h, &op)) != ZO_OK ||
         (st = base_weight(m, s, base_buf(m, bb), blk, MODEL_ROLE_MLP_DOWN_W, &wd)) != ZO_OK)
         return st;
@@ -1871,7 +1948,7 @@ static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs 
     gpu_gemm_desc gw = {.trans_a = 1, .m = h, .n = f, .k = N, .alpha = 1.0f, .beta = 1.0f, .a = op,
                         .b = sact, .c = base_grad(m, bb, blk, MODEL_ROLE_MLP_DOWN_W, 0), .lda = h, .ldb = f, .ldc = f};
     if ((st = gpu_gemm(s, &gx)) != ZO_OK ||
-        (st = gpu_moe_scale_forward(s, sact, act, a->sgate, N, f, 1, 1)) != ZO_OK ||
+        (gated && (st = gpu_moe_scale_forward(s, sact, act, a->sgate, N, f, 1, 1)) != ZO_OK) ||
         (gw.c.data && (st = gpu_gemm(s, &gw)) != ZO_OK))
         return st;
     /* the down adapters: their A x again (recompute stops before the down
@@ -1880,11 +1957,12 @@ static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs 
                         (st = lora_backward(m, s, l, bb, TF_LORA_DOWN, op, h, sact, dff)) != ZO_OK))
         return st;
     /* dz = g . act sigmoid', dact = sigmoid(z) g (in place), then SwiGLU, gate/up and the gate */
-    if ((st = gpu_moe_scale_backward(s, dff, m->dz, dff, act, a->sgate, N, f, 1, 1)) != ZO_OK ||
+    if ((gated && (st = gpu_moe_scale_backward(s, dff, m->dz, dff, act, a->sgate, N, f, 1, 1)) != ZO_OK) ||
         (st = gpu_swiglu_backward(s, dff, dup, dff, gpu_t(a->fc, dt), gpu_t(a->up, dt), (size_t)N * f, 0)) != ZO_OK ||
         (st = plain_linear_backward(m, l, bb, s, MODEL_ROLE_MLP_GATE_W, TF_LORA_GATE, dff, ln2, N, f, h)) != ZO_OK ||
         (st = plain_linear_backward(m, l, bb, s, MODEL_ROLE_MLP_UP_W, TF_LORA_UP, dup, ln2, N, f, h)) != ZO_OK)
         return st;
+    if (!gated) return ZO_OK;
     return plain_linear_backward(m, l, bb, s, MODEL_ROLE_SHARED_GATE_W, TF_LORA_NONE, F32(m->dz), ln2, N, 1, h);
 }
 
@@ -2001,6 +2079,48 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
     return ZO_OK;
 }
 
+/* The router's backward into drouter, with the balance loss's gradient
+ * (times the loss scale, as the cross-entropy's):
+ * - Hugging Face's (Mixtral, Qwen-MoE): one loss over every MoE layer's N
+ *   tokens, coef * E / (L N)^2 * C_j added to dL/dp_j, C_j the choices of
+ *   j over all L layers;
+ * - DeepSeek's: each layer's own, coef * E / (N^2 k) * C_j with this
+ *   layer's C_j; with seq_aux per sequence of t tokens, averaged over the
+ *   b sequences: coef * E / (b t^2 k) * C_j of the token's sequence. */
+static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
+{
+    const zo_model_config *c = &m->cfg;
+    const zo_moe *mo = &c->moe;
+    const int N = m->b * m->t, E = mo->experts, k = mo->top_k;
+    const tf_layer_acts *a = &m->acts[l];
+    const size_t S = stat_rows(m);
+    if (!mo->aux_per_layer) {
+        int moe_layers = c->n_layers - mo->first_dense;
+        double LN = (double)moe_layers * N;
+        float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN)) : 0.0f;
+        return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
+                                       m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, k, mo->norm_topk,
+                                       moe_layers, aux);
+    }
+    const float *stats = m->moe_stats + (size_t)l * S * 2 * E;
+    if (!mo->seq_aux) { /* the b sequences' counts summed: the micro-batch's */
+        double n = (double)N;
+        float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (n * n * k)) : 0.0f;
+        return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits), stats, N, E,
+                                       k, mo->norm_topk, m->b, aux);
+    }
+    double t = (double)m->t;
+    float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (m->b * t * t * k)) : 0.0f;
+    for (int i = 0; i < m->b; i++) {
+        int r0 = i * m->t;
+        zo_status st = gpu_moe_router_backward(s, rows_at(F32(m->drouter), r0, E), rows_at(F32(m->dweights), r0, E),
+                                               rows_at(F32(a->router_logits), r0, E), stats + (size_t)i * 2 * E,
+                                               m->t, E, k, mo->norm_topk, 1, aux);
+        if (st != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
 /* On entry dres = dL/d(layer output); on exit dh = dL/d ln2 through the MoE
  * MLP (the router included, with the load-balancing loss's gradient). */
 static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
@@ -2014,18 +2134,7 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
         (st = experts_backward(m, l, bb, s)) != ZO_OK ||
         (mo->shared_ffn && (st = shared_expert_backward(m, l, bb, s)) != ZO_OK))
         return st;
-    /* the router: the load-balancing loss adds coef * E / (L N)^2 * C_j to
-     * dL/dp_j (times the loss scale, as the cross-entropy's gradient) */
-    float aux = 0.0f;
-    int moe_layers = c->n_layers - mo->first_dense;
-    if (mo->aux_loss) {
-        double LN = (double)moe_layers * N;
-        aux = (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN));
-    }
-    if ((st = gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
-                                      m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, mo->top_k,
-                                      mo->norm_topk, moe_layers, aux)) != ZO_OK)
-        return st;
+    if ((st = router_backward(m, l, s)) != ZO_OK) return st;
     return plain_linear_backward(m, l, bb, s, MODEL_ROLE_ROUTER_W, TF_LORA_NONE, F32(m->drouter),
                                  gpu_t(a->ln2, m->dtype), N, E, h);
 }
@@ -2521,7 +2630,8 @@ zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss)
         *loss = m->n_targets ? (float)(sum / m->n_targets) : 0.0f;
     }
     free(host);
-    if (st == ZO_OK && m->cfg.moe.experts && m->cfg.moe.aux_loss) {
+    /* (DeepSeek's balance loss is in the gradient only, not in the loss its model returns) */
+    if (st == ZO_OK && m->cfg.moe.experts && m->cfg.moe.aux_loss && !m->cfg.moe.aux_per_layer) {
         double aux = 0.0;
         if ((st = moe_aux_loss(m, s, &aux)) == ZO_OK) *loss += (float)(m->cfg.moe.aux_coef * aux);
     }

@@ -230,10 +230,14 @@ typedef struct tf_model {
     int n_lora;             /* adapter slots per layer (an adapted linear layer each; Phi-3's
                                gate_up_proj two) */
     int n_lora_u;           /* adapted linear layers per layer but the routed experts': the A x
-                               kept of each (zo_lora_dense_modules) */
+                               kept of each (zo_lora_dense_modules; the larger of a dense first
+                               layer's and an MoE layer's) */
     int lora_experts;       /* whether the routed experts carry adapters (eu, the expert rows
                                of dlora) */
     tf_lora_slot lora[ZO_LORA_MAX_MODULES];
+    int n_lora_dense;       /* DeepSeek's dense first layers' slots (LLaMA's MLP); 0: every layer
+                               takes lora[] */
+    tf_lora_slot lora_dense[ZO_LORA_MAX_MODULES];
     float lora_scale;       /* alpha / r */
     size_t *frozen_off;     /* [layout.n_tensors] bytes into its block's frozen buffer */
     size_t *frozen_bytes;   /* [n_blocks] */

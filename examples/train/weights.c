@@ -255,6 +255,14 @@ out:
     return st;
 }
 
+/* Where an MoE layer block's experts begin: the last layer's (DeepSeek's
+ * first layers are dense, without experts). */
+static size_t experts_offset(const tf_model *m)
+{
+    return model_layout_view(&m->layout, model_layout_layer_block(m->cfg.n_layers - 1), MODEL_ROLE_EXPERT_GATE_W)
+        ->offset;
+}
+
 /* A reader of blocks held in host memory (fp32). */
 static zo_status read_held(void *ctx, int block, float *dst)
 {
@@ -285,7 +293,7 @@ static zo_status save_ep_merged(offload_t *rt, const tf_model *m, const train_ar
     int shards = 0;
     zo_status st = model_layout_init(&gl, &m->cfg);
     if (st != ZO_OK) return zo_error_wrap(st, "--merge %s", a->merge);
-    size_t x_off = model_layout_view(&m->layout, model_layout_layer_block(0), MODEL_ROLE_EXPERT_GATE_W)->offset;
+    size_t x_off = experts_offset(m);
     size_t n = (size_t)m->layout.expert_count * model_layout_expert_stride(&m->layout);
     merged_reader r = {.rt = rt, .m = m, .packed = malloc(weights_frozen_largest(m))};
     if (!r.packed) st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of the base");
@@ -312,7 +320,7 @@ static zo_status save_ep(offload_t *rt, const tf_model *m, const train_args *a, 
     zo_status st;
     if (!a->lora.r) {
         st = model_layout_init(&gl, &m->cfg);
-        x_off = model_layout_view(&m->layout, model_layout_layer_block(0), MODEL_ROLE_EXPERT_GATE_W)->offset;
+        x_off = experts_offset(m);
         n = (size_t)m->layout.expert_count * model_layout_expert_stride(&m->layout);
     } else {
         zo_lora_config lc = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets};

@@ -39,6 +39,8 @@ enum cuda_err_op {
     CUDA_ERR_CE_FORWARD,
     CUDA_ERR_CE_BACKWARD,
     CUDA_ERR_ATTN_CACHED, /* index: the sequence, value: its first position */
+    CUDA_ERR_ROPE_SEQ,      /* the same, of gpu_rope_forward_seq */
+    CUDA_ERR_EMBEDDING_POS, /* the same, of gpu_embedding_forward_seq */
 };
 
 typedef struct cuda_err_rec {
@@ -164,8 +166,9 @@ zo_status cuda_launch_attention_gemm_backward(const cuda_gemm_env *g, const gpu_
                                               const float *lse);
 
 /* rope.cu */
-zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads, int d,
-                           int64_t ldx, int64_t ldh, float theta, int pos0, const int32_t *seq_pos,
+/* seq_pos (NULL: none) each in [0, n_pos - t], else recorded in err */
+zo_status cuda_launch_rope(cudaStream_t st, cuda_err_rec *err, gpu_tensor x, int n, int t, int n_heads, int d,
+                           int64_t ldx, int64_t ldh, float theta, int pos0, const int32_t *seq_pos, int n_pos,
                            const double *inv_freq, float scale, int inverse);
 
 /* activation.cu */
@@ -200,7 +203,7 @@ zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, gpu_tensor 
  * stream's cuBLASLt workspace, free between GEMMs on the same stream) */
 zo_status cuda_launch_embedding_forward(cudaStream_t st, cuda_err_rec *err, gpu_tensor out,
                                         const int32_t *tokens, gpu_tensor wte, gpu_tensor wpe,
-                                        const int32_t *pos, int n, int t, int c, int vocab);
+                                        const int32_t *pos, int n_pos, int n, int t, int c, int vocab);
 zo_status cuda_launch_embedding_backward(cudaStream_t st, cuda_err_rec *err, void *workspace,
                                          size_t ws_bytes, gpu_tensor dwte, gpu_tensor dwpe,
                                          gpu_tensor dout, const int32_t *tokens, int n, int t,

@@ -317,6 +317,8 @@ static const char *err_op_name(int code, const char **what)
     case CUDA_ERR_CE_FORWARD: *what = "targets"; return "gpu_cross_entropy_forward";
     case CUDA_ERR_CE_BACKWARD: *what = "targets"; return "gpu_cross_entropy_backward";
     case CUDA_ERR_ATTN_CACHED: *what = "pos"; return "gpu_attention_cached";
+    case CUDA_ERR_ROPE_SEQ: *what = "pos"; return "gpu_rope_forward_seq";
+    case CUDA_ERR_EMBEDDING_POS: *what = "pos"; return "gpu_embedding_forward_seq";
     default: *what = "id"; return "a kernel";
     }
 }

@@ -14,10 +14,11 @@
 #define BINS 256    /* 2^DIGIT */
 
 /* out[r, j] = wte[tokens[r], j] (+ wpe[p + r % t, j], p = pos[r / t] or 0);
- * out [n, c], wte [vocab, c], wpe [positions, c] or NULL, pos [n / t] or NULL */
+ * out [n, c], wte [vocab, c], wpe [n_pos, c] or NULL, pos [n / t] or NULL,
+ * each in [0, n_pos - t] (else recorded in err and its rows not written) */
 __global__ void embedding_forward_kernel(cuda_err_rec *err, gpu_tensor out, const int32_t *tokens,
-                                         gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n, int t,
-                                         int c, int vocab)
+                                         gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n_pos, int n,
+                                         int t, int c, int vocab)
 {
     size_t total = (size_t)n * c;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -26,6 +27,10 @@ __global__ void embedding_forward_kernel(cuda_err_rec *err, gpu_tensor out, cons
         int tok = tokens[r];
         if (tok < 0 || tok >= vocab) {
             if (j == 0) record_bad_id(err, CUDA_ERR_EMBEDDING_FORWARD, r, tok, vocab);
+            continue;
+        }
+        if (pos && wpe.data && (pos[r / t] < 0 || pos[r / t] > n_pos - t)) {
+            if (j == 0 && r % t == 0) record_bad_id(err, CUDA_ERR_EMBEDDING_POS, r / t, pos[r / t], n_pos - t + 1);
             continue;
         }
         float v = tload(wte, (size_t)tok * c + j);
@@ -124,10 +129,10 @@ __global__ void embedding_backward_kernel(cuda_err_rec *err, gpu_tensor dwte, gp
 extern "C" zo_status cuda_launch_embedding_forward(cudaStream_t st, cuda_err_rec *err,
                                                    gpu_tensor out, const int32_t *tokens,
                                                    gpu_tensor wte, gpu_tensor wpe, const int32_t *pos,
-                                                   int n, int t, int c, int vocab)
+                                                   int n_pos, int n, int t, int c, int vocab)
 {
     ZO_LAUNCH(embedding_forward_kernel, grid_for((size_t)n * c, 256), 256, 0, st, err, out, tokens,
-              wte, wpe, pos, n, t, c, vocab);
+              wte, wpe, pos, n_pos, n, t, c, vocab);
     return cuda_launch_check("embedding_forward_kernel");
 }
 

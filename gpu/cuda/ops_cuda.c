@@ -123,9 +123,9 @@ static zo_status cuda_run_attention_cached(const cuda_exec *e, const gpu_op_args
 
 static zo_status rope(const cuda_exec *e, const gpu_op_args *a, int inverse)
 {
-    return cuda_launch_rope(e->stream, a->t[0], (int)a->i[0], (int)a->i[1], (int)a->i[2],
-                            (int)a->i[3], a->i[4], a->i[6], a->f[0], (int)a->i[5], a->p[1], a->p[0], a->f[1],
-                            inverse);
+    return cuda_launch_rope(e->stream, e->err, a->t[0], (int)a->i[0], (int)a->i[1], (int)a->i[2],
+                            (int)a->i[3], a->i[4], a->i[6], a->f[0], (int)a->i[5], a->p[1], (int)a->i[7], a->p[0],
+                            a->f[1], inverse);
 }
 
 static zo_status cuda_run_rope_forward(const cuda_exec *e, const gpu_op_args *a)
@@ -162,7 +162,7 @@ static zo_status cuda_run_swiglu_backward(const cuda_exec *e, const gpu_op_args 
 static zo_status cuda_run_embedding_forward(const cuda_exec *e, const gpu_op_args *a)
 {
     return cuda_launch_embedding_forward(e->stream, e->err, a->t[0], a->p[0], a->t[1], a->t[2], a->p[1],
-                                         (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3]);
+                                         (int)a->i[4], (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3]);
 }
 
 static zo_status cuda_run_embedding_backward(const cuda_exec *e, const gpu_op_args *a)

@@ -3,17 +3,18 @@
  * caller's frequencies), in place.
  * One thread per (row, head, pair); the angle is computed in double as in
  * the CPU reference, so long positions keep their precision. */
-#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, grid_for */
+#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, record_bad_id, grid_for */
 
 #define BS 256
 
 /* x [n, ldx]: the first d elements of the first n_heads heads (head h at
  * h * ldh) of each row rotate by the angle of position pos0 + r % t (plus
- * seq_pos[r / t] when given: a position a sequence), cos and sin times
- * scale; inverse rotates back (the backward: the transpose, times scale). */
-__global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx, int64_t ldh,
-                            float theta, int pos0, const int32_t *seq_pos, const double *freq, float scale,
-                            int inverse)
+ * seq_pos[r / t] when given: a position a sequence, in [0, n_pos - t], else
+ * recorded in err and its rows left), cos and sin times scale; inverse
+ * rotates back (the backward: the transpose, times scale). */
+__global__ void rope_kernel(cuda_err_rec *err, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
+                            int64_t ldh, float theta, int pos0, const int32_t *seq_pos, int n_pos,
+                            const double *freq, float scale, int inverse)
 {
     const int half = d / 2;
     size_t total = (size_t)n * n_heads * half;
@@ -22,6 +23,11 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
         int i = (int)(idx % half);
         size_t rh = idx / half;
         int h = (int)(rh % n_heads), r = (int)(rh / n_heads);
+        if (seq_pos && (seq_pos[r / t] < 0 || seq_pos[r / t] > n_pos - t)) {
+            if (r % t == 0 && h == 0 && i == 0)
+                record_bad_id(err, CUDA_ERR_ROPE_SEQ, r / t, seq_pos[r / t], n_pos - t + 1);
+            continue;
+        }
         double inv_freq = freq ? freq[i] : pow((double)theta, -2.0 * i / d);
         double p = (double)pos0 + (seq_pos ? (double)seq_pos[r / t] : 0.0) + (double)(r % t);
         double ang = p * inv_freq;
@@ -34,12 +40,13 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
     }
 }
 
-extern "C" zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads,
-                                      int d, int64_t ldx, int64_t ldh, float theta, int pos0,
-                                      const int32_t *seq_pos, const double *inv_freq, float scale, int inverse)
+extern "C" zo_status cuda_launch_rope(cudaStream_t st, cuda_err_rec *err, gpu_tensor x, int n, int t,
+                                      int n_heads, int d, int64_t ldx, int64_t ldh, float theta, int pos0,
+                                      const int32_t *seq_pos, int n_pos, const double *inv_freq, float scale,
+                                      int inverse)
 {
     size_t total = (size_t)n * n_heads * (d / 2);
-    ZO_LAUNCH(rope_kernel, grid_for(total, BS), BS, 0, st, x, n, t, n_heads, d, ldx, ldh, theta, pos0,
-              seq_pos, inv_freq, scale, inverse);
+    ZO_LAUNCH(rope_kernel, grid_for(total, BS), BS, 0, st, err, x, n, t, n_heads, d, ldx, ldh, theta, pos0,
+              seq_pos, n_pos, inv_freq, scale, inverse);
     return cuda_launch_check("rope_kernel");
 }
