@@ -1623,8 +1623,9 @@ static void moe_buffers(const stage_est *s, plan_estimate *e)
     uint64_t routed_ffn = (ep_rows ? ep_rows : pairs) * (uint64_t)m->moe.expert_ffn;
     uint64_t shared_ffn = sb * (uint64_t)m->moe.shared_ffn;
     uint64_t widest = routed_ffn > shared_ffn ? routed_ffn : shared_ffn;
-    /* (the statistics: DeepSeek's balance loss counts each sequence apart) */
-    uint64_t stat_rows = m->moe.aux_per_layer ? (uint64_t)t->micro_batch : 1;
+    /* (the statistics: DeepSeek's balance loss per sequence counts each
+     * sequence apart; transformer.c's stat_rows) */
+    uint64_t stat_rows = m->moe.aux_per_layer && m->moe.seq_aux && m->moe.aux_loss ? (uint64_t)t->micro_batch : 1;
     uint64_t bytes = pairs * h * (2 * s->wsz + 4) + pairs * 4 + 2 * sb * E * 4 + widest * s->wsz +
                      (uint64_t)m->n_layers * stat_rows * 2 * E * 4;
     add(e, "MoE dispatch buffers (pairs in and out, their gradients, router gradients)", ZO_PLAN_GPU,

@@ -12,11 +12,13 @@
 
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
-/* Rows of router statistics a layer keeps: DeepSeek's balance loss counts
- * each sequence's choices apart (in training), the others the micro-batch's */
+/* Rows of router statistics a layer keeps: DeepSeek's balance loss per
+ * sequence (seq_aux, in training) counts each sequence's choices apart, the
+ * others the micro-batch's */
 static size_t stat_rows(const tf_model *m)
 {
-    return m->cfg.moe.aux_per_layer && !m->opts.kv_len ? (size_t)m->B : 1;
+    const zo_moe *mo = &m->cfg.moe;
+    return mo->aux_per_layer && mo->seq_aux && mo->aux_loss && !m->opts.kv_len ? (size_t)m->B : 1;
 }
 /* Gemma, Gemma-2 and Gemma-3: RMSNorm times (1 + w) (Gemma-3's q/k norms
  * too), the embedding times sqrt(hidden), GeGLU */
@@ -2063,20 +2065,17 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
                                        m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, k, mo->norm_topk,
                                        moe_layers, aux);
     }
+    /* the groups of rows counted apart: the b sequences, or the micro-batch */
     const float *stats = m->moe_stats + (size_t)l * S * 2 * E;
-    if (!mo->seq_aux) { /* the b sequences' counts summed: the micro-batch's */
-        double n = (double)N;
-        float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (n * n * k)) : 0.0f;
-        return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits), stats, N, E,
-                                       k, mo->norm_topk, m->b, aux);
-    }
-    double t = (double)m->t;
-    float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (m->b * t * t * k)) : 0.0f;
-    for (int i = 0; i < m->b; i++) {
-        int r0 = i * m->t;
+    const int groups = S > 1 ? m->b : 1, rows = N / groups;
+    float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E /
+                                       ((double)groups * rows * rows * k))
+                             : 0.0f;
+    for (int i = 0; i < groups; i++) {
+        int r0 = i * rows;
         zo_status st = gpu_moe_router_backward(s, rows_at(F32(m->drouter), r0, E), rows_at(F32(m->dweights), r0, E),
                                                rows_at(F32(a->router_logits), r0, E), stats + (size_t)i * 2 * E,
-                                               m->t, E, k, mo->norm_topk, 1, aux);
+                                               rows, E, k, mo->norm_topk, 1, aux);
         if (st != ZO_OK) return st;
     }
     return ZO_OK;
