@@ -152,7 +152,7 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
     double r = t->lora.r, tp = t->tp;
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
     /* (an MoE layer's, or a dense one's: DeepSeek's first layers) */
-    int n = plan_peft_modules_at(m, moe ? m->n_layers - 1 : 0, t->lora.targets, t->ep, mods);
+    int n = plan_peft_modules(m, moe ? m->n_layers - 1 : 0, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
         double in = (double)mods[i].in / (mods[i].row ? tp : 1);
         double out = (double)mods[i].out / (mods[i].row ? 1 : tp);
@@ -171,11 +171,26 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
     }
 }
 
-/* The adapter parameters a token passes through (a routed expert's top_k
- * times), for the model's FLOPs. */
+/* The adapter parameters a token passes through, for the model's FLOPs:
+ * over every layer (each its own kind's modules: DeepSeek's dense first
+ * layers), each adapted module's r (in + out) times its count, a routed
+ * expert's times the experts a token passes (top_k). */
 static double lora_active(const zo_model_config *m, const plan_train *t)
 {
-    return plan_lora_layers_sum(m, t->lora.r, t->lora.targets, 1);
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    double total = 0, r = t->lora.r;
+    /* the dense layers (all, or DeepSeek's first ones) and the MoE layers */
+    int n_moe = m->moe.experts ? m->n_layers - m->moe.first_dense : 0;
+    if (n_moe < 0) n_moe = 0;
+    for (int moe = 0; moe < 2; moe++) {
+        int layers = moe ? n_moe : m->n_layers - n_moe;
+        if (layers <= 0) continue;
+        int n = plan_peft_modules(m, moe ? m->n_layers - 1 : 0, t->lora.targets, 1, mods);
+        for (int i = 0; i < n; i++)
+            total += (double)layers * (mods[i].expert ? (double)mods[i].routed : (double)mods[i].count) * r *
+                     (double)(mods[i].in + mods[i].out);
+    }
+    return total;
 }
 
 /* A layer's matmuls as they add up: forward and backward seconds, and the
