@@ -228,8 +228,7 @@ unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
 uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets)
 {
     /* (two kinds of layer: DeepSeek's dense first ones, then MoE ones) */
-    int n_dense = cfg->moe.experts ? cfg->moe.first_dense : cfg->n_layers;
-    if (n_dense > cfg->n_layers) n_dense = cfg->n_layers;
+    int n_dense = cfg->n_layers - zo_model_moe_layers(cfg);
     uint64_t total = 0;
     for (int kind = 0; kind < 2; kind++) {
         int layers = kind ? cfg->n_layers - n_dense : n_dense;

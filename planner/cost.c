@@ -180,11 +180,10 @@ static double lora_active(const zo_model_config *m, const plan_train *t)
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
     double total = 0, r = t->lora.r;
     /* the dense layers (all, or DeepSeek's first ones) and the MoE layers */
-    int n_moe = m->moe.experts ? m->n_layers - m->moe.first_dense : 0;
-    if (n_moe < 0) n_moe = 0;
+    int n_moe = zo_model_moe_layers(m);
     for (int moe = 0; moe < 2; moe++) {
         int layers = moe ? n_moe : m->n_layers - n_moe;
-        if (layers <= 0) continue;
+        if (!layers) continue;
         int n = plan_peft_modules(m, moe ? m->n_layers - 1 : 0, t->lora.targets, 1, mods);
         for (int i = 0; i < n; i++)
             total += (double)layers * (mods[i].expert ? (double)mods[i].routed : (double)mods[i].count) * r *
@@ -509,7 +508,7 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     }
     /* dense and MoE layers (DeepSeek: dense first layers, then MoE) */
     layer_time lt[2];
-    int n_moe_all = m->moe.experts ? m->n_layers - m->moe.first_dense : 0;
+    int n_moe_all = zo_model_moe_layers(m);
     layer_time_of(m, t, &c, 0, &lt[0]);
     if (n_moe_all) layer_time_of(m, t, &c, 1, &lt[1]);
     ends_time end;

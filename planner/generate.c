@@ -360,8 +360,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     zo_param_counts pc;
     zo_model_param_counts(m, &pc);
     /* (an MoE model's dense first layers: DeepSeek's, blocks of their own size) */
-    int n_dense = m->moe.experts ? m->moe.first_dense : 0;
-    if (n_dense > m->n_layers) n_dense = m->n_layers;
+    int n_dense = m->moe.experts ? m->n_layers - pc.moe_layers : 0;
     zo_layer_params dl;
     zo_model_layer_params(m, 0, &dl);
     blocks w = {nb, pc.embedding * es, pc.per_layer * es, (pc.final_norm + pc.head) * es, n_dense, dl.total * es};

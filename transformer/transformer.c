@@ -2058,7 +2058,7 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
     const tf_layer_acts *a = &m->acts[l];
     const size_t S = stat_rows(m);
     if (!mo->aux_per_layer) {
-        int moe_layers = c->n_layers - mo->first_dense;
+        int moe_layers = zo_model_moe_layers(c);
         double LN = (double)moe_layers * N;
         float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN)) : 0.0f;
         return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
@@ -2557,7 +2557,7 @@ zo_status tf_backward(tf_model *m, void *const *params, void *const *grads, floa
 static zo_status moe_aux_loss(tf_model *m, gpu_stream_t s, double *aux)
 {
     const zo_moe *mo = &m->cfg.moe;
-    int L = m->cfg.n_layers - mo->first_dense, E = mo->experts;
+    int L = zo_model_moe_layers(&m->cfg), E = mo->experts;
     size_t n = (size_t)L * 2 * E;
     float *st_h = malloc(n * sizeof *st_h);
     if (!st_h) return zo_error(ZO_ERR_NOMEM, "tf_loss: out of host memory");
