@@ -225,21 +225,22 @@ unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
     return bits;
 }
 
+uint64_t zo_lora_layer_params(const zo_model_config *cfg, int layer, int r, unsigned targets)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules_at(cfg, layer, targets, mods);
+    uint64_t el = 0;
+    for (int i = 0; i < n; i++)
+        el += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r * (uint64_t)(mods[i].in + mods[i].out);
+    return el;
+}
+
 uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets)
 {
     /* (two kinds of layer: DeepSeek's dense first ones, then MoE ones) */
-    int n_dense = cfg->n_layers - zo_model_moe_layers(cfg);
+    int n_moe = zo_model_moe_layers(cfg), n_dense = cfg->n_layers - n_moe;
     uint64_t total = 0;
-    for (int kind = 0; kind < 2; kind++) {
-        int layers = kind ? cfg->n_layers - n_dense : n_dense;
-        if (!layers) continue;
-        zo_lora_module mods[ZO_LORA_MAX_MODULES];
-        int n = zo_lora_layer_modules_at(cfg, kind ? cfg->n_layers - 1 : 0, targets, mods);
-        uint64_t per_layer = 0;
-        for (int i = 0; i < n; i++)
-            per_layer += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r *
-                         (uint64_t)(mods[i].in + mods[i].out);
-        total += per_layer * (uint64_t)layers;
-    }
+    if (n_dense) total += zo_lora_layer_params(cfg, 0, r, targets) * (uint64_t)n_dense;
+    if (n_moe) total += zo_lora_layer_params(cfg, cfg->n_layers - 1, r, targets) * (uint64_t)n_moe;
     return total;
 }
