@@ -102,9 +102,8 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 /* One kind of layer's adapter slots from its modules (mods), as
  * model_lora_layout_init lays such a layer out: the modules in order, the
  * routed experts' together at the first of them, expert after expert;
- * returns the layer's adapter elements, *n the slots, *n_u the A x kept. */
-static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mods, tf_lora_slot *slots, int *n,
-                         int *n_u)
+ * returns the layer's adapter elements, *n the slots. */
+static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mods, tf_lora_slot *slots, int *n)
 {
     const zo_model_config *c = &m->cfg;
     const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = m->opts.lora.r;
@@ -154,7 +153,6 @@ static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mo
         sl->b_off = *pos + (size_t)r * sl->in;
         *pos += (size_t)r * (size_t)(sl->in + sl->out);
     }
-    *n_u = u;
     return at;
 }
 
@@ -167,6 +165,25 @@ static const tf_lora_slot *layer_slots(const tf_model *m, int l, int *n)
     }
     *n = m->n_lora;
     return m->lora;
+}
+
+/* The adapter slots of the layers of layer `layer`'s kind (*n of them),
+ * checked against the adapter layout's block; the A x columns and the
+ * routed experts' adapters they need. */
+static zo_status lora_kind_init(tf_model *m, int layer, tf_lora_slot *slots, int *n)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int experts;
+    const int n_mods = zo_lora_layer_modules_at(&m->cfg, layer, m->opts.lora.targets, mods);
+    const int n_u = zo_lora_dense_modules(mods, n_mods, &experts);
+    if (n_u > m->n_lora_u) m->n_lora_u = n_u;
+    m->lora_experts |= experts;
+    size_t at = lora_slots(m, mods, n_mods, slots, n);
+    size_t want = m->adapters.block_numel[model_layout_layer_block(layer)];
+    if (at != want)
+        return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of layer %d laid out in %zu elements, not %zu",
+                        layer, at, want);
+    return ZO_OK;
 }
 
 /* The adapter layout, the slots of a layer's adapters (an MoE model's dense
@@ -182,22 +199,10 @@ static zo_status lora_init(tf_model *m)
         ZO_OK)
         return zo_error_wrap(st, "tf_init");
     m->lora_scale = o->alpha / (float)o->r;
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    for (int kind = 0; kind < 2; kind++) {
-        /* kind 0: the layers of lora[] (the last layer's kind); 1: a dense first layer of an MoE model */
-        if (kind && !(c->moe.experts && c->moe.first_dense && c->n_layers > 0)) break;
-        int layer = kind ? 0 : c->n_layers - 1, n_u, experts;
-        const int n_mods = zo_lora_layer_modules_at(c, layer > 0 ? layer : 0, o->targets, mods);
-        zo_lora_dense_modules(mods, n_mods, &experts);
-        if (!kind) m->lora_experts = experts;
-        size_t at = lora_slots(m, mods, n_mods, kind ? m->lora_dense : m->lora, kind ? &m->n_lora_dense : &m->n_lora,
-                               &n_u);
-        if (n_u > m->n_lora_u) m->n_lora_u = n_u;
-        size_t want = m->adapters.block_numel[model_layout_layer_block(layer > 0 ? layer : 0)];
-        if (at != want)
-            return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of layer %d laid out in %zu elements, not %zu",
-                            layer, at, want);
-    }
+    /* lora[]: the last layer's kind; lora_dense[]: an MoE model's dense first layers' */
+    if ((st = lora_kind_init(m, c->n_layers - 1, m->lora, &m->n_lora)) != ZO_OK) return st;
+    if (c->moe.experts && c->moe.first_dense && (st = lora_kind_init(m, 0, m->lora_dense, &m->n_lora_dense)) != ZO_OK)
+        return st;
     const model_layout *l = &m->layout;
     m->frozen_off = calloc((size_t)l->n_tensors + 1, sizeof *m->frozen_off);
     m->frozen_bytes = calloc((size_t)l->n_blocks, sizeof *m->frozen_bytes);
