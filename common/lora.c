@@ -143,10 +143,10 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
     /* the shared expert's paths (Qwen2-MoE's mlp.shared_expert, DeepSeek's mlp.shared_experts) */
-    const int ds = !strcmp(zo_moe_shared_name(c), "shared_experts");
-    const char *const shared[3] = {ds ? "mlp.shared_experts.gate_proj" : "mlp.shared_expert.gate_proj",
-                                   ds ? "mlp.shared_experts.up_proj" : "mlp.shared_expert.up_proj",
-                                   ds ? "mlp.shared_experts.down_proj" : "mlp.shared_expert.down_proj"};
+    static const char *const shared_paths[2][3] = {
+        {"mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj"},
+        {"mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"}};
+    const char *const *shared = shared_paths[!strcmp(zo_moe_shared_name(c), "shared_experts")];
     const zo_lora_module moe[] = {
         llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V], llama[LLAMA_O],
         {ZO_LORA_GATE, mixtral ? "w1" : "gate_proj", mixtral ? "w1" : "gate_proj", h, fe, (int)E, ep},

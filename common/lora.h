@@ -94,7 +94,7 @@ int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,
                           zo_lora_module out[ZO_LORA_MAX_MODULES]);
 /* Those of layer `layer`: an MoE model's dense first layer (DeepSeek's
  * first_k_dense_replace) has a LLaMA layer's (its MLP of ffn), every other
- * layer zo_layer_modules's. */
+ * layer zo_lora_layer_modules's. */
 int zo_lora_layer_modules_at(const zo_model_config *cfg, int layer, unsigned targets,
                              zo_lora_module out[ZO_LORA_MAX_MODULES]);
 

@@ -805,7 +805,7 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
      * (plan_peft_stage's per-layer fields the larger kind's) */
     o->kind_layers[0] = sh.layers - sh.moe_layers;
     o->kind_layers[1] = sh.moe_layers;
-    uint64_t expert_nf4 = 0, expert_linear = 0, ex = 0, largest = 0; /* one routed expert's (MoE) */
+    uint64_t expert_nf4 = 0, ex = 0, largest = 0; /* one routed expert's (MoE) */
     uint64_t local = (uint64_t)(m->moe.experts / t->ep);
     for (int kind = 0; kind < 2; kind++) {
         if (!o->kind_layers[kind]) continue;
@@ -827,7 +827,6 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
         if (kind) {
             o->layer_trainable_ex = k.layer_trainable_ex;
             expert_nf4 = xn;
-            expert_linear = xl;
             ex = kx;
         }
         /* this runtime moves an MoE layer's base as one block; eager
@@ -845,7 +844,6 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     o->last_frozen = sh.head * wsz;
     o->frozen += o->first_frozen + o->last_frozen;
     o->layer_frozen_ex = nf4 ? local * expert_nf4 : ex * wsz;
-    (void)expert_linear;
     o->largest_frozen = max_u64(largest, max_u64(o->first_frozen, o->last_frozen));
 }
 

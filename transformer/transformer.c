@@ -863,7 +863,7 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
                                       [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W};
     const int r = m->opts.lora.r;
     int n;
-    const tf_lora_slot *slots = layer_slots(m, block - 1, &n);
+    const tf_lora_slot *slots = layer_slots(m, model_layout_block_layer(block), &n);
     for (int j = 0; j < n; j++) {
         const tf_lora_slot *sl = &slots[j];
         const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
