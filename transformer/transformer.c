@@ -1799,17 +1799,12 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
 
     /* router: logits [N, E] (fp32), the chosen experts' weights, the
-     * statistics of layer l (DeepSeek's: of each sequence, S of them) */
+     * statistics of layer l (DeepSeek's per sequence: each sequence's t rows apart) */
     const size_t S = stat_rows(m);
-    const int rows = S > 1 ? m->t : N;
-    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK)
+    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
+        (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits), m->moe_stats + (size_t)l * S * 2 * E,
+                                     N, E, mo->top_k, mo->norm_topk, S > 1 ? m->t : N)) != ZO_OK)
         return st;
-    for (int i = 0; i * rows < N; i++)
-        if ((st = gpu_moe_router_forward(s, rows_at(F32(a->router_w), i * rows, E),
-                                         rows_at(F32(a->router_logits), i * rows, E),
-                                         m->moe_stats + ((size_t)l * S + (size_t)i) * 2 * E, rows, E, mo->top_k,
-                                         mo->norm_topk)) != ZO_OK)
-            return st;
     if ((st = moe_route(m, l, s, !recompute)) != ZO_OK) return st;
     const int *off = a->moe_off, M = off[E];
     /* the pairs' inputs xg [M, h]; the experts here take theirs (with
@@ -2068,22 +2063,15 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
         float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN)) : 0.0f;
         return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
                                        m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, k, mo->norm_topk,
-                                       moe_layers, aux);
+                                       moe_layers, N, aux);
     }
     /* the groups of rows counted apart: the b sequences, or the micro-batch */
-    const float *stats = m->moe_stats + (size_t)l * S * 2 * E;
-    const int groups = S > 1 ? m->b : 1, rows = N / groups;
+    const int rows = S > 1 ? m->t : N, groups = N / rows;
     float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E /
                                        ((double)groups * rows * rows * k))
                              : 0.0f;
-    for (int i = 0; i < groups; i++) {
-        int r0 = i * rows;
-        zo_status st = gpu_moe_router_backward(s, rows_at(F32(m->drouter), r0, E), rows_at(F32(m->dweights), r0, E),
-                                               rows_at(F32(a->router_logits), r0, E), stats + (size_t)i * 2 * E,
-                                               rows, E, k, mo->norm_topk, 1, aux);
-        if (st != ZO_OK) return st;
-    }
-    return ZO_OK;
+    return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
+                                   m->moe_stats + (size_t)l * S * 2 * E, N, E, k, mo->norm_topk, 1, rows, aux);
 }
 
 /* On entry dres = dL/d(layer output); on exit dh = dL/d ln2 through the MoE
