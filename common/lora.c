@@ -148,10 +148,10 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
     /* the shared expert's paths (Qwen2-MoE's mlp.shared_expert, DeepSeek's mlp.shared_experts) */
-    const int ds = !strcmp(zo_moe_shared_name(c), "shared_experts");
-    const char *const shared[3] = {ds ? "mlp.shared_experts.gate_proj" : "mlp.shared_expert.gate_proj",
-                                   ds ? "mlp.shared_experts.up_proj" : "mlp.shared_expert.up_proj",
-                                   ds ? "mlp.shared_experts.down_proj" : "mlp.shared_expert.down_proj"};
+    static const char *const shared_paths[2][3] = {
+        {"mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj"},
+        {"mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"}};
+    const char *const *shared = shared_paths[!strcmp(zo_moe_shared_name(c), "shared_experts")];
     const zo_lora_module moe[] = {
         llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V], llama[LLAMA_O],
         {ZO_LORA_GATE, mixtral ? "w1" : "gate_proj", mixtral ? "w1" : "gate_proj", h, fe, (int)E, ep},
@@ -239,22 +239,22 @@ unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
     return bits;
 }
 
+uint64_t zo_lora_layer_params(const zo_model_config *cfg, int layer, int r, unsigned targets)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules_at(cfg, layer, targets, mods);
+    uint64_t el = 0;
+    for (int i = 0; i < n; i++)
+        el += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r * (uint64_t)(mods[i].in + mods[i].out);
+    return el;
+}
+
 uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets)
 {
     /* (two kinds of layer: DeepSeek's dense first ones, then MoE ones) */
-    int n_dense = cfg->moe.experts ? cfg->moe.first_dense : cfg->n_layers;
-    if (n_dense > cfg->n_layers) n_dense = cfg->n_layers;
+    int n_moe = zo_model_moe_layers(cfg), n_dense = cfg->n_layers - n_moe;
     uint64_t total = 0;
-    for (int kind = 0; kind < 2; kind++) {
-        int layers = kind ? cfg->n_layers - n_dense : n_dense;
-        if (!layers) continue;
-        zo_lora_module mods[ZO_LORA_MAX_MODULES];
-        int n = zo_lora_layer_modules_at(cfg, kind ? cfg->n_layers - 1 : 0, targets, mods);
-        uint64_t per_layer = 0;
-        for (int i = 0; i < n; i++)
-            per_layer += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r *
-                         (uint64_t)(mods[i].in + mods[i].out);
-        total += per_layer * (uint64_t)layers;
-    }
+    if (n_dense) total += zo_lora_layer_params(cfg, 0, r, targets) * (uint64_t)n_dense;
+    if (n_moe) total += zo_lora_layer_params(cfg, cfg->n_layers - 1, r, targets) * (uint64_t)n_moe;
     return total;
 }

@@ -398,6 +398,11 @@ int zo_model_layer_is_moe(const zo_model_config *c, int layer)
     return c->moe.experts > 0 && layer >= c->moe.first_dense;
 }
 
+int zo_model_moe_layers(const zo_model_config *c)
+{
+    return c->moe.experts > 0 ? c->n_layers - c->moe.first_dense : 0;
+}
+
 const char *zo_moe_shared_name(const zo_model_config *c)
 {
     return !strncmp(c->family, "deepseek", 8) ? "shared_experts" : "shared_expert";
@@ -506,7 +511,7 @@ void zo_model_param_counts(const zo_model_config *c, zo_param_counts *o)
     uint64_t h = (uint64_t)c->hidden, v = (uint64_t)c->vocab;
     o->embedding = v * h + zo_model_position_rows(c) * h + (c->embed_norm ? norm_params(c, h) : 0);
     /* two kinds of layer: dense (all, or DeepSeek's first ones) and MoE */
-    int n_moe = c->moe.experts ? c->n_layers - c->moe.first_dense : 0;
+    int n_moe = zo_model_moe_layers(c);
     int n_dense = c->n_layers - n_moe;
     zo_layer_params d = {0}, e = {0};
     if (n_dense) zo_model_layer_params(c, 0, &d);

@@ -248,6 +248,8 @@ typedef struct zo_layer_params {
 } zo_layer_params;
 
 int zo_model_layer_is_moe(const zo_model_config *cfg, int layer);
+/* How many layers have experts: every one from first_dense on (0 in a dense model). */
+int zo_model_moe_layers(const zo_model_config *cfg);
 /* The shared expert's module under an MoE layer's mlp: DeepSeek's
  * "shared_experts" (its n_shared_experts as one MLP), else Qwen2-MoE's
  * "shared_expert". */

@@ -506,21 +506,25 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
  * Qwen2-MoE: p = softmax(logits row) over all e experts, the k largest
  * chosen (ties: the lower index), their weights p (norm 0) or p divided by
  * their sum (norm 1). weights [n, e] fp32 gets those weights and 0 for the
- * experts not chosen; logits [n, e] fp32. stats [2 e] fp32 receives the
- * load-balancing loss's counts: stats[j] = sum over the rows of p_j,
- * stats[e + j] = the rows that chose j (written, not accumulated). */
+ * experts not chosen; logits [n, e] fp32. stats [groups, 2 e] fp32 receives
+ * the load-balancing loss's counts of each group of group_rows rows (row r
+ * in group r / group_rows, groups = ceil(n / group_rows): DeepSeek's
+ * sequences; group_rows >= n: one group): stats[g, j] = sum over the
+ * group's rows of p_j, stats[g, e + j] = the group's rows that chose j
+ * (written, not accumulated). */
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, int norm);
+                                 float *stats, int n, int e, int k, int norm, int group_rows);
 /* Its backward: dlogits [n, e] fp32 = the softmax's backward of dp, where dp
  * is the gradient of the loss with respect to p: through the chosen
  * weights (dweights [n, e] fp32, read at the chosen experts only, the
  * normalization's backward when norm) plus, when aux_scale is not 0, the
- * load-balancing loss's aux_scale * C_j for every expert, C_j the rows that
- * chose j summed over `layers` rows of stats ([layers, 2 e], as the forward
+ * load-balancing loss's aux_scale * C_j for every expert, C_j the rows of
+ * row r's group (r / group_rows, as the forward's) that chose j, summed
+ * over `layers` layers of stats ([layers, groups, 2 e], as the forward
  * wrote them). */
 zo_status gpu_moe_router_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  int norm, int layers, float aux_scale);
+                                  int norm, int layers, int group_rows, float aux_scale);
 /* An expert's output weighted per token: y[r, j] = g(scale[r * lds]) x[r, j]
  * for n rows of c columns (y, x [n, c]); g the identity, or the sigmoid
  * (sigmoid 1: Qwen2-MoE's gate on the shared expert). scale fp32. */

@@ -171,6 +171,7 @@ const model_view *model_layout_view(const model_layout *l, int block, model_role
 
 /* Block indices. */
 static inline int model_layout_layer_block(int layer) { return layer + 1; }
+static inline int model_layout_block_layer(int block) { return block - 1; } /* (a layer's block) */
 static inline int model_layout_head_block(const model_layout *l) { return l->n_blocks - 1; }
 
 /* Block kind name for messages: "embedding", "layer 3", "head". */

@@ -117,9 +117,7 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
     for (int j = 0; j < nm; j++)
         if (mods[j].experts)
             outside += (uint64_t)(cfg.moe.experts - count) * (uint64_t)lc->r * (uint64_t)(mods[j].in + mods[j].out);
-    int moe_layers = 0;
-    for (int layer = 0; layer < cfg.n_layers; layer++) moe_layers += zo_model_layer_is_moe(&cfg, layer);
-    outside *= (uint64_t)moe_layers;
+    outside *= (uint64_t)zo_model_moe_layers(&cfg);
     uint64_t want = zo_lora_trainable_params(&cfg, lc->r, lc->targets) - outside;
     if ((uint64_t)l->total_numel != want) {
         model_layout_free(l);

@@ -152,7 +152,7 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
     double r = t->lora.r, tp = t->tp;
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
     /* (an MoE layer's, or a dense one's: DeepSeek's first layers) */
-    int n = plan_peft_modules_at(m, moe ? m->n_layers - 1 : 0, t->lora.targets, t->ep, mods);
+    int n = plan_peft_modules(m, moe ? m->n_layers - 1 : 0, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
         double in = (double)mods[i].in / (mods[i].row ? tp : 1);
         double out = (double)mods[i].out / (mods[i].row ? 1 : tp);
@@ -171,11 +171,25 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
     }
 }
 
-/* The adapter parameters a token passes through (a routed expert's top_k
- * times), for the model's FLOPs. */
+/* The adapter parameters a token passes through, for the model's FLOPs:
+ * over every layer (each its own kind's modules: DeepSeek's dense first
+ * layers), each adapted module's r (in + out) times its count, a routed
+ * expert's times the experts a token passes (top_k). */
 static double lora_active(const zo_model_config *m, const plan_train *t)
 {
-    return plan_lora_layers_sum(m, t->lora.r, t->lora.targets, 1);
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    double total = 0, r = t->lora.r;
+    /* the dense layers (all, or DeepSeek's first ones) and the MoE layers */
+    int n_moe = zo_model_moe_layers(m);
+    for (int moe = 0; moe < 2; moe++) {
+        int layers = moe ? n_moe : m->n_layers - n_moe;
+        if (!layers) continue;
+        int n = plan_peft_modules(m, moe ? m->n_layers - 1 : 0, t->lora.targets, 1, mods);
+        for (int i = 0; i < n; i++)
+            total += (double)layers * (mods[i].expert ? (double)mods[i].routed : (double)mods[i].count) * r *
+                     (double)(mods[i].in + mods[i].out);
+    }
+    return total;
 }
 
 /* A layer's matmuls as they add up: forward and backward seconds, and the
@@ -494,7 +508,7 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     }
     /* dense and MoE layers (DeepSeek: dense first layers, then MoE) */
     layer_time lt[2];
-    int n_moe_all = m->moe.experts ? m->n_layers - m->moe.first_dense : 0;
+    int n_moe_all = zo_model_moe_layers(m);
     layer_time_of(m, t, &c, 0, &lt[0]);
     if (n_moe_all) layer_time_of(m, t, &c, 1, &lt[1]);
     ends_time end;

@@ -484,10 +484,14 @@ def main():
     ap.add_argument("--workdir", default="generate_torch", help="where the models and adapters go")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    failed = 0
+    # (a ctest entry may run several families: the last line names those that failed)
+    failed = {}
     for name in a.family or FAMILIES:
-        failed += check_family(a.generate, name, a.workdir)
-    print(f"{failed} check(s) failed" if failed else "every check held")
+        n = check_family(a.generate, name, a.workdir)
+        if n:
+            failed[name] = n
+    print(f"{sum(failed.values())} check(s) failed: " + ", ".join(f"{n} in {k}" for k, n in failed.items())
+          if failed else "every check held")
     return 1 if failed else 0
 
 

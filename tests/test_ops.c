@@ -923,31 +923,33 @@ static void route_d(const double *lg, int e, int k, double *p, int *sel)
     }
 }
 
-/* t: weights logits; p: stats; i: n e k norm */
+/* t: weights logits; p: stats [groups, 2e]; i: n e k norm group_rows */
 static void ref_moe_router_forward(const gpu_op_args *a, hostv *h)
 {
-    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3];
+    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3], gr = (int)a->i[4];
+    int groups = (n + gr - 1) / gr;
     double *p = malloc((size_t)e * sizeof *p);
     int *sel = malloc((size_t)k * sizeof *sel);
-    for (int j = 0; j < 2 * e; j++) h->P[0][j] = 0.0;
+    for (size_t j = 0; j < (size_t)groups * 2 * e; j++) h->P[0][j] = 0.0;
     for (int r = 0; r < n; r++) {
         route_d(h->T[1] + (size_t)r * e, e, k, p, sel);
-        double S = 0.0;
+        double S = 0.0, *st = h->P[0] + (size_t)(r / gr) * 2 * e;
         for (int i = 0; i < k; i++) S += p[sel[i]];
         double *w = h->T[0] + (size_t)r * e;
-        for (int j = 0; j < e; j++) w[j] = 0.0, h->P[0][j] += p[j];
-        for (int i = 0; i < k; i++) w[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]], h->P[0][e + sel[i]] += 1.0;
+        for (int j = 0; j < e; j++) w[j] = 0.0, st[j] += p[j];
+        for (int i = 0; i < k; i++) w[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]], st[e + sel[i]] += 1.0;
     }
     free(p), free(sel);
 }
 
-/* t: dlogits dweights logits; p: stats [layers, 2e]; i: n e k norm layers; f: aux_scale.
+/* t: dlogits dweights logits; p: stats [layers, groups, 2e]; i: n e k norm layers group_rows;
+ * f: aux_scale (row r counts its group's, r / group_rows).
  * The loss as a function of p: L = sum over the chosen of dweights * w(p)
  * + aux_scale * sum_j C_j p_j; dlogits by the chain rule through the softmax. */
 static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
 {
     int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3];
-    int layers = (int)a->i[4];
+    int layers = (int)a->i[4], gr = (int)a->i[5], groups = (n + gr - 1) / gr;
     double *p = malloc((size_t)e * sizeof *p), *dp = malloc((size_t)e * sizeof *dp);
     int *sel = malloc((size_t)k * sizeof *sel);
     for (int r = 0; r < n; r++) {
@@ -955,7 +957,8 @@ static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
         const double *dw = h->T[1] + (size_t)r * e;
         for (int j = 0; j < e; j++) {
             double c = 0.0;
-            for (int l = 0; a->f[0] != 0.0f && l < layers; l++) c += h->P[0][(size_t)l * 2 * e + e + j];
+            for (int l = 0; a->f[0] != 0.0f && l < layers; l++)
+                c += h->P[0][((size_t)l * groups + (size_t)(r / gr)) * 2 * e + e + j];
             dp[j] = a->f[0] * c;
         }
         double S = 0.0;
@@ -2614,47 +2617,78 @@ static void router_prep(const pcase *c, hostv *h)
 static const int router_rows[] = {1, 7, 300};
 static const int router_ek[][2] = {{2, 1}, {8, 2}, {60, 4}, {5, 5}};
 
+static void router_forward_case(int n, int e, int k, int norm, int gr)
+{
+    int groups = (n + gr - 1) / gr;
+    pcase c = gr < n ? new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d norm %d groups of %d", n, e, k, norm, gr)
+                     : new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d norm %d", n, e, k, norm);
+    c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = gr;
+    OUT_T(&c, 0, E_F32, (size_t)n * e);
+    IN_T(&c, 1, E_F32, (size_t)n * e);
+    OUT_P(&c, 0, E_F32, (size_t)groups * 2 * e);
+    c.param[0] = 1;
+    c.prep = router_prep;
+    emit(&c);
+}
+
+/* (the statistics of `layers` layers, each of groups of gr rows) */
+static void router_backward_case(int n, int e, int k, int norm, int layers, int gr)
+{
+    int groups = (n + gr - 1) / gr;
+    pcase c = gr < n ? new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d norm %d aux layers %d groups of %d", n,
+                                e, k, norm, layers, gr)
+                     : new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d norm %d aux layers %d", n, e, k, norm,
+                                layers);
+    c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = layers, c.a.i[5] = gr;
+    c.a.f[0] = layers ? 0.0125f : 0.0f;
+    /* one chosen expert of two, renormalized and no auxiliary loss:
+     * the weight is 1 whatever the logits, the gradient cancels to
+     * zero, and its rounding is measured against the incoming
+     * gradient's bound (1) */
+    int o = OUT_T(&c, 0, E_F32, (size_t)n * e);
+    if (k == 1 && norm && !layers) c.buf[o].floor = 1.0;
+    IN_T(&c, 1, E_F32, (size_t)n * e);
+    IN_T(&c, 2, E_F32, (size_t)n * e);
+    if (layers) add_buf(&c, 'p', 0, E_F32, (size_t)layers * groups * 2 * e, FILL_INT, 0, gr + 1, 0);
+    c.param[0] = 2;
+    c.prep = router_prep;
+    emit(&c);
+}
+
+/* The statistics in groups of a third of the rows (DeepSeek's per
+ * sequence; the last group shorter: 7 rows in 3, 3, 1, 300 in 100s), after
+ * the one-group cases; they leave the random stream as they found it, so
+ * that every case after them draws the data it drew before they were added. */
+static void router_group_cases(int backward)
+{
+    const uint64_t keep = rng;
+    for (size_t s = 1; s < 3; s++)
+        for (size_t g = 0; g < 4; g++)
+            for (int norm = 0; norm < 2; norm++) {
+                int n = router_rows[s], e = router_ek[g][0], k = router_ek[g][1], gr = (n + 2) / 3;
+                if (backward) router_backward_case(n, e, k, norm, 1, gr);
+                else router_forward_case(n, e, k, norm, gr);
+            }
+    rng = keep;
+}
+
 static void parity_moe_router_forward(void)
 {
     for (size_t s = 0; s < 3; s++)
         for (size_t g = 0; g < 4; g++)
-            for (int norm = 0; norm < 2; norm++) {
-                int n = router_rows[s], e = router_ek[g][0], k = router_ek[g][1];
-                pcase c = new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d norm %d", n, e, k, norm);
-                c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm;
-                OUT_T(&c, 0, E_F32, (size_t)n * e);
-                IN_T(&c, 1, E_F32, (size_t)n * e);
-                OUT_P(&c, 0, E_F32, 2 * (size_t)e);
-                c.param[0] = 1;
-                c.prep = router_prep;
-                emit(&c);
-            }
+            for (int norm = 0; norm < 2; norm++)
+                router_forward_case(router_rows[s], router_ek[g][0], router_ek[g][1], norm, router_rows[s]);
+    router_group_cases(0);
 }
 
 static void parity_moe_router_backward(void)
 {
     for (size_t s = 0; s < 3; s++)
         for (size_t g = 0; g < 4; g++)
-            for (int v = 0; v < 4; v++) { /* norm, and the auxiliary loss over 0 or 3 layers */
-                int n = router_rows[s], e = router_ek[g][0], k = router_ek[g][1];
-                int norm = v & 1, layers = v & 2 ? 3 : 0;
-                pcase c = new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d norm %d aux layers %d", n,
-                                   e, k, norm, layers);
-                c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = layers;
-                c.a.f[0] = layers ? 0.0125f : 0.0f;
-                /* one chosen expert of two, renormalized and no auxiliary loss:
-                 * the weight is 1 whatever the logits, the gradient cancels to
-                 * zero, and its rounding is measured against the incoming
-                 * gradient's bound (1) */
-                int o = OUT_T(&c, 0, E_F32, (size_t)n * e);
-                if (k == 1 && norm && !layers) c.buf[o].floor = 1.0;
-                IN_T(&c, 1, E_F32, (size_t)n * e);
-                IN_T(&c, 2, E_F32, (size_t)n * e);
-                if (layers) add_buf(&c, 'p', 0, E_F32, (size_t)layers * 2 * e, FILL_INT, 0, n + 1, 0);
-                c.param[0] = 2;
-                c.prep = router_prep;
-                emit(&c);
-            }
+            for (int v = 0; v < 4; v++) /* norm, and the auxiliary loss over 0 or 3 layers */
+                router_backward_case(router_rows[s], router_ek[g][0], router_ek[g][1], v & 1, v & 2 ? 3 : 0,
+                                     router_rows[s]);
+    router_group_cases(1);
 }
 
 static const int scale_shapes[][3] = {{1, 1, 1}, {5, 17, 3}, {33, 64, 1}, {300, 257, 8}};

@@ -1914,21 +1914,6 @@ static void test_moe_ep_capacity(void **state)
 }
 
 static void family_rows(const char *name, const char *text);
-static void ep_rows_of(int mdl, const char *tag, int lora, int zero3);
-
-/* DeepSeekMoE (a dense first layer, then MoE layers with ungated shared
- * experts, the balance loss per layer and sequence): full fine-tuning,
- * LoRA on every linear layer (the dense layer's MLP, the routed and shared
- * experts, the attention) and QLoRA at ZeRO-2 and ZeRO-3 as family_rows,
- * then --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3, full and LoRA (each rank's
- * own experts and their adapters, the all-to-all bytes). */
-static void deepseek_rows(void)
-{
-    family_rows("deepseek", deepseek_config);
-    ep_rows_of(3, "ds", 0, 1);
-    ep_rows_of(3, "dsl", 1, 1);
-    config = "config.json";
-}
 
 /* Model mdl's plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on
  * the GPU, clipping; with lora adapters on every linear layer, on the GPU),
@@ -1946,6 +1931,21 @@ static void ep_rows_of(int mdl, const char *tag, int lora, int zero3)
     ep_refs(place, tag, mdl, 0, 1, ref);
     ep_run(mdl, place, 2, 2, 0, 1, ref);
     if (zero3) ep_run(mdl, place, 2, 2, 3, 1, ref);
+}
+
+/* DeepSeekMoE (a dense first layer, then MoE layers with ungated shared
+ * experts, the balance loss per layer and sequence): full fine-tuning,
+ * LoRA on every linear layer (the dense layer's MLP, the routed and shared
+ * experts, the attention) and QLoRA at ZeRO-2 and ZeRO-3 as family_rows,
+ * then --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3, full and LoRA (each rank's
+ * own experts and their adapters, the all-to-all bytes). */
+static void deepseek_rows(void)
+{
+    printf("DeepSeekMoE, in this entry (its lines below name it: deepseek):\n");
+    family_rows("deepseek", deepseek_config);
+    ep_rows_of(3, "ds", 0, 1);
+    ep_rows_of(3, "dsl", 1, 1);
+    config = "config.json";
 }
 
 /* Qwen3-MoE with expert parallelism: the Qwen3-MoE-shaped model, memplan's
@@ -2095,7 +2095,6 @@ static void family_rows(const char *name, const char *text)
     config = "config.json";
 }
 
-
 static void test_family_qwen3(void **state)
 {
     (void)state;
@@ -2141,7 +2140,6 @@ static void test_family_falcon(void **state)
     family_rows("opt", opt_config);
     family_rows("bloom", bloom_config);
 }
-
 
 /* What the table does not run, refused by train with its words, exit 2,
  * said once (rank 0) under mpirun; nothing trained. */

@@ -12,11 +12,13 @@
 
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
-/* Rows of router statistics a layer keeps: DeepSeek's balance loss counts
- * each sequence's choices apart (in training), the others the micro-batch's */
+/* Rows of router statistics a layer keeps: DeepSeek's balance loss per
+ * sequence (seq_aux, in training) counts each sequence's choices apart, the
+ * others the micro-batch's */
 static size_t stat_rows(const tf_model *m)
 {
-    return m->cfg.moe.aux_per_layer && !m->opts.kv_len ? (size_t)m->B : 1;
+    const zo_moe *mo = &m->cfg.moe;
+    return mo->aux_per_layer && mo->seq_aux && mo->aux_loss && !m->opts.kv_len ? (size_t)m->B : 1;
 }
 /* Gemma, Gemma-2 and Gemma-3: RMSNorm times (1 + w) (Gemma-3's q/k norms
  * too), the embedding times sqrt(hidden), GeGLU */
@@ -104,9 +106,8 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 /* One kind of layer's adapter slots from its modules (mods), as
  * model_lora_layout_init lays such a layer out: the modules in order, the
  * routed experts' together at the first of them, expert after expert;
- * returns the layer's adapter elements, *n the slots, *n_u the A x kept. */
-static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mods, tf_lora_slot *slots, int *n,
-                         int *n_u)
+ * returns the layer's adapter elements, *n the slots. */
+static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mods, tf_lora_slot *slots, int *n)
 {
     const zo_model_config *c = &m->cfg;
     const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = m->opts.lora.r;
@@ -156,7 +157,6 @@ static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mo
         sl->b_off = *pos + (size_t)r * sl->in;
         *pos += (size_t)r * (size_t)(sl->in + sl->out);
     }
-    *n_u = u;
     return at;
 }
 
@@ -169,6 +169,25 @@ static const tf_lora_slot *layer_slots(const tf_model *m, int l, int *n)
     }
     *n = m->n_lora;
     return m->lora;
+}
+
+/* The adapter slots of the layers of layer `layer`'s kind (*n of them),
+ * checked against the adapter layout's block; the A x columns and the
+ * routed experts' adapters they need. */
+static zo_status lora_kind_init(tf_model *m, int layer, tf_lora_slot *slots, int *n)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int experts;
+    const int n_mods = zo_lora_layer_modules_at(&m->cfg, layer, m->opts.lora.targets, mods);
+    const int n_u = zo_lora_dense_modules(mods, n_mods, &experts);
+    if (n_u > m->n_lora_u) m->n_lora_u = n_u;
+    m->lora_experts |= experts;
+    size_t at = lora_slots(m, mods, n_mods, slots, n);
+    size_t want = m->adapters.block_numel[model_layout_layer_block(layer)];
+    if (at != want)
+        return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of layer %d laid out in %zu elements, not %zu",
+                        layer, at, want);
+    return ZO_OK;
 }
 
 /* The adapter layout, the slots of a layer's adapters (an MoE model's dense
@@ -184,22 +203,10 @@ static zo_status lora_init(tf_model *m)
         ZO_OK)
         return zo_error_wrap(st, "tf_init");
     m->lora_scale = o->alpha / (float)o->r;
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    for (int kind = 0; kind < 2; kind++) {
-        /* kind 0: the layers of lora[] (the last layer's kind); 1: a dense first layer of an MoE model */
-        if (kind && !(c->moe.experts && c->moe.first_dense && c->n_layers > 0)) break;
-        int layer = kind ? 0 : c->n_layers - 1, n_u, experts;
-        const int n_mods = zo_lora_layer_modules_at(c, layer > 0 ? layer : 0, o->targets, mods);
-        zo_lora_dense_modules(mods, n_mods, &experts);
-        if (!kind) m->lora_experts = experts;
-        size_t at = lora_slots(m, mods, n_mods, kind ? m->lora_dense : m->lora, kind ? &m->n_lora_dense : &m->n_lora,
-                               &n_u);
-        if (n_u > m->n_lora_u) m->n_lora_u = n_u;
-        size_t want = m->adapters.block_numel[model_layout_layer_block(layer > 0 ? layer : 0)];
-        if (at != want)
-            return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of layer %d laid out in %zu elements, not %zu",
-                            layer, at, want);
-    }
+    /* lora[]: the last layer's kind; lora_dense[]: an MoE model's dense first layers' */
+    if ((st = lora_kind_init(m, c->n_layers - 1, m->lora, &m->n_lora)) != ZO_OK) return st;
+    if (c->moe.experts && c->moe.first_dense && (st = lora_kind_init(m, 0, m->lora_dense, &m->n_lora_dense)) != ZO_OK)
+        return st;
     const model_layout *l = &m->layout;
     m->frozen_off = calloc((size_t)l->n_tensors + 1, sizeof *m->frozen_off);
     m->frozen_bytes = calloc((size_t)l->n_blocks, sizeof *m->frozen_bytes);
@@ -867,7 +874,7 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
                                       [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W};
     const int r = m->opts.lora.r;
     int n;
-    const tf_lora_slot *slots = layer_slots(m, block - 1, &n);
+    const tf_lora_slot *slots = layer_slots(m, model_layout_block_layer(block), &n);
     for (int j = 0; j < n; j++) {
         const tf_lora_slot *sl = &slots[j];
         const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
@@ -1831,17 +1838,12 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
 
     /* router: logits [N, E] (fp32), the chosen experts' weights, the
-     * statistics of layer l (DeepSeek's: of each sequence, S of them) */
+     * statistics of layer l (DeepSeek's per sequence: each sequence's t rows apart) */
     const size_t S = stat_rows(m);
-    const int rows = S > 1 ? m->t : N;
-    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK)
+    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
+        (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits), m->moe_stats + (size_t)l * S * 2 * E,
+                                     N, E, mo->top_k, mo->norm_topk, S > 1 ? m->t : N)) != ZO_OK)
         return st;
-    for (int i = 0; i * rows < N; i++)
-        if ((st = gpu_moe_router_forward(s, rows_at(F32(a->router_w), i * rows, E),
-                                         rows_at(F32(a->router_logits), i * rows, E),
-                                         m->moe_stats + ((size_t)l * S + (size_t)i) * 2 * E, rows, E, mo->top_k,
-                                         mo->norm_topk)) != ZO_OK)
-            return st;
     if ((st = moe_route(m, l, s, !recompute)) != ZO_OK) return st;
     const int *off = a->moe_off, M = off[E];
     /* the pairs' inputs xg [M, h]; the experts here take theirs (with
@@ -2095,30 +2097,20 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
     const tf_layer_acts *a = &m->acts[l];
     const size_t S = stat_rows(m);
     if (!mo->aux_per_layer) {
-        int moe_layers = c->n_layers - mo->first_dense;
+        int moe_layers = zo_model_moe_layers(c);
         double LN = (double)moe_layers * N;
         float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN)) : 0.0f;
         return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
                                        m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, k, mo->norm_topk,
-                                       moe_layers, aux);
+                                       moe_layers, N, aux);
     }
-    const float *stats = m->moe_stats + (size_t)l * S * 2 * E;
-    if (!mo->seq_aux) { /* the b sequences' counts summed: the micro-batch's */
-        double n = (double)N;
-        float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (n * n * k)) : 0.0f;
-        return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits), stats, N, E,
-                                       k, mo->norm_topk, m->b, aux);
-    }
-    double t = (double)m->t;
-    float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (m->b * t * t * k)) : 0.0f;
-    for (int i = 0; i < m->b; i++) {
-        int r0 = i * m->t;
-        zo_status st = gpu_moe_router_backward(s, rows_at(F32(m->drouter), r0, E), rows_at(F32(m->dweights), r0, E),
-                                               rows_at(F32(a->router_logits), r0, E), stats + (size_t)i * 2 * E,
-                                               m->t, E, k, mo->norm_topk, 1, aux);
-        if (st != ZO_OK) return st;
-    }
-    return ZO_OK;
+    /* the groups of rows counted apart: the b sequences, or the micro-batch */
+    const int rows = S > 1 ? m->t : N, groups = N / rows;
+    float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E /
+                                       ((double)groups * rows * rows * k))
+                             : 0.0f;
+    return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
+                                   m->moe_stats + (size_t)l * S * 2 * E, N, E, k, mo->norm_topk, 1, rows, aux);
 }
 
 /* On entry dres = dL/d(layer output); on exit dh = dL/d ln2 through the MoE
@@ -2597,7 +2589,7 @@ zo_status tf_backward(tf_model *m, void *const *params, void *const *grads, floa
 static zo_status moe_aux_loss(tf_model *m, gpu_stream_t s, double *aux)
 {
     const zo_moe *mo = &m->cfg.moe;
-    int L = m->cfg.n_layers - mo->first_dense, E = mo->experts;
+    int L = zo_model_moe_layers(&m->cfg), E = mo->experts;
     size_t n = (size_t)L * 2 * E;
     float *st_h = malloc(n * sizeof *st_h);
     if (!st_h) return zo_error(ZO_ERR_NOMEM, "tf_loss: out of host memory");
