@@ -157,7 +157,7 @@ typedef struct gpu_op_slot {
     X(EMBEDDING_FORWARD, embedding_forward,                                                     \
       (GPU_T(0, out), GPU_T(1, wte), GPU_TOPT(2, wpe), GPU_P(0, tokens), GPU_DIM(0, n),          \
        GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab), GPU_POPT(1, pos), GPU_INT(4, n_pos)),    \
-      NULL)                                                                                      \
+      gpu_check_embedding)                                                                       \
     X(EMBEDDING_BACKWARD, embedding_backward,                                                   \
       (GPU_T(0, dwte), GPU_TOPT(1, dwpe), GPU_T(2, dout), GPU_P(0, tokens), GPU_DIM(0, n),       \
        GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab)),                                         \

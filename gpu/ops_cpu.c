@@ -1399,15 +1399,23 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
 
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
-/* Each of the sequences of t rows of n starts at pos[s]: within [0, n_pos - t],
- * so that its rows' positions are within the n_pos there are. */
+/* Ids (tokens, targets, positions) within [0, limit) (-1 too where
+ * allow_ignore: the loss's ignored targets). */
+static zo_status check_ids(const char *op, const char *what, const int32_t *ids, int n,
+                           int limit, int allow_ignore)
+{
+    for (int r = 0; r < n; r++)
+        if (ids[r] >= limit || ids[r] < (allow_ignore ? -1 : 0))
+            return zo_error(ZO_ERR_INVALID, "%s: %s[%d] = %d outside [0, %d)", op, what, r,
+                            (int)ids[r], limit);
+    return ZO_OK;
+}
+
+/* Each of the sequences of t rows of n starts at pos[s], within [0, n_pos -
+ * t], so that its rows' positions are within the n_pos there are. */
 static zo_status check_seq_pos(const char *op, const int32_t *pos, int n, int t, int n_pos)
 {
-    for (int s = 0; s < (n + t - 1) / t; s++)
-        if (pos[s] < 0 || pos[s] > n_pos - t)
-            return zo_error(ZO_ERR_INVALID, "%s: pos[%d] = %d outside [0, %d): positions %d..%d of %d", op, s,
-                            pos[s], n_pos - t + 1, pos[s], pos[s] + t - 1, n_pos);
-    return ZO_OK;
+    return check_ids(op, "pos", pos, (n + t - 1) / t, n_pos - t + 1, 0);
 }
 
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
@@ -1601,16 +1609,6 @@ void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_te
 }
 
 /* ---- embedding and loss ------------------------------------------------------------------------- */
-
-static zo_status check_ids(const char *op, const char *what, const int32_t *ids, int n,
-                           int limit, int allow_ignore)
-{
-    for (int r = 0; r < n; r++)
-        if (ids[r] >= limit || ids[r] < (allow_ignore ? -1 : 0))
-            return zo_error(ZO_ERR_INVALID, "%s: %s[%d] = %d outside [0, %d)", op, what, r,
-                            (int)ids[r], limit);
-    return ZO_OK;
-}
 
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
                                 gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n_pos, int n, int t,

@@ -126,7 +126,6 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
 void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, int nt);
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
                          gpu_tensor up, size_t n, int gelu, int nt);
-/* pos (NULL: none): a position a sequence of t rows, where wpe's rows start */
 /* pos (NULL: none): a position a sequence of t rows into wpe's n_pos
  * rows, each in [0, n_pos - t] (else an error naming it, nothing written) */
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,

@@ -2884,6 +2884,41 @@ static void close_device(devpair *d)
     gpu_device_free(d->dev);
 }
 
+/* ZO_OPS_BACKENDS (a comma-separated list of backend names): only those
+ * run, e.g. "cpu,cuda" on a GPU machine, where the host shim's backends
+ * (the same kernels, which CI runs) took most of test_ops' 100 s. A name
+ * that is no backend's is an error. */
+static int keep_backends(const char *list)
+{
+    static const char *const known[] = {"cpu", "cuda-shim", "cuda-shim-gemm", "cuda-shim-gemm-small", "cuda"};
+    if (!list) return 1;
+    char names[256];
+    snprintf(names, sizeof names, "%s", list);
+    for (char *save = NULL, *w = strtok_r(names, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        size_t k = 0;
+        while (k < sizeof known / sizeof *known && strcmp(w, known[k])) k++;
+        if (k == sizeof known / sizeof *known) {
+            fprintf(stderr, "test_ops: ZO_OPS_BACKENDS=%s: no backend is named '%s' (cpu, cuda-shim, "
+                            "cuda-shim-gemm, cuda-shim-gemm-small, cuda)\n", list, w);
+            return 0;
+        }
+    }
+    int n = 0;
+    for (int b = 0; b < n_backends; b++) {
+        size_t len = strlen(backends[b]->name);
+        const char *p = list;
+        int listed = 0;
+        while (!listed && (p = strstr(p, backends[b]->name)) != NULL) {
+            listed = (p == list || p[-1] == ',') && (p[len] == ',' || p[len] == '\0');
+            p += len;
+        }
+        if (listed) backends[n++] = backends[b];
+        else printf("  backend %s: not in ZO_OPS_BACKENDS, not run\n", backends[b]->name);
+    }
+    n_backends = n;
+    return 1;
+}
+
 int main(void)
 {
     filter = getenv("ZO_OPS_FILTER");
@@ -2911,6 +2946,7 @@ int main(void)
     } else {
         printf("  no CUDA device: the cuda backend is not run here\n");
     }
+    if (!keep_backends(getenv("ZO_OPS_BACKENDS"))) return 2;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_op),
         cmocka_unit_test(test_bad_positions),

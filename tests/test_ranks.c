@@ -135,6 +135,14 @@ static int count(const char *s, const char *what)
     return n;
 }
 
+/* Wall-clock seconds since t0 (CLOCK_MONOTONIC). */
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
 /* `train ARGS` on np ranks, which must end with exit status `rc` (2: a
  * refusal) and say `why` (once: exactly once, else at least once) without
  * training step `no_step` (0: not asserted); `label` names it in the line
@@ -143,11 +151,11 @@ static double train_refused(int np, const char *args, int rc, const char *why, i
                             const char *label)
 {
     static char out[1 << 16];
-    struct timespec t0, t1;
+    struct timespec t0;
     char step[32];
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int got = train(np, args, out, sizeof out);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = seconds_since(&t0);
     int n = count(out, why);
     printf("  %s: exit %d, \"%.60s%s\" %d time(s)\n", label, got, why, strlen(why) > 60 ? "..." : "", n);
     if (got != rc || (once ? n != 1 : !n)) fprintf(stderr, "%s\nwanted%s: %s\n", out, once ? " once" : "", why);
@@ -156,7 +164,7 @@ static double train_refused(int np, const char *args, int rc, const char *why, i
     else assert_true(n >= 1);
     snprintf(step, sizeof step, "\nstep %d ", no_step);
     if (no_step) assert_null(strstr(out, step));
-    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return secs;
 }
 
 /* `in` with every `word` in it replaced by `with`, into out. */
@@ -2039,15 +2047,13 @@ static void family_rows(const char *name, const char *text)
     /* static: the global config points into it, and a failing assert
      * leaves before the end puts config back */
     static char path[512];
-    static const char *const family_methods[3] = {"", "--lora 4 --lora-targets all-linear",
-                                                  "--lora 4 --lora-targets all-linear --qlora"};
-    char flags[1024], plan[512], extra[256], place[256];
+    char flags[1024], plan[512], extra[256], place[256], mf[128];
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
     files_write_text(path, text);
     config = strrchr(path, '/') + 1;
     for (int method = 0; method <= 2; method++) {
-        const char *mf = family_methods[method];
-        struct timespec t0, t1;
+        snprintf(mf, sizeof mf, "%s%s", method_flags[method], method ? " --lora-targets all-linear" : "");
+        struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int p = 1; p <= 2; p++) {
             int stage = p == 1 ? 2 : 3;
@@ -2071,9 +2077,7 @@ static void family_rows(const char *name, const char *text)
             check_peaks(last_out, 2);
             if (method == 2) assert_non_null(strstr(last_out, "method: qlora (")); /* the NF4 base */
         }
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        printf("  %s, %s: %.1f s\n", name, method_names[method],
-               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        printf("  %s, %s: %.1f s\n", name, method_names[method], seconds_since(&t0));
     }
     config = "config.json";
 }

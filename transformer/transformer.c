@@ -250,7 +250,7 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
             return zo_error(ZO_ERR_UNSUPPORTED,
                             "tf_init: model %s: rope_scaling \"longrope\": short_factor and long_factor must be "
                             "lists of %s / 2 = %d numbers each (got %d)",
-                            c->name, d == c->head_dim ? "head_dim" : "the rotary dim (head_dim x partial_rotary_factor)",
+                            c->name, d == c->head_dim ? "head_dim" : "the rotary dim (head_dim x partial_rotary_factor or rotary_pct)",
                             half, c->rope_n_factors);
         if (generating && T > c->rope_original_max)
             return zo_error(ZO_ERR_UNSUPPORTED,
