@@ -6,8 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
-/* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2, Phi-3 and
- * GPT-NeoX module names. */
+/* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2, Phi-3,
+ * GPT-NeoX and OPT module names. */
 static const struct {
     const char *name;
     unsigned bits;
@@ -34,6 +34,9 @@ static const struct {
     {"dense", ZO_LORA_O},
     {"dense_h_to_4h", ZO_LORA_UP},
     {"dense_4h_to_h", ZO_LORA_DOWN},
+    {"out_proj", ZO_LORA_O}, /* OPT */
+    {"fc1", ZO_LORA_UP},
+    {"fc2", ZO_LORA_DOWN},
     {"c_proj", ZO_LORA_O | ZO_LORA_DOWN},
     {"w1", ZO_LORA_GATE},
     {"w3", ZO_LORA_UP},
@@ -95,7 +98,9 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
     if (cfg->arch == ZO_ARCH_GPT && (lc->targets & ZO_LORA_GATE) && !all)
         return zo_error(ZO_ERR_INVALID,
                         "LoRA: %s has no gate projection (its MLP is %s: targets up, down)", cfg->name,
-                        zo_model_qkv_grouped(cfg) ? "dense_h_to_4h and dense_4h_to_h" : "c_fc and c_proj");
+                        zo_model_qkv_grouped(cfg) ? "dense_h_to_4h and dense_4h_to_h"
+                        : zo_model_opt(cfg)       ? "fc1 and fc2"
+                                                  : "c_fc and c_proj");
     return ZO_OK;
 }
 
@@ -156,11 +161,20 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "up_proj", shared[1], h, fs, 0, NULL},
         {ZO_LORA_DOWN, "down_proj", shared[2], fs, h, 0, NULL},
     };
-    int grouped = zo_model_qkv_grouped(c), gpt2 = c->arch == ZO_ARCH_GPT && !grouped;
+    /* OPT: q, k and v as LLaMA's, then out_proj and the MLP's fc1, fc2 */
+    const zo_lora_module opt[] = {
+        llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V],
+        {ZO_LORA_O, "out_proj", "self_attn.out_proj", q, h, 0, NULL},
+        {ZO_LORA_UP, "fc1", "fc1", h, f, 0, NULL},
+        {ZO_LORA_DOWN, "fc2", "fc2", f, h, 0, NULL},
+    };
+    int grouped = zo_model_qkv_grouped(c), is_opt = zo_model_opt(c);
+    int gpt2 = c->arch == ZO_ARCH_GPT && !grouped && !is_opt;
     int fused = !E && zo_model_fused_proj(c), n = 0;
-    const zo_lora_module *all = grouped ? neox : gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
-    size_t count = grouped ? sizeof neox / sizeof neox[0]
-                   : gpt2  ? sizeof gpt / sizeof gpt[0]
+    const zo_lora_module *all = grouped ? neox : is_opt ? opt : gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
+    size_t count = grouped  ? sizeof neox / sizeof neox[0]
+                   : is_opt ? sizeof opt / sizeof opt[0]
+                   : gpt2   ? sizeof gpt / sizeof gpt[0]
                    : E     ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
                    : fused ? sizeof phi3 / sizeof phi3[0]
                            : sizeof llama / sizeof llama[0];

@@ -354,14 +354,14 @@ zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_h
         .f = {theta, scale});
 }
 
-zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n, int exact)
+zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n, int form)
 {
-    RUN(GELU_FORWARD, .t = {y, x}, .i = {exact}, .n = n);
+    RUN(GELU_FORWARD, .t = {y, x}, .i = {form}, .n = n);
 }
 
-zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int exact)
+zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form)
 {
-    RUN(GELU_BACKWARD, .t = {dx, dy, x}, .i = {exact}, .n = n);
+    RUN(GELU_BACKWARD, .t = {dx, dy, x}, .i = {form}, .n = n);
 }
 
 zo_status gpu_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,

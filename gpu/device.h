@@ -242,13 +242,36 @@ zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, 
  * softcap > 0 each scaled score s becomes softcap * tanh(s / softcap)
  * before the mask and the softmax (Gemma-2's attn_logit_softcapping); lse
  * is of the capped scores, and the backward multiplies the score gradient
- * by 1 - tanh^2(s / softcap). */
+ * by 1 - tanh^2(s / softcap). With alibi > 0 the score of query i and key j
+ * (after the scale and the cap) gets alibi * slope_h * (j - i), slope_h
+ * being query head h's of hq heads (gpu_alibi_slope): BLOOM's ALiBi (alibi
+ * 1), which adds slope_h * j to every score of a row, the same under the
+ * softmax; the backward's score gradient is unchanged (a constant bias). */
 typedef struct gpu_attn_desc {
     int b, t, hq, hkv, d;
     int window;
     float scale;   /* 0: 1/sqrt(d) */
     float softcap; /* 0: none */
+    float alibi;   /* 0: none; > 0: ALiBi's bias times this */
 } gpu_attn_desc;
+
+/* Callable on the host and, in CUDA sources, on the device. */
+#ifdef __CUDACC__
+#define GPU_HD __host__ __device__
+#else
+#define GPU_HD
+#endif
+
+/* ALiBi's slope of head h of `heads` (Hugging Face's build_alibi_tensor):
+ * with p the largest power of two <= heads, 2^(-8 (h + 1) / p) for h < p,
+ * and for the heads past p 2^(-4 (2 (h - p) + 1) / p), the odd powers of
+ * the slopes of 2p heads. */
+static inline GPU_HD float gpu_alibi_slope(int heads, int h)
+{
+    int p = 1;
+    while (2 * p <= heads) p *= 2;
+    return h < p ? exp2f(-8.0f * (float)(h + 1) / (float)p) : exp2f(-4.0f * (float)(2 * (h - p) + 1) / (float)p);
+}
 
 /* The score scale of a: a->scale, or 1/sqrt(d). */
 static inline float gpu_attn_scale(const gpu_attn_desc *a)
@@ -305,12 +328,16 @@ zo_status gpu_rope_forward_seq(gpu_stream_t s, gpu_tensor x, int n, int t, int n
                                const double *inv_freq, float scale);
 
 /* ---- ops: activations ---------------------------------------------------------
- * GELU, tanh form (GPT-2's gelu_new): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
- * with exact 1 the erf form (GPT-NeoX's "gelu"): y = x Phi(x), Phi the normal
- * distribution function, dy/dx = Phi(x) + x phi(x). */
-zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n, int exact);
+ * The MLP's activation, by form:
+ * GPU_ACT_GELU_TANH, GELU's tanh form (GPT-2's gelu_new):
+ *   y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
+ * GPU_ACT_GELU_ERF, its erf form (GPT-NeoX's "gelu"): y = x Phi(x), Phi the
+ *   normal distribution function, dy/dx = Phi(x) + x phi(x);
+ * GPU_ACT_RELU (OPT's "relu"): y = max(x, 0), dy/dx 1 where x > 0, else 0. */
+enum { GPU_ACT_GELU_TANH = 0, GPU_ACT_GELU_ERF = 1, GPU_ACT_RELU = 2, GPU_ACT_COUNT };
+zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n, int form);
 zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
-                            size_t n, int exact);
+                            size_t n, int form);
 /* SwiGLU: y = silu(gate) * up, all [n] elements; with gelu 1 GeGLU
  * (Gemma): y = gelu(gate) * up, GELU's tanh form as above. Backward:
  * dgate = dy * up * act'(gate), dup = dy * act(gate) (either may alias an

@@ -79,6 +79,8 @@ static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
     if (d->hq % d->hkv)
         return zo_error(ZO_ERR_INVALID, "%s: hkv %d does not divide hq %d", op, d->hkv, d->hq);
     if (d->window < 0) return zo_error(ZO_ERR_INVALID, "%s: window %d < 0", op, d->window);
+    if (!(d->alibi >= 0.0f) || !isfinite(d->alibi))
+        return zo_error(ZO_ERR_INVALID, "%s: alibi %g must be finite and >= 0", op, (double)d->alibi);
     return ZO_OK;
 }
 
@@ -121,6 +123,14 @@ static zo_status gpu_check_embedding(const char *op, const gpu_op_args *a)
     if (!a->t[2].data) return zo_error(ZO_ERR_INVALID, "%s: positions without wpe (they index it)", op);
     if (a->i[4] < a->i[1])
         return zo_error(ZO_ERR_INVALID, "%s: n_pos %lld < t %lld", op, (long long)a->i[4], (long long)a->i[1]);
+    return ZO_OK;
+}
+
+static zo_status gpu_check_act(const char *op, const gpu_op_args *a)
+{
+    if (a->i[0] < 0 || a->i[0] >= GPU_ACT_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: activation form %lld is not one of 0..%d", op, (long long)a->i[0],
+                        GPU_ACT_COUNT - 1);
     return ZO_OK;
 }
 

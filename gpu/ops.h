@@ -145,9 +145,10 @@ typedef struct gpu_op_slot {
       (GPU_T(0, dx), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),           \
        GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq)),               \
       gpu_check_rope)                                                                            \
-    X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x), GPU_INT(0, exact)), NULL) \
+    X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x), GPU_INT(0, form)),    \
+      gpu_check_act)                                                                            \
     X(GELU_BACKWARD, gelu_backward,                                                           \
-      (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x), GPU_INT(0, exact)), NULL)               \
+      (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x), GPU_INT(0, form)), gpu_check_act)     \
     X(SWIGLU_FORWARD, swiglu_forward,                                                           \
       (GPU_N(n), GPU_T(0, y), GPU_T(1, gate), GPU_T(2, up), GPU_INT(0, gelu)), NULL)             \
     X(SWIGLU_BACKWARD, swiglu_backward,                                                         \

@@ -1075,17 +1075,34 @@ static void scale_scores(float *restrict row, int n, float scale, float cap)
         for (int j = 0; j < n; j++) row[j] = cap * tanhf(row[j] / cap);
 }
 
-/* Scores row -> unnormalized probabilities: row[j] = exp(c(row[j] * scale) - mx)
- * for lo <= j < n, c the soft cap (cap > 0) or none (mx their max, returned
- * in *mx), zero for j < lo (before a sliding window) and n <= j < n_zero;
- * returns their sum (fixed lanes). */
+/* ALiBi's bias of a query whose last key is n - 1 (itself): row[j] += ab
+ * (j - (n - 1)) for lo <= j < n (ab the head's slope times the desc's alibi;
+ * 0: nothing) */
+static void alibi_scores(float *restrict row, int lo, int n, float ab)
+{
+    if (ab != 0.0f)
+        for (int j = lo; j < n; j++) row[j] += ab * (float)(j - (n - 1));
+}
+
+/* The head's ALiBi step: alibi times its slope, or 0 */
+static float alibi_step(const gpu_attn_desc *a, int h)
+{
+    return a->alibi > 0.0f ? a->alibi * gpu_alibi_slope(a->hq, h) : 0.0f;
+}
+
+/* Scores row -> unnormalized probabilities: row[j] = exp(c(row[j] * scale)
+ * + ab (j - n + 1) - mx) for lo <= j < n, c the soft cap (cap > 0) or none,
+ * ab ALiBi's step (0: none) (mx their max, returned in *mx), zero for j < lo
+ * (before a sliding window) and n <= j < n_zero; returns their sum (fixed
+ * lanes). */
 VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_zero, float scale,
-                                    float cap, float *mx_out)
+                                    float cap, float ab, float *mx_out)
 {
     float m[LANES], acc[LANES];
     for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0f;
     int nb = n / LANES * LANES;
     scale_scores(row + lo, n - lo, scale, cap); /* the keys the row sees */
+    alibi_scores(row, lo, n, ab);
     for (int j = 0; j < lo; j++) row[j] = -INFINITY;
     for (int j = 0; j < nb; j += LANES)
         for (int l = 0; l < LANES; l++) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
@@ -1103,24 +1120,25 @@ VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_ze
     return s;
 }
 
-/* P and dS rows of the backward: p = exp(s * scale - L) for lo <= j < n,
- * then ds = p * (dp - D) * scale; both zero for j < lo and n <= j < n_zero.
- * With cap > 0 the score is cap tanh(s scale / cap) and ds is also
- * multiplied by its derivative 1 - tanh^2. */
+/* P and dS rows of the backward: p = exp(s * scale + ab (j - n + 1) - L)
+ * for lo <= j < n (ab ALiBi's step, 0 without), then ds = p * (dp - D) *
+ * scale; both zero for j < lo and n <= j < n_zero. With cap > 0 the score
+ * is cap tanh(s scale / cap) and ds is also multiplied by its derivative
+ * 1 - tanh^2. */
 VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, int lo, int n,
-                                        int n_zero, float scale, float cap, float L, float D)
+                                        int n_zero, float scale, float cap, float ab, float L, float D)
 {
     if (cap > 0.0f) {
         for (int j = 0; j < lo; j++) p[j] = dp[j] = 0.0f;
         for (int j = lo; j < n; j++) {
             float th = tanhf(p[j] * scale / cap);
-            float pj = fexp(cap * th - L);
+            float pj = fexp(cap * th + ab * (float)(j - (n - 1)) - L);
             p[j] = pj;
             dp[j] = pj * (dp[j] - D) * scale * (1.0f - th * th);
         }
     } else {
         for (int j = 0; j < n; j++) {
-            float pj = j < lo ? 0.0f : fexp(p[j] * scale - L);
+            float pj = j < lo ? 0.0f : fexp(p[j] * scale + ab * (float)(j - (n - 1)) - L);
             p[j] = pj;
             dp[j] = pj * (dp[j] - D) * scale;
         }
@@ -1205,7 +1223,7 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
                 for (int i = 0; i < rows; i++) {
                     float mx;
                     l[i] = softmax_row(S + (size_t)i * tN, window_start(a, q0 + i), q0 + i + 1, nk,
-                                       scale, cap, &mx);
+                                       scale, cap, alibi_step(a, h), &mx);
                     lse[((size_t)b * hq + h) * t + q0 + i] = mx + logf(l[i]);
                 }
                 /* O [rows][d] = P V, then divided by the row sums */
@@ -1288,8 +1306,8 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                     for (int i = 0; i < rows; i++) {
                         load_row(orow, out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, d);
                         float D = dot_lanes(dOf + (size_t)i * d, orow, d);
-                        softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN,
-                                         window_start(a, q0 + i), q0 + i + 1, nk, scale, cap, L[q0 + i], D);
+                        softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN, window_start(a, q0 + i),
+                                         q0 + i + 1, nk, scale, cap, alibi_step(a, h), L[q0 + i], D);
                     }
                     /* dQ [rows][d] = dS K */
                     panels dSa = pack_a_rows(dSp, dS, tN, rows, nk);
@@ -1380,6 +1398,7 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
                     float mx = -INFINITY;
                     for (int j = j0; j <= p; j++) S[j] = dot_lanes(q, K + (size_t)j * d, d);
                     scale_scores(S + j0, p + 1 - j0, scale, cap);
+                    alibi_scores(S, j0, p + 1, alibi_step(a, h));
                     for (int j = j0; j <= p; j++) mx = S[j] > mx ? S[j] : mx;
                     float l = 0.0f;
                     for (int k = 0; k < d; k++) o[k] = 0.0f;
@@ -1503,6 +1522,27 @@ static void gelu_erf_bwd_f32(float *dx, const float *dy, const float *x, int n)
     }
 }
 
+/* ReLU (OPT's MLP): y = max(x, 0); dy/dx 1 where x > 0, else 0 (torch's
+ * gradient at 0 included) */
+VEC_CLONES static void relu_fwd_f32(float *y, const float *x, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+VEC_CLONES static void relu_bwd_f32(float *dx, const float *dy, const float *x, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+typedef void (*act_fwd_fn)(float *y, const float *x, int n);
+typedef void (*act_bwd_fn)(float *dx, const float *dy, const float *x, int n);
+static const act_fwd_fn act_fwd[] = {[GPU_ACT_GELU_TANH] = gelu_fwd_f32, [GPU_ACT_GELU_ERF] = gelu_erf_fwd_f32,
+                                     [GPU_ACT_RELU] = relu_fwd_f32};
+static const act_bwd_fn act_bwd[] = {[GPU_ACT_GELU_TANH] = gelu_bwd_f32, [GPU_ACT_GELU_ERF] = gelu_erf_bwd_f32,
+                                     [GPU_ACT_RELU] = relu_bwd_f32};
+
 VEC_CLONES static void swiglu_fwd_f32(float *y, const float *gate, const float *up, int n)
 {
 #pragma omp simd /* in place (output == an input) is fine: same index */
@@ -1553,7 +1593,7 @@ static int ew_len(size_t blk, size_t n)
     return (int)(n - blk * EW_BLOCK < EW_BLOCK ? n - blk * EW_BLOCK : EW_BLOCK);
 }
 
-void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int exact, int nt)
+void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int form, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1561,12 +1601,12 @@ void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int exact, int nt)
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *py = out_f32(y, off, by);
-        (exact ? gelu_erf_fwd_f32 : gelu_fwd_f32)(py, in_f32(x, off, len, bx), len);
+        act_fwd[form](py, in_f32(x, off, len, bx), len);
         out_done(y, off, py, len);
     }
 }
 
-void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int exact, int nt)
+void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1574,7 +1614,7 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *pdx = out_f32(dx, off, bdx);
-        (exact ? gelu_erf_bwd_f32 : gelu_bwd_f32)(pdx, in_f32(dy, off, len, bdy), in_f32(x, off, len, bx), len);
+        act_bwd[form](pdx, in_f32(dy, off, len, bdy), in_f32(x, off, len, bx), len);
         out_done(dx, off, pdx, len);
     }
 }

@@ -120,8 +120,9 @@ zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int
                    int64_t ldh, float theta, int pos0, const int32_t *seq_pos, int n_pos, const double *inv_freq,
                    float scale, int inverse, int nt);
 /* exact: the erf form in place of the tanh form */
-void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int exact, int nt);
-void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int exact, int nt);
+/* form: GPU_ACT_GELU_TANH, GPU_ACT_GELU_ERF or GPU_ACT_RELU (gpu/device.h) */
+void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int form, int nt);
+void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form, int nt);
 /* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */
 void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, int nt);
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,

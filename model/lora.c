@@ -72,6 +72,7 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
         return zo_error(ZO_ERR_NOMEM, "LoRA layout: %s: out of host memory", cfg.name);
     }
     const char *prefix = zo_model_neox(&cfg)       ? "gpt_neox.layers"
+                         : zo_model_opt(&cfg)      ? "model.decoder.layers"
                          : cfg.arch == ZO_ARCH_GPT ? "transformer.h" /* GPT-2, Falcon */
                                                    : "model.layers";
     int k = 0;
@@ -170,9 +171,10 @@ static cJSON *config_json(const zo_model_config *cfg, const zo_lora_config *lc, 
     cJSON_AddNumberToObject(o, "lora_dropout", 0.0);
     cJSON_AddItemToObject(o, "target_modules", targets);
     cJSON_AddStringToObject(o, "bias", "none");
-    /* GPT-2's layers are Conv1D, their weights stored [in, out] */
-    /* GPT-2's Conv1D weights are [in, out]; GPT-NeoX's Linear ones are not */
-    cJSON_AddBoolToObject(o, "fan_in_fan_out", cfg->arch == ZO_ARCH_GPT && !zo_model_qkv_grouped(cfg));
+    /* GPT-2's Conv1D weights are [in, out]; GPT-NeoX's, Falcon's and OPT's
+     * Linear ones are not */
+    cJSON_AddBoolToObject(o, "fan_in_fan_out",
+                          cfg->arch == ZO_ARCH_GPT && !zo_model_qkv_grouped(cfg) && !zo_model_opt(cfg));
     cJSON_AddBoolToObject(o, "inference_mode", 1);
     cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     cJSON_AddNullToObject(o, "modules_to_save");

@@ -2033,6 +2033,19 @@ static const char falcon_config[] =
     "\"max_position_embeddings\": 64, \"multi_query\": true, \"parallel_attn\": true, "
     "\"new_decoder_architecture\": false, \"bias\": false, \"alibi\": false}";
 
+/* OPT: LayerNorms, q, k, v apart, every projection biased, ReLU, a learned
+ * position table read from row 2, tied. */
+static const char opt_config[] =
+    "{\"model_type\": \"opt\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"ffn_dim\": 128, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"activation_function\": \"relu\", \"enable_bias\": true}";
+
+/* BLOOM: a LayerNorm on the word embeddings, query_key_value per head,
+ * biases, ALiBi over 4 heads, GELU's tanh form, tied. */
+static const char bloom_config[] =
+    "{\"model_type\": \"bloom\", \"n_layer\": 4, \"hidden_size\": 64, \"n_head\": 4, "
+    "\"vocab_size\": 256, \"layer_norm_epsilon\": 1e-5, \"seq_length\": 64}";
+
 /* One family's rows: full fine-tuning, LoRA on every linear layer (for
  * Phi-3 PEFT's adapters on the fused qkv_proj and gate_up_proj) and QLoRA
  * (the same adapters over an NF4 base) on 2 ranks at ZeRO-2 (placement 1:
@@ -2119,10 +2132,14 @@ static void test_family_neox(void **state)
     family_rows("neox", neox_config);
 }
 
+/* Falcon's rows, then OPT's and BLOOM's (a few seconds each: they share
+ * Falcon's ctest entry rather than start their own) */
 static void test_family_falcon(void **state)
 {
     (void)state;
     family_rows("falcon", falcon_config);
+    family_rows("opt", opt_config);
+    family_rows("bloom", bloom_config);
 }
 
 

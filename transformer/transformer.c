@@ -29,8 +29,12 @@ static int has_rope(const tf_model *m) { return !is_gpt(m) || m->cfg.pos == ZO_P
 static int parallel_residual(const tf_model *m) { return m->cfg.parallel_block; }
 /* Falcon-7B: one norm for both (ln2 is ln1) */
 static int one_norm(const zo_model_config *c) { return c->layer_norms == 1; }
-/* GELU's erf form (GPT-NeoX's "gelu"), else its tanh form */
-static int gelu_exact(const zo_model_config *c) { return !strcmp(c->act, "gelu"); }
+/* The GPT MLP's activation: GELU's erf form (GPT-NeoX's "gelu"), ReLU
+ * (OPT's), else GELU's tanh form */
+static int act_form(const zo_model_config *c)
+{
+    return !strcmp(c->act, "gelu") ? GPU_ACT_GELU_ERF : !strcmp(c->act, "relu") ? GPU_ACT_RELU : GPU_ACT_GELU_TANH;
+}
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
 /* the LLaMA-shaped MLP's gate: GELU's tanh form (Gemma's GeGLU; the
@@ -331,13 +335,14 @@ static zo_status norm_one_upload(tf_model *m)
 }
 
 /* Layer l's attention: the shape, its sliding window (0: none), the
- * score scale (Gemma-2's query_pre_attn_scalar^-0.5; 0: 1/sqrt(head_dim))
- * and soft cap (0: none). */
+ * score scale (Gemma-2's query_pre_attn_scalar^-0.5; 0: 1/sqrt(head_dim)),
+ * soft cap (0: none) and ALiBi (BLOOM's: the bias slope_h (j - i)). */
 static gpu_attn_desc layer_attn(const tf_model *m, int l)
 {
     const zo_model_config *c = &m->cfg;
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
-                        .window = zo_model_layer_window(c, l), .softcap = c->attn_softcap};
+                        .window = zo_model_layer_window(c, l), .softcap = c->attn_softcap,
+                        .alibi = c->pos == ZO_POS_ALIBI ? 1.0f : 0.0f}; /* BLOOM's ALiBi */
     if (c->query_pre_attn_scalar > 0.0f) ad.scale = (float)(1.0 / sqrt((double)c->query_pre_attn_scalar));
     return ad;
 }
@@ -437,6 +442,9 @@ static zo_status gen_alloc(tf_model *m)
         {&m->lnf, B * h * es, "final norm"},
         {(void **)&m->meanf, B * 4, "final norm mean"},
         {(void **)&m->rstdf, B * 4, "final norm rstd"},
+        {&m->emb_x, c->embed_norm ? N * h * es : 0, "embedding norm input"},
+        {(void **)&m->emb_mean, c->embed_norm ? N * 4 : 0, "embedding norm mean"},
+        {(void **)&m->emb_rstd, c->embed_norm ? N * 4 : 0, "embedding norm rstd"},
         {&m->logits, B * c->vocab * sizeof(float), "logits"},
         {&m->wdq, has_lora(m) && m->opts.lora.nf4 ? (size_t)zo_lora_dequant_elems(c) * es : 0, "dequantized weight"},
         {(void **)&a->router_logits, L ? N * E * 4 : 0, "router logits"},
@@ -668,6 +676,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {&m->lnf, N * h * es, "final norm"},
         {(void **)&m->meanf, N * 4, "final norm mean"},
         {(void **)&m->rstdf, N * 4, "final norm rstd"},
+        {&m->emb_x, c->embed_norm ? N * h * es : 0, "embedding norm input"},
+        {(void **)&m->emb_mean, c->embed_norm ? N * 4 : 0, "embedding norm mean"},
+        {(void **)&m->emb_rstd, c->embed_norm ? N * 4 : 0, "embedding norm rstd"},
         {&m->logits, loss_rows(m, N) * c->vocab * sizeof(float), "logits"}, /* fp32 for the cross-entropy */
         {(void **)&m->losses, N * 4, "losses"},
         {&m->tmp, N * h * es, "scratch"},
@@ -765,7 +776,7 @@ void tf_free(tf_model *m)
             free(a->moe_wp_h);
             free(a->moe_off);
         }
-    void *p[] = {m->lnf,  m->meanf, m->rstdf, m->logits, m->losses,    m->tmp,
+    void *p[] = {m->lnf,  m->meanf, m->rstdf, m->emb_x, m->emb_mean, m->emb_rstd, m->logits, m->losses, m->tmp,
                  m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
                  m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
@@ -1268,13 +1279,29 @@ static float embed_scale(const tf_model *m)
     return m->dtype == ZO_DTYPE_F32 ? v : zo_load_f32(b, m->dtype, 0);
 }
 
+static zo_status norm_forward(tf_model *m, gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
+                              gpu_tensor x, gpu_tensor w, gpu_tensor b, int N);
+static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, const void *grads,
+                               int block, model_role w_role, model_role b_role, gpu_tensor x, gpu_tensor w,
+                               const float *mean, const float *rstd, int N);
+
+/* Position p's row of the learned table: row p, OPT's row p + 2 (pos_offset:
+ * Hugging Face's positions count from 2, the rows before are never read) */
+static gpu_tensor pos_rows(const zo_model_config *c, gpu_tensor wpe)
+{
+    if (wpe.data) wpe.data = (char *)wpe.data + (size_t)c->pos_offset * c->hidden * zo_dtype_size(wpe.dtype);
+    return wpe;
+}
+
 static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
 {
     const zo_model_config *c = &m->cfg;
     int N = m->b * m->t;
     const void *W = base_buf(m, bb);
-    gpu_tensor out = gpu_t(m->res[0], m->dtype), wte = bview(m, W, 0, MODEL_ROLE_TOK_EMB);
-    gpu_tensor wpe = bview(m, W, 0, MODEL_ROLE_POS_EMB);
+    gpu_tensor res0 = gpu_t(m->res[0], m->dtype), wte = bview(m, W, 0, MODEL_ROLE_TOK_EMB);
+    gpu_tensor wpe = pos_rows(c, bview(m, W, 0, MODEL_ROLE_POS_EMB));
+    /* BLOOM: the embedding into the norm's saved input, normed into res[0] */
+    gpu_tensor out = c->embed_norm ? gpu_t(m->emb_x, m->dtype) : res0;
     /* res[0][N, h] = wte[tokens] (+ wpe[position]): positions from 0, or in
      * generation from each sequence's (m->pos: one call for the batch),
      * within wpe's rows */
@@ -1284,7 +1311,10 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
                        ? gpu_embedding_forward_seq(s, out, m->tokens, wte, wpe, m->pos, n_pos, N, m->t, c->hidden,
                                                    c->vocab)
                        : gpu_embedding_forward(s, out, m->tokens, wte, wpe, N, m->t, c->hidden, c->vocab);
-    return st != ZO_OK || !is_gemma(m) ? st : gpu_scale(s, out, embed_scale(m), (size_t)N * c->hidden);
+    if (st == ZO_OK && c->embed_norm)
+        st = norm_forward(m, s, res0, m->emb_mean, m->emb_rstd, out, bview(m, W, 0, MODEL_ROLE_EMB_NORM_W),
+                          bview(m, W, 0, MODEL_ROLE_EMB_NORM_B), N);
+    return st != ZO_OK || !is_gemma(m) ? st : gpu_scale(s, res0, embed_scale(m), (size_t)N * c->hidden);
 }
 
 /* Layer l's rotation: longrope's factors of the batch's length, as Hugging
@@ -1340,9 +1370,18 @@ static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream
     if (has_lora(m)) return ZO_OK; /* the embedding is frozen: nothing to compute */
     /* Gemma: the scale's gradient, in place (the embedding is the last block back) */
     zo_status st = is_gemma(m) ? gpu_scale(s, F32(m->dres), embed_scale(m), (size_t)N * c->hidden) : ZO_OK;
+    gpu_tensor dx = F32(m->dres);
+    if (st == ZO_OK && c->embed_norm) { /* BLOOM: through the embedding norm, into dh */
+        dx = F32(m->dh);
+        const void *W = base_buf(m, bb);
+        if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * c->hidden * 4)) == ZO_OK)
+            st = norm_backward(m, s, dx, F32(m->dres), bb->grads, 0, MODEL_ROLE_EMB_NORM_W, MODEL_ROLE_EMB_NORM_B,
+                               gpu_t(m->emb_x, m->dtype), bview(m, W, 0, MODEL_ROLE_EMB_NORM_W), m->emb_mean,
+                               m->emb_rstd, N);
+    }
     if (st != ZO_OK) return st;
     return gpu_embedding_backward(s, tf_view(m, bb->grads, 0, MODEL_ROLE_TOK_EMB),
-                                  tf_view(m, bb->grads, 0, MODEL_ROLE_POS_EMB), F32(m->dres),
+                                  pos_rows(c, tf_view(m, bb->grads, 0, MODEL_ROLE_POS_EMB)), dx,
                                   m->tokens, N, m->t, c->hidden, c->vocab);
 }
 
@@ -2182,7 +2221,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                                                 ln2, N, f, h)) != ZO_OK ||
                       (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, fc, f)) != ZO_OK))
             return st;
-        if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st;
+        if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f, act_form(c))) != ZO_OK) return st;
     } else {
         gpu_tensor up = gpu_t(a->up, dt);
         if (!kept && ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, fc,
@@ -2296,7 +2335,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         return st;
     if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, ddown, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
-        if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st; /* dfc, in place */
+        if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, act_form(c))) != ZO_OK) return st; /* dfc, in place */
         if ((st = linear_role_backward(m, l, bb, s, up, dh, 0.0f, dff, ln2)) != ZO_OK) return st;
     } else {
         gpu_tensor dup = F32(m->dff2), upa = gpu_t(a->up, dt);
@@ -2629,7 +2668,7 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
         int is_norm = t->role == MODEL_ROLE_LN1_W || t->role == MODEL_ROLE_LN2_W ||
                       t->role == MODEL_ROLE_NORM_W || t->role == MODEL_ROLE_Q_NORM_W ||
                       t->role == MODEL_ROLE_K_NORM_W || t->role == MODEL_ROLE_POST_ATTN_NORM_W ||
-                      t->role == MODEL_ROLE_POST_MLP_NORM_W;
+                      t->role == MODEL_ROLE_POST_MLP_NORM_W || t->role == MODEL_ROLE_EMB_NORM_W;
         /* a norm multiplies by 1, which Gemma stores as the offset 0 (GemmaRMSNorm's zeros) */
         float one = zo_family_gemma(l->cfg.family) ? 0.0f : 1.0f;
         if (t->ndim == 1) {
