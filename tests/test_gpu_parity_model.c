@@ -153,7 +153,8 @@ static int check_tf32_model(const char *what, const float *got, const float *wan
     for (size_t i = 0; i < n; i++) {
         const double w = want[i], d = fabs((double)(got[i] * scale) - w);
         const double old = OLD_ATOL * top + OLD_RTOL * fabs(w);
-        const double bound = TF32_K * fabs((double)emu[i] - w) + fmin(old, old / FLOOR_DIV + TF32_R * rms);
+        const double bound =
+            TF32_K * fabs((double)emu[i] - w) + fmin(old, old / FLOOR_DIV + TF32_R * rms);
         if (looser && bound > old) (*looser)++;
         if (d / bound > worst || isnan(d)) worst = d / bound, at_d = d, at_b = bound;
         if (!(d <= bound)) {
