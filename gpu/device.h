@@ -58,6 +58,14 @@ static inline gpu_tensor gpu_t(void *data, zo_dtype dtype)
 typedef struct gpu_cpu_options {
     size_t capacity;  /* bytes of "device" memory; 0 = unlimited */
     int n_threads;    /* OpenMP threads per op; 0 = omp_get_max_threads() */
+    /* (tests) nonzero: every fp32 x fp32 -> fp32 gpu_gemm rounds its A and B
+     * to TF32 (10-bit mantissa, round to nearest, ties away from zero, as
+     * PTX's cvt.rna.tf32.f32) before the fp32 product, C and the scaling
+     * left in fp32: a model of the CUDA backend's cuBLASLt GEMMs
+     * (CUBLAS_COMPUTE_32F_FAST_TF32), which tests/test_gpu_parity_model.c
+     * measures the CUDA backend's fp32 gradients against. Other dtypes and
+     * every other op are unchanged. */
+    int tf32;
 } gpu_cpu_options;
 
 /* The CPU backend: the reference for every other backend. */

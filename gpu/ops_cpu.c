@@ -17,7 +17,8 @@
 #include <cblas.h> /* defines: cblas_sgemm, openblas_get_parallel, openblas_get_corename */
 #endif
 
-#include "common/nf4.h" /* defines: zo_nf4_dequantize */
+#include "common/nf4.h"           /* defines: zo_nf4_dequantize */
+#include "gpu/cuda/gemm_layout.h" /* defines: cuda_gemm_operand_extent (free of CUDA) */
 
 /* ---- element access --------------------------------------------------------- */
 
@@ -633,14 +634,69 @@ static zo_status blas_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 }
 #endif
 
-zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
+static zo_status gemm_dispatch(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 {
-    pthread_once(&gemm_once, gemm_init);
 #ifdef ZO_HAVE_OPENBLAS
     if (atomic_load_explicit(&gemm_impl, memory_order_relaxed) != CPU_GEMM_OWN && blas_fits(d))
         return blas_gemm(ws, d, nt);
 #endif
     return own_gemm(ws, d, nt);
+}
+
+/* ---- TF32 GEMMs (gpu_cpu_options.tf32) -------------------------------------------
+ * A model of cuBLASLt's CUBLAS_COMPUTE_32F_FAST_TF32, which the CUDA backend
+ * runs every fp32 product on: A and B rounded to TF32, then the same fp32
+ * product as ever. A product of two TF32 values (11-bit significands) is
+ * exact in fp32, as in the tensor cores, so what is left to differ from
+ * the GPU is the order of the fp32 sums (and the rounding of ties, should
+ * cuBLASLt's kernels convert otherwise: docs/gpu-cuda.md). */
+
+float cpu_tf32_round(float x)
+{
+    uint32_t u = zo_f32_bits(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x; /* inf, nan */
+    /* half of the 13 dropped bits' weight, carried into the exponent when
+     * the mantissa overflows; ties (exactly 0x1000 dropped) go up in
+     * magnitude, away from zero */
+    return zo_bits_f32((u + 0x1000u) & 0xffffe000u);
+}
+
+/* dst[0..n) = src[0..n) rounded to TF32 */
+VEC_CLONES static void round_tf32(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = cpu_tf32_round(src[i]);
+}
+
+static zo_status tf32_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
+{
+    const size_t na = cuda_gemm_operand_extent(d, 'a'), nb = cuda_gemm_operand_extent(d, 'b');
+    float *ra = malloc(na * sizeof(float)), *rb = malloc(nb * sizeof(float));
+    zo_status st = ZO_OK;
+    if (!ra || !rb) {
+        st = zo_error(ZO_ERR_NOMEM, "gpu_gemm (cpu, tf32): out of host memory for the rounded "
+                                    "operands (%zu + %zu floats)", na, nb);
+        goto out_free;
+    }
+    round_tf32(ra, d->a.data, na);
+    round_tf32(rb, d->b.data, nb);
+    gpu_gemm_desc e = *d;
+    e.a.data = ra;
+    e.b.data = rb;
+    st = gemm_dispatch(ws, &e, nt);
+out_free:
+    free(rb);
+    free(ra);
+    return st;
+}
+
+zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
+{
+    pthread_once(&gemm_once, gemm_init);
+    /* the products cuBLASLt runs on TF32 (gpu/cuda/gemm.cu: lt_types_ok) */
+    if (ws->tf32 && d->a.dtype == ZO_DTYPE_F32 && d->b.dtype == ZO_DTYPE_F32 &&
+        d->c.dtype == ZO_DTYPE_F32 && d->m > 0 && d->n > 0 && d->k > 0)
+        return tf32_gemm(ws, d, nt);
+    return gemm_dispatch(ws, d, nt);
 }
 
 void cpu_gemm_naive(const gpu_gemm_desc *d)

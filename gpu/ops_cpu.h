@@ -29,6 +29,7 @@ typedef struct cpu_scratch {
      * as a failed host allocation would. NULL in normal use. */
     int (*fail)(void *arg);
     void *fail_arg;
+    int tf32; /* the device's gpu_cpu_options.tf32, which cpu_gemm reads */
 } cpu_scratch;
 
 /* The team an op with thread count nt runs on: nt, or OpenMP's default
@@ -65,6 +66,11 @@ zo_status gpu_cpu_inject_faults(gpu_device_t dev, const gpu_cpu_faults *f);
  * in, else the own packed kernel (docs/gpu.md: the rule, and why the bits
  * stay independent of nt either way). */
 zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt);
+/* x rounded to TF32 (1 sign, 8 exponent, 10 mantissa bits, kept in an fp32):
+ * to nearest, ties away from zero; infinities and nan unchanged, a value
+ * past TF32's largest finite one rounds to infinity. What cpu_gemm does to
+ * fp32 operands on a device opened with gpu_cpu_options.tf32. */
+float cpu_tf32_round(float x);
 /* Which implementation cpu_gemm runs. AUTO: the dispatch rule, today the
  * same as BLAS (the library was faster wherever measured); OWN: the own
  * kernel always; BLAS: the library for every product it can take (the own
