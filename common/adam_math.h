@@ -27,6 +27,23 @@
 extern "C" {
 #endif
 
+/* The host's two OpenMP teams while the optimizer's own thread (the overlap
+ * and dpu schedules) updates beside the host thread's gradient sums
+ * (cpu_adam's adam_grad_accumulate), out of `cores` threads: with
+ * opt_threads set the optimizer gets it and the sums the rest (at least
+ * one); unset, the sums get a quarter (at least one) and the optimizer the
+ * rest, so that the two together never ask for more than `cores`. The
+ * runtime and memplan's cost model both split so. */
+static inline void zo_host_teams(int cores, int opt_threads, int *sum_threads, int *opt_out)
+{
+    if (cores < 1) cores = 1;
+    int o = opt_threads > 0 ? opt_threads : cores - (cores / 4 > 1 ? cores / 4 : 1);
+    if (o < 1) o = 1;
+    int s = cores - o;
+    *sum_threads = s < 1 ? 1 : s;
+    *opt_out = o;
+}
+
 typedef enum zo_adam_decay {
     ZO_ADAM_DECAY_ADAMW = 0, /* decoupled: p -= lr * weight_decay * p */
     ZO_ADAM_DECAY_L2,        /* classic Adam: g += weight_decay * p */

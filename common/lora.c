@@ -6,8 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
-/* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2, Phi-3 and
- * GPT-NeoX module names. */
+/* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2, Phi-3,
+ * GPT-NeoX and OPT module names. */
 static const struct {
     const char *name;
     unsigned bits;
@@ -34,6 +34,9 @@ static const struct {
     {"dense", ZO_LORA_O},
     {"dense_h_to_4h", ZO_LORA_UP},
     {"dense_4h_to_h", ZO_LORA_DOWN},
+    {"out_proj", ZO_LORA_O}, /* OPT */
+    {"fc1", ZO_LORA_UP},
+    {"fc2", ZO_LORA_DOWN},
     {"c_proj", ZO_LORA_O | ZO_LORA_DOWN},
     {"w1", ZO_LORA_GATE},
     {"w3", ZO_LORA_UP},
@@ -95,7 +98,9 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
     if (cfg->arch == ZO_ARCH_GPT && (lc->targets & ZO_LORA_GATE) && !all)
         return zo_error(ZO_ERR_INVALID,
                         "LoRA: %s has no gate projection (its MLP is %s: targets up, down)", cfg->name,
-                        zo_model_qkv_grouped(cfg) ? "dense_h_to_4h and dense_4h_to_h" : "c_fc and c_proj");
+                        zo_model_qkv_grouped(cfg) ? "dense_h_to_4h and dense_4h_to_h"
+                        : zo_model_opt(cfg)       ? "fc1 and fc2"
+                                                  : "c_fc and c_proj");
     return ZO_OK;
 }
 
@@ -143,10 +148,10 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
     /* the shared expert's paths (Qwen2-MoE's mlp.shared_expert, DeepSeek's mlp.shared_experts) */
-    const int ds = !strcmp(zo_moe_shared_name(c), "shared_experts");
-    const char *const shared[3] = {ds ? "mlp.shared_experts.gate_proj" : "mlp.shared_expert.gate_proj",
-                                   ds ? "mlp.shared_experts.up_proj" : "mlp.shared_expert.up_proj",
-                                   ds ? "mlp.shared_experts.down_proj" : "mlp.shared_expert.down_proj"};
+    static const char *const shared_paths[2][3] = {
+        {"mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj"},
+        {"mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"}};
+    const char *const *shared = shared_paths[!strcmp(zo_moe_shared_name(c), "shared_experts")];
     const zo_lora_module moe[] = {
         llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V], llama[LLAMA_O],
         {ZO_LORA_GATE, mixtral ? "w1" : "gate_proj", mixtral ? "w1" : "gate_proj", h, fe, (int)E, ep},
@@ -156,11 +161,20 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "up_proj", shared[1], h, fs, 0, NULL},
         {ZO_LORA_DOWN, "down_proj", shared[2], fs, h, 0, NULL},
     };
-    int grouped = zo_model_qkv_grouped(c), gpt2 = c->arch == ZO_ARCH_GPT && !grouped;
+    /* OPT: q, k and v as LLaMA's, then out_proj and the MLP's fc1, fc2 */
+    const zo_lora_module opt[] = {
+        llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V],
+        {ZO_LORA_O, "out_proj", "self_attn.out_proj", q, h, 0, NULL},
+        {ZO_LORA_UP, "fc1", "fc1", h, f, 0, NULL},
+        {ZO_LORA_DOWN, "fc2", "fc2", f, h, 0, NULL},
+    };
+    int grouped = zo_model_qkv_grouped(c), is_opt = zo_model_opt(c);
+    int gpt2 = c->arch == ZO_ARCH_GPT && !grouped && !is_opt;
     int fused = !E && zo_model_fused_proj(c), n = 0;
-    const zo_lora_module *all = grouped ? neox : gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
-    size_t count = grouped ? sizeof neox / sizeof neox[0]
-                   : gpt2  ? sizeof gpt / sizeof gpt[0]
+    const zo_lora_module *all = grouped ? neox : is_opt ? opt : gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
+    size_t count = grouped  ? sizeof neox / sizeof neox[0]
+                   : is_opt ? sizeof opt / sizeof opt[0]
+                   : gpt2   ? sizeof gpt / sizeof gpt[0]
                    : E     ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
                    : fused ? sizeof phi3 / sizeof phi3[0]
                            : sizeof llama / sizeof llama[0];
@@ -225,22 +239,22 @@ unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
     return bits;
 }
 
+uint64_t zo_lora_layer_params(const zo_model_config *cfg, int layer, int r, unsigned targets)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules_at(cfg, layer, targets, mods);
+    uint64_t el = 0;
+    for (int i = 0; i < n; i++)
+        el += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r * (uint64_t)(mods[i].in + mods[i].out);
+    return el;
+}
+
 uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets)
 {
     /* (two kinds of layer: DeepSeek's dense first ones, then MoE ones) */
-    int n_dense = cfg->moe.experts ? cfg->moe.first_dense : cfg->n_layers;
-    if (n_dense > cfg->n_layers) n_dense = cfg->n_layers;
+    int n_moe = zo_model_moe_layers(cfg), n_dense = cfg->n_layers - n_moe;
     uint64_t total = 0;
-    for (int kind = 0; kind < 2; kind++) {
-        int layers = kind ? cfg->n_layers - n_dense : n_dense;
-        if (!layers) continue;
-        zo_lora_module mods[ZO_LORA_MAX_MODULES];
-        int n = zo_lora_layer_modules_at(cfg, kind ? cfg->n_layers - 1 : 0, targets, mods);
-        uint64_t per_layer = 0;
-        for (int i = 0; i < n; i++)
-            per_layer += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r *
-                         (uint64_t)(mods[i].in + mods[i].out);
-        total += per_layer * (uint64_t)layers;
-    }
+    if (n_dense) total += zo_lora_layer_params(cfg, 0, r, targets) * (uint64_t)n_dense;
+    if (n_moe) total += zo_lora_layer_params(cfg, cfg->n_layers - 1, r, targets) * (uint64_t)n_moe;
     return total;
 }

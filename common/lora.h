@@ -94,7 +94,7 @@ int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,
                           zo_lora_module out[ZO_LORA_MAX_MODULES]);
 /* Those of layer `layer`: an MoE model's dense first layer (DeepSeek's
  * first_k_dense_replace) has a LLaMA layer's (its MLP of ffn), every other
- * layer zo_layer_modules's. */
+ * layer zo_lora_layer_modules's. */
 int zo_lora_layer_modules_at(const zo_model_config *cfg, int layer, unsigned targets,
                              zo_lora_module out[ZO_LORA_MAX_MODULES]);
 
@@ -131,5 +131,8 @@ unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
  * print_trainable_parameters counts them (LLaMA-2-7B, r 8, q and v:
  * 4,194,304; an MoE layer: every expert's). */
 uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets);
+/* Those of layer `layer` (its modules, zo_lora_layer_modules_at's: a
+ * routed expert's times the experts). */
+uint64_t zo_lora_layer_params(const zo_model_config *cfg, int layer, int r, unsigned targets);
 
 #endif

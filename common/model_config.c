@@ -79,6 +79,16 @@
       .vocab = 65024, .max_seq = 2048, .tied_embeddings = 1, .norm_bias = 1,             \
       .norm_eps = 1e-5f, .rope_theta = 10000.0f, .act = "gelu", .pos = ZO_POS_ROTARY,    \
       .layer_norms = norms, .parallel_block = 1}}
+/* OPT (config.json of facebook/opt-*): LayerNorm with biases, biased q, k, v,
+ * out_proj and fc1/fc2 (4h, ReLU), learned positions of 2048 + 2 rows, tied;
+ * vocabulary 50272. */
+#define OPT(n, L, h, a)                                                                   \
+    {n, "",                                                                               \
+     {.name = n, .family = "opt", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,       \
+      .n_heads = a, .n_kv_heads = a, .head_dim = (h) / (a), .ffn = 4 * (h),              \
+      .vocab = 50272, .max_seq = 2048, .tied_embeddings = 1, .attn_bias = 1,             \
+      .out_bias = 1, .norm_bias = 1, .norm_eps = 1e-5f, .act = "relu",                   \
+      .pos = ZO_POS_LEARNED, .pos_offset = 2}}
 /* Gemma-2 (config.json of google/gemma-2-2b, -9b, -27b): Gemma's layers
  * with four norms (layer_norms 4), scores times query_pre_attn_scalar^-0.5
  * and capped at 50, logits capped at 30, a window of 4096 positions on
@@ -105,6 +115,17 @@
       .act = "gelu_pytorch_tanh", .layer_norms = 4, .qk_norm = 1, .sliding_window = win, \
       .window_period = 6, .query_pre_attn_scalar = qpas, .rope_local_theta = 10000.0f,   \
       .rope_scaling = scaling, .rope_factor = factor}}
+
+/* BLOOM (config.json of bigscience/bloom-*): LayerNorm with biases (on the
+ * word embeddings too), query_key_value per head, 4h GELU (tanh form) MLP,
+ * biases, ALiBi, tied; vocabulary 250880, trained at 2048 positions. */
+#define BLOOM(n, L, h, a)                                                                 \
+    {n, "",                                                                               \
+     {.name = n, .family = "bloom", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,     \
+      .n_heads = a, .n_kv_heads = a, .head_dim = (h) / (a), .ffn = 4 * (h),              \
+      .vocab = 250880, .max_seq = 2048, .tied_embeddings = 1, .attn_bias = 1,            \
+      .out_bias = 1, .norm_bias = 1, .norm_eps = 1e-5f, .pos = ZO_POS_ALIBI,             \
+      .embed_norm = 1}}
 
 static const zo_model_preset presets[] = {
     GPT("gpt2", "gpt2-124m,gpt2-small", "gpt2", 12, 768, 12, 50257, 1024),
@@ -153,6 +174,17 @@ static const zo_model_preset presets[] = {
     NEOX("gpt-neox-20b", 44, 6144, 64, 50432, "gelu_fast"),
     FALCON("falcon-7b", 32, 4544, 71, 1, 1),
     FALCON("falcon-40b", 60, 8192, 128, 8, 2),
+    OPT("opt-125m", 12, 768, 12),
+    OPT("opt-1.3b", 24, 2048, 32),
+    OPT("opt-2.7b", 32, 2560, 32),
+    OPT("opt-6.7b", 32, 4096, 32),
+    OPT("opt-13b", 40, 5120, 40),
+    OPT("opt-30b", 48, 7168, 56),
+    OPT("opt-66b", 64, 9216, 72),
+    BLOOM("bloom-560m", 24, 1024, 16),
+    BLOOM("bloom-1b7", 24, 2048, 16),
+    BLOOM("bloom-7b1", 30, 4096, 32),
+    BLOOM("bloom", 70, 14336, 112),
     GEMMA2("gemma-2-2b", 26, 2304, 8, 4, 256, 9216, 256),
     GEMMA2("gemma-2-9b", 42, 3584, 16, 8, 256, 14336, 256),
     /* heads of 128, but query_pre_attn_scalar 144 (hidden / heads) */
@@ -366,6 +398,11 @@ int zo_model_layer_is_moe(const zo_model_config *c, int layer)
     return c->moe.experts > 0 && layer >= c->moe.first_dense;
 }
 
+int zo_model_moe_layers(const zo_model_config *c)
+{
+    return c->moe.experts > 0 ? c->n_layers - c->moe.first_dense : 0;
+}
+
 const char *zo_moe_shared_name(const zo_model_config *c)
 {
     return !strncmp(c->family, "deepseek", 8) ? "shared_experts" : "shared_expert";
@@ -474,7 +511,7 @@ void zo_model_param_counts(const zo_model_config *c, zo_param_counts *o)
     uint64_t h = (uint64_t)c->hidden, v = (uint64_t)c->vocab;
     o->embedding = v * h + zo_model_position_rows(c) * h + (c->embed_norm ? norm_params(c, h) : 0);
     /* two kinds of layer: dense (all, or DeepSeek's first ones) and MoE */
-    int n_moe = c->moe.experts ? c->n_layers - c->moe.first_dense : 0;
+    int n_moe = zo_model_moe_layers(c);
     int n_dense = c->n_layers - n_moe;
     zo_layer_params d = {0}, e = {0};
     if (n_dense) zo_model_layer_params(c, 0, &d);
@@ -513,14 +550,15 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these), GPT-NeoX's
      * erf form ("gelu") too; LLaMA: SiLU, Gemma's gate that tanh form (GeGLU) */
     int gelu_known = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
-                     !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
+                     !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu")) ||
+                     (zo_model_opt(c) && !strcmp(c->act, "relu")); /* OPT's ReLU */
     int gemma = zo_family_gemma(c->family);
     int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !gelu_known : strcmp(c->act, "silu"));
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
      * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
      * norm for both */
-    int grouped = zo_model_qkv_grouped(c);
-    int rotary = c->arch == ZO_ARCH_LLAMA || grouped;
+    int grouped = zo_model_qkv_grouped(c), bloom = zo_model_bloom(c);
+    int rotary = c->arch == ZO_ARCH_LLAMA || (grouped && !bloom);
     char lacks[64];
     /* (DeepSeek-V2's and V3's latent attention and V3's router correction
      * named first: their family is DeepSeekMoE's otherwise) */
@@ -531,7 +569,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->moe.experts && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
-    else if ((c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY)) || c->pos_offset)
+    else if (c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY) &&
+             !(zo_model_opt(c) && c->pos == ZO_POS_LEARNED) && !(bloom && c->pos == ZO_POS_ALIBI))
         snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
     else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_post_norms(c) && gemma) &&
              !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
@@ -541,7 +580,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         /* FalconConfig has grouped kv heads only with the new decoder
          * architecture, whose attention and MLP are side by side */
         snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
-    else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
+    else if (c->embed_norm && !bloom) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
@@ -1004,7 +1043,12 @@ int zo_model_fused_proj(const zo_model_config *c) { return !strcmp(c->family, "p
 
 int zo_model_neox(const zo_model_config *c) { return !strcmp(c->family, "gpt_neox"); }
 int zo_model_falcon(const zo_model_config *c) { return !strcmp(c->family, "falcon"); }
-int zo_model_qkv_grouped(const zo_model_config *c) { return zo_model_neox(c) || zo_model_falcon(c); }
+int zo_model_bloom(const zo_model_config *c) { return !strcmp(c->family, "bloom"); }
+int zo_model_qkv_grouped(const zo_model_config *c)
+{
+    return zo_model_neox(c) || zo_model_falcon(c) || zo_model_bloom(c);
+}
+int zo_model_opt(const zo_model_config *c) { return !strcmp(c->family, "opt"); }
 
 int zo_model_rope_dim(const zo_model_config *c)
 {
@@ -1168,8 +1212,9 @@ static void parse_falcon(hf *r, zo_model_config *c, const family *f)
 }
 
 /* OPT: LayerNorm, biased q/k/v/o and MLP (ReLU), learned positions with two
- * extra rows, tied output layer. OPT-350m's post-norm layers and embedding
- * projections are refused. */
+ * extra rows, tied output layer. OPT-350m's post-norm layers
+ * (do_layer_norm_before false, which also drops the final norm: not in
+ * `modelled`, so refused by name) and embedding projections are refused. */
 static void parse_opt(hf *r, zo_model_config *c, const family *f)
 {
     c->arch = ZO_ARCH_GPT;
@@ -1177,9 +1222,12 @@ static void parse_opt(hf *r, zo_model_config *c, const family *f)
     c->pos_offset = 2;
     c->norm_bias = 1;
     hf_shape(r, c, "ffn_dim");
+    c->norm_eps = 1e-5f; /* OPTConfig has no epsilon: torch's LayerNorm default */
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
     c->attn_bias = c->out_bias = hf_bool(r, "enable_bias", 1);
+    /* OPTConfig's default activation_function is "relu" */
     hf_act(r, "activation_function", NULL, c);
+    if (!c->act[0]) snprintf(c->act, sizeof c->act, "relu");
     if (hf_int(r, "word_embed_proj_dim", c->hidden) != c->hidden)
         hf_fail(r, ZO_ERR_UNSUPPORTED, "word_embed_proj_dim",
                 "an embedding narrower than hidden_size (projected in and out) is not modelled");
@@ -1204,6 +1252,11 @@ static void parse_bloom(hf *r, zo_model_config *c, const family *f)
     c->ffn = hf_times(r, "hidden_size", 4, c->hidden);
     c->norm_eps = hf_float(r, "layer_norm_epsilon", 1e-5f);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+    /* BloomGelu is GELU's tanh form (the default activation); the residual
+     * taken after the norms is another model */
+    if (hf_bool(r, "apply_residual_connection_post_layernorm", 0))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "apply_residual_connection_post_layernorm",
+                "true (the residual from the norms' outputs) is not modelled");
 }
 
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
@@ -1260,10 +1313,10 @@ static const family families[] = {
     {"RefinedWeb", NULL, parse_falcon, "Falcon-40B (its first model_type)", 1, 0, 0, NULL, 1},
     {"opt", "OPTForCausalLM", parse_opt,
      "OPT: LayerNorm, biased q/k/v/o and ReLU MLP, learned positions (+2 rows), tied", 1, 0, 0,
-     "word_embed_proj_dim,do_layer_norm_before", 0},
+     "word_embed_proj_dim", 1},
     {"bloom", "BloomForCausalLM", parse_bloom,
      "BLOOM: LayerNorm (and on the embeddings), biased fused qkv and GELU MLP, ALiBi, tied", 1,
-     0, 0, NULL, 0},
+     0, 0, NULL, 1},
     /* recognised and refused */
     {"t5", "T5ForConditionalGeneration", NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
     {"mt5", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},

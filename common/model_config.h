@@ -153,10 +153,16 @@ int zo_model_neox(const zo_model_config *c);
  * one norm or two (ln_attn, ln_mlp) before a parallel attention and MLP, or
  * the sequential form; query_key_value grouped per kv head in its files. */
 int zo_model_falcon(const zo_model_config *c);
-/* GPT-NeoX or Falcon: GPT layers as Linear weights under their names, rotary,
- * the erf GELU allowed, query_key_value's rows grouped per kv head in the
- * file ([q ... k v] of group 0, then of group 1, ...) */
+/* GPT-NeoX, Falcon or BLOOM: GPT layers as Linear weights under their names,
+ * rotary (BLOOM: ALiBi), the erf GELU allowed, query_key_value's rows
+ * grouped per kv head in the file ([q ... k v] of group 0, then of group 1, ...) */
 int zo_model_qkv_grouped(const zo_model_config *c);
+/* BLOOM: GPT layers as Falcon's sequential ones (query_key_value per head
+ * in its files, biases), ALiBi, a LayerNorm on the word embeddings */
+int zo_model_bloom(const zo_model_config *c);
+/* OPT: GPT layers as Linear weights under model.decoder., q, k and v
+ * separate, learned positions read from row pos_offset (2) on, ReLU */
+int zo_model_opt(const zo_model_config *c);
 /* Gemma-2's layers: a norm on the attention's and on the MLP's output
  * before each residual add (layer_norms 4 on a LLaMA layer). */
 int zo_model_post_norms(const zo_model_config *c);
@@ -242,6 +248,8 @@ typedef struct zo_layer_params {
 } zo_layer_params;
 
 int zo_model_layer_is_moe(const zo_model_config *cfg, int layer);
+/* How many layers have experts: every one from first_dense on (0 in a dense model). */
+int zo_model_moe_layers(const zo_model_config *cfg);
 /* The shared expert's module under an MoE layer's mlp: DeepSeek's
  * "shared_experts" (its n_shared_experts as one MLP), else Qwen2-MoE's
  * "shared_expert". */

@@ -186,6 +186,9 @@ typedef struct adam_array {
 /* The checks of an update: hyperparameters, dtypes, NULL, misaligned or
  * overlapping arrays (arr[0..na), a NULL ptr allowed only where `optional`
  * has its bit set). */
+/* The arrays' part of adam_check_update: each non-NULL (but those whose
+ * bit is set in `optional`), aligned, and no two overlapping. */
+zo_status adam_check_arrays(const char *who, const adam_array *arr, int na, unsigned optional);
 zo_status adam_check_update(const char *who, const adam_hparams *hp, zo_dtype gd, int with_out,
                             zo_dtype od, const adam_array *arr, int na, unsigned optional);
 

@@ -131,6 +131,11 @@ zo_status adam_check_update(const char *who, const adam_hparams *hp, zo_dtype gd
     if ((st = adam_check_dtype(who, "grad_dtype", gd, 1)) != ZO_OK) return st;
     if (with_out && (st = adam_check_dtype(who, "out_dtype", od, 0)) != ZO_OK) return st;
     if (arr[0].bytes == 0) return ZO_OK; /* n = 0 */
+    return adam_check_arrays(who, arr, na, optional);
+}
+
+zo_status adam_check_arrays(const char *who, const adam_array *arr, int na, unsigned optional)
+{
     for (int a = 0; a < na; a++) {
         if (!arr[a].ptr && !(optional >> a & 1u))
             return zo_error(ZO_ERR_INVALID, "%s: %s is NULL", who, arr[a].name);

@@ -90,6 +90,24 @@ zo_status adam_grad_stats(const void *grad, zo_dtype grad_dtype, size_t n, int n
 zo_status adam_grad_stats_impl(adam_impl impl, const void *grad, zo_dtype grad_dtype, size_t n,
                                int nthreads, double *sumsq, int *nonfinite);
 
+/* Add n gradient elements (fp32, fp16 or bf16) into an fp32 sum:
+ * acc[i] = (fresh ? 0.0f : acc[i]) + (float)grad[i], one fp32 addition per
+ * element, so every implementation and thread count gives the same bits as
+ * the scalar loop (fresh keeps 0 + x: -0 becomes +0, a signalling nan quiet,
+ * exactly as zeroing the sum first and adding would). The first addition of
+ * a step writes the sum without reading it. Vectorized (AVX-512, AVX2/F16C)
+ * and split over nthreads OpenMP threads (0: OpenMP's default) in chunks of
+ * at least ADAM_ACC_MIN_CHUNK elements; below two chunks one thread.
+ * ZO_ERR_INVALID for a bad dtype, a NULL or misaligned array, or acc
+ * overlapping grad. */
+zo_status adam_grad_accumulate(float *acc, const void *grad, zo_dtype grad_dtype, size_t n, int fresh,
+                               int nthreads);
+zo_status adam_grad_accumulate_impl(adam_impl impl, float *acc, const void *grad, zo_dtype grad_dtype,
+                                    size_t n, int fresh, int nthreads);
+/* The team adam_grad_accumulate uses for n elements with nthreads asked. */
+int adam_grad_accumulate_threads(size_t n, int nthreads);
+#define ADAM_ACC_MIN_CHUNK ((size_t)65536)
+
 /* The best implementation this CPU supports (never ADAM_IMPL_AUTO). */
 adam_impl adam_best_impl(void);
 /* Whether this CPU can run impl (AUTO and SCALAR always can). */

@@ -58,6 +58,14 @@ static inline gpu_tensor gpu_t(void *data, zo_dtype dtype)
 typedef struct gpu_cpu_options {
     size_t capacity;  /* bytes of "device" memory; 0 = unlimited */
     int n_threads;    /* OpenMP threads per op; 0 = omp_get_max_threads() */
+    /* (tests) nonzero: every fp32 x fp32 -> fp32 gpu_gemm rounds its A and B
+     * to TF32 (10-bit mantissa, round to nearest, ties away from zero, as
+     * PTX's cvt.rna.tf32.f32) before the fp32 product, C and the scaling
+     * left in fp32: a model of the CUDA backend's cuBLASLt GEMMs
+     * (CUBLAS_COMPUTE_32F_FAST_TF32), which tests/test_gpu_parity_model.c
+     * measures the CUDA backend's fp32 gradients against. Other dtypes and
+     * every other op are unchanged. */
+    int tf32;
 } gpu_cpu_options;
 
 /* The CPU backend: the reference for every other backend. */
@@ -234,13 +242,36 @@ zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, 
  * softcap > 0 each scaled score s becomes softcap * tanh(s / softcap)
  * before the mask and the softmax (Gemma-2's attn_logit_softcapping); lse
  * is of the capped scores, and the backward multiplies the score gradient
- * by 1 - tanh^2(s / softcap). */
+ * by 1 - tanh^2(s / softcap). With alibi > 0 the score of query i and key j
+ * (after the scale and the cap) gets alibi * slope_h * (j - i), slope_h
+ * being query head h's of hq heads (gpu_alibi_slope): BLOOM's ALiBi (alibi
+ * 1), which adds slope_h * j to every score of a row, the same under the
+ * softmax; the backward's score gradient is unchanged (a constant bias). */
 typedef struct gpu_attn_desc {
     int b, t, hq, hkv, d;
     int window;
     float scale;   /* 0: 1/sqrt(d) */
     float softcap; /* 0: none */
+    float alibi;   /* 0: none; > 0: ALiBi's bias times this */
 } gpu_attn_desc;
+
+/* Callable on the host and, in CUDA sources, on the device. */
+#ifdef __CUDACC__
+#define GPU_HD __host__ __device__
+#else
+#define GPU_HD
+#endif
+
+/* ALiBi's slope of head h of `heads` (Hugging Face's build_alibi_tensor):
+ * with p the largest power of two <= heads, 2^(-8 (h + 1) / p) for h < p,
+ * and for the heads past p 2^(-4 (2 (h - p) + 1) / p), the odd powers of
+ * the slopes of 2p heads. */
+static inline GPU_HD float gpu_alibi_slope(int heads, int h)
+{
+    int p = 1;
+    while (2 * p <= heads) p *= 2;
+    return h < p ? exp2f(-8.0f * (float)(h + 1) / (float)p) : exp2f(-4.0f * (float)(2 * (h - p) + 1) / (float)p);
+}
 
 /* The score scale of a: a->scale, or 1/sqrt(d). */
 static inline float gpu_attn_scale(const gpu_attn_desc *a)
@@ -297,12 +328,16 @@ zo_status gpu_rope_forward_seq(gpu_stream_t s, gpu_tensor x, int n, int t, int n
                                const double *inv_freq, float scale);
 
 /* ---- ops: activations ---------------------------------------------------------
- * GELU, tanh form (GPT-2's gelu_new): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
- * with exact 1 the erf form (GPT-NeoX's "gelu"): y = x Phi(x), Phi the normal
- * distribution function, dy/dx = Phi(x) + x phi(x). */
-zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n, int exact);
+ * The MLP's activation, by form:
+ * GPU_ACT_GELU_TANH, GELU's tanh form (GPT-2's gelu_new):
+ *   y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
+ * GPU_ACT_GELU_ERF, its erf form (GPT-NeoX's "gelu"): y = x Phi(x), Phi the
+ *   normal distribution function, dy/dx = Phi(x) + x phi(x);
+ * GPU_ACT_RELU (OPT's "relu"): y = max(x, 0), dy/dx 1 where x > 0, else 0. */
+enum { GPU_ACT_GELU_TANH = 0, GPU_ACT_GELU_ERF = 1, GPU_ACT_RELU = 2, GPU_ACT_COUNT };
+zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n, int form);
 zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
-                            size_t n, int exact);
+                            size_t n, int form);
 /* SwiGLU: y = silu(gate) * up, all [n] elements; with gelu 1 GeGLU
  * (Gemma): y = gelu(gate) * up, GELU's tanh form as above. Backward:
  * dgate = dy * up * act'(gate), dup = dy * act(gate) (either may alias an
@@ -479,21 +514,25 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
  * Qwen2-MoE: p = softmax(logits row) over all e experts, the k largest
  * chosen (ties: the lower index), their weights p (norm 0) or p divided by
  * their sum (norm 1). weights [n, e] fp32 gets those weights and 0 for the
- * experts not chosen; logits [n, e] fp32. stats [2 e] fp32 receives the
- * load-balancing loss's counts: stats[j] = sum over the rows of p_j,
- * stats[e + j] = the rows that chose j (written, not accumulated). */
+ * experts not chosen; logits [n, e] fp32. stats [groups, 2 e] fp32 receives
+ * the load-balancing loss's counts of each group of group_rows rows (row r
+ * in group r / group_rows, groups = ceil(n / group_rows): DeepSeek's
+ * sequences; group_rows >= n: one group): stats[g, j] = sum over the
+ * group's rows of p_j, stats[g, e + j] = the group's rows that chose j
+ * (written, not accumulated). */
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, int norm);
+                                 float *stats, int n, int e, int k, int norm, int group_rows);
 /* Its backward: dlogits [n, e] fp32 = the softmax's backward of dp, where dp
  * is the gradient of the loss with respect to p: through the chosen
  * weights (dweights [n, e] fp32, read at the chosen experts only, the
  * normalization's backward when norm) plus, when aux_scale is not 0, the
- * load-balancing loss's aux_scale * C_j for every expert, C_j the rows that
- * chose j summed over `layers` rows of stats ([layers, 2 e], as the forward
+ * load-balancing loss's aux_scale * C_j for every expert, C_j the rows of
+ * row r's group (r / group_rows, as the forward's) that chose j, summed
+ * over `layers` layers of stats ([layers, groups, 2 e], as the forward
  * wrote them). */
 zo_status gpu_moe_router_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  int norm, int layers, float aux_scale);
+                                  int norm, int layers, int group_rows, float aux_scale);
 /* An expert's output weighted per token: y[r, j] = g(scale[r * lds]) x[r, j]
  * for n rows of c columns (y, x [n, c]); g the identity, or the sigmoid
  * (sigmoid 1: Qwen2-MoE's gate on the shared expert). scale fp32. */

@@ -18,6 +18,7 @@ typedef struct cpu_ctx {
     pthread_mutex_t lock; /* guards the counters and the fault plan below */
     size_t capacity, in_use, high_water, n_allocs, host_pinned;
     int n_threads;
+    int tf32; /* gpu_cpu_options.tf32 */
     gpu_cpu_faults faults; /* test seam: see gpu_cpu_inject_faults */
 } cpu_ctx;
 
@@ -271,6 +272,7 @@ static zo_status cpu_stream_create(gpu_device_t dev, gpu_stream_t s)
     cpu_scratch_init(&cs->scratch);
     cs->scratch.fail = fault_scratch;
     cs->scratch.fail_arg = ctx_of(dev);
+    cs->scratch.tf32 = ctx_of(dev)->tf32;
     pthread_mutex_init(&cs->lock, NULL);
     pthread_cond_init(&cs->work, NULL);
     pthread_cond_init(&cs->idle, NULL);
@@ -656,14 +658,14 @@ static zo_status cpu_run_swiglu_backward(cpu_scratch *ws, const gpu_op_args *a, 
 static zo_status cpu_run_moe_router_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     return cpu_moe_router_forward(ws, a->t[0], a->t[1], a->p[0], (int)a->i[0], (int)a->i[1],
-                                  (int)a->i[2], (int)a->i[3], nt);
+                                  (int)a->i[2], (int)a->i[3], (int)a->i[4], nt);
 }
 
 static zo_status cpu_run_moe_router_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     return cpu_moe_router_backward(ws, a->t[0], a->t[1], a->t[2], a->p[0], (int)a->i[0],
                                    (int)a->i[1], (int)a->i[2], (int)a->i[3], (int)a->i[4],
-                                   a->f[0], nt);
+                                   (int)a->i[5], a->f[0], nt);
 }
 
 static zo_status cpu_run_moe_scale_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
@@ -857,6 +859,7 @@ zo_status gpu_device_init_cpu(const gpu_cpu_options *opt, gpu_device_t *out)
     pthread_mutex_init(&c->lock, NULL);
     c->capacity = opt ? opt->capacity : 0;
     c->n_threads = opt && opt->n_threads > 0 ? opt->n_threads : 0;
+    c->tf32 = opt && opt->tf32;
     zo_status st = gpu_device_wrap(&cpu_iface, c, out);
     if (st != ZO_OK) goto out_free_ctx;
     return ZO_OK;

@@ -79,6 +79,8 @@ static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
     if (d->hq % d->hkv)
         return zo_error(ZO_ERR_INVALID, "%s: hkv %d does not divide hq %d", op, d->hkv, d->hq);
     if (d->window < 0) return zo_error(ZO_ERR_INVALID, "%s: window %d < 0", op, d->window);
+    if (!(d->alibi >= 0.0f) || !isfinite(d->alibi))
+        return zo_error(ZO_ERR_INVALID, "%s: alibi %g must be finite and >= 0", op, (double)d->alibi);
     return ZO_OK;
 }
 
@@ -93,8 +95,9 @@ static zo_status gpu_check_attn_cached(const char *op, const gpu_op_args *a)
     return ZO_OK;
 }
 
-/* i: n, t, n_heads, d, ldx, pos0, ldh; f[0] = theta, f[1] = scale; p[1]: a
- * position a sequence of t rows, added to pos0 (device memory, not read) */
+/* i: n, t, n_heads, d, ldx, pos0, ldh, n_pos; f[0] = theta, f[1] = scale;
+ * p[1]: a position a sequence of t rows, added to pos0 (device memory, not
+ * read here: the op checks each against [0, n_pos - t]) */
 static zo_status gpu_check_rope(const char *op, const gpu_op_args *a)
 {
     if (a->i[3] % 2) return zo_error(ZO_ERR_INVALID, "%s: head dim %lld is odd", op, (long long)a->i[3]);
@@ -107,6 +110,27 @@ static zo_status gpu_check_rope(const char *op, const gpu_op_args *a)
     if (!(a->f[1] > 0.0f) || !isfinite(a->f[1]))
         return zo_error(ZO_ERR_INVALID, "%s: scale %g must be finite and > 0", op, (double)a->f[1]);
     if (a->i[5] < 0) return zo_error(ZO_ERR_INVALID, "%s: pos0 %lld < 0", op, (long long)a->i[5]);
+    if (a->p[1] && a->i[7] < a->i[1])
+        return zo_error(ZO_ERR_INVALID, "%s: n_pos %lld < t %lld", op, (long long)a->i[7], (long long)a->i[1]);
+    return ZO_OK;
+}
+
+/* i: n, t, c, vocab, n_pos; p[1]: a position a sequence of t rows into
+ * wpe's n_pos rows (device memory, checked by the op) */
+static zo_status gpu_check_embedding(const char *op, const gpu_op_args *a)
+{
+    if (!a->p[1]) return ZO_OK;
+    if (!a->t[2].data) return zo_error(ZO_ERR_INVALID, "%s: positions without wpe (they index it)", op);
+    if (a->i[4] < a->i[1])
+        return zo_error(ZO_ERR_INVALID, "%s: n_pos %lld < t %lld", op, (long long)a->i[4], (long long)a->i[1]);
+    return ZO_OK;
+}
+
+static zo_status gpu_check_act(const char *op, const gpu_op_args *a)
+{
+    if (a->i[0] < 0 || a->i[0] >= GPU_ACT_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: activation form %lld is not one of 0..%d", op, (long long)a->i[0],
+                        GPU_ACT_COUNT - 1);
     return ZO_OK;
 }
 

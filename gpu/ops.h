@@ -145,9 +145,10 @@ typedef struct gpu_op_slot {
       (GPU_T(0, dx), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),           \
        GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq)),               \
       gpu_check_rope)                                                                            \
-    X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x), GPU_INT(0, exact)), NULL) \
+    X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x), GPU_INT(0, form)),    \
+      gpu_check_act)                                                                            \
     X(GELU_BACKWARD, gelu_backward,                                                           \
-      (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x), GPU_INT(0, exact)), NULL)               \
+      (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x), GPU_INT(0, form)), gpu_check_act)     \
     X(SWIGLU_FORWARD, swiglu_forward,                                                           \
       (GPU_N(n), GPU_T(0, y), GPU_T(1, gate), GPU_T(2, up), GPU_INT(0, gelu)), NULL)             \
     X(SWIGLU_BACKWARD, swiglu_backward,                                                         \
@@ -157,7 +158,7 @@ typedef struct gpu_op_slot {
     X(EMBEDDING_FORWARD, embedding_forward,                                                     \
       (GPU_T(0, out), GPU_T(1, wte), GPU_TOPT(2, wpe), GPU_P(0, tokens), GPU_DIM(0, n),          \
        GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab), GPU_POPT(1, pos), GPU_INT(4, n_pos)),    \
-      NULL)                                                                                      \
+      gpu_check_embedding)                                                                       \
     X(EMBEDDING_BACKWARD, embedding_backward,                                                   \
       (GPU_T(0, dwte), GPU_TOPT(1, dwpe), GPU_T(2, dout), GPU_P(0, tokens), GPU_DIM(0, n),       \
        GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab)),                                         \
@@ -184,11 +185,12 @@ typedef struct gpu_op_slot {
       gpu_check_adam_state)                                                                      \
     X(MOE_ROUTER_FORWARD, moe_router_forward,                                                   \
       (GPU_T(0, weights), GPU_T(1, logits), GPU_P(0, stats), GPU_DIM(0, n), GPU_DIM(1, e),       \
-       GPU_DIM(2, k), GPU_INT(3, norm)),                                                         \
+       GPU_DIM(2, k), GPU_INT(3, norm), GPU_DIM(4, group_rows)),                                 \
       gpu_check_moe_router)                                                                      \
     X(MOE_ROUTER_BACKWARD, moe_router_backward,                                                 \
       (GPU_T(0, dlogits), GPU_T(1, dweights), GPU_T(2, logits), GPU_POPT(0, stats),              \
-       GPU_DIM(0, n), GPU_DIM(1, e), GPU_DIM(2, k), GPU_INT(3, norm), GPU_INT(4, layers)),       \
+       GPU_DIM(0, n), GPU_DIM(1, e), GPU_DIM(2, k), GPU_INT(3, norm), GPU_INT(4, layers),        \
+       GPU_DIM(5, group_rows)),                                                                  \
       gpu_check_moe_router)                                                                      \
     X(MOE_SCALE_FORWARD, moe_scale_forward,                                                     \
       (GPU_T(0, y), GPU_T(1, x), GPU_P(0, scale), GPU_DIM(0, n), GPU_DIM(1, c), GPU_DIM(2, lds), \

@@ -17,7 +17,8 @@
 #include <cblas.h> /* defines: cblas_sgemm, openblas_get_parallel, openblas_get_corename */
 #endif
 
-#include "common/nf4.h" /* defines: zo_nf4_dequantize */
+#include "common/nf4.h"           /* defines: zo_nf4_dequantize */
+#include "gpu/cuda/gemm_layout.h" /* defines: cuda_gemm_operand_extent (free of CUDA) */
 
 /* ---- element access --------------------------------------------------------- */
 
@@ -633,14 +634,69 @@ static zo_status blas_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 }
 #endif
 
-zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
+static zo_status gemm_dispatch(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 {
-    pthread_once(&gemm_once, gemm_init);
 #ifdef ZO_HAVE_OPENBLAS
     if (atomic_load_explicit(&gemm_impl, memory_order_relaxed) != CPU_GEMM_OWN && blas_fits(d))
         return blas_gemm(ws, d, nt);
 #endif
     return own_gemm(ws, d, nt);
+}
+
+/* ---- TF32 GEMMs (gpu_cpu_options.tf32) -------------------------------------------
+ * A model of cuBLASLt's CUBLAS_COMPUTE_32F_FAST_TF32, which the CUDA backend
+ * runs every fp32 product on: A and B rounded to TF32, then the same fp32
+ * product as ever. A product of two TF32 values (11-bit significands) is
+ * exact in fp32, as in the tensor cores, so what is left to differ from
+ * the GPU is the order of the fp32 sums (and the rounding of ties, should
+ * cuBLASLt's kernels convert otherwise: docs/gpu-cuda.md). */
+
+float cpu_tf32_round(float x)
+{
+    uint32_t u = zo_f32_bits(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x; /* inf, nan */
+    /* half of the 13 dropped bits' weight, carried into the exponent when
+     * the mantissa overflows; ties (exactly 0x1000 dropped) go up in
+     * magnitude, away from zero */
+    return zo_bits_f32((u + 0x1000u) & 0xffffe000u);
+}
+
+/* dst[0..n) = src[0..n) rounded to TF32 */
+VEC_CLONES static void round_tf32(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = cpu_tf32_round(src[i]);
+}
+
+static zo_status tf32_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
+{
+    const size_t na = cuda_gemm_operand_extent(d, 'a'), nb = cuda_gemm_operand_extent(d, 'b');
+    float *ra = malloc(na * sizeof(float)), *rb = malloc(nb * sizeof(float));
+    zo_status st = ZO_OK;
+    if (!ra || !rb) {
+        st = zo_error(ZO_ERR_NOMEM, "gpu_gemm (cpu, tf32): out of host memory for the rounded "
+                                    "operands (%zu + %zu floats)", na, nb);
+        goto out_free;
+    }
+    round_tf32(ra, d->a.data, na);
+    round_tf32(rb, d->b.data, nb);
+    gpu_gemm_desc e = *d;
+    e.a.data = ra;
+    e.b.data = rb;
+    st = gemm_dispatch(ws, &e, nt);
+out_free:
+    free(rb);
+    free(ra);
+    return st;
+}
+
+zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
+{
+    pthread_once(&gemm_once, gemm_init);
+    /* the products cuBLASLt runs on TF32 (gpu/cuda/gemm.cu: lt_types_ok) */
+    if (ws->tf32 && d->a.dtype == ZO_DTYPE_F32 && d->b.dtype == ZO_DTYPE_F32 &&
+        d->c.dtype == ZO_DTYPE_F32 && d->m > 0 && d->n > 0 && d->k > 0)
+        return tf32_gemm(ws, d, nt);
+    return gemm_dispatch(ws, d, nt);
 }
 
 void cpu_gemm_naive(const gpu_gemm_desc *d)
@@ -1019,17 +1075,34 @@ static void scale_scores(float *restrict row, int n, float scale, float cap)
         for (int j = 0; j < n; j++) row[j] = cap * tanhf(row[j] / cap);
 }
 
-/* Scores row -> unnormalized probabilities: row[j] = exp(c(row[j] * scale) - mx)
- * for lo <= j < n, c the soft cap (cap > 0) or none (mx their max, returned
- * in *mx), zero for j < lo (before a sliding window) and n <= j < n_zero;
- * returns their sum (fixed lanes). */
+/* ALiBi's bias of a query whose last key is n - 1 (itself): row[j] += ab
+ * (j - (n - 1)) for lo <= j < n (ab the head's slope times the desc's alibi;
+ * 0: nothing) */
+static void alibi_scores(float *restrict row, int lo, int n, float ab)
+{
+    if (ab != 0.0f)
+        for (int j = lo; j < n; j++) row[j] += ab * (float)(j - (n - 1));
+}
+
+/* The head's ALiBi step: alibi times its slope, or 0 */
+static float alibi_step(const gpu_attn_desc *a, int h)
+{
+    return a->alibi > 0.0f ? a->alibi * gpu_alibi_slope(a->hq, h) : 0.0f;
+}
+
+/* Scores row -> unnormalized probabilities: row[j] = exp(c(row[j] * scale)
+ * + ab (j - n + 1) - mx) for lo <= j < n, c the soft cap (cap > 0) or none,
+ * ab ALiBi's step (0: none) (mx their max, returned in *mx), zero for j < lo
+ * (before a sliding window) and n <= j < n_zero; returns their sum (fixed
+ * lanes). */
 VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_zero, float scale,
-                                    float cap, float *mx_out)
+                                    float cap, float ab, float *mx_out)
 {
     float m[LANES], acc[LANES];
     for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0f;
     int nb = n / LANES * LANES;
     scale_scores(row + lo, n - lo, scale, cap); /* the keys the row sees */
+    alibi_scores(row, lo, n, ab);
     for (int j = 0; j < lo; j++) row[j] = -INFINITY;
     for (int j = 0; j < nb; j += LANES)
         for (int l = 0; l < LANES; l++) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
@@ -1047,24 +1120,25 @@ VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_ze
     return s;
 }
 
-/* P and dS rows of the backward: p = exp(s * scale - L) for lo <= j < n,
- * then ds = p * (dp - D) * scale; both zero for j < lo and n <= j < n_zero.
- * With cap > 0 the score is cap tanh(s scale / cap) and ds is also
- * multiplied by its derivative 1 - tanh^2. */
+/* P and dS rows of the backward: p = exp(s * scale + ab (j - n + 1) - L)
+ * for lo <= j < n (ab ALiBi's step, 0 without), then ds = p * (dp - D) *
+ * scale; both zero for j < lo and n <= j < n_zero. With cap > 0 the score
+ * is cap tanh(s scale / cap) and ds is also multiplied by its derivative
+ * 1 - tanh^2. */
 VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, int lo, int n,
-                                        int n_zero, float scale, float cap, float L, float D)
+                                        int n_zero, float scale, float cap, float ab, float L, float D)
 {
     if (cap > 0.0f) {
         for (int j = 0; j < lo; j++) p[j] = dp[j] = 0.0f;
         for (int j = lo; j < n; j++) {
             float th = tanhf(p[j] * scale / cap);
-            float pj = fexp(cap * th - L);
+            float pj = fexp(cap * th + ab * (float)(j - (n - 1)) - L);
             p[j] = pj;
             dp[j] = pj * (dp[j] - D) * scale * (1.0f - th * th);
         }
     } else {
         for (int j = 0; j < n; j++) {
-            float pj = j < lo ? 0.0f : fexp(p[j] * scale - L);
+            float pj = j < lo ? 0.0f : fexp(p[j] * scale + ab * (float)(j - (n - 1)) - L);
             p[j] = pj;
             dp[j] = pj * (dp[j] - D) * scale;
         }
@@ -1149,7 +1223,7 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
                 for (int i = 0; i < rows; i++) {
                     float mx;
                     l[i] = softmax_row(S + (size_t)i * tN, window_start(a, q0 + i), q0 + i + 1, nk,
-                                       scale, cap, &mx);
+                                       scale, cap, alibi_step(a, h), &mx);
                     lse[((size_t)b * hq + h) * t + q0 + i] = mx + logf(l[i]);
                 }
                 /* O [rows][d] = P V, then divided by the row sums */
@@ -1232,8 +1306,8 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                     for (int i = 0; i < rows; i++) {
                         load_row(orow, out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, d);
                         float D = dot_lanes(dOf + (size_t)i * d, orow, d);
-                        softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN,
-                                         window_start(a, q0 + i), q0 + i + 1, nk, scale, cap, L[q0 + i], D);
+                        softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN, window_start(a, q0 + i),
+                                         q0 + i + 1, nk, scale, cap, alibi_step(a, h), L[q0 + i], D);
                     }
                     /* dQ [rows][d] = dS K */
                     panels dSa = pack_a_rows(dSp, dS, tN, rows, nk);
@@ -1324,6 +1398,7 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
                     float mx = -INFINITY;
                     for (int j = j0; j <= p; j++) S[j] = dot_lanes(q, K + (size_t)j * d, d);
                     scale_scores(S + j0, p + 1 - j0, scale, cap);
+                    alibi_scores(S, j0, p + 1, alibi_step(a, h));
                     for (int j = j0; j <= p; j++) mx = S[j] > mx ? S[j] : mx;
                     float l = 0.0f;
                     for (int k = 0; k < d; k++) o[k] = 0.0f;
@@ -1343,15 +1418,23 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
 
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
-/* Each of the sequences of t rows of n starts at pos[s]: within [0, n_pos - t],
- * so that its rows' positions are within the n_pos there are. */
+/* Ids (tokens, targets, positions) within [0, limit) (-1 too where
+ * allow_ignore: the loss's ignored targets). */
+static zo_status check_ids(const char *op, const char *what, const int32_t *ids, int n,
+                           int limit, int allow_ignore)
+{
+    for (int r = 0; r < n; r++)
+        if (ids[r] >= limit || ids[r] < (allow_ignore ? -1 : 0))
+            return zo_error(ZO_ERR_INVALID, "%s: %s[%d] = %d outside [0, %d)", op, what, r,
+                            (int)ids[r], limit);
+    return ZO_OK;
+}
+
+/* Each of the sequences of t rows of n starts at pos[s], within [0, n_pos -
+ * t], so that its rows' positions are within the n_pos there are. */
 static zo_status check_seq_pos(const char *op, const int32_t *pos, int n, int t, int n_pos)
 {
-    for (int s = 0; s < (n + t - 1) / t; s++)
-        if (pos[s] < 0 || pos[s] > n_pos - t)
-            return zo_error(ZO_ERR_INVALID, "%s: pos[%d] = %d outside [0, %d): positions %d..%d of %d", op, s,
-                            pos[s], n_pos - t + 1, pos[s], pos[s] + t - 1, n_pos);
-    return ZO_OK;
+    return check_ids(op, "pos", pos, (n + t - 1) / t, n_pos - t + 1, 0);
 }
 
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
@@ -1439,6 +1522,27 @@ static void gelu_erf_bwd_f32(float *dx, const float *dy, const float *x, int n)
     }
 }
 
+/* ReLU (OPT's MLP): y = max(x, 0); dy/dx 1 where x > 0, else 0 (torch's
+ * gradient at 0 included) */
+VEC_CLONES static void relu_fwd_f32(float *y, const float *x, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+VEC_CLONES static void relu_bwd_f32(float *dx, const float *dy, const float *x, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+typedef void (*act_fwd_fn)(float *y, const float *x, int n);
+typedef void (*act_bwd_fn)(float *dx, const float *dy, const float *x, int n);
+static const act_fwd_fn act_fwd[] = {[GPU_ACT_GELU_TANH] = gelu_fwd_f32, [GPU_ACT_GELU_ERF] = gelu_erf_fwd_f32,
+                                     [GPU_ACT_RELU] = relu_fwd_f32};
+static const act_bwd_fn act_bwd[] = {[GPU_ACT_GELU_TANH] = gelu_bwd_f32, [GPU_ACT_GELU_ERF] = gelu_erf_bwd_f32,
+                                     [GPU_ACT_RELU] = relu_bwd_f32};
+
 VEC_CLONES static void swiglu_fwd_f32(float *y, const float *gate, const float *up, int n)
 {
 #pragma omp simd /* in place (output == an input) is fine: same index */
@@ -1489,7 +1593,7 @@ static int ew_len(size_t blk, size_t n)
     return (int)(n - blk * EW_BLOCK < EW_BLOCK ? n - blk * EW_BLOCK : EW_BLOCK);
 }
 
-void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int exact, int nt)
+void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int form, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1497,12 +1601,12 @@ void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int exact, int nt)
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *py = out_f32(y, off, by);
-        (exact ? gelu_erf_fwd_f32 : gelu_fwd_f32)(py, in_f32(x, off, len, bx), len);
+        act_fwd[form](py, in_f32(x, off, len, bx), len);
         out_done(y, off, py, len);
     }
 }
 
-void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int exact, int nt)
+void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1510,7 +1614,7 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *pdx = out_f32(dx, off, bdx);
-        (exact ? gelu_erf_bwd_f32 : gelu_bwd_f32)(pdx, in_f32(dy, off, len, bdy), in_f32(x, off, len, bx), len);
+        act_bwd[form](pdx, in_f32(dy, off, len, bdy), in_f32(x, off, len, bx), len);
         out_done(dx, off, pdx, len);
     }
 }
@@ -1545,16 +1649,6 @@ void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_te
 }
 
 /* ---- embedding and loss ------------------------------------------------------------------------- */
-
-static zo_status check_ids(const char *op, const char *what, const int32_t *ids, int n,
-                           int limit, int allow_ignore)
-{
-    for (int r = 0; r < n; r++)
-        if (ids[r] >= limit || ids[r] < (allow_ignore ? -1 : 0))
-            return zo_error(ZO_ERR_INVALID, "%s: %s[%d] = %d outside [0, %d)", op, what, r,
-                            (int)ids[r], limit);
-    return ZO_OK;
-}
 
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
                                 gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n_pos, int n, int t,

@@ -29,6 +29,7 @@ typedef struct cpu_scratch {
      * as a failed host allocation would. NULL in normal use. */
     int (*fail)(void *arg);
     void *fail_arg;
+    int tf32; /* the device's gpu_cpu_options.tf32, which cpu_gemm reads */
 } cpu_scratch;
 
 /* The team an op with thread count nt runs on: nt, or OpenMP's default
@@ -65,6 +66,11 @@ zo_status gpu_cpu_inject_faults(gpu_device_t dev, const gpu_cpu_faults *f);
  * in, else the own packed kernel (docs/gpu.md: the rule, and why the bits
  * stay independent of nt either way). */
 zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt);
+/* x rounded to TF32 (1 sign, 8 exponent, 10 mantissa bits, kept in an fp32):
+ * to nearest, ties away from zero; infinities and nan unchanged, a value
+ * past TF32's largest finite one rounds to infinity. What cpu_gemm does to
+ * fp32 operands on a device opened with gpu_cpu_options.tf32. */
+float cpu_tf32_round(float x);
 /* Which implementation cpu_gemm runs. AUTO: the dispatch rule, today the
  * same as BLAS (the library was faster wherever measured); OWN: the own
  * kernel always; BLAS: the library for every product it can take (the own
@@ -114,13 +120,13 @@ zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int
                    int64_t ldh, float theta, int pos0, const int32_t *seq_pos, int n_pos, const double *inv_freq,
                    float scale, int inverse, int nt);
 /* exact: the erf form in place of the tanh form */
-void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int exact, int nt);
-void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int exact, int nt);
+/* form: GPU_ACT_GELU_TANH, GPU_ACT_GELU_ERF or GPU_ACT_RELU (gpu/device.h) */
+void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int form, int nt);
+void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form, int nt);
 /* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */
 void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, int nt);
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
                          gpu_tensor up, size_t n, int gelu, int nt);
-/* pos (NULL: none): a position a sequence of t rows, where wpe's rows start */
 /* pos (NULL: none): a position a sequence of t rows into wpe's n_pos
  * rows, each in [0, n_pos - t] (else an error naming it, nothing written) */
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
@@ -153,10 +159,10 @@ void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor pa
 /* ---- mixture of experts (ops_cpu_moe.c) ---------------------------------------------- */
 
 zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, int norm, int nt);
+                                 float *stats, int n, int e, int k, int norm, int group_rows, int nt);
 zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  int norm, int layers, float aux_scale, int nt);
+                                  int norm, int layers, int group_rows, float aux_scale, int nt);
 void cpu_moe_scale_forward(gpu_tensor y, gpu_tensor x, const float *scale, int n, int c,
                            int64_t lds, int sigmoid, int nt);
 void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_tensor x,

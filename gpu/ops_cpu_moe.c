@@ -51,7 +51,7 @@ static zo_status route_scratch(cpu_scratch *ws, const char *op, int nt, int e, i
 }
 
 zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, int norm, int nt)
+                                 float *stats, int n, int e, int k, int norm, int group_rows, int nt)
 {
     nt = cpu_team(nt); /* 0: OpenMP's team, sized here: the scratch is per thread */
     float *rows;
@@ -69,38 +69,44 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
         for (int i = 0; i < k; i++) S += p[sel[i]];
         for (int i = 0; i < k; i++) wr[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]];
     }
-    /* the load-balancing loss's sums, in row order */
-    memset(acc, 0, 2 * (size_t)e * sizeof *acc);
-    for (int r = 0; r < n; r++) {
-        float *p = rows;
-        int *sel = (int *)(p + e);
-        route_row(logits, (size_t)r, e, k, p, sel);
-        for (int j = 0; j < e; j++) acc[j] += p[j];
-        for (int i = 0; i < k; i++) acc[e + sel[i]] += 1.0;
+    /* the load-balancing loss's sums, each group's in row order */
+    for (int r0 = 0; r0 < n; r0 += group_rows) {
+        const int r1 = n - r0 < group_rows ? n : r0 + group_rows;
+        memset(acc, 0, 2 * (size_t)e * sizeof *acc);
+        for (int r = r0; r < r1; r++) {
+            float *p = rows;
+            int *sel = (int *)(p + e);
+            route_row(logits, (size_t)r, e, k, p, sel);
+            for (int j = 0; j < e; j++) acc[j] += p[j];
+            for (int i = 0; i < k; i++) acc[e + sel[i]] += 1.0;
+        }
+        float *sg = stats + (size_t)(r0 / group_rows) * 2 * e;
+        for (int j = 0; j < 2 * e; j++) sg[j] = (float)acc[j];
     }
-    for (int j = 0; j < 2 * e; j++) stats[j] = (float)acc[j];
     return ZO_OK;
 }
 
 zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  int norm, int layers, float aux_scale, int nt)
+                                  int norm, int layers, int group_rows, float aux_scale, int nt)
 {
     nt = cpu_team(nt); /* 0: OpenMP's team, sized here: the scratch is per thread */
+    const int groups = (n + group_rows - 1) / group_rows;
     float *rows;
     double *aux;
-    /* per thread: p [e], sel [k], then dp [e] in the doubles */
+    /* per thread: p [e], sel [k], then aux [groups, e] and dp [e] a thread in the doubles */
     zo_status st = route_scratch(ws, "gpu_moe_router_backward", nt, e, k,
-                                 (size_t)e + (size_t)nt * (size_t)e, &rows, &aux);
+                                 (size_t)groups * e + (size_t)nt * (size_t)e, &rows, &aux);
     if (st != ZO_OK) return st;
-    /* the load-balancing loss's gradient per expert: aux_scale times the
-     * rows that chose it, over the layers */
-    for (int j = 0; j < e; j++) {
-        double cnt = 0.0;
-        if (aux_scale != 0.0f)
-            for (int l = 0; l < layers; l++) cnt += stats[(size_t)l * 2 * e + e + j];
-        aux[j] = (double)aux_scale * cnt;
-    }
+    /* the load-balancing loss's gradient per group and expert: aux_scale
+     * times the group's rows that chose it, over the layers */
+    for (int g = 0; g < groups; g++)
+        for (int j = 0; j < e; j++) {
+            double cnt = 0.0;
+            if (aux_scale != 0.0f)
+                for (int l = 0; l < layers; l++) cnt += stats[((size_t)l * groups + g) * 2 * e + e + j];
+            aux[(size_t)g * e + j] = (double)aux_scale * cnt;
+        }
     const float *dw = dweights.data;
     float *dl = dlogits.data;
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -108,10 +114,11 @@ zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tenso
         int tid = omp_get_thread_num();
         float *p = rows + (size_t)tid * (size_t)(e + k);
         int *sel = (int *)(p + e);
-        double *dp = aux + e + (size_t)tid * e;
+        double *dp = aux + (size_t)groups * e + (size_t)tid * e;
+        const double *ag = aux + (size_t)(r / group_rows) * e;
         route_row(logits, (size_t)r, e, k, p, sel);
         const float *dwr = dw + (size_t)r * e;
-        for (int j = 0; j < e; j++) dp[j] = aux[j];
+        for (int j = 0; j < e; j++) dp[j] = ag[j];
         if (norm) { /* w_i = p_i / S: dp_i = (dw_i - sum_q dw_q w_q) / S */
             double S = 0.0, dot = 0.0;
             for (int i = 0; i < k; i++) S += p[sel[i]];

@@ -29,6 +29,8 @@ static const char *model_type(const zo_model_config *c)
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
+    if (zo_model_opt(c)) return "opt";
+    if (zo_model_bloom(c)) return "bloom";
     if (c->arch == ZO_ARCH_GPT) return "gpt2";
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         if (!strcmp(c->family, own[i])) return own[i];
@@ -89,6 +91,35 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
         cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
         cJSON_AddStringToObject(o, "activation", c->act[0] ? c->act : "gelu");
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+    } else if (zo_model_bloom(c)) {
+        /* BloomConfig's keys (n_layer, n_head); seq_length the training length */
+        cJSON_AddItemToArray(arch, cJSON_CreateString("BloomForCausalLM"));
+        cJSON_AddStringToObject(o, "model_type", type);
+        cJSON_AddNumberToObject(o, "n_layer", c->n_layers);
+        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
+        cJSON_AddNumberToObject(o, "n_head", c->n_heads);
+        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+        cJSON_AddNumberToObject(o, "seq_length", c->max_seq);
+        cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
+        cJSON_AddBoolToObject(o, "apply_residual_connection_post_layernorm", 0);
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+    } else if (zo_model_opt(c)) {
+        /* OPTConfig's keys: pre-norm layers, the embedding as wide as the
+         * layers (no projections), max_position_embeddings the positions
+         * (the table has 2 rows more) */
+        cJSON_AddItemToArray(arch, cJSON_CreateString("OPTForCausalLM"));
+        cJSON_AddStringToObject(o, "model_type", type);
+        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
+        cJSON_AddNumberToObject(o, "word_embed_proj_dim", c->hidden);
+        cJSON_AddNumberToObject(o, "ffn_dim", c->ffn);
+        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
+        cJSON_AddBoolToObject(o, "do_layer_norm_before", 1);
+        cJSON_AddBoolToObject(o, "enable_bias", c->attn_bias);
+        cJSON_AddStringToObject(o, "activation_function", c->act[0] ? c->act : "relu");
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else if (c->arch == ZO_ARCH_GPT) {
         cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));

@@ -40,6 +40,8 @@ static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_K_NORM_W] = "k_norm_w",
     [MODEL_ROLE_POST_ATTN_NORM_W] = "post_attn_norm_w",
     [MODEL_ROLE_POST_MLP_NORM_W] = "post_mlp_norm_w",
+    [MODEL_ROLE_EMB_NORM_W] = "emb_norm_w",
+    [MODEL_ROLE_EMB_NORM_B] = "emb_norm_b",
     [MODEL_ROLE_NORM_W] = "norm_w",
     [MODEL_ROLE_NORM_B] = "norm_b",
     [MODEL_ROLE_LM_HEAD_W] = "lm_head_w",
@@ -226,8 +228,15 @@ static void embedding_block(builder *b)
     const int64_t h = c->hidden, v = c->vocab;
     if (zo_model_neox(c)) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "gpt_neox.embed_in.weight");
-    } else if (zo_model_falcon(c)) {
+    } else if (zo_model_falcon(c) || zo_model_bloom(c)) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "transformer.word_embeddings.weight");
+        if (c->embed_norm) { /* BLOOM's */
+            add(b, MODEL_ROLE_EMB_NORM_W, 0, h, 0, "transformer.word_embeddings_layernorm.weight");
+            add(b, MODEL_ROLE_EMB_NORM_B, 0, h, 0, "transformer.word_embeddings_layernorm.bias");
+        }
+    } else if (zo_model_opt(c)) { /* positions from row pos_offset (2) on */
+        add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "model.decoder.embed_tokens.weight");
+        add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq + c->pos_offset, h, "model.decoder.embed_positions.weight");
     } else if (c->arch == ZO_ARCH_GPT) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq, h, "wpe.weight");
@@ -262,7 +271,8 @@ static void gpt_layer(builder *b, int i)
     qkv_sub_views(l, bl, q, kv); /* q, k, v are row ranges of the fused c_attn */
 }
 
-/* Layer i of a GPT-NeoX or Falcon model: GPT-2's tensors under their names,
+/* Layer i of a GPT-NeoX, Falcon or BLOOM model (BLOOM's is the sequential
+ * Falcon's with biases, a kv head a query head): GPT-2's tensors under their names,
  * as Linear weights ([out, in]); query_key_value's rows grouped per kv head
  * in the file (hf_head_rows), [q | k | v] here. GPT-NeoX: every projection
  * and norm biased, two norms. Falcon: biases where `bias` (norms always);
@@ -298,6 +308,51 @@ static void grouped_layer(builder *b, int i)
     qkv_sub_views(l, bl, q, kv);
 }
 
+/* Layer i's q, k and v apart under `p` (LLaMA's model.layers, OPT's
+ * model.decoder.layers): their weights when `weights`, their biases when
+ * `biases`, self_attn.{q,k,v}_proj. */
+static void qkv_apart(builder *b, const char *p, int i, int weights, int biases)
+{
+    const zo_model_config *c = &b->l->cfg;
+    const int64_t h = c->hidden, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    if (weights) {
+        add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
+        add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
+        add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+    }
+    if (biases) {
+        add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
+        add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
+        add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
+    }
+}
+
+/* Layer i of an OPT model: GPT-2's layer as Linear weights under OPT's
+ * names, q, k and v separate (biased where enable_bias, as are out_proj,
+ * fc1 and fc2), with fused views over them. */
+static void opt_layer(builder *b, int i)
+{
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
+    const int64_t h = c->hidden, f = c->ffn, q = (int64_t)c->n_heads * c->head_dim;
+    const char *p = "model.decoder.layers";
+    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.self_attn_layer_norm.weight", p, i);
+    add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.self_attn_layer_norm.bias", p, i);
+    qkv_apart(b, p, i, 1, c->attn_bias);
+    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.out_proj.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.out_proj.bias", p, i);
+    add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.final_layer_norm.weight", p, i);
+    add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.final_layer_norm.bias", p, i);
+    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.fc1.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.fc1.bias", p, i);
+    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.fc2.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.fc2.bias", p, i);
+    static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
+    static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
+    fuse_views(l, b->block, MODEL_ROLE_QKV_W, qkv_w, 3);
+    fuse_views(l, b->block, MODEL_ROLE_QKV_B, qkv_b, 3);
+}
+
 /* Layer i of a LLaMA-family model (the builder at its block): separate
  * q, k, v and an MLP or MoE block, with fused views over q/k/v and gate/up
  * (Phi-3: the fused tensors, with q, k, v, gate and up as views of them). */
@@ -314,18 +369,9 @@ static void llama_layer(builder *b, int i)
     if (c->norm_bias)
         add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
     const int fused = zo_model_fused_proj(c);
-    if (fused) { /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
+    if (fused) /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
         add(b, MODEL_ROLE_QKV_W, 0, q + 2 * kv, h, "%s.%d.self_attn.qkv_proj.weight", p, i);
-    } else {
-        add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
-        add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
-        add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
-    }
-    if (c->attn_bias) {
-        add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
-        add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
-        add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
-    }
+    qkv_apart(b, p, i, !fused, c->attn_bias);
     add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
     if (c->out_bias)
         add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
@@ -377,13 +423,16 @@ static void head_block(builder *b)
         if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "embed_out.weight");
         return;
     }
-    if (zo_model_falcon(c)) {
+    if (zo_model_falcon(c) || zo_model_bloom(c)) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "transformer.ln_f.weight");
         add(b, MODEL_ROLE_NORM_B, 0, h, 0, "transformer.ln_f.bias");
         if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
         return;
     }
-    if (c->arch == ZO_ARCH_GPT) {
+    if (zo_model_opt(c)) {
+        add(b, MODEL_ROLE_NORM_W, 0, h, 0, "model.decoder.final_layer_norm.weight");
+        add(b, MODEL_ROLE_NORM_B, 0, h, 0, "model.decoder.final_layer_norm.bias");
+    } else if (c->arch == ZO_ARCH_GPT) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "ln_f.weight");
         if (c->norm_bias) add(b, MODEL_ROLE_NORM_B, 0, h, 0, "ln_f.bias");
     } else {
@@ -436,6 +485,7 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
         b.block = model_layout_layer_block(i);
         b.layer = i;
         if (zo_model_qkv_grouped(&cfg)) grouped_layer(&b, i);
+        else if (zo_model_opt(&cfg)) opt_layer(&b, i);
         else if (cfg.arch == ZO_ARCH_GPT) gpt_layer(&b, i);
         else llama_layer(&b, i);
     }

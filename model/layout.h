@@ -88,6 +88,9 @@ typedef enum model_role {
      * 4), before each residual add; its LN2 is pre_feedforward_layernorm */
     MODEL_ROLE_POST_ATTN_NORM_W, /* [h]        post_attention_layernorm.weight */
     MODEL_ROLE_POST_MLP_NORM_W,  /* [h]        post_feedforward_layernorm.weight */
+    /* BLOOM's LayerNorm on the word embeddings (embed_norm), in block 0 */
+    MODEL_ROLE_EMB_NORM_W,       /* [h]        word_embeddings_layernorm.weight */
+    MODEL_ROLE_EMB_NORM_B,       /* [h]        word_embeddings_layernorm.bias */
     MODEL_ROLE_COUNT,
 } model_role;
 
@@ -168,6 +171,7 @@ const model_view *model_layout_view(const model_layout *l, int block, model_role
 
 /* Block indices. */
 static inline int model_layout_layer_block(int layer) { return layer + 1; }
+static inline int model_layout_block_layer(int block) { return block - 1; } /* (a layer's block) */
 static inline int model_layout_head_block(const model_layout *l) { return l->n_blocks - 1; }
 
 /* Block kind name for messages: "embedding", "layer 3", "head". */

@@ -72,6 +72,7 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
         return zo_error(ZO_ERR_NOMEM, "LoRA layout: %s: out of host memory", cfg.name);
     }
     const char *prefix = zo_model_neox(&cfg)       ? "gpt_neox.layers"
+                         : zo_model_opt(&cfg)      ? "model.decoder.layers"
                          : cfg.arch == ZO_ARCH_GPT ? "transformer.h" /* GPT-2, Falcon */
                                                    : "model.layers";
     int k = 0;
@@ -116,9 +117,7 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
     for (int j = 0; j < nm; j++)
         if (mods[j].experts)
             outside += (uint64_t)(cfg.moe.experts - count) * (uint64_t)lc->r * (uint64_t)(mods[j].in + mods[j].out);
-    int moe_layers = 0;
-    for (int layer = 0; layer < cfg.n_layers; layer++) moe_layers += zo_model_layer_is_moe(&cfg, layer);
-    outside *= (uint64_t)moe_layers;
+    outside *= (uint64_t)zo_model_moe_layers(&cfg);
     uint64_t want = zo_lora_trainable_params(&cfg, lc->r, lc->targets) - outside;
     if ((uint64_t)l->total_numel != want) {
         model_layout_free(l);
@@ -170,9 +169,10 @@ static cJSON *config_json(const zo_model_config *cfg, const zo_lora_config *lc, 
     cJSON_AddNumberToObject(o, "lora_dropout", 0.0);
     cJSON_AddItemToObject(o, "target_modules", targets);
     cJSON_AddStringToObject(o, "bias", "none");
-    /* GPT-2's layers are Conv1D, their weights stored [in, out] */
-    /* GPT-2's Conv1D weights are [in, out]; GPT-NeoX's Linear ones are not */
-    cJSON_AddBoolToObject(o, "fan_in_fan_out", cfg->arch == ZO_ARCH_GPT && !zo_model_qkv_grouped(cfg));
+    /* GPT-2's Conv1D weights are [in, out]; GPT-NeoX's, Falcon's and OPT's
+     * Linear ones are not */
+    cJSON_AddBoolToObject(o, "fan_in_fan_out",
+                          cfg->arch == ZO_ARCH_GPT && !zo_model_qkv_grouped(cfg) && !zo_model_opt(cfg));
     cJSON_AddBoolToObject(o, "inference_mode", 1);
     cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     cJSON_AddNullToObject(o, "modules_to_save");

@@ -19,6 +19,7 @@ static int ends_with(const char *s, const char *suffix)
 }
 
 #define GPT_PREFIX "transformer."
+#define OPT_PREFIX "model."
 
 const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_name,
                                           int *ignored)
@@ -30,6 +31,16 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
         name += strlen(GPT_PREFIX);
     const model_tensor *t = model_layout_find(l, name);
     if (t) return t;
+    /* OPT's checkpoints saved from OPTModel (decoder.* without model.) and
+     * BLOOM's from BloomModel (without transformer.) */
+    const char *pre = zo_model_opt(&l->cfg)     ? (starts_with(name, "decoder.") ? OPT_PREFIX : NULL)
+                      : zo_model_bloom(&l->cfg) ? GPT_PREFIX
+                                                : NULL;
+    if (pre) {
+        char full[sizeof OPT_PREFIX + sizeof GPT_PREFIX + MODEL_TENSOR_NAME_MAX];
+        snprintf(full, sizeof full, "%s%s", pre, name);
+        if ((t = model_layout_find(l, full))) return t;
+    }
     if (zo_model_qkv_grouped(&l->cfg)) {
         /* GPT-NeoX's buffers in older checkpoints: the causal mask, its fill
          * value and the rotary frequencies */
@@ -56,12 +67,17 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
     if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, "]");
 }
 
-/* The checkpoint entry for a layout tensor: its own name, or for GPT-2 the
- * name with the "transformer." prefix. */
+/* The checkpoint entry for a layout tensor: its own name, for GPT-2 the
+ * name with the "transformer." prefix, for OPT the name without "model.",
+ * for BLOOM without "transformer." */
 static const model_ckpt_entry *find_entry(const model_ckpt *c, const model_layout *l,
                                           const model_tensor *t)
 {
     const model_ckpt_entry *e = model_ckpt_find(c, t->name);
+    if (!e && zo_model_opt(&l->cfg) && starts_with(t->name, OPT_PREFIX))
+        return model_ckpt_find(c, t->name + strlen(OPT_PREFIX));
+    if (!e && zo_model_bloom(&l->cfg) && starts_with(t->name, GPT_PREFIX))
+        return model_ckpt_find(c, t->name + strlen(GPT_PREFIX));
     if (!e && l->cfg.arch == ZO_ARCH_GPT) {
         char name[sizeof GPT_PREFIX + MODEL_TENSOR_NAME_MAX];
         snprintf(name, sizeof name, GPT_PREFIX "%s", t->name);

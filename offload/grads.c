@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_adam/cpu_adam.h" /* defines: adam_grad_accumulate */
+
 /* ---- the sums ------------------------------------------------------------------------ */
 
 /* A block's way to its sum: how the gradients of a slot reach it, and how
@@ -71,31 +73,18 @@ zo_status offload_grads_accumulate(offload_grads *gr, int k)
     size_t n = g->n;
     float *acc = gr->sums[b].host;
     const void *src = g->host;
-    /* the step's first addition into the block starts from zero (lazily:
-     * the update of the step before may still be reading the other blocks) */
-    if (gr->fresh[b]) {
+    /* the step's first addition into the block writes 0 + x (lazily: the
+     * update of the step before may still be reading the other blocks);
+     * later ones add, vectorized over the host sums' team */
+    int fresh = gr->fresh[b];
+    if (fresh) {
         offload_optim_grads_free(gr->opt, b);
-        if (n) memset(acc, 0, n * sizeof(float)); /* a block with nothing to train: no sum at all */
         gr->fresh[b] = 0;
     }
-    switch (gr->ghost_dtype) {
-    case ZO_DTYPE_F32: {
-        const float *x = src;
-        for (size_t i = 0; i < n; i++) acc[i] += x[i];
-        break;
-    }
-    case ZO_DTYPE_F16: {
-        const uint16_t *x = src;
-        for (size_t i = 0; i < n; i++) acc[i] += zo_f16_to_f32(x[i]);
-        break;
-    }
-    default: {
-        const uint16_t *x = src;
-        for (size_t i = 0; i < n; i++) acc[i] += zo_bf16_to_f32(x[i]);
-        break;
-    }
-    }
     g->block = -1;
+    /* (a block with nothing to train: no sum at all) */
+    if (n && (st = adam_grad_accumulate(acc, src, gr->ghost_dtype, n, fresh, gr->sum_threads)) != ZO_OK)
+        return zo_error_wrap(st, "offload: the gradient sum of block %d", b);
     offload_time_end(gr->env->acct, OFFLOAD_TIME_GRADS, t0);
     int was_reduced = gr->reduced && gr->reduced[b];
     if ((st = added(gr, b, NULL)) != ZO_OK) return st;
@@ -689,6 +678,7 @@ static zo_status slots_create(offload_grads *gr)
         if ((st = gpu_event_create(env->dev, &g->copied)) != ZO_OK) return st;
     }
     if (!(gr->fresh = calloc((size_t)gr->g->nb, 1))) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    gr->sum_threads = offload_optim_sum_threads(gr->opt);
     return ZO_OK;
 }
 

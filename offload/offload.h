@@ -244,7 +244,8 @@ typedef struct offload_config {
                                         updates start during backward */
     int dpu_warmup;                  /* DPU: serial steps first (default 0) */
     int opt_threads;                 /* CPU Adam threads of the optimizer's thread (OVERLAP,
-                                        DPU); 0 = n_threads */
+                                        DPU); the host's gradient sums get the rest of
+                                        n_threads; 0 = three quarters (zo_host_teams) */
     offload_adamw adam;
     float loss_scale;                /* initial; 0 = 65536 with fp16, else 1 (no scaling) */
     int loss_scale_window;           /* good steps before the scale doubles; 0 = 200 */

@@ -53,6 +53,8 @@ static void publish_all(offload_optim *o, int64_t step)
     pthread_mutex_unlock(&o->mu);
 }
 
+int offload_optim_sum_threads(const offload_optim *o) { return o->sum_threads; }
+
 void offload_optim_grads_free(offload_optim *o, int b)
 {
     if (!o->dpu_pending) return; /* (otherwise the forward waited for the block's update) */
@@ -181,7 +183,7 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     zo_status st = ws->ops->put_host(ws, b, rel, n, &dst);
     if (st != ZO_OK) return st;
     int wide = o->m->dtype == ZO_DTYPE_F32;
-    int threads = o->threaded && o->cfg->opt_threads ? o->cfg->opt_threads : o->cfg->n_threads;
+    int threads = o->threads;
     oshard_sum sum;
     ostate_grad_sum(o->os, b, &sum);
     /* (stochastic rounding: the update's fp32 weights rounded here, the
@@ -824,6 +826,13 @@ zo_status offload_optim_create(const offload_env *env, const offload_config *cfg
     o->dynamic_scale = m->dtype == ZO_DTYPE_F16;
     o->ctr.loss_scale = cfg->loss_scale > 0 ? cfg->loss_scale : (o->dynamic_scale ? OFFLOAD_LOSS_SCALE_INIT : 1.0f);
     o->threaded = cfg->schedule != OFFLOAD_SCHEDULE_SERIAL;
+    o->threads = o->sum_threads = cfg->n_threads;
+    if (o->threaded) {
+        /* the optimizer's thread updates beside the host's gradient sums:
+         * the cores split between the two teams */
+        int cores = cfg->n_threads > 0 ? cfg->n_threads : adam_grad_accumulate_threads(SIZE_MAX, 0);
+        zo_host_teams(cores, cfg->opt_threads, &o->sum_threads, &o->threads);
+    }
     o->published = calloc((size_t)g->nb, sizeof *o->published);
     o->queue = calloc((size_t)g->nb, sizeof *o->queue);
     zo_status st = ZO_OK;

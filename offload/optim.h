@@ -41,6 +41,8 @@ typedef struct offload_optim {
     int have_prev_norm;
     /* the schedule */
     int threaded;               /* OVERLAP or DPU: updates run on the optimizer's thread */
+    int threads, sum_threads;   /* the update's OpenMP team and the host gradient sums' (0: OpenMP's
+                                   default); threaded, the cores split by zo_host_teams */
     pthread_t thread;
     int started;
     pthread_mutex_t mu;
@@ -91,6 +93,10 @@ int offload_optim_ready(offload_optim *o, int b, int wait);
  * update in flight is done reading it (dpu: the delayed update runs beside
  * this step's backward). */
 void offload_optim_grads_free(offload_optim *o, int b);
+/* The host gradient sums' OpenMP team (adam_grad_accumulate's nthreads):
+ * the CPU Adam's when the update runs after the micro-batches, else what
+ * the optimizer's thread leaves (zo_host_teams). */
+int offload_optim_sum_threads(const offload_optim *o);
 /* The last micro-batch of a step completed block b's gradients (a block
  * summed in host memory): its update may start now (OVERLAP without exact
  * clipping). */

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/adam_math.h" /* defines: zo_host_teams */
+
 /* Standard attention's core (the batched QK^T and PV matmuls, their inner
  * dimension a head's, and the masked softmax and dropout over the s^2 scores)
  * takes this much longer than its roofline: Korthikanti et al. 2022, Table 4,
@@ -15,8 +17,6 @@
 #define FLASH_REL_EFF 0.75
 #define FLASH_BWD 2.5
 #define FLASH_CAUSAL 0.5
-/* Host memory bandwidth a vectorized loop reaches (gradient accumulation). */
-#define HOST_BW_EFF 0.7
 /* 8-bit AdamW's kernel a thread against the fp32 one's, in parameters a
  * second: 0.856 (bench_cpu_adam, auto, 2 threads, docs/performance.md
  * "cpu_adam state encodings"); bf16 ran at its memory roof (1.36x fp32). */
@@ -178,7 +178,7 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
     double r = t->lora.r, tp = t->tp;
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
     /* (an MoE layer's, or a dense one's: DeepSeek's first layers) */
-    int n = plan_peft_modules_at(m, moe ? m->n_layers - 1 : 0, t->lora.targets, t->ep, mods);
+    int n = plan_peft_modules(m, moe ? m->n_layers - 1 : 0, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
         double in = (double)mods[i].in / (mods[i].row ? tp : 1);
         double out = (double)mods[i].out / (mods[i].row ? 1 : tp);
@@ -205,11 +205,25 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
     }
 }
 
-/* The adapter parameters a token passes through (a routed expert's top_k
- * times), for the model's FLOPs. */
+/* The adapter parameters a token passes through, for the model's FLOPs:
+ * over every layer (each its own kind's modules: DeepSeek's dense first
+ * layers), each adapted module's r (in + out) times its count, a routed
+ * expert's times the experts a token passes (top_k). */
 static double lora_active(const zo_model_config *m, const plan_train *t)
 {
-    return plan_lora_layers_sum(m, t->lora.r, t->lora.targets, 1);
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    double total = 0, r = t->lora.r;
+    /* the dense layers (all, or DeepSeek's first ones) and the MoE layers */
+    int n_moe = zo_model_moe_layers(m);
+    for (int moe = 0; moe < 2; moe++) {
+        int layers = moe ? n_moe : m->n_layers - n_moe;
+        if (!layers) continue;
+        int n = plan_peft_modules(m, moe ? m->n_layers - 1 : 0, t->lora.targets, 1, mods);
+        for (int i = 0; i < n; i++)
+            total += (double)layers * (mods[i].expert ? (double)mods[i].routed : (double)mods[i].count) * r *
+                     (double)(mods[i].in + mods[i].out);
+    }
+    return total;
 }
 
 /* The attention projections: column-parallel in, row-parallel out; MLA's
@@ -570,7 +584,7 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     }
     /* dense and MoE layers (DeepSeek: dense first layers, then MoE) */
     layer_time lt[2];
-    int n_moe_all = m->moe.experts ? m->n_layers - m->moe.first_dense : 0;
+    int n_moe_all = zo_model_moe_layers(m);
     layer_time_of(m, t, &c, 0, &lt[0]);
     if (n_moe_all) layer_time_of(m, t, &c, 1, &lt[1]);
     ends_time end;
@@ -838,10 +852,33 @@ static void step_h2d(step_in *in, plan_time *o)
     }
 }
 
-/* Gradients to the host: this rank's partition every micro-batch (fp32
- * accumulation on the host when there are several), hidden behind the
- * backward; the optimizer's host share, sent in the weights' dtype, or a
- * ZeRO 2-3 rank's reduced fp32 part. */
+/* The host's OpenMP teams per rank (the runtime's): the gradient sums'
+ * and, beside them on its own thread (overlap, dpu), the optimizer's. With
+ * the serial schedule both are every core of the rank's share. */
+static void host_teams(const step_in *in, zo_plan_schedule sched, double *sum_threads, double *opt_threads)
+{
+    const plan_train *t = in->t;
+    int cores = in->hw->cpu_cores / (in->rpn > 0 ? in->rpn : 1), s, o;
+    if (in->hw->cpu_cores <= 0) {
+        *sum_threads = *opt_threads = 0; /* (no cores known: the roof alone) */
+        return;
+    }
+    if (sched == ZO_PLAN_SCHED_SERIAL) {
+        *sum_threads = cores > 0 ? cores : 1;
+        *opt_threads = t->opt_threads ? t->opt_threads : *sum_threads;
+        return;
+    }
+    zo_host_teams(cores, t->opt_threads, &s, &o);
+    *sum_threads = s;
+    *opt_threads = o;
+}
+
+/* Gradients to the host: this rank's partition every micro-batch, summed
+ * in fp32 by the host (the first addition of a step writes the sum: the
+ * gradient read, the sum written; the later ones read it too) on the
+ * host sums' team (host_teams, at plan_hw_host_stream_rate), hidden behind
+ * the backward; the optimizer's host share, sent in the weights' dtype, or
+ * a ZeRO 2-3 rank's reduced fp32 part. */
 static void step_d2h(const step_in *in, plan_time *o)
 {
     const plan_train *t = in->t;
@@ -849,12 +886,21 @@ static void step_d2h(const step_in *in, plan_time *o)
     double g_elems = (1 - in->on_gpu) * (t->zero >= 2 ? in->P_shard : in->P);
     double g_sent = t->zero >= 2 && t->dp > 1 ? 4 : in->wsz;
     if (g_elems <= 0) return;
-    double copy = n_mb * g_elems * g_sent / pcie;
-    double host_bw = in->hw->cpu_mem_bw * HOST_BW_EFF / in->rpn;
-    double accum = n_mb > 1 ? n_mb * g_elems * (4 + 4 + g_sent) / host_bw : 0;
-    double s = dmax(copy, accum);
-    o->d2h_total += s;
-    o->d2h += dmax(s - in->bwd_window, 0) + (double)in->e->train_largest * g_sent / pcie;
+    double copy = n_mb * g_elems * g_sent / pcie, th, unused;
+    int now = t->schedule != ZO_PLAN_SCHED_SERIAL;
+    for (int k = 0; k < 2; k++) {
+        host_teams(in, k ? ZO_PLAN_SCHED_OVERLAP : ZO_PLAN_SCHED_SERIAL, &th, &unused);
+        double node = th * in->rpn;
+        double accum = g_elems * in->rpn / plan_hw_host_stream_rate(in->hw, node, g_sent + 4) +
+                       (n_mb - 1) * g_elems * in->rpn / plan_hw_host_stream_rate(in->hw, node, g_sent + 8);
+        double s = dmax(copy, accum);
+        o->sched.host_sum[k] = accum;
+        o->sched.d2h_link[k] = s;
+        o->sched.d2h_exposed[k] = dmax(s - in->bwd_window, 0) + (double)in->e->train_largest * g_sent / pcie;
+    }
+    o->sched.d2h_team = now;
+    o->d2h_total += o->sched.d2h_link[now];
+    o->d2h += o->sched.d2h_exposed[now];
 }
 
 /* The CPU optimizer's rates and traffic per element (the schedule's
@@ -869,10 +915,10 @@ static void cpu_optimizer(const step_in *in, double per, double o_elems, double 
     const plan_train *t = in->t;
     const plan_hw *hw = in->hw;
     int rpn = in->rpn, cores = hw->cpu_cores;
+    double unused;
     s->threads_serial = t->opt_threads ? t->opt_threads : cores ? (double)cores / rpn : 0;
-    s->threads_over = t->opt_threads ? t->opt_threads
-                      : cores        ? dmax((double)(cores - rpn) / rpn, 1)
-                                     : 0;
+    /* beside the host's gradient sums: the cores they leave */
+    host_teams(in, ZO_PLAN_SCHED_OVERLAP, &unused, &s->threads_over);
     double sgd = t->optimizer == ZO_PLAN_SGD ? 1.5 : 1; /* momentum only: less traffic */
     if (t->optimizer == ZO_PLAN_ADAMW && (t->opt_state != ZO_PLAN_STATE_FP32 ||
                                           t->master != ZO_PLAN_MASTER_FP32)) {

@@ -92,6 +92,13 @@ typedef struct plan_sched_in {
     int clip_stale;      /* overlap: an update need not wait for the global norm */
     double h2d_busy, d2h_busy, nvme_busy; /* each link's traffic before overlap, the update's
                                              own not included */
+    /* the gradients' way to the host (copies and the host's sums) with the
+     * host sums' team of the serial schedule [0] and of overlap and dpu [1]
+     * (beside the optimizer's thread): exposed, and busy; `d2h_team` says
+     * which of them gpu, d2h_busy and plan_time.d2h hold now */
+    double d2h_exposed[2], d2h_link[2];
+    double host_sum[2];  /* of it, the host's gradient sums (seconds a step) */
+    int d2h_team;
     double tokens, peak; /* tokens per step; dense peak FLOP/s of all GPUs */
 } plan_sched_in;
 

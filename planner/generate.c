@@ -61,19 +61,16 @@ static uint64_t blocks_nvme(const blocks *b, uint64_t es)
     return r[0] + (uint64_t)(b->nb - 2 - b->n_dense) * r[1] + (uint64_t)b->n_dense * r[3] + r[2];
 }
 
-/* Elements of one layer's adapters (layer `layer`'s kind: DeepSeek's dense
- * first layers have LLaMA's modules); *n_u the modules whose A x the
- * runtime keeps, *expert_ad whether a routed expert's are among them. */
-static uint64_t layer_adapters(const zo_model_config *m, int layer, const zo_lora_config *lc, int *n_u,
-                               int *expert_ad)
+/* Elements of layer `layer`'s adapters (its kind's: DeepSeek's dense first
+ * layers have LLaMA's modules); mods its modules (*n), *n_u those whose
+ * A x the runtime keeps, *expert_ad whether a routed expert's are among
+ * them. */
+static uint64_t layer_adapters(const zo_model_config *m, int layer, const zo_lora_config *lc,
+                               zo_lora_module mods[ZO_LORA_MAX_MODULES], int *n, int *n_u, int *expert_ad)
 {
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n = zo_lora_layer_modules_at(m, layer, lc->targets, mods);
-    *n_u = zo_lora_dense_modules(mods, n, expert_ad);
-    uint64_t el = 0;
-    for (int i = 0; i < n; i++)
-        el += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)lc->r * (uint64_t)(mods[i].in + mods[i].out);
-    return el;
+    *n = zo_lora_layer_modules_at(m, layer, lc->targets, mods);
+    *n_u = zo_lora_dense_modules(mods, *n, expert_ad);
+    return zo_lora_layer_params(m, layer, lc->r, lc->targets);
 }
 
 /* ---- the lines ------------------------------------------------------------------- */
@@ -360,8 +357,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     zo_param_counts pc;
     zo_model_param_counts(m, &pc);
     /* (an MoE model's dense first layers: DeepSeek's, blocks of their own size) */
-    int n_dense = m->moe.experts ? m->moe.first_dense : 0;
-    if (n_dense > m->n_layers) n_dense = m->n_layers;
+    int n_dense = m->moe.experts ? m->n_layers - pc.moe_layers : 0;
     zo_layer_params dl;
     zo_model_layer_params(m, 0, &dl);
     blocks w = {nb, pc.embedding * es, pc.per_layer * es, (pc.final_norm + pc.head) * es, n_dense, dl.total * es};
@@ -380,11 +376,13 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
         int moe = m->moe.experts > 0;
         base = (blocks){nb, p.first_frozen, p.kind_frozen[moe], p.last_frozen, n_dense, p.kind_frozen[0]};
         /* the runtime keeps the A x of the wider kind's dense modules */
-        int u0 = 0, x0 = 0;
-        n_mods = zo_lora_layer_modules(m, g->lora.targets, mods);
-        ad.layer = layer_adapters(m, m->n_layers - 1, &g->lora, &dense_mods, &expert_ad) * es;
-        if (n_dense) ad.dense = layer_adapters(m, 0, &g->lora, &u0, &x0) * es;
-        if (u0 > dense_mods) dense_mods = u0;
+        ad.layer = layer_adapters(m, m->n_layers - 1, &g->lora, mods, &n_mods, &dense_mods, &expert_ad) * es;
+        if (n_dense) {
+            zo_lora_module dmods[ZO_LORA_MAX_MODULES];
+            int n0, u0, x0;
+            ad.dense = layer_adapters(m, 0, &g->lora, dmods, &n0, &u0, &x0) * es;
+            if (u0 > dense_mods) dense_mods = u0;
+        }
         /* QLoRA dequantizes each linear weight into one scratch as large as
          * the widest, as the runtime sizes it (zo_lora_dequant_elems) */
         if (g->method == ZO_PLAN_QLORA) wdq = zo_lora_dequant_elems(m) * es;

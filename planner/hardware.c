@@ -511,6 +511,17 @@ double plan_hw_cpu_adam_rate_enc(const plan_hw *hw, double threads, double bytes
     return r < roof ? r : roof;
 }
 
+double plan_hw_host_stream_rate(const plan_hw *hw, double threads, double bytes)
+{
+    double roof = hw->cpu_mem_bw * HOST_MEM_EFF / bytes;
+    double one = hw->cpu_adam_thread_rate > 0 ? hw->cpu_adam_thread_rate
+                 : hw->cpu_adam_rate > 0      ? hw->cpu_adam_rate / (hw->cpu_cores > 0 ? hw->cpu_cores : 1)
+                                              : ADAM_THREAD_RATE;
+    if (threads <= 0 || roof <= 0) return roof > 0 ? roof : threads * one * ADAM_BYTES / bytes;
+    double r = threads * one * ADAM_BYTES / bytes;
+    return r < roof ? r : roof;
+}
+
 void plan_hw_cpu_backend(const plan_hw *host, double flops, double copy_bw, uint64_t dev_mem,
                          plan_hw *out)
 {

@@ -141,6 +141,14 @@ double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads);
  * roof scaled by 30 / bytes, the threads' rate by `compute`; the lower. */
 double plan_hw_cpu_adam_rate_enc(const plan_hw *hw, double threads, double bytes, double compute);
 
+/* Elements/s of a streaming pass over host memory that moves `bytes` an
+ * element with trivial arithmetic (the runtime's gradient sums, cpu_adam's
+ * adam_grad_accumulate) on `threads` threads of one node: a thread streams
+ * the bytes a CPU AdamW thread does (cpu_adam_thread_rate x 30 bytes, as
+ * plan_hw_cpu_adam_rate_threads' one thread), the node at most 70% of its
+ * memory bandwidth (cpu_mem_bw). threads <= 0: that roof. */
+double plan_hw_host_stream_rate(const plan_hw *hw, double threads, double bytes);
+
 /* The CPU backend as a machine, to set the planner's prediction beside the
  * runtime's measured step on it (docs/memplan.md, "The CPU backend as
  * hardware"): `host` is this host's profile (memplan calibrate: memory,

@@ -714,14 +714,14 @@ void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
  * runtime's layout within 15 bytes a tensor. */
 #define PEFT_NF4_ALIGN 16
 
-int plan_peft_modules(const zo_model_config *m, unsigned targets, int ep,
+int plan_peft_modules(const zo_model_config *m, int layer, unsigned targets, int ep,
                       plan_peft_module out[PLAN_PEFT_MAX_MODULES])
 {
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int moe = m->moe.experts > 0, n = 0;
-    /* the attention's (and a dense MLP's) as PEFT names them */
-    int k = zo_lora_layer_modules(m, moe ? targets & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O)
-                                         : targets, mods);
+    int moe = zo_model_layer_is_moe(m, layer), n = 0;
+    /* the attention's (and a dense MLP's: DeepSeek's first layers too) as PEFT names them */
+    int k = zo_lora_layer_modules_at(m, layer, moe ? targets & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O)
+                                                   : targets, mods);
     for (int i = 0; i < k; i++)
         out[n++] = (plan_peft_module){mods[i].in, mods[i].out, 1,
                                       (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0, 1, 0};
@@ -742,44 +742,9 @@ int plan_peft_modules(const zo_model_config *m, unsigned targets, int ep,
     return n;
 }
 
-/* An MoE model's dense first layer as a dense model (DeepSeek's:
- * LLaMA's layer with its MLP of ffn). */
-static zo_model_config dense_of(const zo_model_config *m)
-{
-    zo_model_config d = *m;
-    d.moe.experts = 0;
-    return d;
-}
-
-int plan_peft_modules_at(const zo_model_config *m, int layer, unsigned targets, int ep,
-                         plan_peft_module out[PLAN_PEFT_MAX_MODULES])
-{
-    if (!m->moe.experts || zo_model_layer_is_moe(m, layer)) return plan_peft_modules(m, targets, ep, out);
-    zo_model_config d = dense_of(m);
-    return plan_peft_modules(&d, targets, ep, out);
-}
-
-double plan_lora_layers_sum(const zo_model_config *m, int r, unsigned targets, int routed)
-{
-    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
-    double total = 0;
-    /* the dense layers (all, or DeepSeek's first ones) and the MoE layers */
-    int n_moe = m->moe.experts ? m->n_layers - m->moe.first_dense : 0;
-    if (n_moe < 0) n_moe = 0;
-    for (int moe = 0; moe < 2; moe++) {
-        int layers = moe ? n_moe : m->n_layers - n_moe;
-        if (layers <= 0) continue;
-        int n = plan_peft_modules_at(m, moe ? m->n_layers - 1 : 0, targets, 1, mods);
-        for (int i = 0; i < n; i++)
-            total += (double)layers * (routed && mods[i].expert ? (double)mods[i].routed : (double)mods[i].count) *
-                     (double)r * (double)(mods[i].in + mods[i].out);
-    }
-    return total;
-}
-
 uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets)
 {
-    return (uint64_t)plan_lora_layers_sum(m, r, targets, 0); /* (exact: below 2^53) */
+    return zo_lora_trainable_params(m, r, targets);
 }
 
 /* One kind of layer's frozen block and adapters (plan_peft_stage's per-layer
@@ -788,15 +753,13 @@ uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets)
 static void peft_layer(const zo_model_config *m, const plan_train *t, int layer, plan_peft *o,
                        uint64_t *expert_nf4, uint64_t *expert_linear, uint64_t *ex)
 {
-    zo_model_config d = dense_of(m);
-    const zo_model_config *k = m->moe.experts && !zo_model_layer_is_moe(m, layer) ? &d : m;
     uint64_t wsz = zo_dtype_size(t->dtype), tp = (uint64_t)t->tp, r = (uint64_t)t->lora.r;
     int nf4 = t->method == ZO_PLAN_QLORA;
     /* one layer: its linear weights (PEFT's all-linear; MoE: every local
      * expert's), split by TP; the norms, biases and an MoE router stay in the
      * model dtype */
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
-    int n = plan_peft_modules(k, ZO_LORA_ALL_LINEAR, t->ep, mods);
+    int n = plan_peft_modules(m, layer, ZO_LORA_ALL_LINEAR, t->ep, mods);
     *expert_nf4 = *expert_linear = 0;
     for (int i = 0; i < n; i++) {
         uint64_t w = ceil_div((uint64_t)(mods[i].in * mods[i].out), tp);
@@ -809,12 +772,12 @@ static void peft_layer(const zo_model_config *m, const plan_train *t, int layer,
         }
     }
     zo_layer_params lp;
-    zo_model_layer_params(k, k == m ? m->n_layers - 1 : 0, &lp);
+    zo_model_layer_params(m, layer, &lp);
     uint64_t layer_b = layer_on_rank(&lp, t, ex);
     o->layer_frozen = nf4 ? (layer_b - o->layer_linear) * wsz + o->layer_nf4 : layer_b * wsz;
     /* the adapters: column-parallel layers keep A [r, in] whole and split B
      * [out, r]; row-parallel ones (o, down: their input is split) the reverse */
-    n = plan_peft_modules(k, t->lora.targets, t->ep, mods);
+    n = plan_peft_modules(m, layer, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
         uint64_t in = (uint64_t)mods[i].in, out = (uint64_t)mods[i].out;
         uint64_t el = mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
@@ -842,7 +805,7 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
      * (plan_peft_stage's per-layer fields the larger kind's) */
     o->kind_layers[0] = sh.layers - sh.moe_layers;
     o->kind_layers[1] = sh.moe_layers;
-    uint64_t expert_nf4 = 0, expert_linear = 0, ex = 0, largest = 0; /* one routed expert's (MoE) */
+    uint64_t expert_nf4 = 0, ex = 0, largest = 0; /* one routed expert's (MoE) */
     uint64_t local = (uint64_t)(m->moe.experts / t->ep);
     for (int kind = 0; kind < 2; kind++) {
         if (!o->kind_layers[kind]) continue;
@@ -864,7 +827,6 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
         if (kind) {
             o->layer_trainable_ex = k.layer_trainable_ex;
             expert_nf4 = xn;
-            expert_linear = xl;
             ex = kx;
         }
         /* this runtime moves an MoE layer's base as one block; eager
@@ -882,7 +844,6 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     o->last_frozen = sh.head * wsz;
     o->frozen += o->first_frozen + o->last_frozen;
     o->layer_frozen_ex = nf4 ? local * expert_nf4 : ex * wsz;
-    (void)expert_linear;
     o->largest_frozen = max_u64(largest, max_u64(o->first_frozen, o->last_frozen));
 }
 
@@ -1623,8 +1584,9 @@ static void moe_buffers(const stage_est *s, plan_estimate *e)
     uint64_t routed_ffn = (ep_rows ? ep_rows : pairs) * (uint64_t)m->moe.expert_ffn;
     uint64_t shared_ffn = sb * (uint64_t)m->moe.shared_ffn;
     uint64_t widest = routed_ffn > shared_ffn ? routed_ffn : shared_ffn;
-    /* (the statistics: DeepSeek's balance loss counts each sequence apart) */
-    uint64_t stat_rows = m->moe.aux_per_layer ? (uint64_t)t->micro_batch : 1;
+    /* (the statistics: DeepSeek's balance loss per sequence counts each
+     * sequence apart; transformer.c's stat_rows) */
+    uint64_t stat_rows = m->moe.aux_per_layer && m->moe.seq_aux && m->moe.aux_loss ? (uint64_t)t->micro_batch : 1;
     uint64_t bytes = pairs * h * (2 * s->wsz + 4) + pairs * 4 + 2 * sb * E * 4 + widest * s->wsz +
                      (uint64_t)m->n_layers * stat_rows * 2 * E * 4;
     add(e, "MoE dispatch buffers (pairs in and out, their gradients, router gradients)", ZO_PLAN_GPU,

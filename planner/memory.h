@@ -380,23 +380,15 @@ typedef struct plan_peft_module {
     int expert;       /* a routed expert's (streamed as a block of its own) */
 } plan_peft_module;
 
-/* The adapted layers of one layer for `targets` (LLaMA and GPT layers:
- * zo_lora_layer_modules's, count 1; an MoE model's: an MoE layer's);
- * returns how many kinds. */
-int plan_peft_modules(const zo_model_config *m, unsigned targets, int ep,
+/* The adapted layers of layer `layer` for `targets` (zo_lora_layer_modules_at's,
+ * count 1; an MoE layer's: its attention's, then its experts'); returns how
+ * many kinds. */
+int plan_peft_modules(const zo_model_config *m, int layer, unsigned targets, int ep,
                       plan_peft_module out[PLAN_PEFT_MAX_MODULES]);
-/* Those of layer `layer`: DeepSeek's dense first layers have LLaMA's. */
-int plan_peft_modules_at(const zo_model_config *m, int layer, unsigned targets, int ep,
-                         plan_peft_module out[PLAN_PEFT_MAX_MODULES]);
 
-/* Trainable parameters of rank-r adapters on `targets`: PEFT's count
- * (zo_lora_trainable_params) for dense layers, every expert's for MoE. */
+/* Trainable parameters of rank-r adapters on `targets`: PEFT's count,
+ * every routed expert's in an MoE layer (zo_lora_trainable_params). */
 uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets);
-/* Over every layer (each its own kind's modules: DeepSeek's dense first
- * layers), each adapted module's r (in + out) times its count, or with
- * `routed` a routed expert's times the experts a token passes (top_k): the
- * trainable count, or the adapter parameters a token meets. */
-double plan_lora_layers_sum(const zo_model_config *m, int r, unsigned targets, int routed);
 
 /* What one rank of a pipeline stage holds when it trains adapters on a
  * frozen base (TP splits each adapted layer as its weight: a column-parallel

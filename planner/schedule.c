@@ -59,6 +59,17 @@ static double overlap_added(const plan_sched_in *in, const double u[3], double f
 
 void plan_time_schedule(plan_time *o, zo_plan_schedule s)
 {
+    /* the host's gradient sums on the schedule's team (cost.c, host_teams):
+     * all the cores alone, those the optimizer's thread leaves beside it */
+    int team = s != ZO_PLAN_SCHED_SERIAL;
+    if (team != o->sched.d2h_team) {
+        plan_sched_in *w = &o->sched;
+        double dd = w->d2h_exposed[team] - w->d2h_exposed[w->d2h_team];
+        o->d2h += dd;
+        w->gpu += dd;
+        w->d2h_busy += w->d2h_link[team] - w->d2h_link[w->d2h_team];
+        w->d2h_team = team;
+    }
     const plan_sched_in *in = &o->sched;
     double n = in->cpu_n;
     /* serial: CPU AdamW and the NVMe share pipelined (the slower of the two

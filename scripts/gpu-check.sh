@@ -26,7 +26,9 @@
 #              test_offload_cuda, test_comm_nccl (NCCL, one rank, no MPI), test_ops
 #              (and its line `backend cuda N runs, 0 failed`; its CPU and CUDA
 #              backends only, ZO_OPS_BACKENDS=cpu,cuda), test_cuda_module;
-#              a test that skips, fails or is missing is a FAIL
+#              a test that skips, fails or is missing is a FAIL; an info row
+#              with test_gpu_parity_model's largest fp32 difference / bound
+#              per model (its TF32 error model)
 #   memcheck   compute-sanitizer memcheck --leak-check full on test_gpu_parity
 #   bench      bench_gpu_cuda: gpu_gemm against cuBLASLt's best (goal >= 0.9),
 #              pinned and pageable copies, attention
@@ -478,7 +480,21 @@ step_test() {
       row test "$name" FAIL "${status:-?} ($secs): ${reason:-see test.log}" "passes on the GPU"; bad=1
     fi
   done
+  tf32_model_row
   return $bad
+}
+
+# test_gpu_parity_model's fp32 lines ("<model> fp32 on cuda: ... the largest
+# difference X of its bound, ..."): one info row with each model's X, the
+# room the TF32 error model left on this device (docs/testing.md, "fp32
+# against TF32"). No row when the test printed none (it did not run).
+tf32_model_row() {
+  local fr
+  fr=$(test_output test_gpu_parity_model |
+       awk '$2 == "fp32" && $3 == "on" && $4 == "cuda:" {
+              for (i = 5; i < NF; i++) if ($i == "difference") v = $(i + 1)
+              printf "%s%s %s", sep, $1, v; sep = ", "}')
+  [ -z "$fr" ] || row test "test_gpu_parity_model fp32: difference / TF32-model bound" info "$fr" "below 1 (0.63 at most on the CPU proxy)"
 }
 
 # test_ops's own line for the CUDA backend: "backend cuda N runs, M failed",

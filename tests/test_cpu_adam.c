@@ -626,6 +626,95 @@ static void test_grad_nonfinite(void **state)
 
 /* ---- arguments ---------------------------------------------------------------------- */
 
+/* ---- the gradient sum's addition --------------------------------------------- */
+
+/* A 16-bit element as a double, decoded here from its fields. */
+static double acc_ref_16(uint16_t h, zo_dtype t)
+{
+    int sign = h >> 15;
+    int ebits = t == ZO_DTYPE_F16 ? 5 : 8, mbits = t == ZO_DTYPE_F16 ? 10 : 7;
+    int e = (h >> mbits) & ((1 << ebits) - 1), m = h & ((1 << mbits) - 1), bias = (1 << (ebits - 1)) - 1;
+    double v;
+    if (e == (1 << ebits) - 1) v = m ? NAN : INFINITY;
+    else if (e == 0) v = ldexp((double)m, 1 - bias - mbits);
+    else v = ldexp((double)(m | 1 << mbits), e - bias - mbits);
+    return sign ? -v : v;
+}
+
+/* Gradients of every kind: ordinary values, -0, subnormals of the type and
+ * of fp32, the largest, inf and nan; the sums likewise, so that x + (-x),
+ * inf - inf and overflow occur. */
+static void acc_fill(void *g, zo_dtype t, float *acc, size_t n, uint64_t *s)
+{
+    static const float special[] = {-0.0f, 0.0f, 1e-40f, -3e-45f, 6e-8f, 3.4e38f, -65504.0f, INFINITY, -INFINITY, NAN};
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = rng_next(s);
+        float v = r % 7 == 0 ? special[(r >> 8) % 10] : (float)ldexp(rng_unit(s), (int)(r >> 16) % 40 - 20);
+        zo_store_f32(g, t, i, v);
+        acc[i] = r % 11 == 0 ? special[(r >> 24) % 10] : r % 13 == 0 ? -zo_load_f32(g, t, i) : rng_unit(s);
+    }
+}
+
+/* adam_grad_accumulate against a double loop: each result the double sum
+ * of the two fp32 values rounded to fp32 (which is the fp32 sum exactly:
+ * 53 bits are enough for one rounding), a fresh sum 0 + x whatever acc
+ * held; every implementation, 1-4 threads, lengths around the vector widths
+ * and the threading threshold, an unaligned gradient. */
+static void test_grad_accumulate(void **state)
+{
+    (void)state;
+    const size_t c = ADAM_ACC_MIN_CHUNK;
+    const size_t lens[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 1001,
+                           2 * c - 1, 2 * c, 2 * c + 1, 3 * c + 17, 4 * c + 63};
+    uint64_t seed = 41;
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+        for (size_t gi = 0; gi < 3; gi++) {
+            zo_dtype t = all_dtypes[gi];
+            size_t n = lens[li], es = zo_dtype_size(t);
+            char *gbuf = xmalloc((n + 1) * es);
+            void *g = gbuf + es * (li & 1); /* every other one off the vector alignment */
+            float *acc0 = xmalloc((n + 1) * 4), *acc = xmalloc((n + 1) * 4);
+            double *want = xmalloc((n + 1) * sizeof(double));
+            acc_fill(g, t, acc0, n, &seed);
+            for (int fresh = 0; fresh <= 1; fresh++) {
+                for (size_t i = 0; i < n; i++) {
+                    double x = t == ZO_DTYPE_F32 ? (double)((const float *)g)[i] : acc_ref_16(((const uint16_t *)g)[i], t);
+                    want[i] = (fresh ? 0.0 : (double)acc0[i]) + x;
+                }
+                for (size_t ii = 0; ii <= N_VECTOR_IMPLS; ii++) {
+                    adam_impl impl = ii == 0 ? ADAM_IMPL_SCALAR : vector_impls[ii - 1];
+                    if (!adam_impl_supported(impl)) continue;
+                    for (int th = 1; th <= 4; th++) {
+                        if (fresh) for (size_t i = 0; i < n; i++) acc[i] = NAN; /* not read */
+                        else memcpy(acc, acc0, n * 4);
+                        acc[n] = 12345.0f; /* not written */
+                        assert_int_equal(adam_grad_accumulate_impl(impl, acc, g, t, n, fresh, th), ZO_OK);
+                        size_t bad = 0;
+                        for (size_t i = 0; i < n; i++)
+                            if (!same_f32((float)want[i], acc[i]) && bad++ < 3)
+                                fprintf(stderr, "%s %s n %zu fresh %d threads %d: [%zu] %a, want %a\n",
+                                        adam_impl_name(impl), zo_dtype_name(t), n, fresh, th, i, acc[i],
+                                        (float)want[i]);
+                        assert_int_equal(bad, 0);
+                        assert_true(acc[n] == 12345.0f);
+                    }
+                }
+            }
+            free(gbuf), free(acc0), free(acc), free(want);
+        }
+    /* the team: one thread below two chunks, else at most one per chunk */
+    assert_int_equal(adam_grad_accumulate_threads(2 * c - 1, 8), 1);
+    assert_int_equal(adam_grad_accumulate_threads(3 * c, 8), 3);
+    assert_int_equal(adam_grad_accumulate_threads(100 * c, 4), 4);
+    /* refused: a bad dtype, NULL, a misaligned or overlapping array */
+    float a[8] = {0};
+    assert_int_equal(adam_grad_accumulate(a, a + 4, (zo_dtype)7, 4, 0, 1), ZO_ERR_INVALID);
+    assert_int_equal(adam_grad_accumulate(NULL, a, ZO_DTYPE_F32, 4, 0, 1), ZO_ERR_INVALID);
+    assert_int_equal(adam_grad_accumulate(a, (char *)a + 17, ZO_DTYPE_BF16, 4, 0, 1), ZO_ERR_INVALID);
+    assert_int_equal(adam_grad_accumulate(a, a + 2, ZO_DTYPE_F32, 4, 1, 1), ZO_ERR_INVALID);
+    assert_int_equal(adam_grad_accumulate(a, NULL, ZO_DTYPE_F32, 0, 1, 1), ZO_OK);
+}
+
 static void test_invalid_args(void **state)
 {
     (void)state;
@@ -710,6 +799,7 @@ int main(void)
         cmocka_unit_test(test_subranges),
         cmocka_unit_test(test_grad_stats),
         cmocka_unit_test(test_grad_nonfinite),
+        cmocka_unit_test(test_grad_accumulate),
         cmocka_unit_test(test_invalid_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

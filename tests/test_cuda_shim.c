@@ -589,6 +589,14 @@ static void test_activations(void **state)
     assert_int_equal(check_tensor("gelu erf", y, w1, n), 0);
     assert_int_equal(shim_launch_gelu_backward(NULL, dx, tdy, tx, n, 1), ZO_OK);
     assert_int_equal(check_tensor("gelu erf dx", dx, w2, n), 0);
+    for (size_t i = 0; i < n; i++) { /* ReLU (form 2): max(x, 0), dy where x > 0 */
+        w1[i] = x[i] > 0.0f ? x[i] : 0.0;
+        w2[i] = x[i] > 0.0f ? dy[i] : 0.0;
+    }
+    assert_int_equal(shim_launch_gelu_forward(NULL, y, tx, n, 2), ZO_OK);
+    assert_int_equal(check_tensor("relu", y, w1, n), 0);
+    assert_int_equal(shim_launch_gelu_backward(NULL, dx, tdy, tx, n, 2), ZO_OK);
+    assert_int_equal(check_tensor("relu dx", dx, w2, n), 0);
     for (size_t i = 0; i < n; i++) {
         double g = x[i], sg = 1.0 / (1.0 + exp(-g));
         w1[i] = g * sg * u[i];

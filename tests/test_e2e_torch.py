@@ -4,7 +4,8 @@
 For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
 tied head, Qwen3 with its RMSNorm on each q and k head, GPT-NeoX with its per-head interleaved
 query_key_value, partial rotary and parallel or sequential residual, Falcon multi-query with one
-norm, with grouped kv heads and two norms, or sequential), a small model with the family's real head size (GPT-2 64, the
+norm, with grouped kv heads and two norms, or sequential, OPT with its ReLU and its position table read
+from row 2), a small model with the family's real head size (GPT-2 and OPT 64, the
 others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
@@ -61,7 +62,8 @@ The expected values all come from the PyTorch run here.
 Usage: test_e2e_torch.py --train PATH [--family NAME ...] [--workdir DIR] [--device cpu|cuda]
 Exit: 0 every check held, 1 one did not (the first mismatches printed), 2 bad
 usage or train failed, 77 this python has no torch.
-(ctest runs one family per test through tests/run_python.sh: test_e2e_torch_*.)
+(ctest runs one family per test through tests/run_python.sh, test_e2e_torch_*, or a few:
+test_e2e_torch_gpt2 runs GPT-2 and OPT.)
 """
 import argparse
 import array
@@ -291,6 +293,31 @@ FAMILIES = {
                 "tie_word_embeddings": True, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
         lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
+    # OPT (OPTForCausalLM, pre-norm as every released size but 350m): q, k, v, out_proj, fc1 and
+    # fc2 biased, ReLU, the position table's rows from 2 on, tied; heads of 64; PEFT's default
+    # targets for OPT on top of the MLP's; with QLoRA
+    "opt": dict(
+        seed=58,
+        config={"architectures": ["OPTForCausalLM"], "model_type": "opt", "num_hidden_layers": 2,
+                "hidden_size": 128, "num_attention_heads": 2, "ffn_dim": 512, "vocab_size": 128,
+                "max_position_embeddings": 256, "word_embed_proj_dim": 128, "do_layer_norm_before": True,
+                "activation_function": "relu", "enable_bias": True, "tie_word_embeddings": True,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=8.0, targets="q_proj,v_proj,fc1,fc2", lr=1e-2),
+        qlora=True),
+    # BLOOM (BloomForCausalLM): the word embeddings' LayerNorm, query_key_value per head, ALiBi
+    # over 3 heads of 64 (not a power of two: the third head's slope is the extra one), biases,
+    # GELU's tanh form, tied; BloomConfig's own keys (n_layer, n_head); with QLoRA
+    "bloom": dict(
+        seed=59,
+        config={"architectures": ["BloomForCausalLM"], "model_type": "bloom", "n_layer": 2, "hidden_size": 192,
+                "n_head": 3, "vocab_size": 128, "layer_norm_epsilon": 1e-5,
+                "apply_residual_connection_post_layernorm": False, "tie_word_embeddings": True,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=1, seq=100, grad_accum=2, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2),
+        qlora=True),
     # Gemma-2: Gemma's layers with norms on the attention's and the MLP's outputs, scores times
     # query_pre_attn_scalar^-0.5 (64 on heads of 256) and soft-capped at 5 (scores reach ~10),
     # logits capped at 3 (they reach ~7), a window of 48 on layer 0 (the even layers), seq 130
@@ -684,7 +711,8 @@ def merge_adapter(c, params, adapter_dir, want):
     for name, w in params.items():
         if w.dim() != 2 or any(name.startswith(e) for e in ("wte.", "wpe.", "model.embed_tokens.", "lm_head.",
                                                           "gpt_neox.embed_in.", "embed_out.",
-                                                          "transformer.word_embeddings.")):
+                                                          "transformer.word_embeddings.",
+                                                          "model.decoder.embed_")):
             continue
         mod = hf_module(c, name)
         if not any(mod == t or mod.endswith("." + t) for t in cfg["target_modules"]):
@@ -838,7 +866,7 @@ def check_family(train, name, workdir):
 
     ck = Checks()
     B, T, K = run["micro_batch"], run["seq"], run["grad_accum"]
-    nh = c["n_head"] if gpt else c["num_attention_heads"]
+    nh = mf.heads(c)
     nkv = nh if gpt else mf.falcon_kv_heads(c) if c["model_type"] == "falcon" else c.get("num_key_value_heads", nh)
     print(f"{name}: {sum(v.numel() for v in params.values())} parameters, head size {mf.head_dim(c)}, "
           f"{nh} heads over {nkv} kv heads, batch {B} x seq {T} x grad-accum {K}, "
@@ -1150,10 +1178,14 @@ def main():
     global DEVICE
     DEVICE = a.device
     torch.set_num_threads(1)
-    failed = 0
+    # (a ctest entry may run several families: the last line names those that failed)
+    failed = {}
     for name in a.family or FAMILIES:
-        failed += check_family(a.train, name, a.workdir)
-    print(f"{failed} check(s) failed" if failed else "every check held")
+        n = check_family(a.train, name, a.workdir)
+        if n:
+            failed[name] = n
+    print(f"{sum(failed.values())} check(s) failed: " + ", ".join(f"{n} in {k}" for k, n in failed.items())
+          if failed else "every check held")
     return 1 if failed else 0
 
 

@@ -4,7 +4,8 @@
 For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA;
 Qwen3, head size 128 with its q/k norms, GQA, tied; GPT-NeoX, head size 64,
 16 rotary dimensions, parallel residual; Falcon, head size 64, multi-query with
-one norm, or grouped kv heads with two), a
+one norm, or grouped kv heads with two; OPT, head size 64, learned positions
+from row 2, ReLU), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -46,7 +47,8 @@ printed: the tokens are compared where the choice is not a near tie.
 Usage: test_generate_torch.py --generate PATH [--family NAME ...] [--workdir DIR]
 Exit: 0 every check held, 1 one did not, 2 bad usage or generate failed where
 it should not, 77 this python has no torch.
-(ctest runs one family per test through tests/run_python.sh: test_generate_torch_*.)
+(ctest runs one family per test through tests/run_python.sh, test_generate_torch_*, or a
+few: test_generate_torch_gpt2 runs GPT-2 and OPT.)
 """
 import argparse
 import json
@@ -128,7 +130,7 @@ FAMILIES = {
         seed=54,
         config=dict(e2e.FAMILIES["gemma2"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                     sliding_window=24, eos_token_id=127),
-        embed_gain=0.125,
+        scale={"model.embed_tokens.weight": 0.125},
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
@@ -196,6 +198,21 @@ for _name, _seed in (("gpt_neox", 54), ("falcon", 61), ("falcon_new", 59)):
                     eos_token_id=127),
         lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
                   peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]))
+# BLOOM: test_e2e_torch's model with 4 layers (ALiBi over 3 heads of 64, the embedding norm
+# scaled down), PEFT's four modules
+FAMILIES["bloom"] = dict(
+    seed=65,
+    config=dict(e2e.FAMILIES["bloom"]["config"], n_layer=4, eos_token_id=127),
+    scale={"transformer.word_embeddings_layernorm.weight": 0.1, "transformer.word_embeddings_layernorm.bias": 0.1},
+    lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
+              peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]))
+# OPT: test_e2e_torch's model with 4 layers (learned positions from row 2, ReLU, tied); q and v
+# apart (PEFT's default targets for OPT) with out_proj, fc1 and fc2
+FAMILIES["opt"] = dict(
+    seed=63,
+    config=dict(e2e.FAMILIES["opt"]["config"], num_hidden_layers=4, max_position_embeddings=128, eos_token_id=127),
+    lora=dict(r=4, alpha=8.0, targets=["q", "v", "o", "up", "down"],
+              peft=["q_proj", "v_proj", "out_proj", "fc1", "fc2"]))
 
 
 # ---- the PyTorch side -------------------------------------------------------------------------
@@ -284,8 +301,10 @@ def check_family(gen, name, workdir):
     gpt, moe = c["model_type"] == "gpt2", spec.get("moe", False)
     g = torch.Generator().manual_seed(spec["seed"])
     params = e2e.moe_params(c, g) if moe else mf.PARAMS.get(c["model_type"], mf.llama_params)(c, g, std=1.0)
-    if "embed_gain" in spec:  # Gemma-2: back to Gemma's embedding (a larger one makes the model repeat its input)
-        params["model.embed_tokens.weight"] = params["model.embed_tokens.weight"] * spec["embed_gain"]
+    # tensors scaled where the model as drawn repeats its input: Gemma-2's embedding back to
+    # Gemma's, BLOOM's embedding norm (its unit-scale output through the tied head)
+    for tensor, gain in spec.get("scale", {}).items():
+        params[tensor] = params[tensor] * gain
     V = c["vocab_size"]
     prompts = [torch.randint(0, V - 1, (n,), generator=g).tolist() for n in PROMPT_LENS]
     d = os.path.join(workdir, name)
@@ -465,10 +484,14 @@ def main():
     ap.add_argument("--workdir", default="generate_torch", help="where the models and adapters go")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    failed = 0
+    # (a ctest entry may run several families: the last line names those that failed)
+    failed = {}
     for name in a.family or FAMILIES:
-        failed += check_family(a.generate, name, a.workdir)
-    print(f"{failed} check(s) failed" if failed else "every check held")
+        n = check_family(a.generate, name, a.workdir)
+        if n:
+            failed[name] = n
+    print(f"{sum(failed.values())} check(s) failed: " + ", ".join(f"{n} in {k}" for k, n in failed.items())
+          if failed else "every check held")
     return 1 if failed else 0
 
 

@@ -560,6 +560,86 @@ static void test_gemm(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* x to TF32's 11 significant bits (10 stored), to nearest with ties away
+ * from zero: the significand scaled to [1024, 2048) and rounded by round(),
+ * for values in fp32's normal range (the cases' are). */
+static double tf32_of(double x)
+{
+    int e;
+    double m = frexp(x, &e); /* x = m 2^e, 0.5 <= |m| < 1 */
+    return ldexp(round(ldexp(m, 11)), e - 11);
+}
+
+/* A device opened with gpu_cpu_options.tf32: fp32 products round A and B
+ * to TF32 and sum in fp32, C in fp32. Against the double loop over the
+ * inputs rounded here (tf32_of), and away from the unrounded product by
+ * far more than the tolerance (the rounding did happen). 16-bit storage
+ * is left as it was. */
+static void test_gemm_tf32(void **state)
+{
+    (void)state;
+    gpu_device_t dev0 = dev;
+    gpu_stream_t s0 = S;
+    gpu_cpu_options opt = {.n_threads = 2, .tf32 = 1};
+    assert_int_equal(gpu_device_init_cpu(&opt, &dev), ZO_OK);
+    assert_int_equal(gpu_stream_create(dev, &S), ZO_OK);
+    assert_true(cpu_tf32_round(1.0f + 0x1p-11f) == 1.0f + 0x1p-10f); /* a tie, away from 0 */
+    assert_true(cpu_tf32_round(-(1.0f + 0x1p-11f)) == -(1.0f + 0x1p-10f));
+    assert_true(cpu_tf32_round(1.0f + 0x1p-11f - 0x1p-23f) == 1.0f);
+    assert_true(cpu_tf32_round(0x1.fffffep127f) == INFINITY);
+    assert_true(isnan(cpu_tf32_round(NAN)));
+    const gemm_cfg cases[] = {
+        {.ta = 0, .tb = 1, .m = 67, .n = 45, .k = 300, .lda = 300, .ldb = 300, .ldc = 45,
+         .alpha = 1.0},
+        {.ta = 1, .tb = 0, .m = 20, .n = 33, .k = 129, .lda = 21, .ldb = 35, .ldc = 34,
+         .alpha = 0.5, .beta = -2.0},
+        {.ta = 0, .tb = 1, .m = 17, .n = 19, .k = 16, .lda = 16, .ldb = 16, .ldc = 19,
+         .batch = 5, .alpha = 0.25, .beta = 1.0},
+    };
+    int bad = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        gemm_cfg g = cases[ci];
+        if (!g.batch) g.batch = 1;
+        g.sa = (long)((g.ta ? g.k : g.m) * g.lda);
+        g.sb = (long)((g.tb ? g.n : g.k) * g.ldb);
+        g.sc = (long)g.m * g.ldc;
+        size_t na = g.batch * g.sa, nb = g.batch * g.sb, nc = g.batch * g.sc;
+        double *A = drand_array(na, 1.0), *B = drand_array(nb, 1.0), *C = drand_array(nc, 1.0);
+        round_to(A, na, ZO_DTYPE_F32);
+        round_to(B, nb, ZO_DTYPE_F32);
+        round_to(C, nc, ZO_DTYPE_F32);
+        double *At = malloc(na * sizeof(double)), *Bt = malloc(nb * sizeof(double));
+        for (size_t i = 0; i < na; i++) At[i] = tf32_of(A[i]);
+        for (size_t i = 0; i < nb; i++) Bt[i] = tf32_of(B[i]);
+        double *want = malloc(nc * sizeof(double)), *exact = malloc(nc * sizeof(double));
+        double *in_t[3] = {At, Bt, C}, *in_x[3] = {A, B, C};
+        gemm_ref(in_t, want, &g);
+        gemm_ref(in_x, exact, &g);
+        gpu_tensor a = dput(A, na, ZO_DTYPE_F32), b = dput(B, nb, ZO_DTYPE_F32);
+        gpu_tensor c = dput(C, nc, ZO_DTYPE_F32);
+        gpu_gemm_desc d = {.trans_a = g.ta, .trans_b = g.tb, .m = g.m, .n = g.n, .k = g.k,
+                           .alpha = (float)g.alpha, .beta = (float)g.beta, .a = a, .b = b,
+                           .c = c, .lda = g.lda, .ldb = g.ldb, .ldc = g.ldc, .batch = g.batch,
+                           .stride_a = g.sa, .stride_b = g.sb, .stride_c = g.sc};
+        assert_int_equal(gpu_gemm(S, &d), ZO_OK);
+        double *got = dget(c, nc);
+        /* fp32 sums of k products: a few ulp of the sum's size times
+         * sqrt(k); TF32 moves a product by ~2^-11 of it, 2^13 times more */
+        const double tol = 4e-6 * sqrt((double)g.k);
+        bad += check_close_f64("gemm tf32", got, want, nc, tol, tol);
+        double off = 0.0; /* how far TF32 moved the product */
+        for (size_t i = 0; i < nc; i++) off = fmax(off, fabs(got[i] - exact[i]));
+        if (off < 10 * tol) printf("  case %zu: %.3g from the unrounded product\n", ci, off);
+        bad += off < 10 * tol;
+        free(A), free(B), free(C), free(At), free(Bt), free(want), free(exact), free(got);
+        dfree(a), dfree(b), dfree(c);
+    }
+    gpu_stream_destroy(S);
+    gpu_device_free(dev);
+    dev = dev0, S = s0;
+    assert_int_equal(bad, 0);
+}
+
 /* The backward of C = A . B^T (a Linear layer) written as two GEMMs:
  * dA = dC . B, dB = dC^T . A, against finite differences. */
 static void test_gemm_backward(void **state)
@@ -1702,6 +1782,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_gemm_backward),
+        cmocka_unit_test(test_gemm_tf32),
         cmocka_unit_test(test_bias),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_rmsnorm),

@@ -96,6 +96,15 @@ static void test_peft_counts(void **state)
     assert_int_equal(count("falcon-7b", 16, "query_key_value"), 4718592);
     /* the four: 32 x 16 x (9216 + 9088 + 22720 + 22720) */
     assert_int_equal(count("falcon-7b", 16, "all-linear"), 32636928);
+    /* OPT-125m (h 768, f 3072, 12 layers), PEFT's default targets for OPT, q_proj and v_proj,
+     * r 8: 12 x 2 x 8 x (768 + 768) */
+    assert_int_equal(count("opt-125m", 8, "q_proj,v_proj"), 294912);
+    /* every linear layer, r 16: 12 x 16 x (4 x 1536 + 2 x (768 + 3072)) */
+    assert_int_equal(count("opt-125m", 16, "all-linear"), 2654208);
+    assert_int_equal(count("opt-125m", 16, "q,k,v,o,fc1,fc2"), 2654208);
+    /* BLOOM-560m (h 1024, 24 layers), PEFT's default target query_key_value [3072, 1024], r 8:
+     * 24 x 8 x (1024 + 3072), the 786,432 PEFT prints for it */
+    assert_int_equal(count("bloom-560m", 8, "query_key_value"), 786432);
 }
 
 static void test_modules(void **state)

@@ -32,7 +32,8 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "pythia-160m.json", "pythia-6.9b.json", "gpt-neox-20b.json",
                                    "falcon-7b.json", "falcon-40b.json",
                                    "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
-                                   "gemma-3-1b.json", "deepseek-moe-16b.json"};
+                                   "gemma-3-1b.json", "deepseek-moe-16b.json", "opt-125m.json", "opt-1.3b.json",
+                                   "bloom-560m.json", "bloom-7b1.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name, and what it lacks (DeepSeek-V2's and V3's
@@ -41,8 +42,6 @@ static const struct { const char *config, *family, *lacks; } not_built[] = {
     {"deepseek-v2-lite.json", "deepseek_v2", "latent attention (kv_lora_rank)"},
     {"deepseek-v3.json", "deepseek_v3", "latent attention (kv_lora_rank)"},
     {"falcon-rw-1b.json", "falcon", "(ALiBi)"},
-    {"opt-125m.json", "opt", "its layers"},
-    {"bloom-560m.json", "bloom", "its layers"},
 };
 
 /* Tensors tile each block exactly, in order, and sum to the config's count. */
@@ -237,6 +236,22 @@ static void test_layout_refuses_families(void **state)
     c.qk_norm = 1;
     assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "q/k norms on GPT layers"));
+    /* OPT-350m's post-norm layers (without its projections), an OPT without
+     * its final norm and a BLOOM whose residual is taken after the norms:
+     * refused by name when the config is read */
+    static const char *opt_refused[][3] = {{"opt", "\"do_layer_norm_before\": false", "do_layer_norm_before"},
+                                           {"opt", "\"_remove_final_layer_norm\": true", "_remove_final_layer_norm"},
+                                           {"bloom", "\"apply_residual_connection_post_layernorm\": true",
+                                            "apply_residual_connection_post_layernorm"}};
+    for (int i = 0; i < 3; i++) {
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                 "\"num_attention_heads\": 4, \"ffn_dim\": 256, \"vocab_size\": 100, %s}", opt_refused[i][0],
+                 opt_refused[i][1]);
+        assert_int_equal(zo_model_config_parse(json, "opt.json", &c), ZO_ERR_UNSUPPORTED);
+        if (!strstr(zo_last_error(), opt_refused[i][2])) fail_msg("%s", zo_last_error());
+    }
 }
 
 /* Variants the presets do not cover: untied GPT, Qwen2-style q/k/v biases,
@@ -761,7 +776,8 @@ static void test_hf_config_from_presets(void **state)
 {
     (void)state;
     static const char *const dense[] = {"qwen3-0.6b", "qwen3-8b", "gemma-2b", "phi-4", "mistral-7b",
-                                        "pythia-1.4b", "gpt-neox-20b", "falcon-7b", "falcon-40b"};
+                                        "pythia-1.4b", "gpt-neox-20b", "falcon-7b", "falcon-40b",
+                                        "opt-125m", "opt-66b", "bloom-560m", "bloom"};
     for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
         zo_model_config c, back;
         assert_int_equal(zo_model_preset_find(dense[i], &c), ZO_OK);

@@ -335,14 +335,37 @@ typedef struct ageom {
     int t, hq, hkv, d, grp, window;
     size_t ld, ldo;
     double scale, cap; /* the desc's scale (0: 1/sqrt(d)) and soft cap (0: none) */
+    double alibi;      /* the desc's ALiBi factor (0: none) */
 } ageom;
 
 static ageom geom_of(const gpu_attn_desc *a)
 {
     ageom g = {a->t, a->hq, a->hkv, a->d, a->hq / a->hkv, a->window,
                (size_t)(a->hq + 2 * a->hkv) * a->d, (size_t)a->hq * a->d,
-               a->scale > 0.0f ? (double)a->scale : 1.0 / sqrt((double)a->d), a->softcap};
+               a->scale > 0.0f ? (double)a->scale : 1.0 / sqrt((double)a->d), a->softcap, a->alibi};
     return g;
+}
+
+/* ALiBi's slope of head h of n as Hugging Face's build_alibi_tensor makes
+ * them: cp the largest power of two <= n, base 2^-(2^-(log2 cp - 3)), the
+ * first cp heads base^1 .. base^cp, the rest the odd powers 1, 3, 5, ... of
+ * 2^-(2^-(log2 2cp - 3)) */
+static double alibi_slope_d(int n, int h)
+{
+    int cp = 1;
+    while (2 * cp <= n) cp *= 2;
+    double base = pow(2.0, -pow(2.0, -(log2((double)cp) - 3.0)));
+    if (h < cp) return pow(base, h + 1);
+    double extra = pow(2.0, -pow(2.0, -(log2(2.0 * cp) - 3.0)));
+    return pow(extra, 2 * (h - cp) + 1);
+}
+
+/* ALiBi's bias of query i (at position i) and key j of head h: alibi
+ * slope_h (j - i), the contract's form (gpu/device.h; Hugging Face adds
+ * slope_h j, the same softmax, its lse slope_h i higher) */
+static double alibi_bias(const ageom *g, int h, int i, int j)
+{
+    return g->alibi > 0.0 ? g->alibi * alibi_slope_d(g->hq, h) * (double)(j - i) : 0.0;
 }
 
 /* The score of dot product `dot`: scaled, then cap tanh(s / cap) with a
@@ -376,7 +399,7 @@ static void scores(const ageom *g, const double *qkv, int b, int h, int i, doubl
     for (int j = first_key(g, i); j <= i; j++) {
         double acc = 0.0;
         for (int e = 0; e < g->d; e++) acc += qkv[gq(g, b, i, h) + e] * qkv[gk(g, b, j, h) + e];
-        s[j] = score_of(g, acc, dc ? &dc[j] : NULL);
+        s[j] = score_of(g, acc, dc ? &dc[j] : NULL) + alibi_bias(g, h, i, j);
     }
 }
 
@@ -469,7 +492,7 @@ static void ref_attention_cached(const gpu_op_args *a, hostv *h)
                 for (int j = j0; j <= p; j++) {
                     double acc = 0.0;
                     for (int e = 0; e < g.d; e++) acc += h->T[1][gq(&g, b, i, hh) + e] * kc[((size_t)b * tc + j) * ldc + kvo + e];
-                    sc[j] = score_of(&g, acc, NULL);
+                    sc[j] = score_of(&g, acc, NULL) + alibi_bias(&g, hh, p, j);
                     mx = sc[j] > mx ? sc[j] : mx;
                 }
                 for (int j = j0; j <= p; j++) l += exp(sc[j] - mx);
@@ -511,13 +534,15 @@ static void ref_rope_backward(const gpu_op_args *a, hostv *h) { rope_d(a, h, 1);
 
 #define GELU_C 0.7978845608028654 /* sqrt(2/pi) */
 
-/* GELU, the tanh form; with i[0] (exact) the erf form 0.5 x (1 + erf(x / sqrt 2)) */
+/* GELU, the tanh form; with i[0] (the form) 1 the erf form 0.5 x (1 + erf(x / sqrt 2)),
+ * 2 ReLU, max(x, 0) with the derivative 1 where x > 0, else 0 */
 static void ref_gelu_forward(const gpu_op_args *a, hostv *h)
 {
     for (size_t i = 0; i < a->n; i++) {
         double x = h->T[1][i];
-        h->T[0][i] = a->i[0] ? 0.5 * x * (1.0 + erf(x / sqrt(2.0)))
-                             : 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x)));
+        h->T[0][i] = a->i[0] == 2 ? (x > 0.0 ? x : 0.0)
+                     : a->i[0]    ? 0.5 * x * (1.0 + erf(x / sqrt(2.0)))
+                                  : 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x)));
     }
 }
 
@@ -526,8 +551,9 @@ static void ref_gelu_backward(const gpu_op_args *a, hostv *h)
     for (size_t i = 0; i < a->n; i++) {
         double x = h->T[2][i], u = GELU_C * (x + 0.044715 * x * x * x), th = tanh(u);
         double du = GELU_C * (1.0 + 3.0 * 0.044715 * x * x);
-        double d = a->i[0] ? 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI)
-                           : 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
+        double d = a->i[0] == 2 ? (x > 0.0 ? 1.0 : 0.0)
+                   : a->i[0]    ? 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI)
+                                : 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
         h->T[0][i] = h->T[1][i] * d;
     }
 }
@@ -897,31 +923,33 @@ static void route_d(const double *lg, int e, int k, double *p, int *sel)
     }
 }
 
-/* t: weights logits; p: stats; i: n e k norm */
+/* t: weights logits; p: stats [groups, 2e]; i: n e k norm group_rows */
 static void ref_moe_router_forward(const gpu_op_args *a, hostv *h)
 {
-    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3];
+    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3], gr = (int)a->i[4];
+    int groups = (n + gr - 1) / gr;
     double *p = malloc((size_t)e * sizeof *p);
     int *sel = malloc((size_t)k * sizeof *sel);
-    for (int j = 0; j < 2 * e; j++) h->P[0][j] = 0.0;
+    for (size_t j = 0; j < (size_t)groups * 2 * e; j++) h->P[0][j] = 0.0;
     for (int r = 0; r < n; r++) {
         route_d(h->T[1] + (size_t)r * e, e, k, p, sel);
-        double S = 0.0;
+        double S = 0.0, *st = h->P[0] + (size_t)(r / gr) * 2 * e;
         for (int i = 0; i < k; i++) S += p[sel[i]];
         double *w = h->T[0] + (size_t)r * e;
-        for (int j = 0; j < e; j++) w[j] = 0.0, h->P[0][j] += p[j];
-        for (int i = 0; i < k; i++) w[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]], h->P[0][e + sel[i]] += 1.0;
+        for (int j = 0; j < e; j++) w[j] = 0.0, st[j] += p[j];
+        for (int i = 0; i < k; i++) w[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]], st[e + sel[i]] += 1.0;
     }
     free(p), free(sel);
 }
 
-/* t: dlogits dweights logits; p: stats [layers, 2e]; i: n e k norm layers; f: aux_scale.
+/* t: dlogits dweights logits; p: stats [layers, groups, 2e]; i: n e k norm layers group_rows;
+ * f: aux_scale (row r counts its group's, r / group_rows).
  * The loss as a function of p: L = sum over the chosen of dweights * w(p)
  * + aux_scale * sum_j C_j p_j; dlogits by the chain rule through the softmax. */
 static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
 {
     int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3];
-    int layers = (int)a->i[4];
+    int layers = (int)a->i[4], gr = (int)a->i[5], groups = (n + gr - 1) / gr;
     double *p = malloc((size_t)e * sizeof *p), *dp = malloc((size_t)e * sizeof *dp);
     int *sel = malloc((size_t)k * sizeof *sel);
     for (int r = 0; r < n; r++) {
@@ -929,7 +957,8 @@ static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
         const double *dw = h->T[1] + (size_t)r * e;
         for (int j = 0; j < e; j++) {
             double c = 0.0;
-            for (int l = 0; a->f[0] != 0.0f && l < layers; l++) c += h->P[0][(size_t)l * 2 * e + e + j];
+            for (int l = 0; a->f[0] != 0.0f && l < layers; l++)
+                c += h->P[0][((size_t)l * groups + (size_t)(r / gr)) * 2 * e + e + j];
             dp[j] = a->f[0] * c;
         }
         double S = 0.0;
@@ -1605,14 +1634,23 @@ static void attn_prep(const pcase *c, hostv *h)
 
 /* gty: the type of dout and dqkv in the backward (the transformer passes
  * fp32 gradients beside 16-bit qkv and out). */
-static void attention_case_sc(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, float scale,
-                              float cap, etype ty, etype gty)
+/* The cases' names for a desc's scale, cap and ALiBi factor (empty when none) */
+static void attn_extras(char *sc, size_t n, float scale, float cap, float alibi)
 {
-    char sc[48] = "";
-    if (scale > 0.0f || cap > 0.0f) snprintf(sc, sizeof sc, " scale %g softcap %g", scale, cap);
+    int k = 0;
+    sc[0] = '\0';
+    if (scale > 0.0f || cap > 0.0f) k = snprintf(sc, n, " scale %g softcap %g", scale, cap);
+    if (alibi > 0.0f) snprintf(sc + k, n - (size_t)k, " alibi %g", alibi);
+}
+
+static void attention_case_al(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, float scale,
+                              float cap, float alibi, etype ty, etype gty)
+{
+    char sc[64];
+    attn_extras(sc, sizeof sc, scale, cap, alibi);
     pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d%s %s%s%s", b, t, hq, hkv, d, window, sc, ename(ty),
                        gty != ty ? " grads " : "", gty != ty ? ename(gty) : "");
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap};
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi};
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nl = (size_t)b * hq * t;
     if (op == GPU_OP_ATTENTION_FORWARD) {
         OUT_T(&c, 0, ty, no);
@@ -1635,6 +1673,12 @@ static void attention_case_sc(gpu_op_id op, int b, int t, int hq, int hkv, int d
         c.prep = attn_prep;
     }
     emit(&c);
+}
+
+static void attention_case_sc(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, float scale,
+                              float cap, etype ty, etype gty)
+{
+    attention_case_al(op, b, t, hq, hkv, d, window, scale, cap, 0.0f, ty, gty);
 }
 
 static void attention_case_g(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, etype ty, etype gty)
@@ -1678,6 +1722,29 @@ static void softcap_grid(gpu_op_id op)
     rng = saved;
 }
 
+#define ALIBI_SEED 0x3c6ef372fe94f82bull
+
+/* BLOOM's ALiBi (alibi 1; Falcon-RW's form scales it by 1/sqrt(d)): 12 and
+ * 14 heads (14 is no power of two: its last 6 heads take the odd powers of
+ * 16 heads' base) at head sizes 64, 80 and 128 across the CPU's 48-row
+ * blocks and the CUDA tiles (t 97 to 130), with a window, GQA and a soft
+ * cap beside it once each; past the GEMM path's 256-row blocks (t 257,
+ * 300) with 6 heads (no power of two either, kept few: those cases cost
+ * seconds a head in the shim), 16-bit inputs and fp32 gradients. From
+ * their own stream, given back after. */
+static void alibi_grid(gpu_op_id op)
+{
+    uint64_t saved = rng;
+    rng = ALIBI_SEED;
+    attention_case_al(op, 1, 97, 12, 12, 64, 0, 0.0f, 0.0f, 1.0f, E_F32, E_F32);
+    attention_case_al(op, 1, 130, 14, 14, 80, 0, 0.0f, 0.0f, 1.0f, E_F32, E_F32);
+    attention_case_al(op, 1, 100, 14, 7, 128, 40, 0.0f, 0.0f, 0.125f, E_F32, E_F32);
+    attention_case_al(op, 1, 97, 12, 12, 64, 0, 0.0f, 2.0f, 1.0f, E_F32, E_F32);
+    attention_case_al(op, 1, 257, 6, 3, 64, 0, 0.0f, 0.0f, 1.0f, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
+    if (op == GPU_OP_ATTENTION_FORWARD) attention_case_al(op, 1, 300, 6, 6, 128, 64, 0.0f, 0.0f, 1.0f, E_F16, E_F16);
+    rng = saved;
+}
+
 /* Sequences below, at and above the CPU's 48-row query blocks and the CUDA
  * tiles of 32 (t 130: three blocks, the last partial); head sizes 32, 64,
  * 80, 96, 128 and 36 (not a multiple of 16); GQA groups 1, 2, 4, 8. The
@@ -1718,6 +1785,7 @@ static void attention_grid(gpu_op_id op)
         attention_case_g(op, 1, 257, 2, 1, 80, 64, E_F16, E_F32);
     }
     softcap_grid(op);
+    alibi_grid(op);
 }
 
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
@@ -1731,15 +1799,15 @@ static void cached_prep(const pcase *c, hostv *h)
         for (int b = 0; b < c->a.d.attn.b; b++) h->P[0][b] = c->param[0];
 }
 
-static void cached_case_sc(int b, int t, int tc, int hq, int hkv, int d, int window, float scale, float cap, int pos,
-                           etype ty, etype cache)
+static void cached_case_al(int b, int t, int tc, int hq, int hkv, int d, int window, float scale, float cap,
+                           float alibi, int pos, etype ty, etype cache)
 {
-    char sc[48] = "";
-    if (scale > 0.0f || cap > 0.0f) snprintf(sc, sizeof sc, " scale %g softcap %g", scale, cap);
+    char sc[64];
+    attn_extras(sc, sizeof sc, scale, cap, alibi);
     pcase c = new_case(GPU_OP_ATTENTION_CACHED, "b %d t %d tc %d hq %d hkv %d d %d window %d%s pos %s %s cache %s", b,
                        t, tc, hq, hkv, d, window, sc, pos < 0 ? "drawn" : pos ? "given" : "0", ename(ty),
                        ename(cache));
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap};
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi};
     c.a.i[0] = tc;
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nc = (size_t)b * tc * hkv * d;
     OUT_T(&c, 0, ty, no);
@@ -1751,6 +1819,12 @@ static void cached_case_sc(int b, int t, int tc, int hq, int hkv, int d, int win
     c.param[0] = pos;
     c.prep = cached_prep;
     emit(&c);
+}
+
+static void cached_case_sc(int b, int t, int tc, int hq, int hkv, int d, int window, float scale, float cap, int pos,
+                           etype ty, etype cache)
+{
+    cached_case_al(b, t, tc, hq, hkv, d, window, scale, cap, 0.0f, pos, ty, cache);
 }
 
 static void cached_case(int b, int t, int tc, int hq, int hkv, int d, int window, int pos, etype ty, etype cache)
@@ -1790,6 +1864,12 @@ static void parity_attention_cached(void)
     cached_case_sc(2, 1, 97, 4, 2, 256, 40, 0.0f, 2.0f, -1, E_BF16, E_BF16);
     cached_case_sc(1, 40, 120, 4, 2, 128, 17, 1.0f / 12.0f, 1.0f, 50, E_F32, E_F32);
     cached_case_sc(2, 1, 70, 2, 1, 64, 0, 0.0f, 1.5f, -1, E_F32, E_F32);
+    /* ALiBi (BLOOM's): decoding past a chunk, a prompt, a chunk after earlier
+     * tokens with a window; 12 and 14 heads */
+    rng = ALIBI_SEED;
+    cached_case_al(2, 1, 97, 12, 12, 64, 0, 0.0f, 0.0f, 1.0f, -1, E_F32, E_F32);
+    cached_case_al(1, 49, 64, 14, 14, 80, 0, 0.0f, 0.0f, 1.0f, 0, E_F32, E_F32);
+    cached_case_al(1, 40, 120, 14, 7, 128, 17, 0.0f, 0.0f, 1.0f, 50, E_BF16, E_BF16);
     rng = saved;
 }
 
@@ -1891,10 +1971,11 @@ static void ew_grid_i(gpu_op_id op, int n_t, int n_out, double lo, double hi, in
     for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s++)
         for (int t = 0; t < 3; t++) {
             size_t n = ew_sizes[s];
+            int act = op == GPU_OP_GELU_FORWARD || op == GPU_OP_GELU_BACKWARD;
             pcase c = new_case(op, "n %zu %s%s", n, ename(storage[t]),
-                               !i0 ? "" : op == GPU_OP_GELU_FORWARD || op == GPU_OP_GELU_BACKWARD ? " erf" : " gelu");
+                               !i0 ? "" : !act ? " gelu" : i0 == GPU_ACT_RELU ? " relu" : " erf");
             c.a.n = n;
-            c.a.i[0] = i0;             /* the gated activations' gelu flag, GELU's exact flag */
+            c.a.i[0] = i0;             /* the gated activations' gelu flag, the activation's form */
             c.a.f[0] = 0.375f; /* scale's alpha */
             for (int k = 0; k < n_t; k++) {
                 int b = k < n_out ? OUT_T(&c, k, storage[t], n) : IN_T(&c, k, storage[t], n);
@@ -1906,13 +1987,14 @@ static void ew_grid_i(gpu_op_id op, int n_t, int n_out, double lo, double hi, in
 
 static void ew_grid(gpu_op_id op, int n_t, int n_out, double lo, double hi) { ew_grid_i(op, n_t, n_out, lo, hi, 0); }
 
-/* The tanh form, then the erf form (exact 1: GPT-NeoX's MLP), which gives
- * the random stream back when done (the ops after it draw what they drew) */
+/* The tanh form, then the erf form (GPT-NeoX's MLP) and ReLU (OPT's), which
+ * give the random stream back when done (the ops after them draw what they drew) */
 static void gelu_grid(gpu_op_id op, int n_t)
 {
     ew_grid(op, n_t, 1, -6.0, 4.0);
     uint64_t keep = rng;
-    ew_grid_i(op, n_t, 1, -6.0, 4.0, 1);
+    ew_grid_i(op, n_t, 1, -6.0, 4.0, GPU_ACT_GELU_ERF);
+    ew_grid_i(op, n_t, 1, -6.0, 4.0, GPU_ACT_RELU);
     rng = keep;
 }
 static void parity_gelu_forward(void) { gelu_grid(GPU_OP_GELU_FORWARD, 2); }
@@ -2535,47 +2617,78 @@ static void router_prep(const pcase *c, hostv *h)
 static const int router_rows[] = {1, 7, 300};
 static const int router_ek[][2] = {{2, 1}, {8, 2}, {60, 4}, {5, 5}};
 
+static void router_forward_case(int n, int e, int k, int norm, int gr)
+{
+    int groups = (n + gr - 1) / gr;
+    pcase c = gr < n ? new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d norm %d groups of %d", n, e, k, norm, gr)
+                     : new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d norm %d", n, e, k, norm);
+    c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = gr;
+    OUT_T(&c, 0, E_F32, (size_t)n * e);
+    IN_T(&c, 1, E_F32, (size_t)n * e);
+    OUT_P(&c, 0, E_F32, (size_t)groups * 2 * e);
+    c.param[0] = 1;
+    c.prep = router_prep;
+    emit(&c);
+}
+
+/* (the statistics of `layers` layers, each of groups of gr rows) */
+static void router_backward_case(int n, int e, int k, int norm, int layers, int gr)
+{
+    int groups = (n + gr - 1) / gr;
+    pcase c = gr < n ? new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d norm %d aux layers %d groups of %d", n,
+                                e, k, norm, layers, gr)
+                     : new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d norm %d aux layers %d", n, e, k, norm,
+                                layers);
+    c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = layers, c.a.i[5] = gr;
+    c.a.f[0] = layers ? 0.0125f : 0.0f;
+    /* one chosen expert of two, renormalized and no auxiliary loss:
+     * the weight is 1 whatever the logits, the gradient cancels to
+     * zero, and its rounding is measured against the incoming
+     * gradient's bound (1) */
+    int o = OUT_T(&c, 0, E_F32, (size_t)n * e);
+    if (k == 1 && norm && !layers) c.buf[o].floor = 1.0;
+    IN_T(&c, 1, E_F32, (size_t)n * e);
+    IN_T(&c, 2, E_F32, (size_t)n * e);
+    if (layers) add_buf(&c, 'p', 0, E_F32, (size_t)layers * groups * 2 * e, FILL_INT, 0, gr + 1, 0);
+    c.param[0] = 2;
+    c.prep = router_prep;
+    emit(&c);
+}
+
+/* The statistics in groups of a third of the rows (DeepSeek's per
+ * sequence; the last group shorter: 7 rows in 3, 3, 1, 300 in 100s), after
+ * the one-group cases; they leave the random stream as they found it, so
+ * that every case after them draws the data it drew before they were added. */
+static void router_group_cases(int backward)
+{
+    const uint64_t keep = rng;
+    for (size_t s = 1; s < 3; s++)
+        for (size_t g = 0; g < 4; g++)
+            for (int norm = 0; norm < 2; norm++) {
+                int n = router_rows[s], e = router_ek[g][0], k = router_ek[g][1], gr = (n + 2) / 3;
+                if (backward) router_backward_case(n, e, k, norm, 1, gr);
+                else router_forward_case(n, e, k, norm, gr);
+            }
+    rng = keep;
+}
+
 static void parity_moe_router_forward(void)
 {
     for (size_t s = 0; s < 3; s++)
         for (size_t g = 0; g < 4; g++)
-            for (int norm = 0; norm < 2; norm++) {
-                int n = router_rows[s], e = router_ek[g][0], k = router_ek[g][1];
-                pcase c = new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d norm %d", n, e, k, norm);
-                c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm;
-                OUT_T(&c, 0, E_F32, (size_t)n * e);
-                IN_T(&c, 1, E_F32, (size_t)n * e);
-                OUT_P(&c, 0, E_F32, 2 * (size_t)e);
-                c.param[0] = 1;
-                c.prep = router_prep;
-                emit(&c);
-            }
+            for (int norm = 0; norm < 2; norm++)
+                router_forward_case(router_rows[s], router_ek[g][0], router_ek[g][1], norm, router_rows[s]);
+    router_group_cases(0);
 }
 
 static void parity_moe_router_backward(void)
 {
     for (size_t s = 0; s < 3; s++)
         for (size_t g = 0; g < 4; g++)
-            for (int v = 0; v < 4; v++) { /* norm, and the auxiliary loss over 0 or 3 layers */
-                int n = router_rows[s], e = router_ek[g][0], k = router_ek[g][1];
-                int norm = v & 1, layers = v & 2 ? 3 : 0;
-                pcase c = new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d norm %d aux layers %d", n,
-                                   e, k, norm, layers);
-                c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = layers;
-                c.a.f[0] = layers ? 0.0125f : 0.0f;
-                /* one chosen expert of two, renormalized and no auxiliary loss:
-                 * the weight is 1 whatever the logits, the gradient cancels to
-                 * zero, and its rounding is measured against the incoming
-                 * gradient's bound (1) */
-                int o = OUT_T(&c, 0, E_F32, (size_t)n * e);
-                if (k == 1 && norm && !layers) c.buf[o].floor = 1.0;
-                IN_T(&c, 1, E_F32, (size_t)n * e);
-                IN_T(&c, 2, E_F32, (size_t)n * e);
-                if (layers) add_buf(&c, 'p', 0, E_F32, (size_t)layers * 2 * e, FILL_INT, 0, n + 1, 0);
-                c.param[0] = 2;
-                c.prep = router_prep;
-                emit(&c);
-            }
+            for (int v = 0; v < 4; v++) /* norm, and the auxiliary loss over 0 or 3 layers */
+                router_backward_case(router_rows[s], router_ek[g][0], router_ek[g][1], v & 1, v & 2 ? 3 : 0,
+                                     router_rows[s]);
+    router_group_cases(1);
 }
 
 static const int scale_shapes[][3] = {{1, 1, 1}, {5, 17, 3}, {33, 64, 1}, {300, 257, 8}};

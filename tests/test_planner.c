@@ -50,6 +50,14 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     /* Falcon: keras-hub's and the model cards' totals (test_planner_families) */
     {"falcon-7b", "falcon-7b.json", 6921720704ull},
     {"falcon-40b", "falcon-40b.json", 41303293952ull},
+    /* OPT: the OPT paper's sizes, counted from the shapes (12 x 7087872 + the token and
+     * position tables and the final norm for 125m, 24 x 50358272 + ... for 1.3b) */
+    {"opt-125m", "opt-125m.json", 125239296ull},
+    {"opt-1.3b", "opt-1.3b.json", 1315758080ull},
+    /* BLOOM: the model cards' totals (test_planner_families) */
+    {"bloom-560m", "bloom-560m.json", 559214592ull},
+    {"bloom-7b1", "bloom-7b1.json", 7069016064ull},
+    {"bloom", "bloom-176b.json", 176247271424ull},
     /* keras-hub gemma2_2b_en, gemma2_9b_en; 27b from its shape (46 x 566249472 + the
      * embedding and the final norm) */
     {"gemma-2-2b", "gemma-2-2b.json", 2614341888ull},

@@ -135,6 +135,14 @@ static int count(const char *s, const char *what)
     return n;
 }
 
+/* Wall-clock seconds since t0 (CLOCK_MONOTONIC). */
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
 /* `train ARGS` on np ranks, which must end with exit status `rc` (2: a
  * refusal) and say `why` (once: exactly once, else at least once) without
  * training step `no_step` (0: not asserted); `label` names it in the line
@@ -143,11 +151,11 @@ static double train_refused(int np, const char *args, int rc, const char *why, i
                             const char *label)
 {
     static char out[1 << 16];
-    struct timespec t0, t1;
+    struct timespec t0;
     char step[32];
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int got = train(np, args, out, sizeof out);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = seconds_since(&t0);
     int n = count(out, why);
     printf("  %s: exit %d, \"%.60s%s\" %d time(s)\n", label, got, why, strlen(why) > 60 ? "..." : "", n);
     if (got != rc || (once ? n != 1 : !n)) fprintf(stderr, "%s\nwanted%s: %s\n", out, once ? " once" : "", why);
@@ -156,7 +164,7 @@ static double train_refused(int np, const char *args, int rc, const char *why, i
     else assert_true(n >= 1);
     snprintf(step, sizeof step, "\nstep %d ", no_step);
     if (no_step) assert_null(strstr(out, step));
-    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return secs;
 }
 
 /* `in` with every `word` in it replaced by `with`, into out. */
@@ -1906,21 +1914,6 @@ static void test_moe_ep_capacity(void **state)
 }
 
 static void family_rows(const char *name, const char *text);
-static void ep_rows_of(int mdl, const char *tag, int lora, int zero3);
-
-/* DeepSeekMoE (a dense first layer, then MoE layers with ungated shared
- * experts, the balance loss per layer and sequence): full fine-tuning,
- * LoRA on every linear layer (the dense layer's MLP, the routed and shared
- * experts, the attention) and QLoRA at ZeRO-2 and ZeRO-3 as family_rows,
- * then --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3, full and LoRA (each rank's
- * own experts and their adapters, the all-to-all bytes). */
-static void deepseek_rows(void)
-{
-    family_rows("deepseek", deepseek_config);
-    ep_rows_of(3, "ds", 0, 1);
-    ep_rows_of(3, "dsl", 1, 1);
-    config = "config.json";
-}
 
 /* Model mdl's plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on
  * the GPU, clipping; with lora adapters on every linear layer, on the GPU),
@@ -1938,6 +1931,21 @@ static void ep_rows_of(int mdl, const char *tag, int lora, int zero3)
     ep_refs(place, tag, mdl, 0, 1, ref);
     ep_run(mdl, place, 2, 2, 0, 1, ref);
     if (zero3) ep_run(mdl, place, 2, 2, 3, 1, ref);
+}
+
+/* DeepSeekMoE (a dense first layer, then MoE layers with ungated shared
+ * experts, the balance loss per layer and sequence): full fine-tuning,
+ * LoRA on every linear layer (the dense layer's MLP, the routed and shared
+ * experts, the attention) and QLoRA at ZeRO-2 and ZeRO-3 as family_rows,
+ * then --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3, full and LoRA (each rank's
+ * own experts and their adapters, the all-to-all bytes). */
+static void deepseek_rows(void)
+{
+    printf("DeepSeekMoE, in this entry (its lines below name it: deepseek):\n");
+    family_rows("deepseek", deepseek_config);
+    ep_rows_of(3, "ds", 0, 1);
+    ep_rows_of(3, "dsl", 1, 1);
+    config = "config.json";
 }
 
 /* Qwen3-MoE with expert parallelism: the Qwen3-MoE-shaped model, memplan's
@@ -2025,6 +2033,19 @@ static const char falcon_config[] =
     "\"max_position_embeddings\": 64, \"multi_query\": true, \"parallel_attn\": true, "
     "\"new_decoder_architecture\": false, \"bias\": false, \"alibi\": false}";
 
+/* OPT: LayerNorms, q, k, v apart, every projection biased, ReLU, a learned
+ * position table read from row 2, tied. */
+static const char opt_config[] =
+    "{\"model_type\": \"opt\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"ffn_dim\": 128, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"activation_function\": \"relu\", \"enable_bias\": true}";
+
+/* BLOOM: a LayerNorm on the word embeddings, query_key_value per head,
+ * biases, ALiBi over 4 heads, GELU's tanh form, tied. */
+static const char bloom_config[] =
+    "{\"model_type\": \"bloom\", \"n_layer\": 4, \"hidden_size\": 64, \"n_head\": 4, "
+    "\"vocab_size\": 256, \"layer_norm_epsilon\": 1e-5, \"seq_length\": 64}";
+
 /* One family's rows: full fine-tuning, LoRA on every linear layer (for
  * Phi-3 PEFT's adapters on the fused qkv_proj and gate_up_proj) and QLoRA
  * (the same adapters over an NF4 base) on 2 ranks at ZeRO-2 (placement 1:
@@ -2039,15 +2060,13 @@ static void family_rows(const char *name, const char *text)
     /* static: the global config points into it, and a failing assert
      * leaves before the end puts config back */
     static char path[512];
-    static const char *const family_methods[3] = {"", "--lora 4 --lora-targets all-linear",
-                                                  "--lora 4 --lora-targets all-linear --qlora"};
-    char flags[1024], plan[512], extra[256], place[256];
+    char flags[1024], plan[512], extra[256], place[256], mf[128];
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
     files_write_text(path, text);
     config = strrchr(path, '/') + 1;
     for (int method = 0; method <= 2; method++) {
-        const char *mf = family_methods[method];
-        struct timespec t0, t1;
+        snprintf(mf, sizeof mf, "%s%s", method_flags[method], method ? " --lora-targets all-linear" : "");
+        struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int p = 1; p <= 2; p++) {
             int stage = p == 1 ? 2 : 3;
@@ -2071,13 +2090,10 @@ static void family_rows(const char *name, const char *text)
             check_peaks(last_out, 2);
             if (method == 2) assert_non_null(strstr(last_out, "method: qlora (")); /* the NF4 base */
         }
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        printf("  %s, %s: %.1f s\n", name, method_names[method],
-               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        printf("  %s, %s: %.1f s\n", name, method_names[method], seconds_since(&t0));
     }
     config = "config.json";
 }
-
 
 static void test_family_qwen3(void **state)
 {
@@ -2115,12 +2131,15 @@ static void test_family_neox(void **state)
     family_rows("neox", neox_config);
 }
 
+/* Falcon's rows, then OPT's and BLOOM's (a few seconds each: they share
+ * Falcon's ctest entry rather than start their own) */
 static void test_family_falcon(void **state)
 {
     (void)state;
     family_rows("falcon", falcon_config);
+    family_rows("opt", opt_config);
+    family_rows("bloom", bloom_config);
 }
-
 
 /* What the table does not run, refused by train with its words, exit 2,
  * said once (rank 0) under mpirun; nothing trained. */

@@ -719,7 +719,7 @@ static void test_phi3_partial_vs_torch(void **state)
     tf_model g;
     c.rope_n_factors = 4;
     assert_int_equal(tf_init(&g, &c, dev, ZO_DTYPE_F32, 1, 8), ZO_ERR_UNSUPPORTED);
-    assert_non_null(strstr(zo_last_error(), "the rotary dim (head_dim x partial_rotary_factor) / 2 = 3"));
+    assert_non_null(strstr(zo_last_error(), "the rotary dim (head_dim x partial_rotary_factor or rotary_pct) / 2 = 3"));
     gpu_device_free(dev);
     c.rope_n_factors = 3;
     c.rope_partial = 0.625; /* 5 of 8 */

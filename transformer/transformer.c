@@ -12,11 +12,13 @@
 
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
-/* Rows of router statistics a layer keeps: DeepSeek's balance loss counts
- * each sequence's choices apart (in training), the others the micro-batch's */
+/* Rows of router statistics a layer keeps: DeepSeek's balance loss per
+ * sequence (seq_aux, in training) counts each sequence's choices apart, the
+ * others the micro-batch's */
 static size_t stat_rows(const tf_model *m)
 {
-    return m->cfg.moe.aux_per_layer && !m->opts.kv_len ? (size_t)m->B : 1;
+    const zo_moe *mo = &m->cfg.moe;
+    return mo->aux_per_layer && mo->seq_aux && mo->aux_loss && !m->opts.kv_len ? (size_t)m->B : 1;
 }
 /* Gemma, Gemma-2 and Gemma-3: RMSNorm times (1 + w) (Gemma-3's q/k norms
  * too), the embedding times sqrt(hidden), GeGLU */
@@ -29,8 +31,12 @@ static int has_rope(const tf_model *m) { return !is_gpt(m) || m->cfg.pos == ZO_P
 static int parallel_residual(const tf_model *m) { return m->cfg.parallel_block; }
 /* Falcon-7B: one norm for both (ln2 is ln1) */
 static int one_norm(const zo_model_config *c) { return c->layer_norms == 1; }
-/* GELU's erf form (GPT-NeoX's "gelu"), else its tanh form */
-static int gelu_exact(const zo_model_config *c) { return !strcmp(c->act, "gelu"); }
+/* The GPT MLP's activation: GELU's erf form (GPT-NeoX's "gelu"), ReLU
+ * (OPT's), else GELU's tanh form */
+static int act_form(const zo_model_config *c)
+{
+    return !strcmp(c->act, "gelu") ? GPU_ACT_GELU_ERF : !strcmp(c->act, "relu") ? GPU_ACT_RELU : GPU_ACT_GELU_TANH;
+}
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
 /* the LLaMA-shaped MLP's gate: GELU's tanh form (Gemma's GeGLU; the
@@ -100,9 +106,8 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 /* One kind of layer's adapter slots from its modules (mods), as
  * model_lora_layout_init lays such a layer out: the modules in order, the
  * routed experts' together at the first of them, expert after expert;
- * returns the layer's adapter elements, *n the slots, *n_u the A x kept. */
-static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mods, tf_lora_slot *slots, int *n,
-                         int *n_u)
+ * returns the layer's adapter elements, *n the slots. */
+static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mods, tf_lora_slot *slots, int *n)
 {
     const zo_model_config *c = &m->cfg;
     const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = m->opts.lora.r;
@@ -152,7 +157,6 @@ static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mo
         sl->b_off = *pos + (size_t)r * sl->in;
         *pos += (size_t)r * (size_t)(sl->in + sl->out);
     }
-    *n_u = u;
     return at;
 }
 
@@ -165,6 +169,25 @@ static const tf_lora_slot *layer_slots(const tf_model *m, int l, int *n)
     }
     *n = m->n_lora;
     return m->lora;
+}
+
+/* The adapter slots of the layers of layer `layer`'s kind (*n of them),
+ * checked against the adapter layout's block; the A x columns and the
+ * routed experts' adapters they need. */
+static zo_status lora_kind_init(tf_model *m, int layer, tf_lora_slot *slots, int *n)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int experts;
+    const int n_mods = zo_lora_layer_modules_at(&m->cfg, layer, m->opts.lora.targets, mods);
+    const int n_u = zo_lora_dense_modules(mods, n_mods, &experts);
+    if (n_u > m->n_lora_u) m->n_lora_u = n_u;
+    m->lora_experts |= experts;
+    size_t at = lora_slots(m, mods, n_mods, slots, n);
+    size_t want = m->adapters.block_numel[model_layout_layer_block(layer)];
+    if (at != want)
+        return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of layer %d laid out in %zu elements, not %zu",
+                        layer, at, want);
+    return ZO_OK;
 }
 
 /* The adapter layout, the slots of a layer's adapters (an MoE model's dense
@@ -180,22 +203,10 @@ static zo_status lora_init(tf_model *m)
         ZO_OK)
         return zo_error_wrap(st, "tf_init");
     m->lora_scale = o->alpha / (float)o->r;
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    for (int kind = 0; kind < 2; kind++) {
-        /* kind 0: the layers of lora[] (the last layer's kind); 1: a dense first layer of an MoE model */
-        if (kind && !(c->moe.experts && c->moe.first_dense && c->n_layers > 0)) break;
-        int layer = kind ? 0 : c->n_layers - 1, n_u, experts;
-        const int n_mods = zo_lora_layer_modules_at(c, layer > 0 ? layer : 0, o->targets, mods);
-        zo_lora_dense_modules(mods, n_mods, &experts);
-        if (!kind) m->lora_experts = experts;
-        size_t at = lora_slots(m, mods, n_mods, kind ? m->lora_dense : m->lora, kind ? &m->n_lora_dense : &m->n_lora,
-                               &n_u);
-        if (n_u > m->n_lora_u) m->n_lora_u = n_u;
-        size_t want = m->adapters.block_numel[model_layout_layer_block(layer > 0 ? layer : 0)];
-        if (at != want)
-            return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of layer %d laid out in %zu elements, not %zu",
-                            layer, at, want);
-    }
+    /* lora[]: the last layer's kind; lora_dense[]: an MoE model's dense first layers' */
+    if ((st = lora_kind_init(m, c->n_layers - 1, m->lora, &m->n_lora)) != ZO_OK) return st;
+    if (c->moe.experts && c->moe.first_dense && (st = lora_kind_init(m, 0, m->lora_dense, &m->n_lora_dense)) != ZO_OK)
+        return st;
     const model_layout *l = &m->layout;
     m->frozen_off = calloc((size_t)l->n_tensors + 1, sizeof *m->frozen_off);
     m->frozen_bytes = calloc((size_t)l->n_blocks, sizeof *m->frozen_bytes);
@@ -250,7 +261,7 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
             return zo_error(ZO_ERR_UNSUPPORTED,
                             "tf_init: model %s: rope_scaling \"longrope\": short_factor and long_factor must be "
                             "lists of %s / 2 = %d numbers each (got %d)",
-                            c->name, d == c->head_dim ? "head_dim" : "the rotary dim (head_dim x partial_rotary_factor)",
+                            c->name, d == c->head_dim ? "head_dim" : "the rotary dim (head_dim x partial_rotary_factor or rotary_pct)",
                             half, c->rope_n_factors);
         if (generating && T > c->rope_original_max)
             return zo_error(ZO_ERR_UNSUPPORTED,
@@ -331,13 +342,14 @@ static zo_status norm_one_upload(tf_model *m)
 }
 
 /* Layer l's attention: the shape, its sliding window (0: none), the
- * score scale (Gemma-2's query_pre_attn_scalar^-0.5; 0: 1/sqrt(head_dim))
- * and soft cap (0: none). */
+ * score scale (Gemma-2's query_pre_attn_scalar^-0.5; 0: 1/sqrt(head_dim)),
+ * soft cap (0: none) and ALiBi (BLOOM's: the bias slope_h (j - i)). */
 static gpu_attn_desc layer_attn(const tf_model *m, int l)
 {
     const zo_model_config *c = &m->cfg;
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
-                        .window = zo_model_layer_window(c, l), .softcap = c->attn_softcap};
+                        .window = zo_model_layer_window(c, l), .softcap = c->attn_softcap,
+                        .alibi = c->pos == ZO_POS_ALIBI ? 1.0f : 0.0f}; /* BLOOM's ALiBi */
     if (c->query_pre_attn_scalar > 0.0f) ad.scale = (float)(1.0 / sqrt((double)c->query_pre_attn_scalar));
     return ad;
 }
@@ -437,6 +449,9 @@ static zo_status gen_alloc(tf_model *m)
         {&m->lnf, B * h * es, "final norm"},
         {(void **)&m->meanf, B * 4, "final norm mean"},
         {(void **)&m->rstdf, B * 4, "final norm rstd"},
+        {&m->emb_x, c->embed_norm ? N * h * es : 0, "embedding norm input"},
+        {(void **)&m->emb_mean, c->embed_norm ? N * 4 : 0, "embedding norm mean"},
+        {(void **)&m->emb_rstd, c->embed_norm ? N * 4 : 0, "embedding norm rstd"},
         {&m->logits, B * c->vocab * sizeof(float), "logits"},
         {&m->wdq, has_lora(m) && m->opts.lora.nf4 ? (size_t)zo_lora_dequant_elems(c) * es : 0, "dequantized weight"},
         {(void **)&a->router_logits, L ? N * E * 4 : 0, "router logits"},
@@ -668,6 +683,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {&m->lnf, N * h * es, "final norm"},
         {(void **)&m->meanf, N * 4, "final norm mean"},
         {(void **)&m->rstdf, N * 4, "final norm rstd"},
+        {&m->emb_x, c->embed_norm ? N * h * es : 0, "embedding norm input"},
+        {(void **)&m->emb_mean, c->embed_norm ? N * 4 : 0, "embedding norm mean"},
+        {(void **)&m->emb_rstd, c->embed_norm ? N * 4 : 0, "embedding norm rstd"},
         {&m->logits, loss_rows(m, N) * c->vocab * sizeof(float), "logits"}, /* fp32 for the cross-entropy */
         {(void **)&m->losses, N * 4, "losses"},
         {&m->tmp, N * h * es, "scratch"},
@@ -765,7 +783,7 @@ void tf_free(tf_model *m)
             free(a->moe_wp_h);
             free(a->moe_off);
         }
-    void *p[] = {m->lnf,  m->meanf, m->rstdf, m->logits, m->losses,    m->tmp,
+    void *p[] = {m->lnf,  m->meanf, m->rstdf, m->emb_x, m->emb_mean, m->emb_rstd, m->logits, m->losses, m->tmp,
                  m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
                  m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
@@ -856,7 +874,7 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
                                       [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W};
     const int r = m->opts.lora.r;
     int n;
-    const tf_lora_slot *slots = layer_slots(m, block - 1, &n);
+    const tf_lora_slot *slots = layer_slots(m, model_layout_block_layer(block), &n);
     for (int j = 0; j < n; j++) {
         const tf_lora_slot *sl = &slots[j];
         const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
@@ -1268,13 +1286,29 @@ static float embed_scale(const tf_model *m)
     return m->dtype == ZO_DTYPE_F32 ? v : zo_load_f32(b, m->dtype, 0);
 }
 
+static zo_status norm_forward(tf_model *m, gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
+                              gpu_tensor x, gpu_tensor w, gpu_tensor b, int N);
+static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, const void *grads,
+                               int block, model_role w_role, model_role b_role, gpu_tensor x, gpu_tensor w,
+                               const float *mean, const float *rstd, int N);
+
+/* Position p's row of the learned table: row p, OPT's row p + 2 (pos_offset:
+ * Hugging Face's positions count from 2, the rows before are never read) */
+static gpu_tensor pos_rows(const zo_model_config *c, gpu_tensor wpe)
+{
+    if (wpe.data) wpe.data = (char *)wpe.data + (size_t)c->pos_offset * c->hidden * zo_dtype_size(wpe.dtype);
+    return wpe;
+}
+
 static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
 {
     const zo_model_config *c = &m->cfg;
     int N = m->b * m->t;
     const void *W = base_buf(m, bb);
-    gpu_tensor out = gpu_t(m->res[0], m->dtype), wte = bview(m, W, 0, MODEL_ROLE_TOK_EMB);
-    gpu_tensor wpe = bview(m, W, 0, MODEL_ROLE_POS_EMB);
+    gpu_tensor res0 = gpu_t(m->res[0], m->dtype), wte = bview(m, W, 0, MODEL_ROLE_TOK_EMB);
+    gpu_tensor wpe = pos_rows(c, bview(m, W, 0, MODEL_ROLE_POS_EMB));
+    /* BLOOM: the embedding into the norm's saved input, normed into res[0] */
+    gpu_tensor out = c->embed_norm ? gpu_t(m->emb_x, m->dtype) : res0;
     /* res[0][N, h] = wte[tokens] (+ wpe[position]): positions from 0, or in
      * generation from each sequence's (m->pos: one call for the batch),
      * within wpe's rows */
@@ -1284,7 +1318,10 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
                        ? gpu_embedding_forward_seq(s, out, m->tokens, wte, wpe, m->pos, n_pos, N, m->t, c->hidden,
                                                    c->vocab)
                        : gpu_embedding_forward(s, out, m->tokens, wte, wpe, N, m->t, c->hidden, c->vocab);
-    return st != ZO_OK || !is_gemma(m) ? st : gpu_scale(s, out, embed_scale(m), (size_t)N * c->hidden);
+    if (st == ZO_OK && c->embed_norm)
+        st = norm_forward(m, s, res0, m->emb_mean, m->emb_rstd, out, bview(m, W, 0, MODEL_ROLE_EMB_NORM_W),
+                          bview(m, W, 0, MODEL_ROLE_EMB_NORM_B), N);
+    return st != ZO_OK || !is_gemma(m) ? st : gpu_scale(s, res0, embed_scale(m), (size_t)N * c->hidden);
 }
 
 /* Layer l's rotation: longrope's factors of the batch's length, as Hugging
@@ -1340,9 +1377,18 @@ static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream
     if (has_lora(m)) return ZO_OK; /* the embedding is frozen: nothing to compute */
     /* Gemma: the scale's gradient, in place (the embedding is the last block back) */
     zo_status st = is_gemma(m) ? gpu_scale(s, F32(m->dres), embed_scale(m), (size_t)N * c->hidden) : ZO_OK;
+    gpu_tensor dx = F32(m->dres);
+    if (st == ZO_OK && c->embed_norm) { /* BLOOM: through the embedding norm, into dh */
+        dx = F32(m->dh);
+        const void *W = base_buf(m, bb);
+        if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * c->hidden * 4)) == ZO_OK)
+            st = norm_backward(m, s, dx, F32(m->dres), bb->grads, 0, MODEL_ROLE_EMB_NORM_W, MODEL_ROLE_EMB_NORM_B,
+                               gpu_t(m->emb_x, m->dtype), bview(m, W, 0, MODEL_ROLE_EMB_NORM_W), m->emb_mean,
+                               m->emb_rstd, N);
+    }
     if (st != ZO_OK) return st;
     return gpu_embedding_backward(s, tf_view(m, bb->grads, 0, MODEL_ROLE_TOK_EMB),
-                                  tf_view(m, bb->grads, 0, MODEL_ROLE_POS_EMB), F32(m->dres),
+                                  pos_rows(c, tf_view(m, bb->grads, 0, MODEL_ROLE_POS_EMB)), dx,
                                   m->tokens, N, m->t, c->hidden, c->vocab);
 }
 
@@ -1792,17 +1838,12 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
 
     /* router: logits [N, E] (fp32), the chosen experts' weights, the
-     * statistics of layer l (DeepSeek's: of each sequence, S of them) */
+     * statistics of layer l (DeepSeek's per sequence: each sequence's t rows apart) */
     const size_t S = stat_rows(m);
-    const int rows = S > 1 ? m->t : N;
-    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK)
+    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
+        (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits), m->moe_stats + (size_t)l * S * 2 * E,
+                                     N, E, mo->top_k, mo->norm_topk, S > 1 ? m->t : N)) != ZO_OK)
         return st;
-    for (int i = 0; i * rows < N; i++)
-        if ((st = gpu_moe_router_forward(s, rows_at(F32(a->router_w), i * rows, E),
-                                         rows_at(F32(a->router_logits), i * rows, E),
-                                         m->moe_stats + ((size_t)l * S + (size_t)i) * 2 * E, rows, E, mo->top_k,
-                                         mo->norm_topk)) != ZO_OK)
-            return st;
     if ((st = moe_route(m, l, s, !recompute)) != ZO_OK) return st;
     const int *off = a->moe_off, M = off[E];
     /* the pairs' inputs xg [M, h]; the experts here take theirs (with
@@ -2056,30 +2097,20 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
     const tf_layer_acts *a = &m->acts[l];
     const size_t S = stat_rows(m);
     if (!mo->aux_per_layer) {
-        int moe_layers = c->n_layers - mo->first_dense;
+        int moe_layers = zo_model_moe_layers(c);
         double LN = (double)moe_layers * N;
         float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN)) : 0.0f;
         return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
                                        m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, k, mo->norm_topk,
-                                       moe_layers, aux);
+                                       moe_layers, N, aux);
     }
-    const float *stats = m->moe_stats + (size_t)l * S * 2 * E;
-    if (!mo->seq_aux) { /* the b sequences' counts summed: the micro-batch's */
-        double n = (double)N;
-        float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (n * n * k)) : 0.0f;
-        return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits), stats, N, E,
-                                       k, mo->norm_topk, m->b, aux);
-    }
-    double t = (double)m->t;
-    float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (m->b * t * t * k)) : 0.0f;
-    for (int i = 0; i < m->b; i++) {
-        int r0 = i * m->t;
-        zo_status st = gpu_moe_router_backward(s, rows_at(F32(m->drouter), r0, E), rows_at(F32(m->dweights), r0, E),
-                                               rows_at(F32(a->router_logits), r0, E), stats + (size_t)i * 2 * E,
-                                               m->t, E, k, mo->norm_topk, 1, aux);
-        if (st != ZO_OK) return st;
-    }
-    return ZO_OK;
+    /* the groups of rows counted apart: the b sequences, or the micro-batch */
+    const int rows = S > 1 ? m->t : N, groups = N / rows;
+    float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E /
+                                       ((double)groups * rows * rows * k))
+                             : 0.0f;
+    return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
+                                   m->moe_stats + (size_t)l * S * 2 * E, N, E, k, mo->norm_topk, 1, rows, aux);
 }
 
 /* On entry dres = dL/d(layer output); on exit dh = dL/d ln2 through the MoE
@@ -2182,7 +2213,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                                                 ln2, N, f, h)) != ZO_OK ||
                       (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, fc, f)) != ZO_OK))
             return st;
-        if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st;
+        if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f, act_form(c))) != ZO_OK) return st;
     } else {
         gpu_tensor up = gpu_t(a->up, dt);
         if (!kept && ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, fc,
@@ -2296,7 +2327,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         return st;
     if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, ddown, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
-        if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st; /* dfc, in place */
+        if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, act_form(c))) != ZO_OK) return st; /* dfc, in place */
         if ((st = linear_role_backward(m, l, bb, s, up, dh, 0.0f, dff, ln2)) != ZO_OK) return st;
     } else {
         gpu_tensor dup = F32(m->dff2), upa = gpu_t(a->up, dt);
@@ -2558,7 +2589,7 @@ zo_status tf_backward(tf_model *m, void *const *params, void *const *grads, floa
 static zo_status moe_aux_loss(tf_model *m, gpu_stream_t s, double *aux)
 {
     const zo_moe *mo = &m->cfg.moe;
-    int L = m->cfg.n_layers - mo->first_dense, E = mo->experts;
+    int L = zo_model_moe_layers(&m->cfg), E = mo->experts;
     size_t n = (size_t)L * 2 * E;
     float *st_h = malloc(n * sizeof *st_h);
     if (!st_h) return zo_error(ZO_ERR_NOMEM, "tf_loss: out of host memory");
@@ -2629,7 +2660,7 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
         int is_norm = t->role == MODEL_ROLE_LN1_W || t->role == MODEL_ROLE_LN2_W ||
                       t->role == MODEL_ROLE_NORM_W || t->role == MODEL_ROLE_Q_NORM_W ||
                       t->role == MODEL_ROLE_K_NORM_W || t->role == MODEL_ROLE_POST_ATTN_NORM_W ||
-                      t->role == MODEL_ROLE_POST_MLP_NORM_W;
+                      t->role == MODEL_ROLE_POST_MLP_NORM_W || t->role == MODEL_ROLE_EMB_NORM_W;
         /* a norm multiplies by 1, which Gemma stores as the offset 0 (GemmaRMSNorm's zeros) */
         float one = zo_family_gemma(l->cfg.family) ? 0.0f : 1.0f;
         if (t->ndim == 1) {

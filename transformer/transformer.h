@@ -212,6 +212,8 @@ typedef struct tf_model {
     tf_layer_acts *acts; /* [L] */
     void *lnf;           /* [N, h] */
     float *meanf, *rstdf;
+    void *emb_x;         /* [N, h] BLOOM: the embedding norm's input (NULL without one) */
+    float *emb_mean, *emb_rstd;
     void *logits;        /* [N, vocab] fp32 ([loss_chunk, vocab] in chunks); after the head's
                             backward it holds dlogits (of the last chunk) */
     float *losses;       /* [N] fp32 */

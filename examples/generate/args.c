@@ -14,7 +14,7 @@
 static const char HELP[] =
     "usage: generate --model CONFIG|DIR|PRESET (--prompt TEXT | --prompt-ids 1,2,3)... [options]\n"
     "\n"
-    "Generate text with a GPT-2, GPT-NeoX (Pythia), Falcon or LLaMA-family model (LLaMA, Mistral,\n"
+    "Generate text with a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM or LLaMA-family model (LLaMA, Mistral,\n"
     "Qwen2/3, Phi-3, Gemma, Gemma-2, Gemma-3; Mixtral, Qwen-MoE): each prompt is read in one\n"
     "forward that fills a key/value cache on the device, then one token at a time is chosen\n"
     "(greedy, or sampled) and fed back, until --max-new-tokens or the end-of-sequence token.\n"

@@ -1,4 +1,4 @@
-/* Activations: GELU (tanh and erf forms) and SwiGLU, forward and backward, with the
+/* Activations: GELU (tanh and erf forms), ReLU and SwiGLU, forward and backward, with the
  * formulas of the CPU reference (gpu/ops_cpu.c) in fp32. One thread per
  * element in a grid-stride loop. */
 #include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, grid_for */
@@ -15,13 +15,17 @@
 /* y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as the
  * CPU reference does through 1 + tanh(u) = 2 sigmoid(2u): y = x / (1 + exp(-2u)).
  * The tanh form loses all relative precision for x below about -3, where
- * 1 + tanh(u) cancels. With exact, the erf form. y, x [n] */
-__global__ void gelu_forward_kernel(gpu_tensor y, gpu_tensor x, size_t n, int exact)
+ * 1 + tanh(u) cancels. form (gpu/device.h): 1 the erf form, 2 ReLU. y, x [n] */
+__global__ void gelu_forward_kernel(gpu_tensor y, gpu_tensor x, size_t n, int form)
 {
     GRID_STRIDE(i, n)
     {
         float v = tload(x, i);
-        if (exact) { /* the erf form as the CPU reference: x Phi(x), Phi = erfc(-x / sqrt 2) / 2 */
+        if (form == 2) { /* ReLU */
+            tstore(y, i, v > 0.0f ? v : 0.0f);
+            continue;
+        }
+        if (form == 1) { /* the erf form as the CPU reference: x Phi(x), Phi = erfc(-x / sqrt 2) / 2 */
             tstore(y, i, v * 0.5f * erfcf(-v * GELU_RSQRT2));
             continue;
         }
@@ -32,12 +36,16 @@ __global__ void gelu_forward_kernel(gpu_tensor y, gpu_tensor x, size_t n, int ex
 
 /* dx = dy * gelu'(x) = dy * (s + 2 x s (1 - s) du/dx), s = sigmoid(2u), as
  * the CPU reference (no cancellation); dx, dy, x [n] */
-__global__ void gelu_backward_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int exact)
+__global__ void gelu_backward_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form)
 {
     GRID_STRIDE(i, n)
     {
         float v = tload(x, i);
-        if (exact) { /* Phi(x) + x phi(x) */
+        if (form == 2) { /* ReLU: dy where x > 0, else 0 */
+            tstore(dx, i, v > 0.0f ? tload(dy, i) : 0.0f);
+            continue;
+        }
+        if (form == 1) { /* Phi(x) + x phi(x) */
             tstore(dx, i, tload(dy, i) * (0.5f * erfcf(-v * GELU_RSQRT2) + v * GELU_RSQRT2PI * expf(-0.5f * v * v)));
             continue;
         }
@@ -87,16 +95,16 @@ __global__ void swiglu_backward_kernel(gpu_tensor dgate, gpu_tensor dup, gpu_ten
 }
 
 extern "C" zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x,
-                                              size_t n, int exact)
+                                              size_t n, int form)
 {
-    ZO_LAUNCH(gelu_forward_kernel, grid_for(n, BS), BS, 0, st, y, x, n, exact);
+    ZO_LAUNCH(gelu_forward_kernel, grid_for(n, BS), BS, 0, st, y, x, n, form);
     return cuda_launch_check("gelu_forward_kernel");
 }
 
 extern "C" zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy,
-                                               gpu_tensor x, size_t n, int exact)
+                                               gpu_tensor x, size_t n, int form)
 {
-    ZO_LAUNCH(gelu_backward_kernel, grid_for(n, BS), BS, 0, st, dx, dy, x, n, exact);
+    ZO_LAUNCH(gelu_backward_kernel, grid_for(n, BS), BS, 0, st, dx, dy, x, n, form);
     return cuda_launch_check("gelu_backward_kernel");
 }
 

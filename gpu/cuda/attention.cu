@@ -6,7 +6,8 @@
  * Layout (gpu/device.h): qkv [b, t, (hq + 2*hkv) * d], per token the hq query
  * heads, then hkv key heads, then hkv value heads; query head h reads kv head
  * h / (hq / hkv). out [b, t, hq*d], lse [b, hq, t], dqkv like qkv. Scores
- * are scaled and, with a cap, soft-capped (attn_geom::score). With a
+ * are scaled and, with a cap, soft-capped (attn_geom::score), then with
+ * ALiBi biased by a step a head times (j - i) (attn_geom::step). With a
  * sliding window (G.window > 0) query i sees keys i - window < j <= i: the
  * tiles wholly outside it are skipped, the keys outside it masked.
  *
@@ -33,6 +34,9 @@ struct attn_geom {
     size_t ld, ldo; /* row strides of qkv and out */
     float scale;
     float cap; /* > 0: scores soft-capped, cap tanh(s / cap) */
+    float alibi; /* > 0: the score of query i, key j gets alibi slope_h (j - i) */
+    /* query head h's ALiBi step (0 without): the score's bias is step (j - i) */
+    __device__ float step(int h) const { return alibi > 0.0f ? alibi * gpu_alibi_slope(hq, h) : 0.0f; }
     /* the score of a dot product: scaled, then capped */
     __device__ float score(float dot) const { return cap > 0.0f ? cap * tanhf(dot * scale / cap) : dot * scale; }
     /* the backward's: the score, and in *dcap the cap's derivative there
@@ -93,6 +97,7 @@ __global__ void attention_forward_kernel(gpu_tensor out, float *lse, gpu_tensor 
 
     float o[DPL], m = -INFINITY, l = 0.0f;
     for (int u = 0; u < DPL; u++) o[u] = 0.0f;
+    const float ab = G.step(h);
     const int last = min(i0 + NW, G.t) - 1; /* the block's last query row */
     /* from the tile of the first key the block's first row sees */
     for (int j0 = G.first_key(i0) / TK * TK; j0 <= last; j0 += TK) {
@@ -108,7 +113,7 @@ __global__ void attention_forward_kernel(gpu_tensor out, float *lse, gpu_tensor 
             float acc = 0.0f;
             const float *kr = Ks + lane * dp;
             for (int k = 0; k < d; k++) acc += q[k] * kr[k];
-            s = G.score(acc);
+            s = G.score(acc) + ab * (float)(j - i);
         }
         /* a key of the tile is unmasked, so the new maximum is finite */
         const float mnew = fmaxf(m, warp_max(s));
@@ -165,6 +170,7 @@ __global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, g
 
     float dq[DPL];
     for (int u = 0; u < DPL; u++) dq[u] = 0.0f;
+    const float ab = G.step(h);
     const int last = min(i0 + NW, G.t) - 1;
     for (int j0 = G.first_key(i0) / TK * TK; j0 <= last; j0 += TK) {
         __syncthreads();
@@ -182,7 +188,7 @@ __global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, g
                 sv += go[k] * vr[k];
             }
             float dc;
-            const float p = expf(G.score_d(sk, &dc) - L);
+            const float p = expf(G.score_d(sk, &dc) + ab * (float)(j - i) - L);
             ds = p * (sv - D) * G.scale * dc;
         }
         for (int jj = 0; jj < TK; jj++) {
@@ -231,6 +237,7 @@ __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, 
     const int istart = jfirst / TK * TK;
     const int iend = G.window > 0 ? min(G.t, jfirst + NW - 1 + G.window) : G.t;
     for (int h = g * G.grp; h < (g + 1) * G.grp; h++) {
+        const float ab = G.step(h);
         for (int i0 = istart; i0 < iend; i0 += TK) {
             __syncthreads(); /* the previous tile is no longer read */
             load_tile(Qs, dp, qkv, G, b, i0, h * d);
@@ -264,7 +271,7 @@ __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, 
                     sv += gr[k] * vj[k];
                 }
                 float dc;
-                p = expf(G.score_d(sk, &dc) - Ls[lane]);
+                p = expf(G.score_d(sk, &dc) + ab * (float)(j - i) - Ls[lane]);
                 ds = p * (sv - Ds[lane]) * G.scale * dc;
             }
             for (int ii = 0; ii < TK; ii++) {
@@ -338,6 +345,7 @@ __global__ void attention_cached_kernel(gpu_tensor out, gpu_tensor qkv, gpu_tens
     if (!valid) return;
     const size_t ldc = (size_t)G.hkv * d, base = (size_t)b * tc * ldc + (size_t)g * d;
     const int p = p0 + i, jfirst = G.window > 0 && p >= G.window ? p - G.window + 1 : 0;
+    const float ab = G.step(h);
     float o[DPL], m = -INFINITY, l = 0.0f;
     for (int u = 0; u < DPL; u++) o[u] = 0.0f;
     for (int j0 = jfirst; j0 <= p; j0 += WARP) {
@@ -346,7 +354,7 @@ __global__ void attention_cached_kernel(gpu_tensor out, gpu_tensor qkv, gpu_tens
         if (j <= p) {
             float acc = 0.0f;
             for (int k = 0; k < d; k++) acc += q[k] * tload(kc, base + (size_t)j * ldc + k);
-            s = G.score(acc);
+            s = G.score(acc) + ab * (float)(j - p);
         }
         const float mnew = fmaxf(m, warp_max(s)); /* row j0 is seen: finite */
         const float pj = j <= p ? expf(s - mnew) : 0.0f;
@@ -386,6 +394,7 @@ static attn_geom make_geom(const gpu_attn_desc *a)
     G.ldo = (size_t)a->hq * a->d;
     G.scale = gpu_attn_scale(a);
     G.cap = a->softcap;
+    G.alibi = a->alibi;
     return G;
 }
 

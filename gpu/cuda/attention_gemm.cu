@@ -46,7 +46,15 @@ struct chunk_geom {
     int b, hh, g0, r0, m, k0, n, ld;
     float scale;
     float cap; /* > 0: the scaled scores soft-capped, cap tanh(s / cap) */
+    float alibi; /* > 0: ALiBi, the score of query i, key j biased by alibi slope_h (j - i) */
     __device__ float capped(float s) const { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+    /* ALiBi's bias at launch row r, key column c (0 without) */
+    __device__ float bias(int r, int c) const
+    {
+        if (alibi <= 0.0f) return 0.0f;
+        const int h = (g0 + r / m) * grp + hh;
+        return alibi * gpu_alibi_slope(hq, h) * (float)(k0 + c - (r0 + r % m));
+    }
     __device__ bool sees(int i, int j) const { return j <= i && (window <= 0 || i - j < window); }
     __device__ size_t lrow(int r) const /* lse / D index of launch row r */
     {
@@ -55,8 +63,8 @@ struct chunk_geom {
     }
 };
 
-/* Forward: S rows scaled scores (fp32) -> P (16-bit) and lse; one warp per
- * row, lanes over the keys in a fixed order. Keys a row does not see get
+/* Forward: S rows scaled scores (fp32) -> P (16-bit) and lse, with ALiBi's
+ * bias added after the cap; one warp per row, lanes over the keys in a fixed order. Keys a row does not see get
  * P = 0; every row sees its own key, so the maximum is finite. Soft-capped,
  * the first pass caps the scores a row sees in place (S is the forward's
  * scratch; each lane rereads only its own columns). */
@@ -70,6 +78,7 @@ __global__ void attn_softmax_kernel(gpu_tensor P, float *lse, float *S, chunk_ge
     for (int c = lane; c < G.n; c += WARP)
         if (G.sees(i, G.k0 + c)) {
             if (G.cap > 0.0f) s[c] = G.capped(s[c]);
+            if (G.alibi > 0.0f) s[c] += G.bias(r, c);
             mx = fmaxf(mx, s[c]);
         }
     mx = warp_max(mx);
@@ -118,11 +127,11 @@ __global__ void attn_backward_elems_kernel(gpu_tensor Ph, gpu_tensor Pl, const f
             const float p = tload(Ph, e) + tload(Pl, e);
             y = p * (S[e] - D[G.lrow(r)]) * G.scale;
             if (G.cap > 0.0f && p > 0.0f) {
-                const float th = fminf(fmaxf((logf(p) + L) / G.cap, -1.0f), 1.0f);
+                const float th = fminf(fmaxf((logf(p) + L - G.bias(r, c)) / G.cap, -1.0f), 1.0f);
                 y *= 1.0f - th * th;
             }
         } else {
-            y = G.sees(G.r0 + r % G.m, G.k0 + c) ? expf(G.capped(S[e]) - L) : 0.0f;
+            y = G.sees(G.r0 + r % G.m, G.k0 + c) ? expf(G.capped(S[e]) + G.bias(r, c) - L) : 0.0f;
         }
         store_split(Ph, Pl, e, y);
     }
@@ -179,7 +188,7 @@ static gpu_gemm_desc desc(gpu_tensor a, int64_t lda, int64_t sa, int ta, gpu_ten
 struct attn_shape {
     int b, t, hq, hkv, d, grp, window;
     int64_t ld, ldo; /* row strides of qkv and out */
-    float scale, softcap;
+    float scale, softcap, alibi;
     cuda_attn_chunks ch;
 };
 
@@ -192,6 +201,7 @@ static attn_shape shape_of(const gpu_attn_desc *a, size_t cap)
     s.ldo = (int64_t)a->hq * a->d;
     s.scale = gpu_attn_scale(a);
     s.softcap = a->softcap;
+    s.alibi = a->alibi;
     s.ch = cuda_attn_plan_chunks(a->t, a->hkv, a->window, cap);
     return s;
 }
@@ -201,6 +211,7 @@ static chunk_geom chunk_of(const attn_shape &A, int b, int hh, int g0, int r0)
 {
     chunk_geom G;
     G.t = A.t, G.hq = A.hq, G.grp = A.grp, G.window = A.window, G.scale = A.scale, G.cap = A.softcap;
+    G.alibi = A.alibi;
     G.b = b, G.hh = hh, G.g0 = g0, G.r0 = r0;
     G.m = min(A.ch.rows, A.t - r0);
     G.k0 = cuda_attn_first_key(r0, A.window);

@@ -172,10 +172,10 @@ zo_status cuda_launch_rope(cudaStream_t st, cuda_err_rec *err, gpu_tensor x, int
                            const double *inv_freq, float scale, int inverse);
 
 /* activation.cu */
-/* exact: GELU's erf form in place of the tanh form */
-zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, size_t n, int exact);
+/* form: GPU_ACT_GELU_TANH, GPU_ACT_GELU_ERF or GPU_ACT_RELU (gpu/device.h) */
+zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, size_t n, int form);
 zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
-                                    size_t n, int exact);
+                                    size_t n, int form);
 /* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */
 zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
                                      gpu_tensor up, size_t n, int gelu);
@@ -185,10 +185,10 @@ zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_ten
 
 /* moe.cu */
 zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights, gpu_tensor logits,
-                                         float *stats, int n, int e, int k, int norm);
+                                         float *stats, int n, int e, int k, int norm, int group_rows);
 zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits, gpu_tensor dweights,
                                           gpu_tensor logits, const float *stats, int n, int e,
-                                          int k, int norm, int layers, float aux_scale);
+                                          int k, int norm, int layers, int group_rows, float aux_scale);
 zo_status cuda_launch_moe_scale_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x,
                                         const float *scale, int n, int c, int64_t lds, int sigmoid);
 zo_status cuda_launch_moe_scale_backward(cudaStream_t st, gpu_tensor dx, float *dscale,

@@ -29,12 +29,13 @@ __global__ void embedding_forward_kernel(cuda_err_rec *err, gpu_tensor out, cons
             if (j == 0) record_bad_id(err, CUDA_ERR_EMBEDDING_FORWARD, r, tok, vocab);
             continue;
         }
-        if (pos && wpe.data && (pos[r / t] < 0 || pos[r / t] > n_pos - t)) {
-            if (j == 0 && r % t == 0) record_bad_id(err, CUDA_ERR_EMBEDDING_POS, r / t, pos[r / t], n_pos - t + 1);
+        int p0 = pos ? pos[r / t] : 0; /* read once: the stores below may alias it for the compiler */
+        if (pos && wpe.data && (p0 < 0 || p0 > n_pos - t)) {
+            if (j == 0 && r % t == 0) record_bad_id(err, CUDA_ERR_EMBEDDING_POS, r / t, p0, n_pos - t + 1);
             continue;
         }
         float v = tload(wte, (size_t)tok * c + j);
-        if (wpe.data) v += tload(wpe, ((size_t)(pos ? pos[r / t] : 0) + (size_t)(r % t)) * c + j);
+        if (wpe.data) v += tload(wpe, ((size_t)p0 + (size_t)(r % t)) * c + j);
         tstore(out, i, v);
     }
 }

@@ -51,14 +51,17 @@ __global__ void moe_router_forward_kernel(float *w, gpu_tensor logits, int n, in
     }
 }
 
-/* stats [2 e]: expert j's p summed over the rows, and the rows choosing it;
- * one thread per expert, the rows in order */
-__global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, int e, int k)
+/* stats [groups, 2 e]: expert j's p summed over group g's rows (group_rows
+ * of them from g group_rows), and its rows choosing j; one thread per
+ * expert and group (blockIdx.y), the rows in order */
+__global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, int e, int k, int group_rows)
 {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    int j = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
     if (j >= e) return;
     double ps = 0.0, cnt = 0.0;
-    for (int r = 0; r < n; r++) {
+    const int r0 = g * group_rows, r1 = n - r0 < group_rows ? n : r0 + group_rows;
+    stats += (size_t)g * 2 * e;
+    for (int r = r0; r < r1; r++) {
         float mx, sum;
         router_row(logits, r, e, &mx, &sum);
         ps += router_p(logits, r, e, j, mx, sum);
@@ -72,10 +75,12 @@ __global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, 
  * weights' share (through the normalization with norm) */
 __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tensor logits,
                                            const float *stats, int n, int e, int k, int norm,
-                                           int layers, float aux_scale)
+                                           int layers, int group_rows, float aux_scale)
 {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
+    const int groups = (n + group_rows - 1) / group_rows;
+    stats += (size_t)(r / group_rows) * 2 * e; /* row r's group's, layer 0 */
     const float *dwr = dw + (size_t)r * e;
     float mx, sum;
     router_row(logits, r, e, &mx, &sum);
@@ -91,7 +96,7 @@ __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tenso
         for (int j = 0; j < e; j++) {
             double cnt = 0.0;
             if (aux_scale != 0.0f)
-                for (int l = 0; l < layers; l++) cnt += stats[(size_t)l * 2 * e + e + j];
+                for (int l = 0; l < layers; l++) cnt += stats[(size_t)l * groups * 2 * e + e + j];
             double dp = (double)aux_scale * cnt;
             float p = router_p(logits, r, e, j, mx, sum);
             if (router_chosen(logits, r, e, k, j, mx, sum)) dp += norm ? (dwr[j] - wdot) / S : dwr[j];
@@ -168,23 +173,25 @@ extern "C" zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, 
 
 extern "C" zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights,
                                                     gpu_tensor logits, float *stats, int n, int e,
-                                                    int k, int norm)
+                                                    int k, int norm, int group_rows)
 {
     ZO_LAUNCH(moe_router_forward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)weights.data, logits,
               n, e, k, norm);
     zo_status s = cuda_launch_check("moe_router_forward_kernel");
     if (s != ZO_OK) return s;
-    ZO_LAUNCH(moe_router_stats_kernel, (e + BS - 1) / BS, BS, 0, st, stats, logits, n, e, k);
+    const int groups = (n + group_rows - 1) / group_rows;
+    ZO_LAUNCH(moe_router_stats_kernel, dim3((e + BS - 1) / BS, groups), BS, 0, st, stats, logits, n, e, k,
+              group_rows);
     return cuda_launch_check("moe_router_stats_kernel");
 }
 
 extern "C" zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits,
                                                      gpu_tensor dweights, gpu_tensor logits,
                                                      const float *stats, int n, int e, int k,
-                                                     int norm, int layers, float aux_scale)
+                                                     int norm, int layers, int group_rows, float aux_scale)
 {
     ZO_LAUNCH(moe_router_backward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)dlogits.data,
-              (const float *)dweights.data, logits, stats, n, e, k, norm, layers, aux_scale);
+              (const float *)dweights.data, logits, stats, n, e, k, norm, layers, group_rows, aux_scale);
     return cuda_launch_check("moe_router_backward_kernel");
 }
 

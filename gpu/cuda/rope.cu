@@ -23,13 +23,13 @@ __global__ void rope_kernel(cuda_err_rec *err, gpu_tensor x, int n, int t, int n
         int i = (int)(idx % half);
         size_t rh = idx / half;
         int h = (int)(rh % n_heads), r = (int)(rh / n_heads);
-        if (seq_pos && (seq_pos[r / t] < 0 || seq_pos[r / t] > n_pos - t)) {
-            if (r % t == 0 && h == 0 && i == 0)
-                record_bad_id(err, CUDA_ERR_ROPE_SEQ, r / t, seq_pos[r / t], n_pos - t + 1);
+        int sp = seq_pos ? seq_pos[r / t] : 0; /* read once: the stores below may alias it for the compiler */
+        if (seq_pos && (sp < 0 || sp > n_pos - t)) {
+            if (r % t == 0 && h == 0 && i == 0) record_bad_id(err, CUDA_ERR_ROPE_SEQ, r / t, sp, n_pos - t + 1);
             continue;
         }
         double inv_freq = freq ? freq[i] : pow((double)theta, -2.0 * i / d);
-        double p = (double)pos0 + (seq_pos ? (double)seq_pos[r / t] : 0.0) + (double)(r % t);
+        double p = (double)pos0 + (double)sp + (double)(r % t);
         double ang = p * inv_freq;
         float c = (float)(scale * cos(ang)), s = (float)(scale * sin(ang));
         if (inverse) s = -s;
