@@ -49,6 +49,8 @@ typedef struct ctx {
     double hbm;     /* achieved bytes/s */
     double esz;     /* bytes per activation element */
     int frozen;     /* LoRA: the weights are frozen, the backward computes no weight gradients */
+    const plan_kernels *k; /* this runtime's kernels measured on the GPU (plan_hw_kernels); NULL:
+                              FlashAttention at FLASH_REL_EFF, elementwise work at hbm_eff */
 } ctx;
 
 /* One matmul (M x K) @ (K x N): a roofline of compute at the size's
@@ -107,25 +109,35 @@ typedef struct layer_time {
     double ep_bytes_fwd, ep_bytes_bwd, ep_bytes_rc; /* their bytes sent to other ranks */
     double ep_rc_one, ep_bytes_rc_one; /* a full recompute's all-to-alls (the dispatch: counts, rows,
                                         * weights) and their bytes */
+    double ops[PLAN_OPS];       /* fwd + bwd compute by kind of op (recompute not included) */
     double flops_token;         /* model fwd FLOPs per token (whole layer, all TP ranks) */
     double attn_flops_token;    /* the attention core's share */
     double ops_flops_token;     /* recompute ops: the recomputed matmuls' (o; LLaMA's up) */
 } layer_time;
 
+/* A layer's matmuls as they add up: forward and backward seconds, the
+ * weights a token meets (for the model's FLOPs), and the elements of their
+ * outputs (each one's gradient is rounded to 16 bits in the backward). */
+typedef struct layer_mm {
+    double f, b, wparams, outs;
+} layer_mm;
+
 /* One matmul (M x K) @ (K x N) forward; its backward is the input gradient
  * (M x N)(N x K) and the weight gradient (K x M)(M x N). */
-static void mm(const ctx *c, double M, double N, double K, double *f, double *b)
+static void mm(const ctx *c, double M, double N, double K, layer_mm *a)
 {
-    *f += gemm(c, M, N, K);
-    *b += gemm(c, M, K, N) + (c->frozen ? 0 : gemm(c, K, N, M));
+    a->f += gemm(c, M, N, K);
+    a->b += gemm(c, M, K, N) + (c->frozen ? 0 : gemm(c, K, N, M));
+    a->outs += M * N;
 }
 
 /* The same for `n` matmuls of one shape run as one grouped kernel (the
  * experts of an MoE layer). */
-static void mm_n(const ctx *c, double n, double M, double N, double K, double *f, double *b)
+static void mm_n(const ctx *c, double n, double M, double N, double K, layer_mm *a)
 {
-    *f += bmm(c, n, M, N, K);
-    *b += bmm(c, n, M, K, N) + (c->frozen ? 0 : bmm(c, n, K, N, M));
+    a->f += bmm(c, n, M, N, K);
+    a->b += bmm(c, n, M, K, N) + (c->frozen ? 0 : bmm(c, n, K, N, M));
+    a->outs += n * M * N;
 }
 
 void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *fwd, double *bwd, double *rc)
@@ -141,13 +153,27 @@ void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *
     *rc = counts + remote * (h * e + 4);
 }
 
+/* One GEMM of a LoRA adapter on this runtime's kernels: one dimension is
+ * r, so it is memory-bound; `bytes` it moves at the measured fraction of
+ * HBM, or its FLOPs on the curve when those take longer. */
+static double lora_gemm(const ctx *c, double M, double N, double K, double bytes)
+{
+    double f = 2 * M * N * K;
+    return dmax(f / (c->peak * plan_hw_gemm_eff(c->hw, f)), bytes / (c->hw->hbm_bw * c->k->lora_eff));
+}
+
 /* LoRA adapters of one layer on one rank (T rows): per adapted layer
  * u = x A^T and y += (alpha/r) u B^T forward; du = dy B, dB += dy^T u,
  * dA += du^T x and dx += du A backward; a routed expert's over the rows
- * routed to it (its share of T x top_k). QLoRA dequantizes each linear
- * weight before its GEMM, in the forward and again in the backward. */
+ * routed to it (its share of T x top_k). On this runtime's kernels (c->k)
+ * each is timed by the bytes it moves: x read (16-bit) for u and dA, y read
+ * and written (16-bit) for the forward's sum, the backward's 16-bit dy read
+ * for du and dB, and the fp32 dx read and written. QLoRA dequantizes each
+ * linear weight before its GEMM, in the forward and again in the backward
+ * (*qf, *qb): bytes at HBM speed, or this runtime's measured rate in
+ * parameters a second. */
 static void adapters_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T, int moe,
-                          double *f, double *b)
+                          double *f, double *b, double *qf, double *qb)
 {
     double r = t->lora.r, tp = t->tp;
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
@@ -158,6 +184,13 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
         double out = (double)mods[i].out / (mods[i].row ? 1 : tp);
         double k = (double)mods[i].count;
         double rows = mods[i].expert ? T * plan_routed_rows(m, t) / k : T;
+        if (c->k) {
+            double e = c->esz, x = rows * in * e, y = rows * out * e;
+            *f += k * (lora_gemm(c, rows, r, in, x) + lora_gemm(c, rows, out, r, 2 * y));
+            *b += k * (lora_gemm(c, rows, r, out, y) + lora_gemm(c, out, r, rows, y) +
+                       lora_gemm(c, r, in, rows, x) + lora_gemm(c, rows, in, r, rows * in * 8));
+            continue;
+        }
         *f += k * (gemm(c, rows, r, in) + gemm(c, rows, out, r));
         *b += k * (gemm(c, rows, r, out) + gemm(c, out, r, rows) + gemm(c, r, in, rows) +
                    gemm(c, rows, in, r));
@@ -165,9 +198,10 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
     if (t->method == ZO_PLAN_QLORA) {
         plan_peft pf;
         plan_peft_stage(m, t, 0, &pf);
-        double dq = ew(c, (double)pf.layer_nf4 + (double)pf.layer_linear * c->esz);
-        *f += dq;
-        *b += dq;
+        double dq = c->k ? (double)pf.layer_linear / c->k->nf4_rate
+                         : ew(c, (double)pf.layer_nf4 + (double)pf.layer_linear * c->esz);
+        *qf += dq;
+        *qb += dq;
     }
 }
 
@@ -192,12 +226,6 @@ static double lora_active(const zo_model_config *m, const plan_train *t)
     return total;
 }
 
-/* A layer's matmuls as they add up: forward and backward seconds, and the
- * weights a token meets (for the model's FLOPs). */
-typedef struct layer_mm {
-    double f, b, wparams;
-} layer_mm;
-
 /* The attention projections: column-parallel in, row-parallel out; MLA's
  * down projections are whole on every rank. T rows; q, k, v, ow the
  * attention widths (zo_model_attn_widths). */
@@ -209,21 +237,21 @@ static void attn_proj_time(const zo_model_config *m, const plan_train *t, const 
         const zo_mla *x = &m->mla;
         double qr = x->q_rank, kr = x->kv_rank, kvb = (double)m->n_heads * (x->qk_nope + x->v_dim);
         if (x->q_rank) {
-            mm(c, T, qr, h, &a->f, &a->b);
-            mm(c, T, q / tp, qr, &a->f, &a->b);
+            mm(c, T, qr, h, a);
+            mm(c, T, q / tp, qr, a);
             a->wparams += h * qr + qr * q;
         } else {
-            mm(c, T, q / tp, h, &a->f, &a->b);
+            mm(c, T, q / tp, h, a);
             a->wparams += h * q;
         }
-        mm(c, T, kr + x->qk_rope, h, &a->f, &a->b);
-        mm(c, T, kvb / tp, kr, &a->f, &a->b);
+        mm(c, T, kr + x->qk_rope, h, a);
+        mm(c, T, kvb / tp, kr, a);
         a->wparams += h * (kr + x->qk_rope) + kr * kvb;
     } else {
-        mm(c, T, (q + k + v) / tp, h, &a->f, &a->b);
+        mm(c, T, (q + k + v) / tp, h, a);
         a->wparams += h * (q + k + v);
     }
-    mm(c, T, h, ow / tp, &a->f, &a->b);
+    mm(c, T, h, ow / tp, a);
     a->wparams += ow * h;
 }
 
@@ -241,13 +269,13 @@ static double moe_time(const zo_model_config *m, const plan_train *t, const ctx 
     double R = T * plan_routed_rows(m, t);       /* rows at this rank's experts */
     double local = (double)x->experts / t->ep;   /* experts on this rank */
     double fe = x->expert_ffn;
-    mm(c, T, x->experts, h, &a->f, &a->b);       /* router, on every TP rank */
-    for (int i = 0; i < n_in; i++) mm_n(c, local, R / local, fe / tp, h, &a->f, &a->b);
-    mm_n(c, local, R / local, h, fe / tp, &a->f, &a->b);
+    mm(c, T, x->experts, h, a);       /* router, on every TP rank */
+    for (int i = 0; i < n_in; i++) mm_n(c, local, R / local, fe / tp, h, a);
+    mm_n(c, local, R / local, h, fe / tp, a);
     a->wparams += h * x->experts + (n_in + 1) * h * fe * x->top_k;
     if (x->shared_ffn) {
-        for (int i = 0; i < n_in; i++) mm(c, T, x->shared_ffn / tp, h, &a->f, &a->b);
-        mm(c, T, h, x->shared_ffn / tp, &a->f, &a->b);
+        for (int i = 0; i < n_in; i++) mm(c, T, x->shared_ffn / tp, h, a);
+        mm(c, T, h, x->shared_ffn / tp, a);
         a->wparams += (n_in + 1) * h * x->shared_ffn;
     }
     /* expert parallelism: each token's rows go to the experts' ranks and
@@ -276,8 +304,8 @@ static double mlp_time(const zo_model_config *m, const plan_train *t, const ctx 
 {
     double h = m->hidden, f = m->ffn, tp = t->tp, e = c->esz;
     int gpt = m->arch == ZO_ARCH_GPT, n_in = gpt ? 1 : 2;
-    for (int i = 0; i < n_in; i++) mm(c, T, f / tp, h, &a->f, &a->b);
-    mm(c, T, h, f / tp, &a->f, &a->b);
+    for (int i = 0; i < n_in; i++) mm(c, T, f / tp, h, a);
+    mm(c, T, h, f / tp, a);
     a->wparams += (n_in + 1) * h * f;
     if (gpt) /* bias + GeLU over the ffn columns of this rank */
         return T * 2 * e * f / tp;
@@ -290,6 +318,26 @@ static void attn_core_time(const plan_train *t, const ctx *c, double heads, doub
                            double *f, double *b, double *rc)
 {
     double s = t->seq, mb = t->micro_batch, e = c->esz;
+    if (t->flash_attn && c->k) {
+        /* this runtime's kernels at their measured rates: the flash kernel
+         * at a FLOP rate; the GEMM path (16-bit qkv from PLAN_ATTN_GEMM_MIN_T
+         * on) at its rate at head dim 128, where the score elements'
+         * kernels take most of the time: another head size keeps their
+         * time and moves the GEMMs' on the curve (extrapolated: only d 128
+         * was measured) */
+        double fl = 2 * s * s * (dqk + dv) * mb * heads * FLASH_CAUSAL;
+        *rc = 0;
+        if (e != 2 || s < PLAN_ATTN_GEMM_MIN_T) {
+            *f = fl / c->k->attn_flash_fwd;
+            *b = FLASH_BWD * fl / c->k->attn_flash_bwd;
+            return;
+        }
+        double fl128 = 2 * s * s * 256 * mb * heads * FLASH_CAUSAL, top = c->peak * c->hw->gemm_eff_max;
+        *f = dmax(fl128 / c->k->attn_gemm_fwd - fl128 / top, 0) + fl / (c->peak * plan_hw_gemm_eff(c->hw, fl));
+        double bl = FLASH_BWD * fl, bl128 = FLASH_BWD * fl128;
+        *b = dmax(bl128 / c->k->attn_gemm_bwd - bl128 / top, 0) + bl / (c->peak * plan_hw_gemm_eff(c->hw, bl));
+        return;
+    }
     if (t->flash_attn) {
         double fl = 2 * s * s * (dqk + dv) * mb * heads * FLASH_CAUSAL;
         double eff = plan_hw_gemm_eff(c->hw, fl) * FLASH_REL_EFF;
@@ -307,10 +355,11 @@ static void attn_core_time(const plan_train *t, const ctx *c, double heads, doub
     *rc = *f;
 }
 
-/* The layer's elementwise kernels (bytes read + written per row): norms,
- * residual adds, the MLP's `mlp_ew` bytes, rotary and q/k norms. */
-static double elementwise_time(const zo_model_config *m, const plan_train *t, const ctx *c,
-                               double T, double q, double k, double mlp_ew)
+/* The layer's elementwise kernels: the bytes their forward reads and
+ * writes (per row: norms, residual adds, rotary and q/k norms; the MLP's
+ * `mlp_ew` bytes). */
+static double elementwise_bytes(const zo_model_config *m, const plan_train *t, const ctx *c,
+                                double T, double q, double k, double mlp_ew)
 {
     double h = m->hidden, tp = t->tp, e = c->esz;
     double Tsp = t->sp ? T / tp : T; /* rows of the sequence-parallel regions */
@@ -322,11 +371,30 @@ static double elementwise_time(const zo_model_config *m, const plan_train *t, co
         row = norms * 2 * e * h + 2 * (3 * e * h + drop * h);
     else /* RMSNorms, 2 residual adds */
         row = norms * 2 * e * h + 2 * 3 * e * h;
-    double ew_f = ew(c, Tsp * row) + ew(c, mlp_ew);
+    double bytes = Tsp * row + mlp_ew;
     if (m->pos == ZO_POS_ROTARY || (!gpt && m->pos == ZO_POS_ARCH)) /* rotary on q and k */
-        ew_f += ew(c, T * 2 * e * (q + k) / tp);
-    if (m->qk_norm) ew_f += ew(c, T * 2 * e * (q + k) / tp);
-    return ew_f;
+        bytes += T * 2 * e * (q + k) / tp;
+    if (m->qk_norm) bytes += T * 2 * e * (q + k) / tp;
+    return bytes;
+}
+
+/* The elementwise kernels' forward and backward seconds from the forward's
+ * bytes: the backward moves twice them; on this runtime's kernels (c->k),
+ * at their measured fraction of HBM, and with 16-bit weights it also
+ * rounds each linear layer's fp32 output gradient to the GEMMs' 16-bit
+ * operand (gemm_operand in transformer/transformer.c: fp32 read, 16-bit
+ * written), over `outs` columns a row. */
+static void elementwise_time(const ctx *c, double T, double bytes, double outs, double *f, double *b)
+{
+    if (!c->k) {
+        *f = ew(c, bytes);
+        *b = 2 * *f;
+        return;
+    }
+    double bw = c->hw->hbm_bw * c->k->ew_eff;
+    double casts = c->esz == 2 ? T * outs * (4 + c->esz) : 0;
+    *f = bytes / bw;
+    *b = (2 * bytes + casts) / bw;
 }
 
 /* Tensor-parallel collectives, two sub-blocks (attention, MLP) per layer:
@@ -356,17 +424,23 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     double q = (double)uq, k = (double)uk, v = (double)uv, ow = (double)uo;
     double heads = m->n_heads / (double)t->tp; /* per rank */
     double dqk = q / m->n_heads, dv = v / (m->mla.kv_rank ? m->n_heads : m->n_kv_heads);
-    layer_mm a = {0, 0, 0};
+    layer_mm a = {0, 0, 0, 0};
     attn_proj_time(m, t, c, T, q, k, v, ow, &a);
     double mlp_ew = moe ? moe_time(m, t, c, T, &a, o) : mlp_time(m, t, c, T, &a);
     o->flops_token = 2 * a.wparams + 2 * s * (dqk + dv) * m->n_heads;
     o->attn_flops_token = 2 * s * (dqk + dv) * m->n_heads;
-    double attn_f, attn_b, attn_rc;
+    double attn_f, attn_b, attn_rc, ew_f, ew_b, lf = 0, lb = 0, qf = 0, qb = 0;
     attn_core_time(t, c, heads, dqk, dv, &attn_f, &attn_b, &attn_rc);
-    double ew_f = elementwise_time(m, t, c, T, q, k, mlp_ew);
-    if (c->frozen) adapters_time(m, t, c, T, moe, &a.f, &a.b);
-    o->fwd = a.f + attn_f + ew_f;
-    o->bwd = a.b + attn_b + 2 * ew_f;
+    elementwise_time(c, T, elementwise_bytes(m, t, c, T, q, k, mlp_ew), a.outs / T, &ew_f, &ew_b);
+    if (c->frozen) adapters_time(m, t, c, T, moe, &lf, &lb, &qf, &qb);
+    o->fwd = a.f + attn_f + ew_f + lf + qf;
+    o->bwd = a.b + attn_b + ew_b + lb + qb;
+    o->ops[PLAN_OP_GEMM] = a.f + a.b;
+    o->ops[PLAN_OP_ATTN_FWD] = attn_f;
+    o->ops[PLAN_OP_ATTN_BWD] = attn_b;
+    o->ops[PLAN_OP_EW] = ew_f + ew_b;
+    o->ops[PLAN_OP_LORA] = lf + lb;
+    o->ops[PLAN_OP_NF4] = qf + qb;
     tp_time(m, t, c, T, o);
     if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) {
         o->rc = o->fwd;
@@ -453,7 +527,9 @@ static void stage_time(const layer_time lt[2], const double nl[2], double ef, do
         o->ep_bwd += nl[j] * x->ep_bwd;
         o->ep_rc += nl[j] * x->ep_rc;
         o->ep_bytes += nl[j] * (x->ep_bytes_fwd + x->ep_bytes_bwd + x->ep_bytes_rc);
+        for (int i = 0; i < PLAN_OPS; i++) o->ops[i] += nl[j] * x->ops[i];
     }
+    o->ops[PLAN_OP_ENDS] = ef + eb;
     o->fwd += ef;
     o->bwd += eb;
     o->tp_fwd += etp / 2;
@@ -501,7 +577,7 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     memset(out, 0, sizeof *out);
     ctx c = {hw, t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16,
              hw->hbm_bw * hw->hbm_eff, (double)zo_dtype_size(t->dtype),
-             t->method != ZO_PLAN_FULL};
+             t->method != ZO_PLAN_FULL, t->runtime == PLAN_RUNTIME_ZOFFLOAD ? plan_hw_kernels(hw) : NULL};
     if (m->params_override) {
         size_only_time(m, t, &c, out);
         return;
@@ -973,6 +1049,13 @@ zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_
     plan_time_step(m, hw, t, e, &mb, out);
     return ZO_OK;
 }
+
+static const char *op_names[PLAN_OPS] = {
+    "matmuls", "attention forward", "attention backward", "elementwise",
+    "LoRA matmuls", "NF4 dequantization", "embedding, head and loss",
+};
+
+const char *plan_op_name(int i) { return i >= 0 && i < PLAN_OPS ? op_names[i] : "?"; }
 
 static const char *part_names[PLAN_TIME_PARTS] = {
     "forward", "backward", "recompute", "tp_comm", "pp_bubble", "pp_comm",

@@ -34,11 +34,32 @@
  * expert parallelism. */
 void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *fwd, double *bwd, double *rc);
 
+/* A micro-batch's compute by kind of op (plan_time_mb.ops): the base
+ * weights' matmuls, the attention core's two passes, the elementwise
+ * kernels (norms, activations, rotary, adds, casts), LoRA's adapters,
+ * QLoRA's dequantization, and the stage's ends (embedding, output layer,
+ * cross-entropy). For `memplan estimate --explain` and the comparison with
+ * `train --profile` (docs/memplan.md, "This runtime's kernels"). */
+typedef enum plan_op {
+    PLAN_OP_GEMM = 0,
+    PLAN_OP_ATTN_FWD,
+    PLAN_OP_ATTN_BWD,
+    PLAN_OP_EW,
+    PLAN_OP_LORA,
+    PLAN_OP_NF4,
+    PLAN_OP_ENDS,
+    PLAN_OPS
+} plan_op;
+
+const char *plan_op_name(int i); /* "matmuls", "attention forward", ... */
+
 typedef struct plan_time_mb {
     double fwd, bwd, rc;        /* compute seconds: forward, backward, recompute */
     double tp_fwd, tp_bwd, tp_rc; /* tensor-parallel collectives of each pass */
     double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls of each pass */
     double total;               /* fwd + bwd + rc + the TP and EP parts */
+    double ops[PLAN_OPS];       /* fwd + bwd by kind of op, the stage's layers and ends; they
+                                   add up to fwd + bwd (recompute apart) */
     double ep_bytes;            /* bytes the expert-parallel all-to-alls send to other ranks
                                    (all MoE layers of the stage, every pass) */
     double layer_fwd, layer_bwd;  /* one layer with its TP collectives; bwd includes recompute */

@@ -20,8 +20,17 @@
 #define V100_HALF 0.6e9
 #define A100_EFF 0.77
 #define A100_HALF 1.3e9
-#define H100_EFF 0.65
-#define H100_HALF 4.0e9
+#define H100_EFF 0.65 /* (with F_half 4.0 GFLOP at 989 TFLOPS; the H100 PCIe takes 4.2 us x its peak) */
+/* The SXM H100 and H200 (GH100 at 989 TFLOPS), measured: the runtime's
+ * gpu_gemm ran the LLaMA-2-13B layer's GEMMs at 8192 rows (4.3e11 to
+ * 2.7e12 FLOPs) at 761-809 TFLOP/s, 0.77-0.82 of peak, on an NVIDIA H100
+ * 80GB HBM3 (train --profile, 2026-11-26; docs/memplan.md, "This runtime's
+ * kernels"): eff_max 0.81, F_half 10 GFLOP, fitted to those ten shapes by
+ * their time (log error). The H200's bench_gpu_cuda gave the same figures
+ * as the H100's at 4096 rows (mean 0.69 of peak on both). The H100 PCIe
+ * keeps the public curve above. */
+#define H100_SXM_EFF 0.81
+#define H100_SXM_HALF 1.0e10
 #define COMMON_COST .hbm_eff = 0.85, .coll_eff = 0.80, .nvlink_lat = 6e-6, .net_lat = 12e-6
 
 /* A machine preset's GPU: its name, the memory the driver reports
@@ -35,8 +44,8 @@
 #define V100 GPU("V100-32GB", 32768, 900, 125, 15.7, 150, 12, 3, V100_EFF, V100_HALF)
 #define A100_40 GPU("A100-40GB", 40960, 1555, 312, 156, 300, 25, 4, A100_EFF, A100_HALF)
 #define A100_80 GPU("A100-80GB", 81920, 2039, 312, 156, 300, 25, 4, A100_EFF, A100_HALF)
-#define H100 GPU("H100-80GB", 81559, 3350, 989, 495, 450, 55, 5, H100_EFF, H100_HALF)
-#define H200 GPU("H200-141GB", 143771, 4800, 989, 495, 450, 55, 5, H100_EFF, H100_HALF)
+#define H100 GPU("H100-80GB", 81559, 3350, 989, 495, 450, 55, 5, H100_SXM_EFF, H100_SXM_HALF)
+#define H200 GPU("H200-141GB", 143771, 4800, 989, 495, 450, 55, 5, H100_SXM_EFF, H100_SXM_HALF)
 
 static const plan_hw_preset presets[] = {
     /* One GPU with an eighth of its DGX host (a single-GPU server). */
@@ -108,53 +117,85 @@ static const plan_hw_preset presets[] = {
 #define ADA_EFF A100_EFF
 #define GB20X_EFF A100_EFF
 
+/* This runtime's kernels on an NVIDIA H100 80GB HBM3, from one QLoRA step
+ * of LLaMA-2-13B (r 16 on all-linear, 4 x 2048 tokens, bf16; train
+ * --profile, 2026-11-26, /work/notes/gpu1/2/13b.log; docs/memplan.md, "This
+ * runtime's kernels", has the table) and bench_gpu_cuda's attention rows of
+ * the same machine:
+ * - attention, GEMM path, b 4 t 2048 40 heads d 128: forward 137.28 ms for
+ *   40 calls (50.06 TFLOP/s), backward with fp32 output gradients 638.43 ms
+ *   (26.91); the bench at t 2048 and 4096 gave 50.6 / 48.5 forward, 27.4 /
+ *   30.0 backward (fp32 gradients);
+ * - the flash kernel, the bench only (t 2048 and 4096): 5.4 / 5.3 forward,
+ *   4.6 / 4.7 backward: their means. The runtime takes it for t < 256,
+ *   where nothing measured it: extrapolated;
+ * - elementwise (RMSNorm, SwiGLU, RoPE, residual adds, the backward's casts
+ *   of fp32 gradients to the GEMMs' 16-bit operand): 274.731 ms for the
+ *   bytes cost.c counts, 40 layers x 8192 rows x 998,400 bytes: 0.3555 of
+ *   3350 GB/s;
+ * - the LoRA GEMMs (r 16): 147.996 ms for 40 x 8192 x 960,512 bytes:
+ *   0.6348;
+ * - NF4 dequantization: 139.688 ms for 80 x 317,194,240 parameters:
+ *   1.8166e11 parameters/s (13.7% of HBM's bytes: not memory-bound).
+ * The H200 (the same GH100 at the same clocks, faster HBM) takes the same
+ * figures, not measured there: its one run predates the GEMM path and the
+ * profiler. The bandwidth fractions give it its faster memory. */
+static const plan_kernels kernels_gh100 = {
+    .attn_gemm_fwd = 50.06 * TF, .attn_gemm_bwd = 26.91 * TF,
+    .attn_flash_fwd = 5.35 * TF, .attn_flash_bwd = 4.65 * TF,
+    .ew_eff = 40 * 8192 * 998400.0 / (274.731e-3 * 3350 * GBs),
+    .lora_eff = 40 * 8192 * 960512.0 / (147.996e-3 * 3350 * GBs),
+    .nf4_rate = 80 * 317194240.0 / 139.688e-3,
+    .source = "H100 80GB HBM3, train --profile and bench_gpu_cuda, 2026-11-26",
+};
+
 static const plan_gpu_spec gpu_presets[] = {
     {"rtx-3090", "3090,geforce-rtx-3090", "RTX-3090-24GB", "GeForce RTX 3090 (Ampere, GA102)",
      "desktop", 24576 * MIB, 71 * TF, 142 * TF, 35.6 * TF, 936 * GBs, 4, 16, 0,
-     PLAN_PEERS_HOST, GA10X_EFF, 0},
+     PLAN_PEERS_HOST, GA10X_EFF, 0, NULL},
     {"rtx-4090", "4090,geforce-rtx-4090", "RTX-4090-24GB", "GeForce RTX 4090 (Ada, AD102)",
      "desktop", 24564 * MIB, 165.2 * TF, 330.3 * TF, 82.6 * TF, 1008 * GBs, 4, 16, 0,
-     PLAN_PEERS_HOST, ADA_EFF, 0},
+     PLAN_PEERS_HOST, ADA_EFF, 0, NULL},
     {"rtx-5090", "5090,geforce-rtx-5090", "RTX-5090-32GB", "GeForce RTX 5090 (Blackwell, GB202)",
      "desktop", 32607 * MIB, 209.5 * TF, 419 * TF, 104.8 * TF, 1792 * GBs, 5, 16, 0,
-     PLAN_PEERS_HOST, GB20X_EFF, 0},
+     PLAN_PEERS_HOST, GB20X_EFF, 0, NULL},
     {"rtx-a6000", "a6000", "RTX-A6000-48GB", "RTX A6000 (Ampere, GA102)", "workstation",
      49140 * MIB, 154.8 * TF, 154.8 * TF, 77.4 * TF, 768 * GBs, 4, 16, 0,
-     PLAN_PEERS_PCIE, GA10X_EFF, 0},
+     PLAN_PEERS_PCIE, GA10X_EFF, 0, NULL},
     {"rtx-6000-ada", "6000-ada", "RTX-6000-Ada-48GB", "RTX 6000 Ada Generation (AD102)",
      "workstation", 49140 * MIB, 364.2 * TF, 364.2 * TF, 182.1 * TF, 960 * GBs, 4, 16, 0,
-     PLAN_PEERS_PCIE, ADA_EFF, 0},
+     PLAN_PEERS_PCIE, ADA_EFF, 0, NULL},
     {"l4", "nvidia-l4", "L4-24GB", "L4 (Ada, AD104)", "server", 23034 * MIB, 121 * TF, 121 * TF,
-     60 * TF, 300 * GBs, 4, 16, 0, PLAN_PEERS_PCIE, ADA_EFF, 0},
+     60 * TF, 300 * GBs, 4, 16, 0, PLAN_PEERS_PCIE, ADA_EFF, 0, NULL},
     {"l40s", "nvidia-l40s", "L40S-48GB", "L40S (Ada, AD102)", "server", 46068 * MIB, 362.05 * TF,
-     362.05 * TF, 183 * TF, 864 * GBs, 4, 16, 0, PLAN_PEERS_PCIE, ADA_EFF, 0},
+     362.05 * TF, 183 * TF, 864 * GBs, 4, 16, 0, PLAN_PEERS_PCIE, ADA_EFF, 0, NULL},
     {"a10g", "nvidia-a10g", "A10G-24GB", "A10G (Ampere, GA102; AWS G5)", "server", 23028 * MIB,
-     70 * TF, 0, 35 * TF, 600 * GBs, 4, 16, 0, PLAN_PEERS_PCIE, GA10X_EFF, 0},
+     70 * TF, 0, 35 * TF, 600 * GBs, 4, 16, 0, PLAN_PEERS_PCIE, GA10X_EFF, 0, NULL},
     {"a100-40gb-pcie", "a100-pcie-40gb,a100-pcie", "A100-40GB-PCIe", "A100 40GB PCIe (GA100)",
      "server", 40960 * MIB, 312 * TF, 312 * TF, 156 * TF, 1555 * GBs, 4, 16, 0,
-     PLAN_PEERS_PCIE, A100_EFF, A100_HALF},
+     PLAN_PEERS_PCIE, A100_EFF, A100_HALF, NULL},
     {"a100-80gb-pcie", "a100-pcie-80gb", "A100-80GB-PCIe", "A100 80GB PCIe (GA100)", "server",
      81920 * MIB, 312 * TF, 312 * TF, 156 * TF, 1935 * GBs, 4, 16, 0,
-     PLAN_PEERS_PCIE, A100_EFF, A100_HALF},
+     PLAN_PEERS_PCIE, A100_EFF, A100_HALF, NULL},
     {"h100-pcie", "h100-80gb-pcie,h100-pcie-80gb", "H100-80GB-PCIe", "H100 PCIe (Hopper, GH100)",
      "server", 81559 * MIB, 756 * TF, 756 * TF, 378 * TF, 2000 * GBs, 5, 16, 0,
-     PLAN_PEERS_PCIE, H100_EFF, 0},
+     PLAN_PEERS_PCIE, H100_EFF, 0, NULL},
     /* the SXM GPUs of the presets above, for --gpu */
     {"v100-32gb", "v100,v100-sxm2", "V100-32GB", "V100 SXM2 32GB (Volta, GV100)", "server",
      32768 * MIB, 125 * TF, 125 * TF, 15.7 * TF, 900 * GBs, 3, 16, 150 * GBs,
-     PLAN_PEERS_NVLINK, V100_EFF, V100_HALF},
+     PLAN_PEERS_NVLINK, V100_EFF, V100_HALF, NULL},
     {"a100-40gb", "a100,a100-sxm4-40gb", "A100-40GB", "A100 40GB SXM4 (GA100)", "server",
      40960 * MIB, 312 * TF, 312 * TF, 156 * TF, 1555 * GBs, 4, 16, 300 * GBs,
-     PLAN_PEERS_NVLINK, A100_EFF, A100_HALF},
+     PLAN_PEERS_NVLINK, A100_EFF, A100_HALF, NULL},
     {"a100-80gb", "a100-sxm4-80gb", "A100-80GB", "A100 80GB SXM4 (GA100)", "server", 81920 * MIB,
      312 * TF, 312 * TF, 156 * TF, 2039 * GBs, 4, 16, 300 * GBs,
-     PLAN_PEERS_NVLINK, A100_EFF, A100_HALF},
+     PLAN_PEERS_NVLINK, A100_EFF, A100_HALF, NULL},
     {"h100-80gb", "h100,h100-sxm", "H100-80GB", "H100 SXM5 80GB (Hopper, GH100)", "server",
      81559 * MIB, 989 * TF, 989 * TF, 495 * TF, 3350 * GBs, 5, 16, 450 * GBs,
-     PLAN_PEERS_NVLINK, H100_EFF, H100_HALF},
+     PLAN_PEERS_NVLINK, H100_SXM_EFF, H100_SXM_HALF, &kernels_gh100},
     {"h200-141gb", "h200", "H200-141GB", "H200 SXM 141GB (Hopper, GH100)", "server",
      143771 * MIB, 989 * TF, 989 * TF, 495 * TF, 4800 * GBs, 5, 16, 450 * GBs,
-     PLAN_PEERS_NVLINK, H100_EFF, H100_HALF},
+     PLAN_PEERS_NVLINK, H100_SXM_EFF, H100_SXM_HALF, &kernels_gh100},
 };
 
 /* Hosts: memory bandwidth is channels x MT/s x 8 bytes (DDR5), NVMe the
@@ -527,6 +568,13 @@ double plan_hw_peer_bw(const plan_hw *hw)
     double flows = 2.0 * plan_hw_ranks_per_node(hw);
     double host = hw->cpu_mem_bw * HOST_MEM_EFF / flows;
     return host < hw->pcie_bw ? host : hw->pcie_bw;
+}
+
+const plan_kernels *plan_hw_kernels(const plan_hw *hw)
+{
+    for (size_t i = 0; i < sizeof gpu_presets / sizeof gpu_presets[0]; i++)
+        if (gpu_presets[i].kernels && !strcmp(gpu_presets[i].label, hw->gpu)) return gpu_presets[i].kernels;
+    return NULL;
 }
 
 double plan_hw_gemm_eff(const plan_hw *hw, double flops)

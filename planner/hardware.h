@@ -45,6 +45,30 @@ zo_status plan_hw_find(const char *name, plan_hw *out);
 typedef enum plan_peers { PLAN_PEERS_NVLINK = 0, PLAN_PEERS_PCIE, PLAN_PEERS_HOST } plan_peers;
 const char *plan_peers_name(plan_peers p); /* "NVLink", "PCIe peer-to-peer", "host memory" */
 
+/* This runtime's own kernels on one GPU, measured (docs/memplan.md, "Time":
+ * "This runtime's kernels"): what the cost model takes instead of a
+ * FlashAttention kernel at 0.75 of the matmul curve and elementwise work at
+ * hbm_eff, for a plan the runtime runs (--runtime zoffload). A GPU without
+ * them keeps those (they describe the published runs memplan is checked on). */
+typedef struct plan_kernels {
+    /* attention, FLOP/s of the causal half (the profile's count: forward
+     * 4 b h s^2 d / 2, backward 2.5x it) at head dim 128 */
+    double attn_gemm_fwd, attn_gemm_bwd;   /* the GEMM path (16-bit qkv, t >= PLAN_ATTN_GEMM_MIN_T);
+                                              backward with fp32 output gradients (the transformer's) */
+    double attn_flash_fwd, attn_flash_bwd; /* the flash kernel (every other case) */
+    double ew_eff;    /* fraction of hbm_bw the elementwise kernels reach (their bytes as the
+                         runtime moves them: 16-bit activations, fp32 gradients) */
+    double lora_eff;  /* fraction of hbm_bw a LoRA GEMM (one dimension r) reaches over its bytes */
+    double nf4_rate;  /* NF4 weights dequantized to 16 bits, parameters/s */
+    const char *source; /* where the figures were measured */
+} plan_kernels;
+
+/* The GEMM path's automatic choice from this sequence length, and its query
+ * rows per block (gpu/cuda/attention_gemm.h's CUDA_ATTN_GEMM_MIN_T and
+ * CUDA_ATTN_GEMM_ROWS, written again: the planner includes no runtime
+ * header). */
+#define PLAN_ATTN_GEMM_MIN_T 256
+
 /* One GPU's datasheet figures; docs/memplan.md ("GPU presets") names the
  * datasheet and the figure behind each. Rates are dense (no sparsity). */
 typedef struct plan_gpu_spec {
@@ -63,6 +87,7 @@ typedef struct plan_gpu_spec {
     plan_peers peers;        /* how the GPUs of a node reach each other */
     double gemm_eff_max;     /* the generation's matmul efficiency (docs/memplan.md, "Time") */
     double gemm_flops_half;  /* FLOPs at half of it; 0: 4.2 us at tensor_16 */
+    const plan_kernels *kernels; /* this runtime's kernels measured on it; NULL: not measured */
 } plan_gpu_spec;
 
 /* The host a GPU sits in: per node. */
@@ -161,6 +186,11 @@ int plan_hw_is_cpu_backend(const plan_hw *hw);
  * bandwidth your CPU and memory can deliver"): the host memory's achieved
  * bandwidth over 2 x ranks on the node, at most the PCIe link. */
 double plan_hw_peer_bw(const plan_hw *hw);
+
+/* This runtime's kernels on `hw`'s GPU (by its label, plan_hw.gpu: a
+ * machine preset, a GPU preset, or a profile or plan file of either);
+ * NULL where they were not measured. */
+const plan_kernels *plan_hw_kernels(const plan_hw *hw);
 
 /* Matmul efficiency (fraction of peak) of one operation of `flops`:
  * gemm_eff_max * flops / (flops + gemm_flops_half). */

@@ -136,6 +136,8 @@ static const char usage_estimate[] =
     "  --plan FILE             estimate a plan file (docs/plan-format.md) instead of flags\n"
     "  --plan-out FILE         write this configuration as a plan file for 'train --plan'\n"
     "                          (the report --json prints is not a plan)\n"
+    "  --explain               under the table, the step's compute by kind of op (matmuls,\n"
+    "                          attention, elementwise, LoRA, NF4), to set beside train --profile\n"
     "  --hw FILE               (above) also takes a profile from 'memplan calibrate'\n";
 
 static const struct option estimate_opts[] = {
@@ -161,12 +163,14 @@ static const struct option estimate_opts[] = {
     {"pp-partition", required_argument, 0, OPT_PP_PARTITION},
     {"plan", required_argument, 0, OPT_PLAN},
     {"plan-out", required_argument, 0, OPT_PLAN_OUT},
+    {"explain", no_argument, 0, OPT_EXPLAIN},
     {0, 0, 0, 0},
 };
 
 /* The estimate's own flags, as given (0 where not). */
 typedef struct estimate_flags {
     const char *plan_path, *plan_out;
+    int explain;
     long dp, micro_batch, grad_accum, vpp, zero, recompute_layers;
     int sp;
     double capacity_factor;
@@ -208,6 +212,7 @@ static int estimate_flag(int c, const char *arg, void *own, zo_status *st)
         return 1;
     case OPT_PLAN: e->plan_path = arg; return 1;
     case OPT_PLAN_OUT: e->plan_out = arg; return 1;
+    case OPT_EXPLAIN: e->explain = 1; return 1;
     default: return 0;
     }
 }
@@ -321,6 +326,32 @@ static void runtime_note(const zo_model_config *m, const plan_train *t)
            "runs\"): %s\n", why);
 }
 
+/* --explain: a step's compute by kind of op (plan_time_mb.ops over its
+ * micro-batches), the rest of the step as it is, and which kernels the
+ * figures take (docs/memplan.md, "This runtime's kernels"). */
+static void explain(const plan_hw *hw, const plan_train *t, const plan_time *pt)
+{
+    double n = t->grad_accum, step = pt->step;
+    const plan_kernels *k = t->runtime == PLAN_RUNTIME_ZOFFLOAD ? plan_hw_kernels(hw) : NULL;
+    printf("\ncompute by kind of op, %g micro-batch%s of the slowest stage (--explain):\n", n, n == 1 ? "" : "es");
+    if (k) printf("  this runtime's kernels as measured on the %s (%s)\n", hw->gpu, k->source);
+    else printf("  no measurement of this runtime's kernels on the %s: FlashAttention at 0.75 of the matmul "
+                "curve, elementwise work at %.2f of HBM\n", hw->gpu, hw->hbm_eff);
+    double ops = 0;
+    for (int i = 0; i < PLAN_OPS; i++) {
+        double s = n * pt->mb.ops[i];
+        ops += s;
+        if (s > 0) printf("    %-28s %10.2f ms  %5.1f%%\n", plan_op_name(i), 1e3 * s, 100 * s / step);
+    }
+    double rest = pt->forward + pt->backward - ops;
+    if (rest > 1e-12)
+        printf("    %-28s %10.2f ms  %5.1f%%\n", "gradient accumulation", 1e3 * rest, 100 * rest / step);
+    if (pt->recompute > 0)
+        printf("    %-28s %10.2f ms  %5.1f%%\n", "recompute", 1e3 * pt->recompute, 100 * pt->recompute / step);
+    double other = step - pt->forward - pt->backward - pt->recompute;
+    printf("    %-28s %10.2f ms  %5.1f%%\n", "the rest of the step", 1e3 * other, 100 * other / step);
+}
+
 /* The report (table and/or JSON), the picture and the plan file. */
 static zo_status report(const cli_flags *f, const estimate_flags *e, const zo_model_config *m,
                         const plan_hw *hw, const plan_hw_basis *basis, const plan_train *t,
@@ -342,6 +373,7 @@ static zo_status report(const cli_flags *f, const estimate_flags *e, const zo_mo
     if (!f->json) {
         plan_report_basis(stdout, hw, basis);
         plan_report_table(stdout, m, hw, t, est, &pt, &sg);
+        if (e->explain) explain(hw, t, &pt);
         runtime_note(m, t);
     }
     if (f->svg_path && (st = write_svg(f->svg_path, m, hw, t, est, &pt)) != ZO_OK) return st;

@@ -328,7 +328,12 @@ static void test_lora_cost(void **state)
     /* full: 6 per matmul weight a token; LoRA: 4, and 6 per adapter weight */
     double diff = full.pt.mb.model_flops_token - lora.pt.mb.model_flops_token;
     assert_true(fabs(diff - (2 * W - 6 * A)) < 1e-9 * diff);
-    assert_true(lora.pt.mb.bwd < 0.75 * full.pt.mb.bwd);
+    /* no weight gradients: the base's matmuls 2 a weight instead of 3 (the
+     * backward as a whole is not under 0.75x of full's on an H100, where the
+     * runtime's attention backward, the same in both, was measured at 27
+     * TFLOP/s: issue 25) */
+    assert_true(lora.pt.mb.ops[PLAN_OP_GEMM] < 0.75 * full.pt.mb.ops[PLAN_OP_GEMM]);
+    assert_true(lora.pt.mb.bwd < full.pt.mb.bwd);
     assert_true(lora.pt.mb.fwd > full.pt.mb.fwd); /* the adapters' GEMMs */
     assert_true(lora.pt.mb.fwd < 1.05 * full.pt.mb.fwd);
     /* the update on the GPU over the adapters only */
@@ -339,15 +344,30 @@ static void test_lora_cost(void **state)
     lora_of(&q, PLAN_METHOD_QLORA, 8, ZO_LORA_Q | ZO_LORA_V);
     run_cfg(&q);
     double hh = h * h, hf = h * f;
-    double bytes = 4 * (double)nf4_reference((uint64_t)hh) + 3 * (double)nf4_reference((uint64_t)hf);
-    /* per layer: the NF4 weights read (each rounded up to 16 bytes) and the
-     * bf16 weights written, at the HBM's achieved bandwidth */
-    double bw = full.hw.hbm_bw * full.hw.hbm_eff;
-    double lo = L * (bytes + (4 * hh + 3 * hf) * 2) / bw, hi = lo + L * 7 * 15 / bw;
+    /* on the H100, this runtime's dequantization as measured: LLaMA-2-13B's
+     * 80 x 317,194,240 parameters in 139.688 ms a step (train --profile,
+     * NVIDIA H100 80GB HBM3, 2026-11-26) */
     double dq_f = q.pt.mb.fwd - lora.pt.mb.fwd, dq_b = q.pt.mb.bwd - lora.pt.mb.bwd;
-    assert_true(dq_f >= lo * (1 - 1e-12) && dq_f <= hi * (1 + 1e-12));
+    double rate = 80.0 * 317194240.0 / 0.139688;
+    assert_true(fabs(dq_f - L * (4 * hh + 3 * hf) / rate) < 1e-9 * dq_f);
     assert_true(fabs(dq_b - dq_f) < 1e-12);
     assert_true(q.pt.mb.model_flops_token == lora.pt.mb.model_flops_token);
+    assert_true(fabs(q.pt.mb.ops[PLAN_OP_NF4] - 2 * dq_f) < 1e-9 * dq_f);
+    /* where the runtime's kernels were not measured (A100): per layer the
+     * NF4 weights read (each rounded up to 16 bytes) and the bf16 weights
+     * written, at the HBM's achieved bandwidth */
+    cfg qa = q, la = lora;
+    assert_int_equal(plan_hw_find("a100-80gb", &qa.hw), ZO_OK);
+    la.hw = qa.hw;
+    run_cfg(&qa);
+    run_cfg(&la);
+    double bytes = 4 * (double)nf4_reference((uint64_t)hh) + 3 * (double)nf4_reference((uint64_t)hf);
+    double bw = qa.hw.hbm_bw * qa.hw.hbm_eff;
+    double lo = L * (bytes + (4 * hh + 3 * hf) * 2) / bw, hi = lo + L * 7 * 15 / bw;
+    dq_f = qa.pt.mb.fwd - la.pt.mb.fwd;
+    dq_b = qa.pt.mb.bwd - la.pt.mb.bwd;
+    assert_true(dq_f >= lo * (1 - 1e-12) && dq_f <= hi * (1 + 1e-12));
+    assert_true(fabs(dq_b - dq_f) < 1e-12);
 }
 
 /* ---- the QLoRA paper's claims --------------------------------------------------------------- */

@@ -199,7 +199,17 @@ static void test_13b_h100(void **state)
            sb->time.step, sb->t.opt_frac[PLAN_GPU]);
     assert_true(sb->t.schedule == PLAN_SCHED_SERIAL);
     assert_true(b->t.schedule != PLAN_SCHED_SERIAL);
-    assert_true(b->time.step <= 0.6 * b->time.serial_step);
+    /* the issue's bar; or, where the GPU's own work is above it, all of the
+     * CPU optimizer hidden: no schedule is faster than the GPU's work (with
+     * the runtime's attention as an H100 measured it, issue 25, 11.5 s of
+     * GPU work beside 7.4 s of CPU optimizer: 0.61x) */
+    double gpu_work = b->time.sched.gpu + b->time.sched.opt_gpu;
+    if (gpu_work <= 0.6 * b->time.serial_step) {
+        assert_true(b->time.step <= 0.6 * b->time.serial_step);
+    } else {
+        assert_true(b->time.opt_hidden >= b->time.opt_s * (1 - 1e-9));
+        assert_true(b->time.step <= gpu_work * (1 + 1e-9));
+    }
     assert_true(b->time.step < sb->time.step);
     /* the parts add up to the critical path, not to the sum of everything */
     assert_true(fabs(parts_sum(&b->time) - b->time.step) < 1e-9 * b->time.step);
