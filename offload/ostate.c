@@ -98,7 +98,8 @@ typedef struct oshard_config {
     size_t first, n;
     size_t sub_group;      /* elements per update call (host) / per NVMe group */
     int swap_buffers;      /* NVMe pipeline buffers */
-    int exact_stats;       /* device: a pinned block for exact clipping statistics */
+    int exact_stats;       /* device beside a host or NVMe share: a pinned block for exact clipping
+                              statistics */
     const char *nvme_dir;
     zo_plan_opt_state state; /* m and v's encoding */
     zo_plan_master master;   /* host: fp32 master, or bf16 weights (+ Kahan compensation) */
@@ -890,9 +891,9 @@ _Static_assert(ZO_PLAN_GPU_STAGE % ADAM_Q8_BLOCK == 0, "the GPU share's stage ho
  * holds them and the host reads them back: what the kernels gpu_sum_squares
  * and gpu_check_finite add to. */
 typedef struct dev_stats {
-    float sumsq;  /* the sum of squares (without the rank's own experts when sums.xn) */
-    int32_t bad;  /* not 0: an inf or a nan */
-    float xsumsq; /* the rank's own experts' sum of squares (sums.xn) */
+    double sumsq;  /* the sum of squares (without the rank's own experts when sums.xn) */
+    double xsumsq; /* the rank's own experts' sum of squares (sums.xn) */
+    int32_t bad;   /* not 0: an inf or a nan */
 } dev_stats;
 
 typedef struct dev_shard {
@@ -1143,12 +1144,15 @@ static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
     return gpu_memset_async(s, d->G, 0, d->gn * 4);
 }
 
-/* exact: block by block, each block's fp32 sum copied to the pinned
- * statistics buffer and summed by the host's own function, in block order:
- * the very bits the host would get with these blocks in memory, so clipping
- * gives bit-identical steps. Otherwise on the device (no copy;
- * gpu_sum_squares accumulates in double and rounds the total to float, so
- * the norm differs in its last bits). The rank's own experts' runs
+/* exact (and the shard keeps its pinned statistics block: the optimizer
+ * has a host or NVMe share too): block by block, each block's fp32 sum
+ * copied to the pinned statistics buffer and summed by the host's own
+ * function, in block order: the very bits the host would get with these
+ * blocks in memory, so clipping gives bit-identical steps. Otherwise on
+ * the device, with no copy: gpu_sum_squares accumulates in double (another
+ * order of additions: the norm agrees with the host's to double rounding,
+ * far below the float the update's coefficient is rounded to), and only
+ * the statistics' few bytes come back. The rank's own experts' runs
  * (sums->xn) go to *xsumsq, in the same pass. */
 static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xsumsq, int *bad_block)
 {
@@ -1157,9 +1161,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xs
     const offload_env *env = sh->env;
     gpu_stream_t s = env->d2h;
     zo_status st;
-    if (exact) {
-        if (!d->stats_host)
-            return zo_error(ZO_ERR_INTERNAL, "offload: exact statistics without their buffer");
+    if (exact && d->stats_host) {
         for (int b = d->b0; b < g->nb; b++) {
             size_t n = g->numel[b];
             if (!n) continue;
@@ -1178,7 +1180,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xs
         }
         return ZO_OK; /* (its time is the step's: offload_optim_step) */
     }
-    float *sum = &d->stats->sumsq, *xsum = &d->stats->xsumsq; /* (device addresses) */
+    double *sum = &d->stats->sumsq, *xsum = &d->stats->xsumsq; /* (device addresses) */
     int32_t *flag = &d->stats->bad;
     dev_stats host;
     if ((st = gpu_memset_async(s, d->stats, 0, sizeof host)) != ZO_OK) return st;
@@ -1209,8 +1211,8 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xs
     if ((st = gpu_memcpy_async(s, &host, d->stats, sizeof host, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
         (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
         return st;
-    *sumsq += (double)host.sumsq;
-    *xsumsq += (double)host.xsumsq;
+    *sumsq += host.sumsq;
+    *xsumsq += host.xsumsq;
     if (!host.bad && isfinite(host.sumsq) && isfinite(host.xsumsq)) return ZO_OK;
     /* the step fails or is skipped: which block, checked one by one */
     for (int b = d->b0; b < g->nb && *bad_block < 0; b++) {
@@ -1368,7 +1370,10 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
     }
     if ((st = gpu_mem_alloc(env->dev, sizeof *d->stats, (void **)&d->stats)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: optimizer on the device: gradient statistics");
-    if (c->exact_stats &&
+    /* exact statistics only beside a host or NVMe share (whose norm the
+     * device share's must match bit for bit): a device shard that is the
+     * whole optimizer takes its norm on the device, no gradient leaving it */
+    if (c->exact_stats && sh->first > 0 &&
         (st = offload_host_alloc(env, sh->g->largest * 4, 1, (void **)&d->stats_host)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: optimizer on the device: pinned statistics block");
     if ((st = gpu_event_create(env->dev, &d->done)) != ZO_OK) return st;

@@ -48,7 +48,8 @@ typedef struct ostate_config {
     double frac[OFFLOAD_TIERS]; /* of the elements, per tier (the device's rounded to whole blocks) */
     size_t sub_group;      /* elements per update call (host) / per NVMe group */
     int swap_buffers;      /* NVMe pipeline buffers */
-    int exact_stats;       /* device: a pinned block for exact clipping statistics */
+    int exact_stats;       /* device beside a host or NVMe share: a pinned block for exact clipping
+                              statistics */
     const char *nvme_dir;
     zo_plan_opt_state state; /* m and v in every shard: fp32, bf16, 8-bit */
     zo_plan_master master;   /* an fp32 master, or bf16 weights (+ a bf16 Kahan compensation): host and
