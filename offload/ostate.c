@@ -1561,6 +1561,21 @@ zo_status ostate_sync(ostate *os)
     return st;
 }
 
+/* The shards whose step is enqueued (`enqueued`), or the others. */
+static zo_status sync_some(ostate *os, int enqueued)
+{
+    zo_status st = ZO_OK;
+    for (int i = 0; i < os->n_sh; i++) {
+        zo_status si = os->sh[i]->enqueued != enqueued ? ZO_OK : os->sh[i]->ops->sync(os->sh[i]);
+        if (st == ZO_OK) st = si;
+    }
+    return st;
+}
+
+zo_status ostate_sync_host(ostate *os) { return sync_some(os, 0); }
+
+zo_status ostate_sync_enqueued(ostate *os) { return sync_some(os, 1); }
+
 zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w)
 {
     const offload_geom *og = os->og;

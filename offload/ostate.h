@@ -76,6 +76,14 @@ void ostate_free(ostate *os);
 zo_status ostate_read(ostate *os, size_t first, size_t n, float *P, float *M, float *V);
 zo_status ostate_write(ostate *os, size_t first, size_t n, const float *P, const float *M, const float *V);
 zo_status ostate_sync(ostate *os);
+/* The same, but the enqueued (device) shard's update is not waited for:
+ * the device orders what reads its results after it (the gradient sums'
+ * zeroing waits for its event, the next statistics and update run on its
+ * stream, the weights it put are waited for where they are used:
+ * wstore_settle_host). ostate_sync_enqueued waits for it alone, before
+ * anything from outside the step. */
+zo_status ostate_sync_host(ostate *os);
+zo_status ostate_sync_enqueued(ostate *os);
 /* Block b's master weights, the whole block (numel elements; the ranks'
  * parts gathered when partitioned), into host memory. */
 zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w);
