@@ -72,6 +72,9 @@ typedef struct oshard_ops {
     void (*grad_sum)(oshard *sh, int b, oshard_sum *out);
     /* (optional) Zero the gradient sums it keeps, on stream s. */
     zo_status (*grad_zero)(oshard *sh, gpu_stream_t s);
+    /* (optional) The step's first addition into its sums comes on stream s
+     * (what zeroed them behind the update is waited for there). */
+    zo_status (*grad_ready)(oshard *sh, gpu_stream_t s);
     /* (optional) Its image (ostate_image_key): the key and size; bytes
      * [off, off + len) of it out or in (put). */
     void (*image_key)(const oshard *sh, char *key, size_t len, uint64_t *bytes);
@@ -924,6 +927,11 @@ typedef struct dev_shard {
     float *stats_host;    /* pinned [largest]: one block's fp32 gradient (exact statistics) */
     gpu_event_t done;     /* d2h: the shard's work so far has run */
     int pending;          /* the step's update is enqueued and not waited for */
+    /* one rank: the update zeroes the sums behind it, on its stream, so
+     * that the next micro-batch's compute waits for it only at its first
+     * addition (grad_ready), not before its forward (grad_zero) */
+    int sums_zeroed;      /* the last update zeroed them */
+    int zero_wait;        /* the next addition waits for `done` first */
 } dev_shard;
 
 static float *dev_array(dev_shard *d, int a)
@@ -1120,6 +1128,12 @@ static zo_status dev_step(oshard *sh, const oshard_update *u)
         uint16_t *W = d->W ? d->W + r : NULL, *C = d->C ? d->C + r : NULL;
         if ((st = u->dev(u->ctx, b, P, M, V, S, grad_block(d, b), W, C, s)) != ZO_OK) return st;
     }
+    /* (several ranks: the reductions write the sums too; they are zeroed
+     * at the next micro-batch, after the update, as before) */
+    if (d->gn && !sh->env->dp) {
+        if ((st = gpu_memset_async(s, d->G, 0, d->gn * 4)) != ZO_OK) return st;
+        d->sums_zeroed = 1;
+    }
     if ((st = gpu_event_record(d->done, s)) != ZO_OK) return st;
     d->pending = 1;
     return ZO_OK;
@@ -1138,10 +1152,24 @@ static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
     dev_shard *d = (dev_shard *)sh;
     zo_status st;
     if (!d->gn) return ZO_OK;
-    /* the update that reads the sums runs on d2h, perhaps still (schedules
-     * other than serial return before it ends) */
+    if (d->sums_zeroed) { /* behind the update: waited for at the first addition */
+        d->sums_zeroed = 0;
+        d->zero_wait = 1;
+        return ZO_OK;
+    }
+    /* the update that reads the sums runs on d2h, perhaps still (the step
+     * returns before it ends) */
+    d->zero_wait = 0;
     if ((st = gpu_stream_wait_event(s, d->done)) != ZO_OK) return st;
     return gpu_memset_async(s, d->G, 0, d->gn * 4);
+}
+
+static zo_status dev_grad_ready(oshard *sh, gpu_stream_t s)
+{
+    dev_shard *d = (dev_shard *)sh;
+    if (!d->zero_wait) return ZO_OK;
+    d->zero_wait = 0;
+    return gpu_stream_wait_event(s, d->done);
 }
 
 /* exact (and the shard keeps its pinned statistics block: the optimizer
@@ -1290,7 +1318,7 @@ static zo_status dev_image_io(oshard *sh, uint64_t off, size_t len, void *buf, i
 
 static const oshard_ops dev_ops = {
     .read = dev_read, .write = dev_write, .sync = dev_sync, .step = dev_step, .grad_sum = dev_grad_sum,
-    .grad_zero = dev_grad_zero, .grad_stats = dev_grad_stats, .image_key = dev_image_key,
+    .grad_zero = dev_grad_zero, .grad_ready = dev_grad_ready, .grad_stats = dev_grad_stats, .image_key = dev_image_key,
     .image_io = dev_image_io, .free = dev_destroy,
 };
 
@@ -1694,6 +1722,14 @@ float *ostate_host_sums(const ostate *os, size_t *n)
 {
     *n = os->og->off[os->dev_block];
     return os->sums.host;
+}
+
+zo_status ostate_grad_ready(ostate *os, gpu_stream_t s)
+{
+    zo_status st;
+    for (int i = 0; i < os->n_sh; i++)
+        if (os->sh[i]->ops->grad_ready && (st = os->sh[i]->ops->grad_ready(os->sh[i], s)) != ZO_OK) return st;
+    return ZO_OK;
 }
 
 zo_status ostate_grad_zero(ostate *os, gpu_stream_t s)

@@ -127,6 +127,11 @@ float *ostate_host_sums(const ostate *os, size_t *n);
 /* Zero the sums kept on the device, on stream s (the host's are zeroed by
  * their first addition of a step). */
 zo_status ostate_grad_zero(ostate *os, gpu_stream_t s);
+/* An addition into the device sums comes on stream s: with one rank the
+ * device shard's update zeroes its sums behind it (on its stream), and the
+ * step's first addition waits for that here, so that the next forward does
+ * not wait for the update. */
+zo_status ostate_grad_ready(ostate *os, gpu_stream_t s);
 /* Statistics of block b's host sum, complete (a block summed in host
  * memory): kept for ostate_grad_stats; *nonfinite: it holds an inf or nan. */
 zo_status ostate_grad_block_stats(ostate *os, int b, int *nonfinite);

@@ -538,7 +538,7 @@ static zo_status dev_create(wstore *ws, const wstore_config *c)
     }
     /* one rank with puts from the device (a device shard): each block's put
      * ordered before its reads by an event of its own */
-    if (c->dev_puts && !c->gathered) {
+    if (c->dev_puts && !env->dp) {
         int nb = ws->g->nb;
         d->put_ev = calloc((size_t)nb, sizeof *d->put_ev);
         d->put_on = calloc((size_t)nb, 1);
