@@ -424,7 +424,9 @@ static zo_status job_all(offload_optim *o, step_ctx *c)
     /* on the host thread (serial) the round ends here, its collectives
      * (ZeRO 1-2: the gathers) issued; on the optimizer's thread the host
      * thread ends it (wstore_use, offload_optim_settle) */
-    zo_status sw = o->threaded ? c->dst->ops->sync(c->dst) : ordered ? wstore_settle_host(c->dst) : wstore_settle(c->dst);
+    zo_status sw = o->threaded ? c->dst->ops->sync(c->dst)
+                   : ordered   ? wstore_settle_host(c->dst)
+                               : wstore_settle(c->dst);
     if (st == ZO_OK) st = sw;
     if (st == ZO_OK) publish_all(o, o->hp.step);
     return st;

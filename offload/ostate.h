@@ -78,9 +78,9 @@ zo_status ostate_write(ostate *os, size_t first, size_t n, const float *P, const
 zo_status ostate_sync(ostate *os);
 /* The same, but the enqueued (device) shard's update is not waited for:
  * the device orders what reads its results after it (the gradient sums'
- * zeroing waits for its event, the next statistics and update run on its
- * stream, the weights it put are waited for where they are used:
- * wstore_settle_host). ostate_sync_enqueued waits for it alone, before
+ * zeroing, or with one rank their first addition, waits for its event; the
+ * next statistics and update run on its stream; the weights it put are
+ * waited for where they are used: wstore_settle_host). ostate_sync_enqueued waits for it alone, before
  * anything from outside the step. */
 zo_status ostate_sync_host(ostate *os);
 zo_status ostate_sync_enqueued(ostate *os);
