@@ -77,8 +77,9 @@ __global__ void attention_tc_forward_kernel(gpu_tensor out, float *lse,
     T *Ks = reinterpret_cast<T *>(Ss + BR * LDS), *Vs = Ks + BC * LDT;
     float *Ms = reinterpret_cast<float *>(Vs + BC * LDT), *Ls = Ms + BR;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    /* the longest rows first: they are the last to finish */
-    const int i0 = (gridDim.x - 1 - blockIdx.x) * BR, h = blockIdx.y, b = blockIdx.z, g = h / G.grp;
+    /* the row blocks in z, the slowest index, from the last (the longest) of
+     * every head and sequence down */
+    const int i0 = (gridDim.z - 1 - blockIdx.z) * BR, h = blockIdx.x, b = blockIdx.y, g = h / G.grp;
     const int n_rows = min(BR, G.t - i0);
     const T *base = qkv + (size_t)b * G.t * G.ld;
 
@@ -288,7 +289,7 @@ __global__ void attention_tc_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dou
     T *Ks = reinterpret_cast<T *>(Dq + BR), *Vs = Ks + BC * LDT, *Qs = Vs + BC * LDT, *dOh = Qs + BR * LDT;
     T *dOl = split_do ? dOh + BR * LDT : nullptr;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    const int j0 = blockIdx.x * BC, g = blockIdx.y, b = blockIdx.z;
+    const int j0 = blockIdx.z * BC, g = blockIdx.x, b = blockIdx.y; /* the first keys (the longest) first */
     const int n_keys = min(BC, G.t - j0);
     const T *base = qkv + (size_t)b * G.t * G.ld;
     tc_load_tile<T, D, LDT>(Ks, base + (size_t)j0 * G.ld + (size_t)(G.hq + g) * D, G.ld, n_keys, BC);
@@ -360,7 +361,7 @@ __global__ void attention_tc_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout
     T *Ks = reinterpret_cast<T *>(Dr + BR), *Vs = Ks + BC * LDT, *Qs = Vs + BC * LDT, *dOh = Qs + BR * LDT;
     T *dOl = split_do ? dOh + BR * LDT : nullptr;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    const int i0 = (gridDim.x - 1 - blockIdx.x) * BR, h = blockIdx.y, b = blockIdx.z, g = h / G.grp;
+    const int i0 = (gridDim.z - 1 - blockIdx.z) * BR, h = blockIdx.x, b = blockIdx.y, g = h / G.grp;
     const int n_rows = min(BR, G.t - i0);
     const T *base = qkv + (size_t)b * G.t * G.ld;
     tc_load_tile<T, D, LDT>(Qs, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n_rows, BR);
@@ -449,7 +450,7 @@ static zo_status tc_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor 
     const size_t smem = tc_forward_smem<T, D>();
     zo_status s = tc_allow_smem(attention_tc_forward_kernel<T, D>, smem, "attention_tc_forward_kernel");
     if (s != ZO_OK) return s;
-    dim3 grid((a->t + BR - 1) / BR, a->hq, a->b);
+    dim3 grid(a->hq, a->b, (a->t + BR - 1) / BR);
     auto *attention_tc_forward = attention_tc_forward_kernel<T, D>; /* one macro argument */
     ZO_LAUNCH(attention_tc_forward, grid, TW * WARP, smem, st, out, lse,
               static_cast<const T *>(qkv.data), tc_make_geom(a));
@@ -467,20 +468,24 @@ static zo_status tc_forward_t(cudaStream_t st, const gpu_attn_desc *a, gpu_tenso
     }
 }
 
-static zo_status tc_check(const char *op, const gpu_attn_desc *a, zo_dtype qkv)
+static zo_status tc_check(const char *op, const gpu_attn_desc *a, gpu_tensor qkv_t)
 {
+    const zo_dtype qkv = qkv_t.dtype;
+    if ((uintptr_t)qkv_t.data % 16 != 0)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, tensor cores): qkv not 16-byte aligned", op);
     if (!cuda_attn_tc_covers(a, qkv))
         return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, tensor cores): d %d, %s qkv, window %d, softcap %g, alibi %g",
                         op, a->d, zo_dtype_name(qkv), a->window, (double)a->softcap, (double)a->alibi);
-    if (a->hq > 65535 || a->b > 65535)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda): batch %d or heads %d > 65535", op, a->b, a->hq);
+    if (a->b > 65535 || (a->t + BR - 1) / BR > 65535)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, tensor cores): batch %d or %d-row blocks %d > 65535", op,
+                        a->b, BR, (a->t + BR - 1) / BR);
     return ZO_OK;
 }
 
 extern "C" zo_status cuda_launch_attention_tc_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
                                                       float *lse, gpu_tensor qkv)
 {
-    zo_status s = tc_check("gpu_attention_forward", a, qkv.dtype);
+    zo_status s = tc_check("gpu_attention_forward", a, qkv);
     if (s != ZO_OK) return s;
     if (a->t <= 0 || a->b <= 0) return ZO_OK;
     if (qkv.dtype == ZO_DTYPE_BF16) return tc_forward_t<__nv_bfloat16>(st, a, out, lse, qkv);
@@ -507,13 +512,13 @@ static zo_status tc_backward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor
     if (s != ZO_OK) return s;
     const tc_geom G = tc_make_geom(a);
     const T *q = static_cast<const T *>(qkv.data);
-    dim3 grid_kv((a->t + BC - 1) / BC, a->hkv, a->b);
+    dim3 grid_kv(a->hkv, a->b, (a->t + BC - 1) / BC);
     auto *attention_tc_backward_dkv = attention_tc_backward_dkv_kernel<T, D>; /* one macro argument */
     auto *attention_tc_backward_dq = attention_tc_backward_dq_kernel<T, D>;
     ZO_LAUNCH(attention_tc_backward_dkv, grid_kv, TW * WARP, smem, st, dqkv, dout, q, lse, Drow, G,
               split_p, split_do);
     if ((s = cuda_launch_check("attention_tc_backward_dkv_kernel")) != ZO_OK) return s;
-    dim3 grid_q((a->t + BR - 1) / BR, a->hq, a->b);
+    dim3 grid_q(a->hq, a->b, (a->t + BR - 1) / BR);
     ZO_LAUNCH(attention_tc_backward_dq, grid_q, TW * WARP, smem, st, dqkv, dout, q, lse, Drow, G, split_p,
               split_do);
     return cuda_launch_check("attention_tc_backward_dq_kernel");
@@ -535,7 +540,7 @@ extern "C" zo_status cuda_launch_attention_tc_backward(cudaStream_t st, cudaMemP
                                                        gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
                                                        gpu_tensor out, const float *lse)
 {
-    zo_status s = tc_check("gpu_attention_backward", a, qkv.dtype);
+    zo_status s = tc_check("gpu_attention_backward", a, qkv);
     if (s != ZO_OK) return s;
     if (a->t <= 0 || a->b <= 0) return ZO_OK;
     /* D = rowsum(dO * O): fp32 scratch [b, hq, t] from the pool, stream-ordered */

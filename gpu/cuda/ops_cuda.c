@@ -70,10 +70,11 @@ static zo_status cuda_run_head_rmsnorm_backward(const cuda_exec *e, const gpu_op
 /* Which kernels run attention over qkv of this shape (*path: CUDA_ATTN_FLASH,
  * _GEMM or _TC). The tensor-core kernels when chosen (ZO_ATTENTION=tc) and
  * they cover the case (cuda_attn_tc_covers: 16-bit qkv, d 64/80/96/128, no
- * window, soft cap or ALiBi); what they do not cover falls back to the
+ * window, soft cap or ALiBi; qkv 16-byte aligned, as their vector loads
+ * need); what they do not cover falls back to the
  * automatic choice: the GEMM path for 16-bit qkv on a device with cuBLASLt
  * from t >= CUDA_ATTN_GEMM_MIN_T, else the flash kernel. */
-static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, zo_dtype qkv, int *path)
+static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv, int *path)
 {
     int p = e->attn_path;
     if (p == CUDA_ATTN_AUTO) {
@@ -84,12 +85,12 @@ static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, zo_d
         else if (v && *v && strcmp(v, "auto"))
             return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION=%s: expected gemm, flash, tc or auto", v);
     }
-    if (p == CUDA_ATTN_TC && cuda_attn_tc_covers(d, qkv)) {
+    if (p == CUDA_ATTN_TC && cuda_attn_tc_covers(d, qkv.dtype) && (uintptr_t)qkv.data % 16 == 0) {
         *path = CUDA_ATTN_TC;
         return ZO_OK;
     }
     if (p == CUDA_ATTN_TC) p = CUDA_ATTN_AUTO;
-    int gemm = (qkv == ZO_DTYPE_F16 || qkv == ZO_DTYPE_BF16) &&
+    int gemm = (qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16) &&
                (p == CUDA_ATTN_GEMM || (p == CUDA_ATTN_AUTO && e->lt && d->t >= CUDA_ATTN_GEMM_MIN_T));
     *path = gemm ? CUDA_ATTN_GEMM : CUDA_ATTN_FLASH;
     return ZO_OK;
@@ -105,7 +106,7 @@ static cuda_gemm_env gemm_env(const cuda_exec *e)
 static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_args *a)
 {
     int path = 0;
-    zo_status st = attention_path(e, &a->d.attn, a->t[1].dtype, &path);
+    zo_status st = attention_path(e, &a->d.attn, a->t[1], &path);
     if (st != ZO_OK) return st;
     if (path == CUDA_ATTN_TC) return cuda_launch_attention_tc_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->t[1]);
     if (path == CUDA_ATTN_GEMM) {
@@ -118,7 +119,7 @@ static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_arg
 static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_args *a)
 {
     int path = 0;
-    zo_status st = attention_path(e, &a->d.attn, a->t[2].dtype, &path);
+    zo_status st = attention_path(e, &a->d.attn, a->t[2], &path);
     if (st != ZO_OK) return st;
     if (path == CUDA_ATTN_TC)
         return cuda_launch_attention_tc_backward(e->stream, e->pool, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],

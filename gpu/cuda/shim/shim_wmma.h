@@ -80,11 +80,12 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment
 {
     float fa[256], fb[256], out[256];
     for (int i = 0; i < 256; i++) fa[i] = shim_wmma_f(a.x[i]), fb[i] = shim_wmma_f(b.x[i]);
-    /* each out[r][n] sums c, then k = 0 .. 15 in order; vectorized over n */
-    for (int i = 0; i < 256; i++) out[i] = c.x[i];
     for (int r = 0; r < 16; r++)
-        for (int k = 0; k < 16; k++)
-            for (int n = 0; n < 16; n++) out[r * 16 + n] += fa[r * 16 + k] * fb[k * 16 + n];
+        for (int n = 0; n < 16; n++) {
+            float s = c.x[r * 16 + n];
+            for (int k = 0; k < 16; k++) s += fa[r * 16 + k] * fb[k * 16 + n];
+            out[r * 16 + n] = s;
+        }
     for (int i = 0; i < 256; i++) d.x[i] = out[i];
 }
 
