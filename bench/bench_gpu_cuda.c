@@ -381,28 +381,35 @@ static int attention_row(int t, void *stage, uint64_t seed)
     r32.backward = 1;
     if (gpu_cast(S, r32.dout, r.dout, nout) != ZO_OK || gpu_stream_synchronize(S) != ZO_OK)
         return fail("gpu_cast (fp32 dout)");
-    double best32 = INFINITY;
-    /* [path][direction]: path 0 the flash kernel, 1 the GEMM path */
-    static const char *paths[2] = {"flash", "gemm"};
-    double best[2][2] = {{INFINITY, INFINITY}, {INFINITY, INFINITY}};
+    /* [path][direction]: path 0 the flash kernel, 1 the GEMM path, 2 the
+     * fused tensor-core kernels; best32: the backward with fp32 grads */
+    static const char *paths[3] = {"flash", "gemm", "tc"};
+    static const char *names[3] = {"", " (GEMM path)", " (tensor-core kernels)"};
+    double best[3][2], best32[3];
+    for (int p = 0; p < 3; p++) best[p][0] = best[p][1] = best32[p] = INFINITY;
+    char what[96];
     for (int round = 0; round < ROUNDS; round++)
-        for (int p = 0; p < 2; p++) {
+        for (int p = 0; p < 3; p++) {
             setenv("ZO_ATTENTION", paths[p], 1);
             r.backward = 0;
             if (gpu_attention_forward(S, &r.a, r.out, r.lse, r.qkv) != ZO_OK ||
-                gpu_stream_synchronize(S) != ZO_OK)
-                return fail(p ? "gpu_attention_forward (GEMM path)" : "gpu_attention_forward");
+                gpu_stream_synchronize(S) != ZO_OK) {
+                snprintf(what, sizeof what, "gpu_attention_forward%s", names[p]);
+                return fail(what);
+            }
             if (gpu_attention_backward(S, &r.a, r.dqkv, r.dout, r.qkv, r.out, r.lse) != ZO_OK ||
-                gpu_stream_synchronize(S) != ZO_OK)
-                return fail(p ? "gpu_attention_backward (GEMM path)" : "gpu_attention_backward");
+                gpu_stream_synchronize(S) != ZO_OK) {
+                snprintf(what, sizeof what, "gpu_attention_backward%s", names[p]);
+                return fail(what);
+            }
             for (int dir = 0; dir < 2; dir++) {
                 r.backward = dir;
                 double tm = bench_time_best(run_attn, &r, 1, 3, 0.3);
                 if (tm < best[p][dir]) best[p][dir] = tm;
             }
-            if (p == 1) {
+            if (p > 0) {
                 double tm = bench_time_best(run_attn, &r32, 1, 3, 0.3);
-                if (tm < best32) best32 = tm;
+                if (tm < best32[p]) best32[p] = tm;
             }
         }
     unsetenv("ZO_ATTENTION");
@@ -410,9 +417,11 @@ static int attention_row(int t, void *stage, uint64_t seed)
     double f = 2.0 * b * HEADS * (double)t * t * HEAD_DIM;
     bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, best[0][0] * 1e3,
               f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12);
-    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f", "causal_gemm", b, t,
-              HEADS, best[1][0] * 1e3, f / best[1][0] * 1e-12, best[1][1] * 1e3, 2.5 * f / best[1][1] * 1e-12,
-              best[0][0] / best[1][0], best[0][1] / best[1][1], best32 * 1e3, 2.5 * f / best32 * 1e-12);
+    for (int p = 1; p < 3; p++)
+        bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f",
+                  p == 1 ? "causal_gemm" : "causal_tc", b, t, HEADS, best[p][0] * 1e3, f / best[p][0] * 1e-12,
+                  best[p][1] * 1e3, 2.5 * f / best[p][1] * 1e-12, best[0][0] / best[p][0], best[0][1] / best[p][1],
+                  best32[p] * 1e3, 2.5 * f / best32[p] * 1e-12);
     gpu_mem_free(dev, qkv);
     gpu_mem_free(dev, out);
     gpu_mem_free(dev, dout);
@@ -424,9 +433,10 @@ static int attention_row(int t, void *stage, uint64_t seed)
 }
 
 /* The attention rows: 13B heads, causal, sequences of 2048 and 4096, the
- * flash kernel's row ("causal") and the GEMM path's ("causal_gemm", with
- * its speedup: the flash kernel's time over its own; and its backward with
- * fp32 dout and dqkv, as the transformer calls it); 0, or 1 on a failure. */
+ * flash kernel's row ("causal"), the GEMM path's ("causal_gemm") and the
+ * fused tensor-core kernels' ("causal_tc"), each of the last two with its
+ * speedup (the flash kernel's time over its own) and its backward with fp32
+ * dout and dqkv, as the transformer calls it; 0, or 1 on a failure. */
 static int bench_attention(void *stage)
 {
     bench_row("%-11s %6s %6s %6s %10s %10s %10s %10s %8s %8s %10s %10s", "attention", "b", "t", "heads", "fwd_ms",

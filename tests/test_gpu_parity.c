@@ -604,11 +604,21 @@ static void test_attention(void **state)
     attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 600, 4, 1, 80, 100, &bad); /* a sliding window */
     /* the transformer's call: fp32 gradients beside bf16 qkv and out */
     attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 520, 8, 4, 128, 0, &bad);
+    /* the fused tensor-core kernels (attention_tc.cu), chosen: across their
+     * 64-row tiles, the head sizes they take, GQA, fp32 gradients */
+    setenv("ZO_ATTENTION", "tc", 1);
+    attention_case(ZO_DTYPE_BF16, 1, 70, 4, 2, 64, &bad);
+    attention_case(ZO_DTYPE_F16, 2, 33, 6, 2, 80, &bad);
+    attention_case(ZO_DTYPE_BF16, 1, 300, 8, 2, 128, &bad);
+    attention_case(ZO_DTYPE_F16, 2, 257, 4, 4, 96, &bad);
+    attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 520, 8, 4, 128, 0, &bad);
+    unsetenv("ZO_ATTENTION");
     assert_int_equal(bad, 0);
 }
 
 /* Same inputs twice: bitwise the same gradients (no atomics anywhere), from
- * the flash kernel (t 50) and from the GEMM path (t 300). */
+ * the flash kernel (t 50), the GEMM path (t 300) and the fused tensor-core
+ * kernels (t 300, ZO_ATTENTION=tc). */
 static void determinism_case(int t)
 {
     gpu_attn_desc a = {.b = 1, .t = t, .hq = 4, .hkv = 2, .d = 64};
@@ -648,6 +658,9 @@ static void test_determinism(void **state)
     (void)state;
     determinism_case(50);
     determinism_case(300);
+    setenv("ZO_ATTENTION", "tc", 1);
+    determinism_case(300);
+    unsetenv("ZO_ATTENTION");
 }
 
 /* ---- RoPE, activations -------------------------------------------------------------------- */

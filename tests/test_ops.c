@@ -36,6 +36,7 @@
 
 #ifdef ZO_HAVE_CUDA_SHIM
 #include "gpu/cuda/shim/shim_ops.h" /* defines: shim_cuda_ops, shim_exec_init */
+#include "gpu/cuda/attention_tc.h"   /* defines: cuda_attn_tc_covers */
 #endif
 
 /* ---- cases ------------------------------------------------------------------------ */
@@ -1120,6 +1121,16 @@ static zo_status shim_gemm_small_run(gpu_op_id id, const gpu_op_args *a)
     return shim_cuda_ops[id](&shim_gemm.exec, a);
 }
 
+/* The fused tensor-core kernels (gpu/cuda/attention_tc.cu) on the shim,
+ * forced (ZO_ATTENTION=tc on a GPU), over the cases they cover
+ * (takes_tc_attention); the dispatch sends the others elsewhere. */
+static shim_exec shim_tc;
+
+static zo_status shim_tc_run(gpu_op_id id, const gpu_op_args *a)
+{
+    return shim_cuda_ops[id](&shim_tc.exec, a);
+}
+
 /* Attention's cases with 16-bit qkv: the only ones the GEMM path takes. */
 static int takes_gemm_attention(const pcase *c)
 {
@@ -1128,6 +1139,12 @@ static int takes_gemm_attention(const pcase *c)
     for (int k = 0; k < c->nbuf; k++)
         if (c->buf[k].slot == 't' && c->buf[k].index == qkv) return c->buf[k].type != E_F32;
     return 0;
+}
+
+/* The cases the tensor-core kernels cover (cuda_attn_tc_covers). */
+static int takes_tc_attention(const pcase *c)
+{
+    return takes_gemm_attention(c) && cuda_attn_tc_covers(&c->a.d.attn, ZO_DTYPE_BF16);
 }
 #endif
 
@@ -1291,7 +1308,7 @@ static int run_on(backend *be, const pcase *c, double **in, double **want)
     return bad;
 }
 
-static backend *backends[5];
+static backend *backends[6];
 static int n_backends;
 static int op_cases[GPU_OP_COUNT];
 static int op_failed[GPU_OP_COUNT];
@@ -1745,6 +1762,24 @@ static void alibi_grid(gpu_op_id op)
     rng = saved;
 }
 
+#define TC_SEED 0x510e527fade682d1ull
+
+/* 16-bit sequences short of, at and just past the tensor-core kernels'
+ * 64-row tiles and 16-row warp slices (t 1, 15, 64, 65), head size 96, and
+ * fp32 gradients at a head size of 64. From their own stream, given back
+ * after, so the cases that follow draw what they drew before. */
+static void tc_grid(gpu_op_id op)
+{
+    uint64_t saved = rng;
+    rng = TC_SEED;
+    attention_case(op, 1, 1, 2, 1, 64, 0, E_BF16);
+    attention_case(op, 1, 15, 4, 2, 80, 0, E_F16);
+    attention_case(op, 1, 64, 4, 1, 128, 0, E_BF16);
+    attention_case(op, 1, 65, 2, 2, 96, 0, E_F16);
+    if (op == GPU_OP_ATTENTION_BACKWARD) attention_case_g(op, 1, 97, 4, 2, 64, 0, E_BF16, E_F32);
+    rng = saved;
+}
+
 /* Sequences below, at and above the CPU's 48-row query blocks and the CUDA
  * tiles of 32 (t 130: three blocks, the last partial); head sizes 32, 64,
  * 80, 96, 128 and 36 (not a multiple of 16); GQA groups 1, 2, 4, 8. The
@@ -1786,6 +1821,7 @@ static void attention_grid(gpu_op_id op)
     }
     softcap_grid(op);
     alibi_grid(op);
+    tc_grid(op);
 }
 
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
@@ -2822,27 +2858,33 @@ static void test_every_op(void **state)
 
 #ifdef ZO_HAVE_CUDA_SHIM
 /* ZO_ATTENTION on the shim's automatic choice (which is the flash kernel
- * there): gemm gives the forced GEMM path's bits, flash and auto the flash
- * kernel's, anything else ZO_ERR_INVALID naming the variable. */
+ * there): gemm gives the forced GEMM path's bits, tc the forced tensor-core
+ * kernels', flash and auto the flash kernel's, anything else
+ * ZO_ERR_INVALID naming the variable; tc on a case the tensor-core kernels
+ * do not cover (a sliding window) gives the automatic choice's bits. */
 static void test_attention_path_env(void **state)
 {
     (void)state;
-    enum { B = 1, T = 40, HQ = 2, HKV = 1, D = 64 };
+    enum { B = 1, T = 40, HQ = 2, HKV = 1, D = 64, RUNS = 8 };
     const size_t nq = (size_t)B * T * (HQ + 2 * HKV) * D, no = (size_t)B * T * HQ * D;
-    uint16_t *qkv = malloc(nq * 2), *out[4];
+    uint16_t *qkv = malloc(nq * 2), *out[RUNS];
     float *lse = malloc((size_t)B * HQ * T * sizeof *lse);
     for (size_t i = 0; i < nq; i++) qkv[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
     gpu_op_args a = {0};
     a.d.attn = (gpu_attn_desc){.b = B, .t = T, .hq = HQ, .hkv = HKV, .d = D};
     a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
     a.p[0] = lse;
-    /* forced GEMM path; then AUTO with ZO_ATTENTION gemm, flash, unset */
-    static const char *env[4] = {NULL, "gemm", "flash", NULL};
+    /* forced GEMM path; AUTO with ZO_ATTENTION gemm, flash, unset; forced
+     * tensor-core kernels; AUTO with tc; then window 8 with tc, unset */
+    static const int forced[RUNS] = {CUDA_ATTN_GEMM, CUDA_ATTN_AUTO, CUDA_ATTN_AUTO, CUDA_ATTN_AUTO,
+                                     CUDA_ATTN_TC,   CUDA_ATTN_AUTO, CUDA_ATTN_AUTO, CUDA_ATTN_AUTO};
+    static const char *env[RUNS] = {NULL, "gemm", "flash", NULL, NULL, "tc", "tc", NULL};
     shim_exec x;
     assert_int_equal(shim_exec_init(&x), ZO_OK);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < RUNS; k++) {
         out[k] = malloc(no * 2);
-        x.exec.attn_path = k == 0 ? CUDA_ATTN_GEMM : CUDA_ATTN_AUTO;
+        x.exec.attn_path = forced[k];
+        a.d.attn.window = k >= 6 ? 8 : 0;
         if (env[k]) setenv("ZO_ATTENTION", env[k], 1);
         else unsetenv("ZO_ATTENTION");
         a.t[0] = gpu_t(out[k], ZO_DTYPE_BF16);
@@ -2851,12 +2893,17 @@ static void test_attention_path_env(void **state)
     assert_memory_equal(out[0], out[1], no * 2);
     assert_memory_equal(out[2], out[3], no * 2);
     assert_memory_not_equal(out[0], out[2], no * 2);
+    assert_memory_equal(out[4], out[5], no * 2);
+    assert_memory_not_equal(out[4], out[2], no * 2);
+    assert_memory_not_equal(out[4], out[0], no * 2);
+    assert_memory_equal(out[6], out[7], no * 2);
+    a.d.attn.window = 0;
     setenv("ZO_ATTENTION", "tensor", 1);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "ZO_ATTENTION=tensor"));
     unsetenv("ZO_ATTENTION");
     shim_exec_free(&x);
-    for (int k = 0; k < 4; k++) free(out[k]);
+    for (int k = 0; k < RUNS; k++) free(out[k]);
     free(qkv);
     free(lse);
 }
@@ -3003,7 +3050,8 @@ static void close_device(devpair *d)
  * that is no backend's is an error. */
 static int keep_backends(const char *list)
 {
-    static const char *const known[] = {"cpu", "cuda-shim", "cuda-shim-gemm", "cuda-shim-gemm-small", "cuda"};
+    static const char *const known[] = {"cpu", "cuda-shim", "cuda-shim-gemm", "cuda-shim-gemm-small", "cuda-shim-tc",
+                                        "cuda"};
     if (!list) return 1;
     char names[256];
     snprintf(names, sizeof names, "%s", list);
@@ -3012,7 +3060,7 @@ static int keep_backends(const char *list)
         while (k < sizeof known / sizeof *known && strcmp(w, known[k])) k++;
         if (k == sizeof known / sizeof *known) {
             fprintf(stderr, "test_ops: ZO_OPS_BACKENDS=%s: no backend is named '%s' (cpu, cuda-shim, "
-                            "cuda-shim-gemm, cuda-shim-gemm-small, cuda)\n", list, w);
+                            "cuda-shim-gemm, cuda-shim-gemm-small, cuda-shim-tc, cuda)\n", list, w);
             return 0;
         }
     }
@@ -3046,11 +3094,16 @@ int main(void)
                           0, 0, 0, takes_gemm_attention};
     static backend shs = {"cuda-shim-gemm-small", NULL, host_alloc, free, host_copy, host_copy,
                           shim_gemm_small_run, 0, 0, 0, takes_gemm_attention};
-    if (shim_exec_init(&shim) != ZO_OK || shim_exec_init(&shim_gemm) != ZO_OK) return 1;
+    static backend sht = {"cuda-shim-tc", NULL, host_alloc, free, host_copy, host_copy, shim_tc_run,
+                          0, 0, 0, takes_tc_attention};
+    if (shim_exec_init(&shim) != ZO_OK || shim_exec_init(&shim_gemm) != ZO_OK || shim_exec_init(&shim_tc) != ZO_OK)
+        return 1;
     shim_gemm.exec.attn_path = CUDA_ATTN_GEMM;
+    shim_tc.exec.attn_path = CUDA_ATTN_TC;
     backends[n_backends++] = &sh;
     backends[n_backends++] = &shg;
     backends[n_backends++] = &shs;
+    backends[n_backends++] = &sht;
 #endif
     /* a GPU, where there is one: the same cases against the same reference */
     if (gpu_cuda_device_count() > 0) {
@@ -3071,6 +3124,7 @@ int main(void)
 #ifdef ZO_HAVE_CUDA_SHIM
     shim_exec_free(&shim);
     shim_exec_free(&shim_gemm);
+    shim_exec_free(&shim_tc);
 #endif
     close_device(&cuda_dev);
     close_device(&cpu_dev);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "gpu/cuda/attention_gemm.h" /* defines: CUDA_ATTN_GEMM_MIN_T */
+#include "gpu/cuda/attention_tc.h"   /* defines: cuda_attn_tc_covers, cuda_launch_attention_tc_* */
 #include "gpu/cuda/ops_cuda.h"       /* defines: cuda_exec, cuda_ops */
 
 /* cuBLASLt where there is a handle; the tiled kernel otherwise (the host
@@ -66,19 +67,32 @@ static zo_status cuda_run_head_rmsnorm_backward(const cuda_exec *e, const gpu_op
                                              a->p[0], (int)a->i[0], (int)a->i[1], (int)a->i[2]);
 }
 
-/* Whether attention over qkv of this shape takes the GEMM path (*gemm). */
-static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, zo_dtype qkv, int *gemm)
+/* Which kernels run attention over qkv of this shape (*path: CUDA_ATTN_FLASH,
+ * _GEMM or _TC). The tensor-core kernels when chosen (ZO_ATTENTION=tc) and
+ * they cover the case (cuda_attn_tc_covers: 16-bit qkv, d 64/80/96/128, no
+ * window, soft cap or ALiBi; qkv 16-byte aligned, as their vector loads
+ * need); what they do not cover falls back to the
+ * automatic choice: the GEMM path for 16-bit qkv on a device with cuBLASLt
+ * from t >= CUDA_ATTN_GEMM_MIN_T, else the flash kernel. */
+static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv, int *path)
 {
-    int path = e->attn_path;
-    if (path == CUDA_ATTN_AUTO) {
+    int p = e->attn_path;
+    if (p == CUDA_ATTN_AUTO) {
         const char *v = getenv("ZO_ATTENTION");
-        if (v && !strcmp(v, "gemm")) path = CUDA_ATTN_GEMM;
-        else if (v && !strcmp(v, "flash")) path = CUDA_ATTN_FLASH;
+        if (v && !strcmp(v, "gemm")) p = CUDA_ATTN_GEMM;
+        else if (v && !strcmp(v, "flash")) p = CUDA_ATTN_FLASH;
+        else if (v && !strcmp(v, "tc")) p = CUDA_ATTN_TC;
         else if (v && *v && strcmp(v, "auto"))
-            return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION=%s: expected gemm, flash or auto", v);
+            return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION=%s: expected gemm, flash, tc or auto", v);
     }
-    *gemm = (qkv == ZO_DTYPE_F16 || qkv == ZO_DTYPE_BF16) &&
-            (path == CUDA_ATTN_GEMM || (path == CUDA_ATTN_AUTO && e->lt && d->t >= CUDA_ATTN_GEMM_MIN_T));
+    if (p == CUDA_ATTN_TC && cuda_attn_tc_covers(d, qkv.dtype) && (uintptr_t)qkv.data % 16 == 0) {
+        *path = CUDA_ATTN_TC;
+        return ZO_OK;
+    }
+    if (p == CUDA_ATTN_TC) p = CUDA_ATTN_AUTO;
+    int gemm = (qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16) &&
+               (p == CUDA_ATTN_GEMM || (p == CUDA_ATTN_AUTO && e->lt && d->t >= CUDA_ATTN_GEMM_MIN_T));
+    *path = gemm ? CUDA_ATTN_GEMM : CUDA_ATTN_FLASH;
     return ZO_OK;
 }
 
@@ -91,10 +105,11 @@ static cuda_gemm_env gemm_env(const cuda_exec *e)
 
 static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_args *a)
 {
-    int gemm = 0;
-    zo_status st = attention_path(e, &a->d.attn, a->t[1].dtype, &gemm);
+    int path = 0;
+    zo_status st = attention_path(e, &a->d.attn, a->t[1], &path);
     if (st != ZO_OK) return st;
-    if (gemm) {
+    if (path == CUDA_ATTN_TC) return cuda_launch_attention_tc_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->t[1]);
+    if (path == CUDA_ATTN_GEMM) {
         cuda_gemm_env g = gemm_env(e);
         return cuda_launch_attention_gemm_forward(&g, &a->d.attn, a->t[0], a->p[0], a->t[1]);
     }
@@ -103,10 +118,13 @@ static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_arg
 
 static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_args *a)
 {
-    int gemm = 0;
-    zo_status st = attention_path(e, &a->d.attn, a->t[2].dtype, &gemm);
+    int path = 0;
+    zo_status st = attention_path(e, &a->d.attn, a->t[2], &path);
     if (st != ZO_OK) return st;
-    if (gemm) {
+    if (path == CUDA_ATTN_TC)
+        return cuda_launch_attention_tc_backward(e->stream, e->pool, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],
+                                                 a->p[0]);
+    if (path == CUDA_ATTN_GEMM) {
         cuda_gemm_env g = gemm_env(e);
         return cuda_launch_attention_gemm_backward(&g, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],
                                                    a->p[0]);

@@ -28,11 +28,13 @@ typedef struct cuda_exec {
 } cuda_exec;
 
 /* Which attention runs gpu_attention_forward / _backward with 16-bit qkv:
- * the GEMM path (attention_gemm.cu) or the flash kernel (attention.cu). AUTO
- * reads ZO_ATTENTION (gemm, flash, or auto / unset): auto takes the GEMM path
+ * the GEMM path (attention_gemm.cu), the flash kernel (attention.cu) or the
+ * fused tensor-core kernels (attention_tc.cu, for the cases
+ * cuda_attn_tc_covers; the rest take the automatic choice). AUTO reads
+ * ZO_ATTENTION (gemm, flash, tc, or auto / unset): auto takes the GEMM path
  * on a device with cuBLASLt from t >= CUDA_ATTN_GEMM_MIN_T. fp32 qkv and
  * the cached attention always run the flash kernels. */
-enum cuda_attn_path { CUDA_ATTN_AUTO, CUDA_ATTN_FLASH, CUDA_ATTN_GEMM };
+enum cuda_attn_path { CUDA_ATTN_AUTO, CUDA_ATTN_FLASH, CUDA_ATTN_GEMM, CUDA_ATTN_TC };
 
 typedef zo_status (*cuda_op_fn)(const cuda_exec *e, const gpu_op_args *a);
 
