@@ -124,7 +124,7 @@ static int add_buf(pcase *c, char slot, int index, etype type, size_t n, fill_ki
                    double hi, int out)
 {
     pbuf *b = &c->buf[c->nbuf];
-    *b = (pbuf){slot, index, type, n, f, lo, hi, out, -1, 0.0, 0, NULL, 0.0};
+    *b = (pbuf){slot, index, type, n, f, lo, hi, out, -1, 0.0, 0, NULL, 0.0, 0};
     return c->nbuf++;
 }
 
