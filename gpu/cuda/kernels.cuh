@@ -1,6 +1,7 @@
 /* Device helpers shared by the kernel families: element access in any
  * storage type (fp32 arithmetic, round-to-nearest-even stores, as the CPU
- * backend's zo_load_f32/zo_store_f32), warp and block reductions in a fixed
+ * backend's zo_load_f32/zo_store_f32) one element or a 16-byte vector of
+ * them at a time, warp and block reductions in a fixed
  * order, the grid size of a grid-stride loop, and the two macros through
  * which a kernel source launches and declares dynamic shared memory, so
  * that it compiles unchanged for nvcc and for the host shim (ZO_CUDA_SHIM,
