@@ -449,7 +449,7 @@ zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n
     RUN(CHECK_FINITE, .t = {x}, .p = {flag}, .n = n);
 }
 
-zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
+zo_status gpu_sum_squares(gpu_stream_t s, double *sum, gpu_tensor x, size_t n)
 {
     RUN(SUM_SQUARES, .t = {x}, .p = {sum}, .n = n);
 }

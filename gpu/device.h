@@ -393,9 +393,10 @@ zo_status gpu_softcap(gpu_stream_t s, gpu_tensor x, float cap, size_t n);
 zo_status gpu_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n);
 /* *flag (device int32) |= 1 when any of x[0..n) is inf or nan. */
 zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n);
-/* *sum (device float) += sum of x[i]^2, accumulated in double in a fixed
- * order (for gradient clipping). */
-zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n);
+/* *sum (device double) += sum of x[i]^2, accumulated in double in a fixed
+ * order (for gradient clipping: the total is not rounded to float, so a
+ * norm taken on the device agrees with the host's to double rounding). */
+zo_status gpu_sum_squares(gpu_stream_t s, double *sum, gpu_tensor x, size_t n);
 
 /* ---- ops: quantized weights --------------------------------------------------------
  * out[n] = the NF4 tensor of n weights at `nf4` dequantized: the layout and

@@ -1927,7 +1927,7 @@ void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt)
 
 #define SUMSQ_CHUNK 16384 /* a multiple of EW_BLOCK */
 
-zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, int nt)
+zo_status cpu_sum_squares(cpu_scratch *ws, double *sum, gpu_tensor x, size_t n, int nt)
 {
     size_t chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     double *part;
@@ -1947,7 +1947,7 @@ zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, i
     }
     double total = 0.0;
     for (size_t k = 0; k < chunks; k++) total += part[k];
-    *sum += (float)total;
+    *sum += total;
     return ZO_OK;
 }
 

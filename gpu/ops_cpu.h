@@ -144,7 +144,7 @@ void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt);
 void cpu_softcap(gpu_tensor x, float cap, size_t n, int nt);
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt);
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt);
-zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, int nt);
+zo_status cpu_sum_squares(cpu_scratch *ws, double *sum, gpu_tensor x, size_t n, int nt);
 /* zo_nf4_dequantize (common/nf4.c, whose rounding the CUDA kernel matches) */
 void cpu_nf4_dequantize(gpu_tensor out, const void *nf4, size_t n, int nt);
 /* ops_cpu_adam.c (built with -ffp-contract=off, unlike this file's GEMM):

@@ -198,6 +198,7 @@ static zo_status send_dev(offload_grads *gr, gpu_stream_t s, int k, int block, i
     size_t n = gr->g->numel[block];
     float *acc = gr->sums[block].dev;
     (void)own;
+    if ((st = ostate_grad_ready(gr->os, s)) != ZO_OK) return st;
     /* acc [n] fp32 += slot [n] model dtype, in stream order after backward;
      * the slot is zeroed for its next block later on the same stream */
     if (n && (st = gpu_add(s, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32), gpu_t(g->dev, gr->g->dtype), n)) !=

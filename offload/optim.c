@@ -413,12 +413,20 @@ static zo_status job_all(offload_optim *o, step_ctx *c)
     for (int b = 0; b < o->g->nb; b++) /* nothing to update */
         if (!o->og->numel[b]) publish(o, b, o->hp.step);
     st = ostate_step_host(o->os, &u);
-    zo_status sd = ostate_sync(o->os);
+    /* on the host thread, into a store that orders the device's puts
+     * before their reads (the resident weights, one rank), the device
+     * shard's update is left running: the next forward's blocks wait for
+     * their own new weights on the compute stream, not the host for all
+     * of them (offload_optim_settle waits before anything from outside) */
+    int ordered = !o->threaded && c->dst->puts_ordered;
+    zo_status sd = ordered ? ostate_sync_host(o->os) : ostate_sync(o->os);
     if (st == ZO_OK) st = sd;
     /* on the host thread (serial) the round ends here, its collectives
      * (ZeRO 1-2: the gathers) issued; on the optimizer's thread the host
      * thread ends it (wstore_use, offload_optim_settle) */
-    zo_status sw = o->threaded ? c->dst->ops->sync(c->dst) : wstore_settle(c->dst);
+    zo_status sw = o->threaded ? c->dst->ops->sync(c->dst)
+                   : ordered   ? wstore_settle_host(c->dst)
+                               : wstore_settle(c->dst);
     if (st == ZO_OK) st = sw;
     if (st == ZO_OK) publish_all(o, o->hp.step);
     return st;
@@ -535,8 +543,11 @@ zo_status offload_optim_settle(offload_optim *o)
         o->dpu_pending = 0;
     }
     /* the round over: what the ranks still owe it (ZeRO 1-2: the gathers a
-     * threaded update left to this thread) */
+     * threaded update left to this thread), and the device shard's update
+     * done (the serial step leaves it running: job_all) */
     zo_status sr = wstore_settle(o->ws);
+    if (st == ZO_OK) st = sr;
+    sr = ostate_sync_enqueued(o->os);
     if (st == ZO_OK) st = sr;
     publish_all(o, o->ctr.step);
     return st;

@@ -72,6 +72,9 @@ typedef struct oshard_ops {
     void (*grad_sum)(oshard *sh, int b, oshard_sum *out);
     /* (optional) Zero the gradient sums it keeps, on stream s. */
     zo_status (*grad_zero)(oshard *sh, gpu_stream_t s);
+    /* (optional) The step's first addition into its sums comes on stream s
+     * (what zeroed them behind the update is waited for there). */
+    zo_status (*grad_ready)(oshard *sh, gpu_stream_t s);
     /* (optional) Its image (ostate_image_key): the key and size; bytes
      * [off, off + len) of it out or in (put). */
     void (*image_key)(const oshard *sh, char *key, size_t len, uint64_t *bytes);
@@ -98,7 +101,8 @@ typedef struct oshard_config {
     size_t first, n;
     size_t sub_group;      /* elements per update call (host) / per NVMe group */
     int swap_buffers;      /* NVMe pipeline buffers */
-    int exact_stats;       /* device: a pinned block for exact clipping statistics */
+    int exact_stats;       /* device beside a host or NVMe share: a pinned block for exact clipping
+                              statistics */
     const char *nvme_dir;
     zo_plan_opt_state state; /* m and v's encoding */
     zo_plan_master master;   /* host: fp32 master, or bf16 weights (+ Kahan compensation) */
@@ -890,9 +894,9 @@ _Static_assert(ZO_PLAN_GPU_STAGE % ADAM_Q8_BLOCK == 0, "the GPU share's stage ho
  * holds them and the host reads them back: what the kernels gpu_sum_squares
  * and gpu_check_finite add to. */
 typedef struct dev_stats {
-    float sumsq;  /* the sum of squares (without the rank's own experts when sums.xn) */
-    int32_t bad;  /* not 0: an inf or a nan */
-    float xsumsq; /* the rank's own experts' sum of squares (sums.xn) */
+    double sumsq;  /* the sum of squares (without the rank's own experts when sums.xn) */
+    double xsumsq; /* the rank's own experts' sum of squares (sums.xn) */
+    int32_t bad;   /* not 0: an inf or a nan */
 } dev_stats;
 
 typedef struct dev_shard {
@@ -923,6 +927,11 @@ typedef struct dev_shard {
     float *stats_host;    /* pinned [largest]: one block's fp32 gradient (exact statistics) */
     gpu_event_t done;     /* d2h: the shard's work so far has run */
     int pending;          /* the step's update is enqueued and not waited for */
+    /* one rank: the update zeroes the sums behind it, on its stream, so
+     * that the next micro-batch's compute waits for it only at its first
+     * addition (grad_ready), not before its forward (grad_zero) */
+    int sums_zeroed;      /* the last update zeroed them */
+    int zero_wait;        /* the next addition waits for `done` first */
 } dev_shard;
 
 static float *dev_array(dev_shard *d, int a)
@@ -1119,6 +1128,12 @@ static zo_status dev_step(oshard *sh, const oshard_update *u)
         uint16_t *W = d->W ? d->W + r : NULL, *C = d->C ? d->C + r : NULL;
         if ((st = u->dev(u->ctx, b, P, M, V, S, grad_block(d, b), W, C, s)) != ZO_OK) return st;
     }
+    /* (several ranks: the reductions write the sums too; they are zeroed
+     * at the next micro-batch, after the update, as before) */
+    if (d->gn && !sh->env->dp) {
+        if ((st = gpu_memset_async(s, d->G, 0, d->gn * 4)) != ZO_OK) return st;
+        d->sums_zeroed = 1;
+    }
     if ((st = gpu_event_record(d->done, s)) != ZO_OK) return st;
     d->pending = 1;
     return ZO_OK;
@@ -1137,18 +1152,35 @@ static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
     dev_shard *d = (dev_shard *)sh;
     zo_status st;
     if (!d->gn) return ZO_OK;
-    /* the update that reads the sums runs on d2h, perhaps still (schedules
-     * other than serial return before it ends) */
+    if (d->sums_zeroed) { /* behind the update: waited for at the first addition */
+        d->sums_zeroed = 0;
+        d->zero_wait = 1;
+        return ZO_OK;
+    }
+    /* the update that reads the sums runs on d2h, perhaps still (the step
+     * returns before it ends) */
+    d->zero_wait = 0;
     if ((st = gpu_stream_wait_event(s, d->done)) != ZO_OK) return st;
     return gpu_memset_async(s, d->G, 0, d->gn * 4);
 }
 
-/* exact: block by block, each block's fp32 sum copied to the pinned
- * statistics buffer and summed by the host's own function, in block order:
- * the very bits the host would get with these blocks in memory, so clipping
- * gives bit-identical steps. Otherwise on the device (no copy;
- * gpu_sum_squares accumulates in double and rounds the total to float, so
- * the norm differs in its last bits). The rank's own experts' runs
+static zo_status dev_grad_ready(oshard *sh, gpu_stream_t s)
+{
+    dev_shard *d = (dev_shard *)sh;
+    if (!d->zero_wait) return ZO_OK;
+    d->zero_wait = 0;
+    return gpu_stream_wait_event(s, d->done);
+}
+
+/* exact (and the shard keeps its pinned statistics block: the optimizer
+ * has a host or NVMe share too): block by block, each block's fp32 sum
+ * copied to the pinned statistics buffer and summed by the host's own
+ * function, in block order: the very bits the host would get with these
+ * blocks in memory, so clipping gives bit-identical steps. Otherwise on
+ * the device, with no copy: gpu_sum_squares accumulates in double and
+ * only the statistics' few bytes come back (the norm agrees with the
+ * host's within the host's own rounding: cpu_adam's vector sums add fp32
+ * blocks, within 2e-6). The rank's own experts' runs
  * (sums->xn) go to *xsumsq, in the same pass. */
 static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xsumsq, int *bad_block)
 {
@@ -1157,9 +1189,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xs
     const offload_env *env = sh->env;
     gpu_stream_t s = env->d2h;
     zo_status st;
-    if (exact) {
-        if (!d->stats_host)
-            return zo_error(ZO_ERR_INTERNAL, "offload: exact statistics without their buffer");
+    if (exact && d->stats_host) {
         for (int b = d->b0; b < g->nb; b++) {
             size_t n = g->numel[b];
             if (!n) continue;
@@ -1178,7 +1208,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xs
         }
         return ZO_OK; /* (its time is the step's: offload_optim_step) */
     }
-    float *sum = &d->stats->sumsq, *xsum = &d->stats->xsumsq; /* (device addresses) */
+    double *sum = &d->stats->sumsq, *xsum = &d->stats->xsumsq; /* (device addresses) */
     int32_t *flag = &d->stats->bad;
     dev_stats host;
     if ((st = gpu_memset_async(s, d->stats, 0, sizeof host)) != ZO_OK) return st;
@@ -1209,8 +1239,8 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xs
     if ((st = gpu_memcpy_async(s, &host, d->stats, sizeof host, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
         (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
         return st;
-    *sumsq += (double)host.sumsq;
-    *xsumsq += (double)host.xsumsq;
+    *sumsq += host.sumsq;
+    *xsumsq += host.xsumsq;
     if (!host.bad && isfinite(host.sumsq) && isfinite(host.xsumsq)) return ZO_OK;
     /* the step fails or is skipped: which block, checked one by one */
     for (int b = d->b0; b < g->nb && *bad_block < 0; b++) {
@@ -1288,7 +1318,7 @@ static zo_status dev_image_io(oshard *sh, uint64_t off, size_t len, void *buf, i
 
 static const oshard_ops dev_ops = {
     .read = dev_read, .write = dev_write, .sync = dev_sync, .step = dev_step, .grad_sum = dev_grad_sum,
-    .grad_zero = dev_grad_zero, .grad_stats = dev_grad_stats, .image_key = dev_image_key,
+    .grad_zero = dev_grad_zero, .grad_ready = dev_grad_ready, .grad_stats = dev_grad_stats, .image_key = dev_image_key,
     .image_io = dev_image_io, .free = dev_destroy,
 };
 
@@ -1368,7 +1398,10 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
     }
     if ((st = gpu_mem_alloc(env->dev, sizeof *d->stats, (void **)&d->stats)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: optimizer on the device: gradient statistics");
-    if (c->exact_stats &&
+    /* exact statistics only beside a host or NVMe share (whose norm the
+     * device share's must match bit for bit): a device shard that is the
+     * whole optimizer takes its norm on the device, no gradient leaving it */
+    if (c->exact_stats && sh->first > 0 &&
         (st = offload_host_alloc(env, sh->g->largest * 4, 1, (void **)&d->stats_host)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: optimizer on the device: pinned statistics block");
     if ((st = gpu_event_create(env->dev, &d->done)) != ZO_OK) return st;
@@ -1556,6 +1589,21 @@ zo_status ostate_sync(ostate *os)
     return st;
 }
 
+/* The shards whose step is enqueued (`enqueued`), or the others. */
+static zo_status sync_some(ostate *os, int enqueued)
+{
+    zo_status st = ZO_OK;
+    for (int i = 0; i < os->n_sh; i++) {
+        zo_status si = os->sh[i]->enqueued != enqueued ? ZO_OK : os->sh[i]->ops->sync(os->sh[i]);
+        if (st == ZO_OK) st = si;
+    }
+    return st;
+}
+
+zo_status ostate_sync_host(ostate *os) { return sync_some(os, 0); }
+
+zo_status ostate_sync_enqueued(ostate *os) { return sync_some(os, 1); }
+
 zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w)
 {
     const offload_geom *og = os->og;
@@ -1674,6 +1722,14 @@ float *ostate_host_sums(const ostate *os, size_t *n)
 {
     *n = os->og->off[os->dev_block];
     return os->sums.host;
+}
+
+zo_status ostate_grad_ready(ostate *os, gpu_stream_t s)
+{
+    zo_status st;
+    for (int i = 0; i < os->n_sh; i++)
+        if (os->sh[i]->ops->grad_ready && (st = os->sh[i]->ops->grad_ready(os->sh[i], s)) != ZO_OK) return st;
+    return ZO_OK;
 }
 
 zo_status ostate_grad_zero(ostate *os, gpu_stream_t s)

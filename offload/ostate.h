@@ -48,7 +48,8 @@ typedef struct ostate_config {
     double frac[OFFLOAD_TIERS]; /* of the elements, per tier (the device's rounded to whole blocks) */
     size_t sub_group;      /* elements per update call (host) / per NVMe group */
     int swap_buffers;      /* NVMe pipeline buffers */
-    int exact_stats;       /* device: a pinned block for exact clipping statistics */
+    int exact_stats;       /* device beside a host or NVMe share: a pinned block for exact clipping
+                              statistics */
     const char *nvme_dir;
     zo_plan_opt_state state; /* m and v in every shard: fp32, bf16, 8-bit */
     zo_plan_master master;   /* an fp32 master, or bf16 weights (+ a bf16 Kahan compensation): host and
@@ -75,6 +76,14 @@ void ostate_free(ostate *os);
 zo_status ostate_read(ostate *os, size_t first, size_t n, float *P, float *M, float *V);
 zo_status ostate_write(ostate *os, size_t first, size_t n, const float *P, const float *M, const float *V);
 zo_status ostate_sync(ostate *os);
+/* The same, but the enqueued (device) shard's update is not waited for:
+ * the device orders what reads its results after it (the gradient sums'
+ * zeroing, or with one rank their first addition, waits for its event; the
+ * next statistics and update run on its stream; the weights it put are
+ * waited for where they are used: wstore_settle_host). ostate_sync_enqueued waits for it alone, before
+ * anything from outside the step. */
+zo_status ostate_sync_host(ostate *os);
+zo_status ostate_sync_enqueued(ostate *os);
 /* Block b's master weights, the whole block (numel elements; the ranks'
  * parts gathered when partitioned), into host memory. */
 zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w);
@@ -118,6 +127,11 @@ float *ostate_host_sums(const ostate *os, size_t *n);
 /* Zero the sums kept on the device, on stream s (the host's are zeroed by
  * their first addition of a step). */
 zo_status ostate_grad_zero(ostate *os, gpu_stream_t s);
+/* An addition into the device sums comes on stream s: with one rank the
+ * device shard's update zeroes its sums behind it (on its stream), and the
+ * step's first addition waits for that here, so that the next forward does
+ * not wait for the update. */
+zo_status ostate_grad_ready(ostate *os, gpu_stream_t s);
 /* Statistics of block b's host sum, complete (a block summed in host
  * memory): kept for ostate_grad_stats; *nonfinite: it holds an inf or nan. */
 zo_status ostate_grad_block_stats(ostate *os, int b, int *nonfinite);

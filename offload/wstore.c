@@ -86,6 +86,13 @@ zo_status wstore_settle(wstore *ws)
     return st != ZO_OK ? st : sr;
 }
 
+zo_status wstore_settle_host(wstore *ws)
+{
+    zo_status st = ws->puts_ordered && ws->ops->sync_host ? ws->ops->sync_host(ws) : ws->ops->sync(ws);
+    zo_status sr = ws->ops->round_end ? ws->ops->round_end(ws) : ZO_OK;
+    return st != ZO_OK ? st : sr;
+}
+
 zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
 {
     changed(ws, b);
@@ -155,6 +162,10 @@ typedef struct dev_store {
     int stage_cur;
     gpu_event_t ev;            /* the stream of the last device put, or of a read out: done */
     int ev_pending;
+    /* puts_ordered (one rank, puts from the device): block b's last device
+     * put, which a stream reading the block waits for (dev_use) */
+    gpu_event_t *put_ev;       /* [nb] */
+    unsigned char *put_on;     /* [nb] put_ev[b] recorded */
     /* ZeRO 1-2: the round of puts of a step */
     const offload_dp *dp;      /* NULL: puts are whole-block coordinates */
     size_t *got;               /* [nb] elements of the rank's part put this round */
@@ -331,6 +342,9 @@ static void dev_will_change(wstore *ws, int b)
 static zo_status dev_use(wstore *ws, int b, gpu_stream_t s)
 {
     dev_store *d = dev_of(ws);
+    zo_status st;
+    /* (a put from the device: s waits for it, not the host) */
+    if (d->put_ev && d->put_on[b] && (st = gpu_stream_wait_event(s, d->put_ev[b])) != ZO_OK) return st;
     if (!d->dp || !d->deferred || !d->pending[b]) return ZO_OK;
     return dev_gather_one(ws, b, s);
 }
@@ -363,6 +377,10 @@ static zo_status dev_put_dev_done(wstore *ws, int b, gpu_stream_t s)
     if (st != ZO_OK) return st;
     d->ev_pending = 1;
     d->dev_s = s;
+    if (d->put_ev) {
+        if ((st = gpu_event_record(d->put_ev[b], s)) != ZO_OK) return st;
+        d->put_on[b] = 1;
+    }
     return dev_part_done(ws, b, d->dp ? d->dp->part_n[b] : 0);
 }
 
@@ -419,8 +437,8 @@ static zo_status dev_round_end(wstore *ws)
     return st;
 }
 
-/* The puts from the device and the chunks have all arrived (any thread). */
-static zo_status dev_sync(wstore *ws)
+/* The chunks put from the host have all arrived (any thread). */
+static zo_status dev_sync_host(wstore *ws)
 {
     dev_store *d = dev_of(ws);
     zo_status st = ZO_OK;
@@ -430,6 +448,14 @@ static zo_status dev_sync(wstore *ws)
         d->stage_pending[k] = 0;
         if (st == ZO_OK) st = sk;
     }
+    return st;
+}
+
+/* The puts from the device and the chunks have all arrived (any thread). */
+static zo_status dev_sync(wstore *ws)
+{
+    dev_store *d = dev_of(ws);
+    zo_status st = dev_sync_host(ws);
     if (d->ev_pending) {
         zo_status sk = offload_timed_wait(ws->env, d->ev, OFFLOAD_TIME_OPTIMIZER);
         d->ev_pending = 0;
@@ -449,6 +475,10 @@ static void dev_destroy(wstore *ws)
     }
     if (d->ev) gpu_event_destroy(d->ev);
     if (d->ag_join) gpu_event_destroy(d->ag_join);
+    for (int b = 0; d->put_ev && b < ws->g->nb; b++)
+        if (d->put_ev[b]) gpu_event_destroy(d->put_ev[b]);
+    free(d->put_ev);
+    free(d->put_on);
     free(d->got);
     free(d->pending);
     free(d->boff_own);
@@ -458,7 +488,8 @@ static void dev_destroy(wstore *ws)
 static const wstore_ops dev_ops = {
     .resident = dev_resident, .fetch = dev_fetch, .put_host = dev_put_host,
     .put_host_done = dev_put_host_done, .put_dev = dev_put_dev, .put_dev_done = dev_put_dev_done,
-    .sync = dev_sync, .will_change = dev_will_change, .use = dev_use, .round_end = dev_round_end,
+    .sync = dev_sync, .sync_host = dev_sync_host, .will_change = dev_will_change, .use = dev_use,
+    .round_end = dev_round_end,
     .load = dev_load, .get_host = dev_get_host, .free = dev_destroy,
 };
 
@@ -504,6 +535,17 @@ static zo_status dev_create(wstore *ws, const wstore_config *c)
         if ((st = offload_host_alloc(env, ws->put_max * ws->g->es, 1, &d->stage[k])) != ZO_OK)
             return zo_error_wrap(st, "offload_init: pinned staging of new weights");
         if ((st = gpu_event_create(env->dev, &d->stage_ev[k])) != ZO_OK) return st;
+    }
+    /* one rank with puts from the device (a device shard): each block's put
+     * ordered before its reads by an event of its own */
+    if (c->dev_puts && !env->dp) {
+        int nb = ws->g->nb;
+        d->put_ev = calloc((size_t)nb, sizeof *d->put_ev);
+        d->put_on = calloc((size_t)nb, 1);
+        if (!d->put_ev || !d->put_on) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        for (int b = 0; b < nb; b++)
+            if ((st = gpu_event_create(env->dev, &d->put_ev[b])) != ZO_OK) return st;
+        ws->puts_ordered = 1;
     }
     return gpu_event_create(env->dev, &d->ev);
 }

@@ -53,6 +53,9 @@ typedef struct wstore_ops {
     /* Every put has reached the store: later fetches and compute see it.
      * Any thread (the optimizer's too); no collective. */
     zo_status (*sync)(wstore *ws);
+    /* (optional, with puts_ordered) The host puts have reached the store;
+     * the device puts are left to the streams that read them (use). */
+    zo_status (*sync_host)(wstore *ws);
     /* The three below are the host thread's alone, called at the same point
      * of the schedule on every rank, so that every rank issues the same
      * collectives in the same order (the optimizer's thread issues none).
@@ -100,6 +103,9 @@ struct wstore {
     size_t put_max;        /* elements put_host takes at once */
     int put_dev_runs;      /* put_dev of a block in segments gives the whole block's element 0: the part's
                               runs are written in their places (ZeRO 1-2 with expert parallelism) */
+    int puts_ordered;      /* a device put of block b is ordered before every later read of it on the
+                              device by an event (use makes the reading stream wait for it): the host
+                              need not wait for it (wstore_settle_host) */
     uint64_t *gen;         /* [nb] block b's generation (atomic: puts may come from the optimizer's thread) */
 };
 
@@ -154,6 +160,11 @@ void wstore_will_change(wstore *ws, int b);
 zo_status wstore_use(wstore *ws, int b, gpu_stream_t s);
 /* Every put arrived and the round over (sync, then round_end). */
 zo_status wstore_settle(wstore *ws);
+/* The same, leaving the device puts of a store that orders them
+ * (puts_ordered) to the streams that read them: the serial step's end,
+ * whose next reads are the compute's (wstore_use). Whatever reads or
+ * writes the store from outside the step settles it first. */
+zo_status wstore_settle_host(wstore *ws);
 /* What every store starts as: its table, environment, geometry and tier,
  * generations 0 (wgather.c). */
 zo_status wstore_init_base(wstore *ws, const wstore_ops *ops, const offload_env *env, const offload_geom *g,

@@ -1168,8 +1168,8 @@ static void estimate_grads(const stage_est *s, plan_estimate *e)
     else add(e, "gradient sums (fp32)", ZO_PLAN_GPU, PLAN_GRADS, g_gpu * 4);
     /* backward writes a block's gradients (in the weights' dtype) into one
      * of two staging blocks, from which they go to the host or are added to
-     * the GPU's sum; the host reads the GPU share's fp32 gradient through
-     * the pinned staging for an exact clipping norm */
+     * the GPU's sum; beside a host share the host reads the GPU share's
+     * fp32 gradient through the pinned staging for an exact clipping norm */
     if (g_host) {
         add(e, "gradients (fp32 accumulation)", ZO_PLAN_CPU, PLAN_GRADS, g_host * 4);
         add(e, "gradient staging (2 blocks)", ZO_PLAN_GPU, PLAN_GRADS, stage_bytes);
@@ -1344,7 +1344,8 @@ static void estimate_optimizer(const stage_est *s, plan_estimate *e)
  * to the host's fp32 sum (two blocks, when some optimizer state is off the
  * GPU); new weights on their way into a GPU-resident store (two sub-group
  * chunks) or to NVMe (one block); one block's fp32 gradient of a GPU
- * optimizer share for an exact clipping norm. (LoRA: the gradients and new
+ * optimizer share beside a host one, for an exact clipping norm (a GPU
+ * share that is the whole optimizer takes its norm on the GPU). (LoRA: the gradients and new
  * weights are the adapters', which live on the GPU; the frozen base is never
  * written back. ZeRO 2-3 over several ranks: a block's reduced fp32 part.)
  * `host_slot` is the host's part of a weight slot, `nvme_slots` LoRA's
@@ -1382,7 +1383,7 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
         pinned += nvme_slots;
     }
     /* the optimizer's part of a block (LoRA: of the adapters') */
-    if (s->fg > 0) pinned += (t->zero >= 1 ? largest_part : largest) * 4;
+    if (s->fg > 0 && s->fg < 1) pinned += (t->zero >= 1 ? largest_part : largest) * 4;
     return t->buf.pinned_staging ? t->buf.pinned_staging : pinned;
 }
 

@@ -1093,20 +1093,20 @@ static void test_elementwise(void **state)
     assert_int_equal(check_close_f64("add+scale", gy, wy, n, 1e-6, 1e-6), 0);
     assert_int_equal(check_close_f64("cast f16", gh, wh, n, 1e-6, 1e-3), 0);
     /* sum of squares accumulates onto *sum */
-    float *sum;
+    double *sum;
     int32_t *flag;
-    assert_int_equal(gpu_mem_alloc(dev, 4, (void **)&sum), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, 8, (void **)&sum), ZO_OK);
     assert_int_equal(gpu_mem_alloc(dev, 4, (void **)&flag), ZO_OK);
-    float one = 1.0f;
-    assert_int_equal(gpu_memcpy_async(S, sum, &one, 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    double one = 1.0;
+    assert_int_equal(gpu_memcpy_async(S, sum, &one, 8, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
     assert_int_equal(gpu_memset_async(S, flag, 0, 4), ZO_OK);
     assert_int_equal(gpu_sum_squares(S, sum, b, n), ZO_OK);
     assert_int_equal(gpu_check_finite(S, flag, b, n), ZO_OK);
     double want = 1.0;
     for (size_t i = 0; i < n; i++) want += (double)(float)B[i] * (float)B[i];
-    float got_sum;
+    double got_sum;
     int32_t got_flag;
-    assert_int_equal(gpu_memcpy_async(S, &got_sum, sum, 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(S, &got_sum, sum, 8, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
     assert_int_equal(gpu_memcpy_async(S, &got_flag, flag, 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
     assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
     assert_true(fabs(got_sum - want) <= 1e-6 * want);
@@ -1284,7 +1284,8 @@ typedef struct fault_bufs {
     size_t in_n, out_n;
     float *x, *w, *b, *w2, *qkv, *dqkv_in, *wte, *wpe; /* inputs */
     int32_t *tok;
-    float *y, *dx, *dw, *db, *mean, *rstd, *ao, *lse, *dqkv, *loss, *sum; /* outputs */
+    float *y, *dx, *dw, *db, *mean, *rstd, *ao, *lse, *dqkv, *loss; /* outputs */
+    double *sum;
 } fault_bufs;
 
 static const char *const fault_ops[] = {
@@ -1372,7 +1373,7 @@ static void test_fault_injection(void **state)
     /* x, w, b, w2 (c x c), qkv, dout, wte, wpe, then the tokens */
     fb.in_n = nx + 2 * F_C + (size_t)F_C * F_C + 2 * nq + (size_t)(F_V + F_T) * F_C + F_N;
     /* y, dx, dw, db, mean, rstd, attention out, lse, dqkv, losses, sum */
-    fb.out_n = 2 * nx + 2 * F_C + 2 * F_N + (size_t)F_T * F_HQ * F_D + F_HQ * F_T + nq + F_N + 1;
+    fb.out_n = 2 * nx + 2 * F_C + 2 * F_N + (size_t)F_T * F_HQ * F_D + F_HQ * F_T + nq + F_N + 3;
     assert_int_equal(gpu_mem_alloc(dev, fb.in_n * 4, (void **)&fb.in), ZO_OK);
     assert_int_equal(gpu_mem_alloc(dev, fb.out_n * 4, (void **)&fb.out), ZO_OK);
     float *p = fb.in;
@@ -1398,7 +1399,7 @@ static void test_fault_injection(void **state)
     fb.lse = p, p += F_HQ * F_T;
     fb.dqkv = p, p += nq;
     fb.loss = p, p += F_N;
-    fb.sum = p;
+    fb.sum = (double *)(p + (p - fb.out) % 2); /* (8-byte aligned) */
     float *want = malloc(fb.out_n * 4), *got = malloc(fb.out_n * 4);
 
     for (int k = 0; k < N_FAULT_OPS; k++) {
@@ -1475,7 +1476,8 @@ static void test_determinism(void **state)
         gpu_cpu_options opt = {.n_threads = run + 1};
         assert_int_equal(gpu_device_init_cpu(&opt, &d), ZO_OK);
         assert_int_equal(gpu_stream_create(d, &s), ZO_OK);
-        float *a, *b, *c, *dc, *sum;
+        float *a, *b, *c, *dc;
+        double *sum;
         float *ha = malloc((size_t)m * k * 4), *hb = malloc((size_t)n * k * 4);
         for (size_t i = 0; i < (size_t)m * k; i++) ha[i] = (float)A[i];
         for (size_t i = 0; i < (size_t)n * k; i++) hb[i] = (float)B[i];
@@ -1483,11 +1485,11 @@ static void test_determinism(void **state)
         assert_int_equal(gpu_mem_alloc(d, (size_t)n * k * 4, (void **)&b), ZO_OK);
         assert_int_equal(gpu_mem_alloc(d, (size_t)m * n * 4, (void **)&c), ZO_OK);
         assert_int_equal(gpu_mem_alloc(d, (size_t)n * 4, (void **)&dc), ZO_OK);
-        assert_int_equal(gpu_mem_alloc(d, 4, (void **)&sum), ZO_OK);
+        assert_int_equal(gpu_mem_alloc(d, 8, (void **)&sum), ZO_OK);
         gpu_memcpy_async(s, a, ha, (size_t)m * k * 4, GPU_COPY_HOST_TO_DEVICE);
         gpu_memcpy_async(s, b, hb, (size_t)n * k * 4, GPU_COPY_HOST_TO_DEVICE);
         gpu_memset_async(s, dc, 0, (size_t)n * 4);
-        gpu_memset_async(s, sum, 0, 4);
+        gpu_memset_async(s, sum, 0, 8);
         gpu_gemm_desc g = {.trans_b = 1, .m = m, .n = n, .k = k, .alpha = 1, .a = gpu_t(a, 0),
                            .b = gpu_t(b, 0), .c = gpu_t(c, 0), .lda = k, .ldb = k, .ldc = n};
         assert_int_equal(gpu_gemm(s, &g), ZO_OK);
@@ -1495,10 +1497,10 @@ static void test_determinism(void **state)
         assert_int_equal(gpu_sum_squares(s, sum, gpu_t(c, 0), (size_t)m * n), ZO_OK);
         res[run][0] = malloc((size_t)m * n * 4);
         res[run][1] = malloc((size_t)n * 4);
-        res[run][2] = malloc(4);
+        res[run][2] = malloc(8);
         gpu_memcpy_async(s, res[run][0], c, (size_t)m * n * 4, GPU_COPY_DEVICE_TO_HOST);
         gpu_memcpy_async(s, res[run][1], dc, (size_t)n * 4, GPU_COPY_DEVICE_TO_HOST);
-        gpu_memcpy_async(s, res[run][2], sum, 4, GPU_COPY_DEVICE_TO_HOST);
+        gpu_memcpy_async(s, res[run][2], sum, 8, GPU_COPY_DEVICE_TO_HOST);
         assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
         gpu_mem_free(d, a), gpu_mem_free(d, b), gpu_mem_free(d, c), gpu_mem_free(d, dc);
         gpu_mem_free(d, sum);
@@ -1507,7 +1509,7 @@ static void test_determinism(void **state)
     }
     assert_memory_equal(res[0][0], res[1][0], (size_t)m * n * 4);
     assert_memory_equal(res[0][1], res[1][1], (size_t)n * 4);
-    assert_memory_equal(res[0][2], res[1][2], 4);
+    assert_memory_equal(res[0][2], res[1][2], 8);
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < 3; i++) free(res[r][i]);
     free(A), free(B);

@@ -621,17 +621,17 @@ static void determinism_case(int t)
                      ZO_OK);
     assert_int_equal(gpu_attention_backward(sgpu, &a, g2.g, dout.g, qkv.g, out.g, lse.g.data),
                      ZO_OK);
-    float *s;
-    assert_int_equal(gpu_mem_alloc(gpu, 2 * sizeof(float), (void **)&s), ZO_OK);
-    assert_int_equal(gpu_memset_async(sgpu, s, 0, 2 * sizeof(float)), ZO_OK);
+    double *s;
+    assert_int_equal(gpu_mem_alloc(gpu, 2 * sizeof(double), (void **)&s), ZO_OK);
+    assert_int_equal(gpu_memset_async(sgpu, s, 0, 2 * sizeof(double)), ZO_OK);
     assert_int_equal(gpu_sum_squares(sgpu, s, g1.g, nqkv), ZO_OK);
     assert_int_equal(gpu_sum_squares(sgpu, s + 1, g1.g, nqkv), ZO_OK);
     float *h1 = fetch(sgpu, g1.g, nqkv), *h2 = fetch(sgpu, g2.g, nqkv);
     assert_memory_equal(h1, h2, nqkv * sizeof(float));
-    float hs[2];
+    double hs[2];
     get(sgpu, hs, s, sizeof hs);
-    assert_memory_equal(&hs[0], &hs[1], sizeof(float));
-    assert_true(hs[0] > 0.0f);
+    assert_memory_equal(&hs[0], &hs[1], sizeof(double));
+    assert_true(hs[0] > 0.0);
     free(h1);
     free(h2);
     gpu_mem_free(gpu, s);
@@ -871,22 +871,22 @@ static void test_reductions(void **state)
     for (int di = 0; di < 3; di++) {
         zo_dtype t = DTYPES[di];
         twin x = tw_rand(n, t, 2.0f);
-        float *sum[2];
+        double *sum[2];
         int32_t *flag[2];
         gpu_device_t devs[2] = {cpu, gpu};
         gpu_stream_t ss[2] = {scpu, sgpu};
         gpu_tensor xs[2] = {x.c, x.g};
-        float hs[2] = {0};
+        double hs[2] = {0};
         int32_t hf[2][2] = {{0}};
         for (int k = 0; k < 2; k++) {
-            assert_int_equal(gpu_mem_alloc(devs[k], sizeof(float), (void **)&sum[k]), ZO_OK);
+            assert_int_equal(gpu_mem_alloc(devs[k], sizeof(double), (void **)&sum[k]), ZO_OK);
             assert_int_equal(gpu_mem_alloc(devs[k], sizeof(int32_t), (void **)&flag[k]), ZO_OK);
-            float start = 1.5f; /* the sum accumulates */
+            double start = 1.5; /* the sum accumulates */
             put(ss[k], sum[k], &start, sizeof start);
             assert_int_equal(gpu_memset_async(ss[k], flag[k], 0, sizeof(int32_t)), ZO_OK);
             assert_int_equal(gpu_sum_squares(ss[k], sum[k], xs[k], n), ZO_OK);
             assert_int_equal(gpu_check_finite(ss[k], flag[k], xs[k], n), ZO_OK);
-            get(ss[k], &hs[k], sum[k], sizeof(float));
+            get(ss[k], &hs[k], sum[k], sizeof(double));
             get(ss[k], &hf[k][0], flag[k], sizeof(int32_t));
         }
         assert_float_equal(hs[1], hs[0], 1e-5 * hs[0]);

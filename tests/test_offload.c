@@ -1326,6 +1326,10 @@ static void test_master_gpu_share(void **state)
         files_remove_tree(dir);
         run cpu = resume_run();
         if (v[i].wide) cpu.cfg = tiny_llama(2, 192, 128);
+        /* a clip that never binds: a share that is the whole optimizer takes
+         * its norm on the device (test_device_optimizer), the rounding of the
+         * weights is compared here bit for bit */
+        cpu.oc.adam.clip = 1e3f;
         cpu.oc.master = v[i].master;
         cpu.oc.opt_state = v[i].state;
         run gpu = cpu;
@@ -1574,10 +1578,15 @@ static void test_memplan_agrees_gemma3(void **state)
 /* Optimizer state on the device (wholly or in part) updates with
  * gpu_adam_update, cpu_adam's arithmetic, and its gradients are summed on the
  * device with the host's fp32 additions: bit-identical losses against the
- * optimizer on the CPU, over 20 steps of 2 micro-batches. With clipping the
- * device share's sum of squares is taken with the host's function (exact
- * mode), so the norms are the same bits too; without clipping it is taken on
- * the device and the reported norm agrees to float rounding. */
+ * optimizer on the CPU, over 20 steps of 2 micro-batches. With clipping a
+ * device share beside a host one takes its sum of squares with the host's
+ * function (exact mode), so the norms are the same bits too. A device share
+ * that is the whole optimizer, and without clipping every share, takes it on
+ * the device, in double, with no gradient leaving the device (no byte from
+ * device to host in a step with the weights resident too): the norm agrees
+ * with the host's to the host's own rounding (cpu_adam sums fp32 blocks,
+ * within 2e-6), so the losses are the same bits while the clip does not bind
+ * and stay within 1e-4 of the CPU's after it does. */
 static void test_device_optimizer(void **state)
 {
     (void)state;
@@ -1612,15 +1621,27 @@ static void test_device_optimizer(void **state)
             for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
                 run r = base;
                 if (!run_placed(&r, v[i].name, v[i].params, v[i].dev, v[i].nvme, v[i].prefetch)) continue;
-                assert_same_losses(v[i].name, &ref, &r);
+                int exact = clip && v[i].dev < 1.0;
+                if (!clip || exact) assert_same_losses(v[i].name, &ref, &r);
+                int bound = 0; /* the clip bound at an earlier step */
                 for (int k = 0; k < r.steps; k++) {
-                    if (clip)
+                    if (exact)
                         assert_memory_equal(&r.info[k].grad_norm, &ref.info[k].grad_norm,
                                             sizeof(float));
                     else
                         assert_true(fabsf(r.info[k].grad_norm - ref.info[k].grad_norm) <=
-                                    1e-6f * ref.info[k].grad_norm);
+                                    (bound ? 1e-4f : 1e-5f) * ref.info[k].grad_norm);
+                    if (clip && !exact && !bound) assert_memory_equal(&r.loss[k], &ref.loss[k], sizeof(float));
+                    if (clip && !exact)
+                        assert_true(fabsf(r.loss[k] - ref.loss[k]) <= 1e-4f * fabsf(ref.loss[k]));
+                    bound |= clip && ref.info[k].grad_norm > 1.0f;
                     assert_true(r.info[k].loss_scale == ref.info[k].loss_scale);
+                }
+                /* everything resident: nothing a parameter crosses to the host */
+                if (v[i].params == OFFLOAD_DEVICE && v[i].dev == 1.0) {
+                    if (r.stats.bytes_d2h) fprintf(stderr, "%s: %llu bytes device to host\n", v[i].name,
+                                                   (unsigned long long)r.stats.bytes_d2h);
+                    assert_int_equal(r.stats.bytes_d2h, 0);
                 }
                 /* the device share's state is on the device: more device memory */
                 assert_true(r.stats.peak[OFFLOAD_DEVICE] > ref.stats.peak[OFFLOAD_DEVICE] ||
@@ -1651,6 +1672,11 @@ static void test_device_optimizer_state(void **state)
         base.oc.grad_accum = 2;
         base.oc.adam.lr = 2e-3f;
         base.oc.opt_state = st[i];
+        /* bf16: a clip that never binds (a share that is the whole optimizer
+         * takes its norm on the device, test_device_optimizer; the encodings
+         * are compared here bit for bit); 8-bit, compared within its noise,
+         * clipped as usual */
+        if (st[i] == ZO_PLAN_STATE_BF16) base.oc.adam.clip = 1e3f;
         run ref = base;
         assert_int_equal(do_run(&ref), ZO_OK);
         char name[64];

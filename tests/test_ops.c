@@ -2200,8 +2200,8 @@ static void parity_sum_squares(void)
             pcase c = new_case(GPU_OP_SUM_SQUARES, "n %zu %s", n, ename(storage[t]));
             c.a.n = n;
             IN_T(&c, 0, storage[t], n);
-            int o = add_buf(&c, 'p', 0, E_F32, 1, FILL_UNIFORM, 0.0, 5.0, 1); /* += */
-            c.buf[o].rtol = 1e-6;
+            int o = add_buf(&c, 'p', 0, E_F64, 1, FILL_UNIFORM, 0.0, 5.0, 1); /* += (a double: no float rounding) */
+            c.buf[o].rtol = 1e-12;
             emit(&c);
         }
 }

@@ -234,7 +234,7 @@ zo_status cuda_launch_cast(cudaStream_t st, gpu_tensor dst, gpu_tensor src, size
 
 /* reduce.cu */
 zo_status cuda_launch_check_finite(cudaStream_t st, int32_t *flag, gpu_tensor x, size_t n);
-zo_status cuda_launch_sum_squares(cudaStream_t st, float *sum, gpu_tensor x, size_t n,
+zo_status cuda_launch_sum_squares(cudaStream_t st, double *sum, gpu_tensor x, size_t n,
                                   double *partials);
 
 /* nf4.cu: common/nf4.c's arithmetic with explicitly rounded intrinsics */

@@ -31,11 +31,11 @@ __global__ void sum_squares_partial_kernel(double *partials, gpu_tensor x, size_
 }
 
 /* *sum += sum of partials[0..np), one block of np threads (np <= 1024) */
-__global__ void sum_squares_final_kernel(float *sum, const double *partials, int np)
+__global__ void sum_squares_final_kernel(double *sum, const double *partials, int np)
 {
     double v = (int)threadIdx.x < np ? partials[threadIdx.x] : 0.0;
     v = block_sum_d(v);
-    if (threadIdx.x == 0) *sum += (float)v;
+    if (threadIdx.x == 0) *sum += v;
 }
 
 extern "C" zo_status cuda_launch_check_finite(cudaStream_t st, int32_t *flag, gpu_tensor x,
@@ -45,7 +45,7 @@ extern "C" zo_status cuda_launch_check_finite(cudaStream_t st, int32_t *flag, gp
     return cuda_launch_check("check_finite_kernel");
 }
 
-extern "C" zo_status cuda_launch_sum_squares(cudaStream_t st, float *sum, gpu_tensor x, size_t n,
+extern "C" zo_status cuda_launch_sum_squares(cudaStream_t st, double *sum, gpu_tensor x, size_t n,
                                              double *partials)
 {
     ZO_LAUNCH(sum_squares_partial_kernel, CUDA_SUMSQ_BLOCKS, BS, 0, st, partials, x, n);

@@ -51,7 +51,7 @@ zo_status tf_trainer_init(tf_trainer *tr, tf_model *m, const tf_adamw *opt)
         }
     }
     if ((st = gpu_host_alloc(m->dev, largest, &tr->staging)) != ZO_OK) goto out_free;
-    if ((st = gpu_mem_alloc(m->dev, 4, (void **)&tr->d_sumsq)) != ZO_OK) goto out_free;
+    if ((st = gpu_mem_alloc(m->dev, 8, (void **)&tr->d_sumsq)) != ZO_OK) goto out_free;
     if ((st = gpu_mem_alloc(m->dev, 4, (void **)&tr->d_flag)) != ZO_OK) goto out_free;
     return ZO_OK;
 
@@ -116,7 +116,7 @@ zo_status tf_trainer_grads(tf_trainer *tr, gpu_stream_t s, const int32_t *inputs
     if ((st = tf_forward(m, tr->params, s)) != ZO_OK) return st;
     if ((st = tf_backward(m, tr->params, tr->grads, tr->loss_scale, s)) != ZO_OK) return st;
     /* overflow check and sum of squares on the device, over every block */
-    if ((st = gpu_memset_async(s, tr->d_sumsq, 0, 4)) != ZO_OK) return st;
+    if ((st = gpu_memset_async(s, tr->d_sumsq, 0, 8)) != ZO_OK) return st;
     if ((st = gpu_memset_async(s, tr->d_flag, 0, 4)) != ZO_OK) return st;
     for (int i = 0; i < tr->n_blocks; i++) {
         size_t n = m->layout.block_numel[i];
@@ -125,14 +125,14 @@ zo_status tf_trainer_grads(tf_trainer *tr, gpu_stream_t s, const int32_t *inputs
         if ((st = gpu_sum_squares(s, tr->d_sumsq, gpu_t(tr->grads[i], dt), n)) != ZO_OK) return st;
     }
     if ((st = tf_loss(m, s, &info->loss)) != ZO_OK) return st; /* synchronizes */
-    float sumsq;
+    double sumsq;
     int32_t flag;
-    if ((st = gpu_memcpy_async(s, &sumsq, tr->d_sumsq, 4, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+    if ((st = gpu_memcpy_async(s, &sumsq, tr->d_sumsq, 8, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
         (st = gpu_memcpy_async(s, &flag, tr->d_flag, 4, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
         (st = gpu_stream_synchronize(s)) != ZO_OK)
         return st;
     info->skipped = flag != 0;
-    info->grad_norm = sqrtf(sumsq) / tr->loss_scale;
+    info->grad_norm = (float)(sqrt(sumsq) / tr->loss_scale);
     /* gradients to the host as fp32, unscaled */
     float inv = 1.0f / tr->loss_scale;
     for (int i = 0; i < tr->n_blocks; i++) {

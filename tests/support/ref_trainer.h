@@ -30,7 +30,7 @@ typedef struct tf_trainer {
     void **params;       /* [n_blocks] device, model dtype */
     void **grads;        /* [n_blocks] device, model dtype */
     void *staging;       /* pinned host, the largest block in the model dtype */
-    float *d_sumsq;      /* device scalars: sum of squares, inf/nan flag */
+    double *d_sumsq;     /* device scalars: sum of squares, inf/nan flag */
     int32_t *d_flag;
     int64_t step;        /* optimizer steps taken */
     float loss_scale;    /* 1 unless fp16 */
