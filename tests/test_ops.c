@@ -73,6 +73,9 @@ typedef struct pbuf {
     /* (optional) the smallest magnitude the error is measured against, for
      * an output that can cancel to zero (0: the reference's rms alone) */
     double floor;
+    /* elements its start sits past GUARD (16-byte aligned): 1 starts it off
+     * every 16-byte boundary, the CUDA kernels' scalar path */
+    int skew;
 } pbuf;
 
 /* Host values of every buffer (doubles), by slot: T[k], P[k]; NULL where
@@ -122,7 +125,7 @@ static int add_buf(pcase *c, char slot, int index, etype type, size_t n, fill_ki
                    double hi, int out)
 {
     pbuf *b = &c->buf[c->nbuf];
-    *b = (pbuf){slot, index, type, n, f, lo, hi, out, -1, 0.0, 0, NULL, 0.0};
+    *b = (pbuf){slot, index, type, n, f, lo, hi, out, -1, 0.0, 0, NULL, 0.0, 0};
     return c->nbuf++;
 }
 
@@ -1228,24 +1231,26 @@ static double rms(const double *v, size_t n)
 static int run_on(backend *be, const pcase *c, double **in, double **want)
 {
     void *mem[MAX_BUF] = {0};
-    size_t bytes[MAX_BUF];
+    size_t bytes[MAX_BUF], lead[MAX_BUF];
     gpu_op_args a = c->a;
     int bad = 0;
     for (int k = 0; k < c->nbuf; k++) {
         const pbuf *b = &c->buf[k];
         if (b->alias >= 0) continue;
         bytes[k] = b->n * esize(b->type);
-        size_t total = bytes[k] + 2 * GUARD;
+        lead[k] = GUARD + (size_t)b->skew * esize(b->type);
+        size_t total = bytes[k] + lead[k] + GUARD;
         uint8_t *img = malloc(total);
         memset(img, GUARD_BYTE, total);
-        encode(b, in[k], img + GUARD);
+        encode(b, in[k], img + lead[k]);
         mem[k] = be->alloc(total);
         be->put(mem[k], img, total);
         free(img);
     }
     for (int k = 0; k < c->nbuf; k++) {
         const pbuf *b = &c->buf[k];
-        void *p = (char *)mem[b->alias >= 0 ? b->alias : k] + GUARD;
+        int at = b->alias >= 0 ? b->alias : k;
+        void *p = (char *)mem[at] + lead[at];
         if (b->slot == 't') a.t[b->index] = gpu_t(p, (zo_dtype)(b->type <= E_BF16 ? b->type : E_F32));
         else a.p[b->index] = p;
     }
@@ -1259,13 +1264,13 @@ static int run_on(backend *be, const pcase *c, double **in, double **want)
     for (int k = 0; k < c->nbuf && !bad; k++) {
         const pbuf *b = &c->buf[k];
         if (b->alias >= 0) continue;
-        size_t total = bytes[k] + 2 * GUARD;
+        size_t total = bytes[k] + lead[k] + GUARD;
         uint8_t *img = malloc(total);
         be->get(img, mem[k], total);
         for (size_t i = 0; i < total; i++)
-            if ((i < GUARD || i >= GUARD + bytes[k]) && img[i] != GUARD_BYTE) {
+            if ((i < lead[k] || i >= lead[k] + bytes[k]) && img[i] != GUARD_BYTE) {
                 printf("  %s on %s: %s: %s written out of bounds (byte %lld)\n", gpu_op_infos[c->op].name,
-                       be->name, c->label, slot_label(c->op, b), (long long)i - GUARD);
+                       be->name, c->label, slot_label(c->op, b), (long long)i - (long long)lead[k]);
                 bad = 1;
                 break;
             }
@@ -1275,7 +1280,7 @@ static int run_on(backend *be, const pcase *c, double **in, double **want)
             uint8_t *orig = malloc(bytes[k] ? bytes[k] : 1);
             encode(b, in[k], orig);
             for (size_t i = 0; i < bytes[k]; i++)
-                if (orig[i] != img[GUARD + i]) {
+                if (orig[i] != img[lead[k] + i]) {
                     printf("  %s: changed at element %zu\n", what, i / esize(b->type));
                     bad = 1;
                     break;
@@ -1283,7 +1288,7 @@ static int run_on(backend *be, const pcase *c, double **in, double **want)
             free(orig);
         } else { /* an output: within its type's tolerance of the reference */
             double *got = malloc((b->n ? b->n : 1) * sizeof *got);
-            decode(b, img + GUARD, got);
+            decode(b, img + lead[k], got);
             if (b->cmp) {
                 if (b->cmp(c, what, got, want[k], b->n)) bad = 1;
                 free(got);
@@ -1322,9 +1327,21 @@ static const ref_fn refs[GPU_OP_COUNT] = {
 };
 
 /* Draw the case's inputs, compute the reference, run it on every backend. */
+/* Set: emit() starts each case's last input buffer one element past a
+ * 16-byte boundary (vec_cases) */
+static int skew_last_input;
+
 static void emit(pcase *c)
 {
     if (filter && !strstr(gpu_op_infos[c->op].name, filter)) return;
+    if (skew_last_input)
+        for (int k = c->nbuf - 1; k >= 0; k--)
+            if (!c->buf[k].out && c->buf[k].alias < 0 && c->buf[k].slot == 't') {
+                c->buf[k].skew = 1;
+                snprintf(c->label + strlen(c->label), sizeof c->label - strlen(c->label), ", %s one element off",
+                         slot_label(c->op, &c->buf[k]));
+                break;
+            }
     double *in[MAX_BUF], *want[MAX_BUF];
     draw(c, in);
     hostv h;
@@ -1423,23 +1440,59 @@ static void parity_gemm(void)
     emit(&c);
 }
 
+/* The CUDA kernels move chunks of 8 elements (16 bytes of a 16-bit type)
+ * with vector accesses where every tensor they touch is 16-byte aligned,
+ * scalar ones elsewhere: vec_cases(gen) runs gen() (cases at sizes around
+ * the chunks and the blocks) twice, every buffer aligned and then the last
+ * input one element off, from a stream of its own (the cases before it
+ * and after it draw what they drew without it). */
+#define VEC_CASE_SEED 0xbb67ae8584caa73bull
+
+static void vec_cases(void (*gen)(void))
+{
+    uint64_t saved = rng;
+    rng = VEC_CASE_SEED;
+    gen();
+    skew_last_input = 1;
+    gen();
+    skew_last_input = 0;
+    rng = saved;
+}
+
+static void bias_case(gpu_op_id op, int n, int cc, int ld, etype ty)
+{
+    pcase c = new_case(op, "n %d c %d ld %d %s", n, cc, ld, ename(ty));
+    c.a.i[0] = n, c.a.i[1] = cc, c.a.i[2] = ld;
+    if (op == GPU_OP_BIAS_FORWARD) {
+        OUT_T(&c, 0, ty, (size_t)n * ld);
+        IN_T(&c, 1, ty, cc);
+    } else {
+        OUT_T(&c, 0, ty, cc);
+        IN_T(&c, 1, ty, (size_t)n * ld);
+    }
+    emit(&c);
+}
+
+/* GPT-2's hidden 768, 2048 with a row stride of 2056, odd widths around a
+ * block of 256 columns (264, 300 with stride 303), and 1000 rows of 40: more
+ * row chunks of the column sums than a few */
+static gpu_op_id vec_bias_op;
+static void bias_vec_grid(void)
+{
+    static const int shapes[][3] = {{9, 768, 0}, {5, 2048, 8}, {40, 264, 0}, {6, 300, 3}, {1000, 40, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int t = 0; t < 3; t++)
+            bias_case(vec_bias_op, shapes[s][0], shapes[s][1], shapes[s][1] + shapes[s][2], storage[t]);
+}
+
 static void bias_cases(gpu_op_id op)
 {
     static const int shapes[][3] = {{1, 1, 0}, {3, 63, 1}, {17, 64, 0}, {33, 65, 7}, {5, 130, 2}, {70, 33, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-        for (int t = 0; t < 3; t++) {
-            int n = shapes[s][0], cc = shapes[s][1], ld = cc + shapes[s][2];
-            pcase c = new_case(op, "n %d c %d ld %d %s", n, cc, ld, ename(storage[t]));
-            c.a.i[0] = n, c.a.i[1] = cc, c.a.i[2] = ld;
-            if (op == GPU_OP_BIAS_FORWARD) {
-                OUT_T(&c, 0, storage[t], (size_t)n * ld);
-                IN_T(&c, 1, storage[t], cc);
-            } else {
-                OUT_T(&c, 0, storage[t], cc);
-                IN_T(&c, 1, storage[t], (size_t)n * ld);
-            }
-            emit(&c);
-        }
+        for (int t = 0; t < 3; t++)
+            bias_case(op, shapes[s][0], shapes[s][1], shapes[s][1] + shapes[s][2], storage[t]);
+    vec_bias_op = op;
+    vec_cases(bias_vec_grid);
 }
 
 static void parity_bias_forward(void) { bias_cases(GPU_OP_BIAS_FORWARD); }
@@ -1448,8 +1501,10 @@ static void parity_bias_backward(void) { bias_cases(GPU_OP_BIAS_BACKWARD); }
 static const int norm_shapes[][2] = {{1, 1}, {3, 31}, {4, 32}, {5, 33}, {17, 64}, {2, 65}, {9, 768}, {3, 1000}};
 
 /* The norm backwards' weight gradients go over a fixed number of row chunks
- * (32 on the CPU, 64 on CUDA): n 67 and 130 are more rows than either, in
- * chunks of 2-5 rows, the last short or empty; with 128 every chunk is full. */
+ * (32 on the CPU: n 67 and 130 are more rows, in chunks of 2-5 rows, the
+ * last short or empty; with 128 every chunk is full; on CUDA chunks of at
+ * least 16 rows, one a row group: 67 in 5 of 14, 130 in 9 of 15, the last
+ * short, 128 in 8 full ones). */
 static const int norm_chunk_shapes[][2] = {{67, 40}, {128, 24}, {130, 96}};
 
 /* The cases added with the chunks and the NULL dw draw from a stream of
@@ -1468,24 +1523,37 @@ static void norm_prep(const pcase *c, hostv *h)
     }
 }
 
+/* Rows around the CUDA kernels' chunks of 8 and blocks of 256 threads
+ * (2048 columns): LLaMA's hidden 2048, 2047, 2056, its MLP's 5504, 80 (vec_cases) */
+static const int norm_vec_shapes[][2] = {{3, 2048}, {2, 2047}, {2, 2056}, {2, 5504}, {4, 80}};
+
+static void layernorm_forward_case(int n, int cc, etype ty, int with_b)
+{
+    pcase c = new_case(GPU_OP_LAYERNORM_FORWARD, "n %d c %d %s%s", n, cc, ename(ty), with_b ? "" : " no bias");
+    c.a.i[0] = n, c.a.i[1] = cc, c.a.f[0] = 1e-5f;
+    OUT_T(&c, 0, ty, (size_t)n * cc);
+    int x = IN_T(&c, 1, ty, (size_t)n * cc);
+    c.buf[x].lo = -2.0, c.buf[x].hi = 3.0; /* a mean away from 0 */
+    IN_T(&c, 2, ty, cc);
+    if (with_b) IN_T(&c, 3, ty, cc);
+    OUT_P(&c, 0, E_F32, n);
+    OUT_P(&c, 1, E_F32, n);
+    emit(&c);
+}
+
+static void layernorm_forward_vec_grid(void)
+{
+    for (size_t s = 0; s < sizeof norm_vec_shapes / sizeof *norm_vec_shapes; s++)
+        for (int t = 0; t < 3; t++) layernorm_forward_case(norm_vec_shapes[s][0], norm_vec_shapes[s][1], storage[t], 1);
+}
+
 static void parity_layernorm_forward(void)
 {
     for (size_t s = 0; s < sizeof norm_shapes / sizeof *norm_shapes; s++)
         for (int t = 0; t < 3; t++)
-            for (int with_b = 0; with_b < 2; with_b++) {
-                int n = norm_shapes[s][0], cc = norm_shapes[s][1];
-                pcase c = new_case(GPU_OP_LAYERNORM_FORWARD, "n %d c %d %s%s", n, cc, ename(storage[t]),
-                                   with_b ? "" : " no bias");
-                c.a.i[0] = n, c.a.i[1] = cc, c.a.f[0] = 1e-5f;
-                OUT_T(&c, 0, storage[t], (size_t)n * cc);
-                int x = IN_T(&c, 1, storage[t], (size_t)n * cc);
-                c.buf[x].lo = -2.0, c.buf[x].hi = 3.0; /* a mean away from 0 */
-                IN_T(&c, 2, storage[t], cc);
-                if (with_b) IN_T(&c, 3, storage[t], cc);
-                OUT_P(&c, 0, E_F32, n);
-                OUT_P(&c, 1, E_F32, n);
-                emit(&c);
-            }
+            for (int with_b = 0; with_b < 2; with_b++)
+                layernorm_forward_case(norm_shapes[s][0], norm_shapes[s][1], storage[t], with_b);
+    vec_cases(layernorm_forward_vec_grid);
 }
 
 /* grads: 2 dw and db, 1 dw (no db), 0 neither (a frozen norm) */
@@ -1506,6 +1574,16 @@ static void layernorm_backward_case(int n, int cc, etype ty, int grads)
     emit(&c);
 }
 
+/* norm_backward_cases' builder and its grads, for the vec_cases grid */
+static void (*vec_norm_one)(int, int, etype, int);
+static int vec_norm_top;
+
+static void norm_backward_vec_grid(void)
+{
+    for (size_t s = 0; s < sizeof norm_vec_shapes / sizeof *norm_vec_shapes; s++)
+        for (int t = 0; t < 3; t++) vec_norm_one(norm_vec_shapes[s][0], norm_vec_shapes[s][1], storage[t], vec_norm_top);
+}
+
 /* A norm backward's cases: one(n, c, type, grads), grads 1..top (the
  * parameter gradients: top all of them) at norm_shapes, then from their own
  * stream grads 0 (none: a frozen norm) there and every grads at
@@ -1523,23 +1601,34 @@ static void norm_backward_cases(void (*one)(int, int, etype, int), int top)
         for (int t = 0; t < 3; t++)
             for (int g = 0; g <= top; g++) one(norm_chunk_shapes[s][0], norm_chunk_shapes[s][1], storage[t], g);
     rng = saved;
+    vec_norm_one = one, vec_norm_top = top;
+    vec_cases(norm_backward_vec_grid);
 }
 
 static void parity_layernorm_backward(void) { norm_backward_cases(layernorm_backward_case, 2); }
 
+static void rmsnorm_forward_case(int n, int cc, etype ty)
+{
+    pcase c = new_case(GPU_OP_RMSNORM_FORWARD, "n %d c %d %s", n, cc, ename(ty));
+    c.a.i[0] = n, c.a.i[1] = cc, c.a.f[0] = 1e-6f;
+    OUT_T(&c, 0, ty, (size_t)n * cc);
+    IN_T(&c, 1, ty, (size_t)n * cc);
+    IN_T(&c, 2, ty, cc);
+    OUT_P(&c, 0, E_F32, n);
+    emit(&c);
+}
+
+static void rmsnorm_forward_vec_grid(void)
+{
+    for (size_t s = 0; s < sizeof norm_vec_shapes / sizeof *norm_vec_shapes; s++)
+        for (int t = 0; t < 3; t++) rmsnorm_forward_case(norm_vec_shapes[s][0], norm_vec_shapes[s][1], storage[t]);
+}
+
 static void parity_rmsnorm_forward(void)
 {
     for (size_t s = 0; s < sizeof norm_shapes / sizeof *norm_shapes; s++)
-        for (int t = 0; t < 3; t++) {
-            int n = norm_shapes[s][0], cc = norm_shapes[s][1];
-            pcase c = new_case(GPU_OP_RMSNORM_FORWARD, "n %d c %d %s", n, cc, ename(storage[t]));
-            c.a.i[0] = n, c.a.i[1] = cc, c.a.f[0] = 1e-6f;
-            OUT_T(&c, 0, storage[t], (size_t)n * cc);
-            IN_T(&c, 1, storage[t], (size_t)n * cc);
-            IN_T(&c, 2, storage[t], cc);
-            OUT_P(&c, 0, E_F32, n);
-            emit(&c);
-        }
+        for (int t = 0; t < 3; t++) rmsnorm_forward_case(norm_shapes[s][0], norm_shapes[s][1], storage[t]);
+    vec_cases(rmsnorm_forward_vec_grid);
 }
 
 static void rmsnorm_backward_case(int n, int cc, etype ty, int with_dw)
@@ -1565,10 +1654,11 @@ static const int head_norm_cfg[][4] = {
     {1, 1, 1, 1}, {3, 2, 3, 31}, {5, 4, 4, 33}, {7, 3, 5, 64}, {50, 16, 32, 128}, {33, 8, 16, 128}, {2, 1, 1, 300},
 };
 
-/* Against the weight gradient's row chunks (32 on the CPU, 64 on CUDA): 13
- * rows (fewer than either; 65 head-rows), 69 and 131 (more: chunks of 2-5
- * rows, the last short, some empty at the end), 64 (every chunk full), at
- * d 80, 64 and 128 (drawn from NORM_CHUNK_SEED's stream) */
+/* Against the weight gradient's row chunks (32 on the CPU; on CUDA of at
+ * least 16 rows): 13 rows (fewer than either; 65 head-rows), 69 and 131
+ * (more: on the CPU chunks of 2-5 rows, the last short, some empty at the
+ * end; on CUDA 5 of 14 and 9 of 15), 64 (every chunk full), at d 80, 64 and
+ * 128 (drawn from NORM_CHUNK_SEED's stream) */
 static const int head_norm_chunk_cfg[][4] = {
     {13, 5, 6, 80}, {69, 3, 4, 80}, {131, 2, 2, 64}, {64, 2, 3, 128},
 };
@@ -2002,23 +2092,43 @@ static void parity_rope_backward(void) { rope_grid(GPU_OP_ROPE_BACKWARD); }
  * CUDA blocks of 256. */
 static const size_t ew_sizes[] = {1, 15, 16, 17, 255, 256, 257, 2047, 2048, 2049, 5000};
 
+static void ew_case(gpu_op_id op, int n_t, int n_out, double lo, double hi, int64_t i0, size_t n, etype ty)
+{
+    int act = op == GPU_OP_GELU_FORWARD || op == GPU_OP_GELU_BACKWARD;
+    pcase c = new_case(op, "n %zu %s%s", n, ename(ty), !i0 ? "" : !act ? " gelu" : i0 == GPU_ACT_RELU ? " relu" : " erf");
+    c.a.n = n;
+    c.a.i[0] = i0;     /* the gated activations' gelu flag, the activation's form */
+    c.a.f[0] = 0.375f; /* scale's alpha */
+    for (int k = 0; k < n_t; k++) {
+        int b = k < n_out ? OUT_T(&c, k, ty, n) : IN_T(&c, k, ty, n);
+        c.buf[b].lo = lo, c.buf[b].hi = hi;
+    }
+    emit(&c);
+}
+
+/* ew_grid_i's case, for vec_cases: a whole chunk of 8, one and a short one,
+ * a block's 2048 and a chunk more */
+static struct {
+    gpu_op_id op;
+    int n_t, n_out;
+    double lo, hi;
+    int64_t i0;
+} ew_vec;
+
+static void ew_vec_grid(void)
+{
+    static const size_t sizes[] = {8, 9, 2056};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (int t = 0; t < 3; t++)
+            ew_case(ew_vec.op, ew_vec.n_t, ew_vec.n_out, ew_vec.lo, ew_vec.hi, ew_vec.i0, sizes[s], storage[t]);
+}
+
 static void ew_grid_i(gpu_op_id op, int n_t, int n_out, double lo, double hi, int64_t i0)
 {
     for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s++)
-        for (int t = 0; t < 3; t++) {
-            size_t n = ew_sizes[s];
-            int act = op == GPU_OP_GELU_FORWARD || op == GPU_OP_GELU_BACKWARD;
-            pcase c = new_case(op, "n %zu %s%s", n, ename(storage[t]),
-                               !i0 ? "" : !act ? " gelu" : i0 == GPU_ACT_RELU ? " relu" : " erf");
-            c.a.n = n;
-            c.a.i[0] = i0;             /* the gated activations' gelu flag, the activation's form */
-            c.a.f[0] = 0.375f; /* scale's alpha */
-            for (int k = 0; k < n_t; k++) {
-                int b = k < n_out ? OUT_T(&c, k, storage[t], n) : IN_T(&c, k, storage[t], n);
-                c.buf[b].lo = lo, c.buf[b].hi = hi;
-            }
-            emit(&c);
-        }
+        for (int t = 0; t < 3; t++) ew_case(op, n_t, n_out, lo, hi, i0, ew_sizes[s], storage[t]);
+    ew_vec.op = op, ew_vec.n_t = n_t, ew_vec.n_out = n_out, ew_vec.lo = lo, ew_vec.hi = hi, ew_vec.i0 = i0;
+    vec_cases(ew_vec_grid);
 }
 
 static void ew_grid(gpu_op_id op, int n_t, int n_out, double lo, double hi) { ew_grid_i(op, n_t, n_out, lo, hi, 0); }
@@ -2063,21 +2173,32 @@ static void parity_add(void)
     emit(&c);
 }
 
+static void cast_case(size_t n, etype from, etype to, double range)
+{
+    pcase c = new_case(GPU_OP_CAST, "n %zu %s -> %s", n, ename(from), ename(to));
+    c.a.n = n;
+    int o = OUT_T(&c, 0, to, n);
+    c.buf[o].rtol = 1e-300; /* the reference is rounded as the cast must round: equal */
+    int i = IN_T(&c, 1, from, n);
+    c.buf[i].lo = -range, c.buf[i].hi = range;
+    emit(&c);
+}
+
+static void cast_vec_grid(void)
+{
+    static const size_t sizes[] = {9, 2056};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (int from = 0; from < 3; from++)
+            for (int to = 0; to < 3; to++) cast_case(sizes[s], storage[from], storage[to], 70000.0);
+}
+
 static void parity_cast(void)
 {
     for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s += 2)
         for (int from = 0; from < 3; from++)
-            for (int to = 0; to < 3; to++) {
-                size_t n = ew_sizes[s];
-                pcase c = new_case(GPU_OP_CAST, "n %zu %s -> %s", n, ename(storage[from]), ename(storage[to]));
-                c.a.n = n;
-                int o = OUT_T(&c, 0, storage[to], n);
-                c.buf[o].rtol = 1e-300; /* the reference is rounded as the cast must round: equal */
-                int i = IN_T(&c, 1, storage[from], n);
-                c.buf[i].lo = -70000.0, c.buf[i].hi = 70000.0; /* past fp16's range: inf */
-                if (s == 0) c.buf[i].lo = -3.0, c.buf[i].hi = 3.0;
-                emit(&c);
-            }
+            for (int to = 0; to < 3; to++) /* past fp16's range (inf) but at n 1 */
+                cast_case(ew_sizes[s], storage[from], storage[to], s == 0 ? 3.0 : 70000.0);
+    vec_cases(cast_vec_grid);
 }
 
 /* a non-finite value at element param[0] (param[1]: 0 inf, 1 nan), or none */

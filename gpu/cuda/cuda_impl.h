@@ -107,15 +107,17 @@ zo_status cuda_launch_gemm_tiled(cudaStream_t st, const gpu_gemm_desc *d);
 /* bias.cu */
 zo_status cuda_launch_bias_forward(cudaStream_t st, gpu_tensor y, gpu_tensor bias, int n, int c,
                                    int64_t ldy);
-zo_status cuda_launch_bias_backward(cudaStream_t st, gpu_tensor dbias, gpu_tensor dy, int n,
-                                    int c, int64_t lddy);
+/* The column sums in two stages through scratch (the stream's workspace),
+ * as the norms' parameter gradients: cuda_launch_column_sums. */
+zo_status cuda_launch_bias_backward(cudaStream_t st, void *scratch, size_t scratch_bytes, gpu_tensor dbias,
+                                    gpu_tensor dy, int n, int c, int64_t lddy);
 
 /* norm.cu */
 zo_status cuda_launch_layernorm_forward(cudaStream_t st, gpu_tensor y, float *mean, float *rstd,
                                         gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
                                         float eps);
 /* The backwards take scratch for their parameter gradients' partials (the
- * stream's workspace): up to 64 row chunks of c fp32 for each of dw and db
+ * stream's workspace): up to 1024 row chunks of c fp32 for each of dw and db
  * given (NULL data: not computed), fewer where fewer fit. */
 zo_status cuda_launch_layernorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
                                          gpu_tensor dx, gpu_tensor dw, gpu_tensor db, gpu_tensor dy,
@@ -126,6 +128,13 @@ zo_status cuda_launch_rmsnorm_forward(cudaStream_t st, gpu_tensor y, float *rstd
 zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
                                        gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tensor x,
                                        gpu_tensor w, const float *rstd, int n, int c);
+/* dw += the column sums of dy * (x - mean) * rstd, db += those of dy, over
+ * n rows of `heads` heads of c (dy rows of stride ldy, x [n*heads, c], mean
+ * NULL: RMSNorm; NULL data: not computed), in a fixed order through partials
+ * in scratch: the norms' parameter gradients and the bias's. */
+zo_status cuda_launch_column_sums(cudaStream_t st, void *scratch, size_t scratch_bytes, gpu_tensor dw,
+                                  gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x, const float *mean,
+                                  const float *rstd, int n, int heads, int c);
 zo_status cuda_launch_head_rmsnorm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx,
                                            gpu_tensor saved, float *rstd, gpu_tensor w, int n,
                                            int heads, int d, float eps);

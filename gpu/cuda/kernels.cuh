@@ -1,6 +1,7 @@
 /* Device helpers shared by the kernel families: element access in any
  * storage type (fp32 arithmetic, round-to-nearest-even stores, as the CPU
- * backend's zo_load_f32/zo_store_f32), warp and block reductions in a fixed
+ * backend's zo_load_f32/zo_store_f32) one element or a 16-byte vector of
+ * them at a time, warp and block reductions in a fixed
  * order, the grid size of a grid-stride loop, and the two macros through
  * which a kernel source launches and declares dynamic shared memory, so
  * that it compiles unchanged for nvcc and for the host shim (ZO_CUDA_SHIM,
@@ -54,6 +55,132 @@ __device__ __forceinline__ void tstore(gpu_tensor t, size_t i, float v)
     case ZO_DTYPE_BF16: ((__nv_bfloat16 *)t.data)[i] = __float2bfloat16_rn(v); break;
     default: ((float *)t.data)[i] = v; break;
     }
+}
+
+/* Vector access: VEC elements (16 bytes of a 16-bit type, 32 of fp32) moved
+ * by one or two 16-byte loads or stores. A kernel takes the vector path for
+ * a chunk only where every tensor it touches there starts 16-byte aligned
+ * (tvec_ok) and the chunk is whole; elsewhere the same helpers fall back to
+ * m scalar accesses, so one loop serves both paths and computes the same
+ * values in the same order. */
+#define VEC 8
+
+/* Unroll the loop that follows (nvcc; the shim's g++ needs no hint). */
+#ifdef ZO_CUDA_SHIM
+#define ZO_UNROLL
+#else
+#define ZO_UNROLL _Pragma("unroll")
+#endif
+
+#ifdef ZO_CUDA_SHIM
+struct alignas(16) zo_vec16 {
+    unsigned w[4];
+};
+#else
+typedef uint4 zo_vec16;
+#endif
+
+/* Whether element i of t starts a 16-byte aligned address. */
+__device__ __forceinline__ bool tvec_ok(gpu_tensor t, size_t i)
+{
+    size_t es = t.dtype == ZO_DTYPE_F32 ? 4 : 2;
+    return ((size_t)t.data + i * es) % 16 == 0;
+}
+
+/* One 16-byte move between memory at p (16-byte aligned) and a local
+ * array at q (declared alignas(16)): load p to q, store q to p. Under the
+ * shim a misaligned p is a fault, as on a GPU, and the bytes move by memcpy
+ * (the locals keep their own types). */
+__device__ __forceinline__ void vec16_load(void *q, const void *p)
+{
+#ifdef ZO_CUDA_SHIM
+    if ((size_t)p % 16) zo_shim_vec_fault(p);
+    memcpy(q, p, 16);
+#else
+    *(zo_vec16 *)q = *(const zo_vec16 *)p;
+#endif
+}
+
+__device__ __forceinline__ void vec16_store(void *p, const void *q)
+{
+#ifdef ZO_CUDA_SHIM
+    if ((size_t)p % 16) zo_shim_vec_fault(p);
+    memcpy(p, q, 16);
+#else
+    *(zo_vec16 *)p = *(const zo_vec16 *)q;
+#endif
+}
+
+/* v[0..m) = t[i..i+m), m <= VEC (v[m..VEC) = 0): vector loads when vec
+ * (m == VEC, the chunk aligned: the caller's test), else m scalar loads. */
+__device__ __forceinline__ void tloadv(gpu_tensor t, size_t i, float *v, int m, bool vec)
+{
+    if (vec) {
+        if (t.dtype == ZO_DTYPE_F32) {
+            alignas(16) float f[VEC];
+            vec16_load(f, (const float *)t.data + i);
+            vec16_load(f + 4, (const float *)t.data + i + 4);
+            ZO_UNROLL
+            for (int k = 0; k < VEC; k++) v[k] = f[k];
+        } else if (t.dtype == ZO_DTYPE_BF16) {
+            alignas(16) __nv_bfloat16 h[VEC];
+            vec16_load(h, (const __nv_bfloat16 *)t.data + i);
+            ZO_UNROLL
+            for (int k = 0; k < VEC; k++) v[k] = __bfloat162float(h[k]);
+        } else {
+            alignas(16) __half h[VEC];
+            vec16_load(h, (const __half *)t.data + i);
+            ZO_UNROLL
+            for (int k = 0; k < VEC; k++) v[k] = __half2float(h[k]);
+        }
+        return;
+    }
+    ZO_UNROLL
+    for (int k = 0; k < VEC; k++) v[k] = k < m ? tload(t, i + k) : 0.0f;
+}
+
+/* t[i..i+m) = v[0..m), rounded as tstore; vector stores when vec. */
+__device__ __forceinline__ void tstorev(gpu_tensor t, size_t i, const float *v, int m, bool vec)
+{
+    if (vec) {
+        if (t.dtype == ZO_DTYPE_F32) {
+            alignas(16) float f[VEC];
+            ZO_UNROLL
+            for (int k = 0; k < VEC; k++) f[k] = v[k];
+            vec16_store((float *)t.data + i, f);
+            vec16_store((float *)t.data + i + 4, f + 4);
+        } else if (t.dtype == ZO_DTYPE_BF16) {
+            alignas(16) __nv_bfloat16 h[VEC];
+            ZO_UNROLL
+            for (int k = 0; k < VEC; k++) h[k] = __float2bfloat16_rn(v[k]);
+            vec16_store((__nv_bfloat16 *)t.data + i, h);
+        } else {
+            alignas(16) __half h[VEC];
+            ZO_UNROLL
+            for (int k = 0; k < VEC; k++) h[k] = __float2half_rn(v[k]);
+            vec16_store((__half *)t.data + i, h);
+        }
+        return;
+    }
+    ZO_UNROLL
+    for (int k = 0; k < VEC; k++)
+        if (k < m) tstore(t, i + k, v[k]);
+}
+
+/* A grid-stride loop over chunks of VEC elements: this thread's first
+ * chunk's first element, the step to its next, a chunk's length (the last
+ * one short) of n elements. */
+__device__ __forceinline__ size_t vec_first(void) { return ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC; }
+__device__ __forceinline__ size_t vec_stride(void) { return (size_t)gridDim.x * blockDim.x * VEC; }
+__device__ __forceinline__ int vec_len(size_t n, size_t i0) { return n - i0 < VEC ? (int)(n - i0) : VEC; }
+
+/* Blocks for a grid-stride loop over the chunks of VEC of n elements (the
+ * last one short), threads per block `bs`, capped as grid_for. */
+static inline unsigned grid_for_vec(size_t n, unsigned bs)
+{
+    size_t chunks = (n + VEC - 1) / VEC, g = (chunks + bs - 1) / bs;
+    if (g > 65535u * 8u) g = 65535u * 8u;
+    return g ? (unsigned)g : 1u;
 }
 
 /* Butterfly sums and maxima over a full warp: every lane gets the result,

@@ -1,64 +1,122 @@
 /* LayerNorm and RMSNorm over the last dimension, forward and backward.
- * Row statistics: one warp per row, each lane striding over the columns,
- * sums in double combined by a butterfly (as the CPU reference sums in
- * double). Parameter gradients: column sums over the rows cut into a fixed
- * number of chunks, each chunk's sums (over a fixed set of row groups) a
- * partial in the stream's workspace, the partials added in chunk order (no
- * atomics, run-to-run stable). */
-#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, warp_sum_d */
+ * Row statistics of the plain norms: one block per row, each thread taking
+ * chunks of VEC columns (16-byte vector accesses where the row's tensors
+ * are aligned), sums in double (as the CPU reference sums in double)
+ * combined by a block reduction in a fixed order. The per-head RMSNorm (rows
+ * of 64 to 256): one warp per row, lanes striding over the columns.
+ * Parameter gradients (and the bias gradient of bias.cu, through
+ * cuda_launch_column_sums): column sums over the rows cut into a fixed
+ * number of chunks (a function of the shape), each chunk's sums (over a
+ * fixed set of row groups) a partial in the stream's workspace, the
+ * partials added in chunk order (no atomics, run-to-run stable). */
+#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, tloadv, tstorev, warp_sum_d, block_sum_d */
 
 #define ROWS_PER_BLOCK 4 /* warps per block, one row each */
-#define COLS 32          /* columns per block of the parameter gradients */
+#define ROW_THREADS 256  /* threads of a row's block (fewer for short rows) */
+#define COLS 32          /* column chunks (of VEC) per block of the parameter gradients, one a lane */
 #define ROWG 16          /* row groups per block of the parameter gradients */
-#define NORM_CHUNKS 64   /* fixed row chunks of the parameter gradients (at most) */
+#define SUM_BLOCKS 1056  /* blocks the partials aim at: 8 of 132 SMs' worth */
+#define SUM_CHUNKS_MAX 1024 /* row chunks of the column sums (at most) */
+
+/* Whether a block-per-row kernel's chunk of m columns takes the vector
+ * path: whole (m == VEC), and every tensor given (data NULL: none) aligned
+ * at its offset. */
+__device__ __forceinline__ bool row_vec(int m, gpu_tensor a, size_t ao, gpu_tensor b, size_t bo, gpu_tensor c_,
+                                        size_t co, gpu_tensor d, size_t dof)
+{
+    return m == VEC && (!a.data || tvec_ok(a, ao)) && (!b.data || tvec_ok(b, bo)) && (!c_.data || tvec_ok(c_, co)) &&
+           (!d.data || tvec_ok(d, dof));
+}
 
 /* y = (x - mean) * rstd * w + b; x, y [n, c]; w, b [c] (b.data may be NULL);
- * mean, rstd [n] */
+ * mean, rstd [n]. One block per row. Reads x three times (the last two
+ * from cache), writes y: 2 n c elements from memory (GPT-2's 8192 x 768
+ * bf16: 25.2 MB), plus w, b. */
 __global__ void layernorm_forward_kernel(gpu_tensor y, float *mean, float *rstd, gpu_tensor x,
-                                         gpu_tensor w, gpu_tensor b, int n, int c, float eps)
+                                         gpu_tensor w, gpu_tensor b, int c, float eps)
 {
-    int lane = threadIdx.x % WARP, r = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
-    if (r >= n) return; /* no block-wide barrier below */
+    int r = blockIdx.x;
     size_t off = (size_t)r * c;
+    gpu_tensor none = {NULL, ZO_DTYPE_F32};
     double s = 0.0;
-    for (int j = lane; j < c; j += WARP) s += tload(x, off + j);
-    float m = (float)(warp_sum_d(s) / c);
-    double v = 0.0;
-    for (int j = lane; j < c; j += WARP) {
-        float dv = tload(x, off + j) - m;
-        v += (double)dv * dv;
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        int m = vec_len(c, j0);
+        float v[VEC];
+        tloadv(x, off + j0, v, m, row_vec(m, x, off + j0, none, 0, none, 0, none, 0));
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) s += v[k];
     }
-    float rs = (float)(1.0 / sqrt(warp_sum_d(v) / c + (double)eps));
-    for (int j = lane; j < c; j += WARP) {
-        float bj = b.data ? tload(b, j) : 0.0f;
-        tstore(y, off + j, (tload(x, off + j) - m) * rs * tload(w, j) + bj);
+    float mu = (float)(block_sum_d(s) / c);
+    double q = 0.0;
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        int m = vec_len(c, j0);
+        float v[VEC];
+        tloadv(x, off + j0, v, m, row_vec(m, x, off + j0, none, 0, none, 0, none, 0));
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) {
+            float dv = v[k] - mu;
+            q += k < m ? (double)dv * dv : 0.0;
+        }
     }
-    if (lane == 0) {
-        mean[r] = m;
+    float rs = (float)(1.0 / sqrt(block_sum_d(q) / c + (double)eps));
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        int m = vec_len(c, j0);
+        bool vec = row_vec(m, y, off + j0, x, off + j0, w, j0, b, j0);
+        float v[VEC], wv[VEC], bv[VEC];
+        tloadv(x, off + j0, v, m, vec);
+        tloadv(w, j0, wv, m, vec);
+        if (b.data) tloadv(b, j0, bv, m, vec);
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) v[k] = (v[k] - mu) * rs * wv[k] + (b.data ? bv[k] : 0.0f);
+        tstorev(y, off + j0, v, m, vec);
+    }
+    if (threadIdx.x == 0) {
+        mean[r] = mu;
         rstd[r] = rs;
     }
 }
 
 /* dx += rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), with
- * dxhat = dy * w, xhat = (x - mean) * rstd; one warp per row */
+ * dxhat = dy * w, xhat = (x - mean) * rstd; one block per row. Moves dy
+ * and x (twice, the second from cache), dx in and out: 4 n c elements from
+ * memory (GPT-2's 8192 x 768, dx and dy fp32, x bf16: 88.1 MB). */
 __global__ void layernorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
                                              gpu_tensor w, const float *mean, const float *rstd,
-                                             int n, int c)
+                                             int c)
 {
-    int lane = threadIdx.x % WARP, r = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
-    if (r >= n) return;
+    int r = blockIdx.x;
     size_t off = (size_t)r * c;
-    float m = mean[r], rs = rstd[r];
+    float mu = mean[r], rs = rstd[r];
     double s1 = 0.0, s2 = 0.0;
-    for (int j = lane; j < c; j += WARP) {
-        float xh = (tload(x, off + j) - m) * rs, dxh = tload(dy, off + j) * tload(w, j);
-        s1 += dxh;
-        s2 += (double)dxh * xh;
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        int m = vec_len(c, j0);
+        bool vec = row_vec(m, dy, off + j0, x, off + j0, w, j0, dy, off + j0);
+        float xv[VEC], gv[VEC], wv[VEC];
+        tloadv(x, off + j0, xv, m, vec);
+        tloadv(dy, off + j0, gv, m, vec);
+        tloadv(w, j0, wv, m, vec);
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) {
+            float xh = (xv[k] - mu) * rs, dxh = gv[k] * wv[k];
+            s1 += dxh;
+            s2 += (double)dxh * xh;
+        }
     }
-    float m1 = (float)(warp_sum_d(s1) / c), m2 = (float)(warp_sum_d(s2) / c);
-    for (int j = lane; j < c; j += WARP) {
-        float xh = (tload(x, off + j) - m) * rs, dxh = tload(dy, off + j) * tload(w, j);
-        tstore(dx, off + j, tload(dx, off + j) + rs * (dxh - m1 - xh * m2));
+    float m1 = (float)(block_sum_d(s1) / c), m2 = (float)(block_sum_d(s2) / c);
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        int m = vec_len(c, j0);
+        bool vec = row_vec(m, dy, off + j0, x, off + j0, w, j0, dx, off + j0);
+        float xv[VEC], gv[VEC], wv[VEC], dv[VEC];
+        tloadv(x, off + j0, xv, m, vec);
+        tloadv(dy, off + j0, gv, m, vec);
+        tloadv(w, j0, wv, m, vec);
+        tloadv(dx, off + j0, dv, m, vec);
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) {
+            float xh = (xv[k] - mu) * rs, dxh = gv[k] * wv[k];
+            dv[k] = dv[k] + rs * (dxh - m1 - xh * m2);
+        }
+        tstorev(dx, off + j0, dv, m, vec);
     }
 }
 
@@ -98,63 +156,127 @@ __device__ __forceinline__ void rmsnorm_warp_dx(gpu_tensor dx, size_t dxo, gpu_t
     }
 }
 
-/* y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); one warp per row */
+/* y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); one block per row.
+ * Moves x (twice, the second from cache) and y: 2 n c elements from memory
+ * (8192 x 2048 bf16: 67.1 MB), plus w. */
 __global__ void rmsnorm_forward_kernel(gpu_tensor y, float *rstd, gpu_tensor x, gpu_tensor w,
-                                       int n, int c, float eps)
+                                       int c, float eps)
 {
-    int lane = threadIdx.x % WARP, r = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
-    if (r >= n) return;
+    int r = blockIdx.x;
     size_t off = (size_t)r * c;
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
-    float rs = rmsnorm_warp_row(y, off, x, off, none, 0, w, c, eps, lane);
-    if (lane == 0) rstd[r] = rs;
+    double ss = 0.0;
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        int m = vec_len(c, j0);
+        float v[VEC];
+        tloadv(x, off + j0, v, m, row_vec(m, x, off + j0, none, 0, none, 0, none, 0));
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) ss += (double)v[k] * v[k];
+    }
+    float rs = (float)(1.0 / sqrt(block_sum_d(ss) / c + (double)eps));
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        int m = vec_len(c, j0);
+        bool vec = row_vec(m, y, off + j0, x, off + j0, w, j0, none, 0);
+        float v[VEC], wv[VEC];
+        tloadv(x, off + j0, v, m, vec);
+        tloadv(w, j0, wv, m, vec);
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) v[k] = v[k] * rs * wv[k];
+        tstorev(y, off + j0, v, m, vec);
+    }
+    if (threadIdx.x == 0) rstd[r] = rs;
 }
 
-/* dx += rstd * (dy*w - x*rstd * mean(dy*w * x*rstd)); one warp per row */
+/* dx += rstd * (dy*w - x*rstd * mean(dy*w * x*rstd)); one block per row.
+ * Moves dy and x (twice, the second from cache), dx in and out: 4 n c
+ * elements from memory (LLaMA's 8192 x 2048, dx and dy fp32, x bf16: 234.9
+ * MB), plus w. */
 __global__ void rmsnorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
-                                           gpu_tensor w, const float *rstd, int n, int c)
+                                           gpu_tensor w, const float *rstd, int c)
 {
-    int lane = threadIdx.x % WARP, r = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
-    if (r >= n) return;
+    int r = blockIdx.x;
     size_t off = (size_t)r * c;
-    rmsnorm_warp_dx(dx, off, dy, off, x, off, w, rstd[r], c, 1, lane);
+    float rs = rstd[r];
+    double s2 = 0.0;
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        int m = vec_len(c, j0);
+        bool vec = row_vec(m, dy, off + j0, x, off + j0, w, j0, dy, off + j0);
+        float xv[VEC], gv[VEC], wv[VEC];
+        tloadv(x, off + j0, xv, m, vec);
+        tloadv(dy, off + j0, gv, m, vec);
+        tloadv(w, j0, wv, m, vec);
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) s2 += (double)(gv[k] * wv[k]) * (xv[k] * rs);
+    }
+    float m2 = (float)(block_sum_d(s2) / c);
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        int m = vec_len(c, j0);
+        bool vec = row_vec(m, dy, off + j0, x, off + j0, w, j0, dx, off + j0);
+        float xv[VEC], gv[VEC], wv[VEC], dv[VEC];
+        tloadv(x, off + j0, xv, m, vec);
+        tloadv(dy, off + j0, gv, m, vec);
+        tloadv(w, j0, wv, m, vec);
+        tloadv(dx, off + j0, dv, m, vec);
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) dv[k] = dv[k] + rs * (gv[k] * wv[k] - xv[k] * rs * m2);
+        tstorev(dx, off + j0, dv, m, vec);
+    }
 }
 
 /* Partial parameter gradients of row chunk blockIdx.y (rows r of [n], chunk
  * rows each): pw[y][j] = sum over the chunk's rows r and heads h of
  * dy[r*ldy + h*c + j] * (x[(r*heads + h)*c + j] - mean) * rstd and pb[y][j]
- * = the sum of dy (mean NULL: RMSNorm; pw, pb NULL: not wanted). Block
- * (COLS, ROWG): lane x owns column blockIdx.x*COLS + x, row group y takes
- * the chunk's rows y, y+ROWG, ... and each of their heads in order. */
+ * = the sum of dy (mean NULL: RMSNorm; pw, pb NULL: not wanted; x, rstd
+ * unread without pw). Block (COLS, ROWG): lane x owns the VEC columns from
+ * (blockIdx.x*COLS + x)*VEC, row group y takes the chunk's rows y, y+ROWG,
+ * ... and each of their heads in order; the row groups' sums are added in
+ * order. Every column's sum runs in this order whether its loads are
+ * vectors or not. Moves dy once, x once with pw: 2 n c elements (8192 x
+ * 2048, dy fp32, x bf16: 100.7 MB), the partials (chunks x c fp32) out. */
 __global__ void norm_param_partials_kernel(float *pw, float *pb, gpu_tensor dy, int64_t ldy, gpu_tensor x,
                                            const float *mean, const float *rstd, int n, int heads, int c,
                                            int chunk)
 {
-    __shared__ float sw[ROWG][COLS + 1], sb[ROWG][COLS + 1];
-    int j = blockIdx.x * COLS + threadIdx.x;
+    __shared__ float sp[2][ROWG][COLS * VEC];
+    int j0 = (blockIdx.x * COLS + threadIdx.x) * VEC;
     int r0 = blockIdx.y * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
-    float aw = 0.0f, ab = 0.0f;
-    if (j < c)
+    float aw[VEC], ab[VEC];
+    ZO_UNROLL
+    for (int k = 0; k < VEC; k++) aw[k] = ab[k] = 0.0f;
+    if (j0 < c) {
+        int m = vec_len(c, j0);
         for (int r = r0 + threadIdx.y; r < r1; r += ROWG) {
-            size_t ri = (size_t)r * heads, o = (size_t)r * (size_t)ldy + j;
+            size_t ri = (size_t)r * heads, o = (size_t)r * (size_t)ldy + j0;
             for (int h = 0; h < heads; h++, ri++, o += c) {
-                float g = tload(dy, o);
-                if (pw) aw += g * (tload(x, ri * c + j) - (mean ? mean[ri] : 0.0f)) * rstd[ri];
-                ab += g;
+                size_t xo = ri * c + j0;
+                bool vec = m == VEC && tvec_ok(dy, o) && (!pw || tvec_ok(x, xo));
+                float g[VEC], xv[VEC];
+                tloadv(dy, o, g, m, vec);
+                if (pw) {
+                    tloadv(x, xo, xv, m, vec);
+                    float mu = mean ? mean[ri] : 0.0f, rs = rstd[ri];
+                    ZO_UNROLL
+                    for (int k = 0; k < VEC; k++) aw[k] += g[k] * (xv[k] - mu) * rs;
+                }
+                ZO_UNROLL
+                for (int k = 0; k < VEC; k++) ab[k] += g[k];
             }
         }
-    sw[threadIdx.y][threadIdx.x] = aw;
-    sb[threadIdx.y][threadIdx.x] = ab;
+    }
+    ZO_UNROLL
+    for (int k = 0; k < VEC; k++) {
+        sp[0][threadIdx.y][threadIdx.x * VEC + k] = aw[k];
+        sp[1][threadIdx.y][threadIdx.x * VEC + k] = ab[k];
+    }
     __syncthreads();
-    if (threadIdx.y == 0 && j < c) {
-        float tw = 0.0f, tb = 0.0f;
-        for (int g = 0; g < ROWG; g++) {
-            tw += sw[g][threadIdx.x];
-            tb += sb[g][threadIdx.x];
-        }
-        size_t o = (size_t)blockIdx.y * c + j;
-        if (pw) pw[o] = tw;
-        if (pb) pb[o] = tb;
+    /* the block's 2 x COLS*VEC column sums, one a thread (COLS*ROWG of them) */
+    for (int t = threadIdx.y * COLS + threadIdx.x; t < 2 * COLS * VEC; t += COLS * ROWG) {
+        int which = t / (COLS * VEC), col = t % (COLS * VEC), j = blockIdx.x * COLS * VEC + col;
+        float *out = which ? pb : pw;
+        if (!out || j >= c) continue;
+        float tot = 0.0f;
+        for (int g = 0; g < ROWG; g++) tot += sp[which][g][col];
+        out[(size_t)blockIdx.y * c + j] = tot;
     }
 }
 
@@ -207,14 +329,23 @@ __global__ void head_rmsnorm_backward_dx_kernel(gpu_tensor dx, int64_t ldx, gpu_
 
 static unsigned row_blocks(long long n) { return (unsigned)((n + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
+/* Threads of a block-per-row kernel over rows of c: a warp per 32 chunks
+ * of VEC, at most ROW_THREADS. */
+static unsigned row_threads(int c)
+{
+    unsigned t = (unsigned)(((c + VEC - 1) / VEC + WARP - 1) / WARP * WARP);
+    return t < WARP ? WARP : t > ROW_THREADS ? ROW_THREADS : t;
+}
+
 /* dw, db += the parameter gradients over n rows of `heads` heads of c (dy
  * rows of stride ldy; the plain norms: heads 1, ldy c), through partials of
- * NORM_CHUNKS row chunks in the scratch (fewer chunks where they do not
- * fit in its bytes: a fixed count for a shape all the same). dw.data and
- * db.data NULL: nothing to do. */
-static zo_status launch_param_grads(cudaStream_t st, void *scratch, size_t scratch_bytes, gpu_tensor dw,
-                                    gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x, const float *mean,
-                                    const float *rstd, int n, int heads, int c)
+ * row chunks in the scratch: as many chunks as bring the blocks to about
+ * SUM_BLOCKS (at most one per row group's worth of rows, SUM_CHUNKS_MAX, and
+ * fewer where they do not fit in the scratch: a fixed count for a shape all
+ * the same). dw.data and db.data NULL: nothing to do. */
+extern "C" zo_status cuda_launch_column_sums(cudaStream_t st, void *scratch, size_t scratch_bytes, gpu_tensor dw,
+                                             gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x,
+                                             const float *mean, const float *rstd, int n, int heads, int c)
 {
     if (!dw.data && !db.data) return ZO_OK;
     size_t per = (size_t)c * sizeof(float) * ((dw.data != NULL) + (db.data != NULL)); /* one chunk's */
@@ -222,15 +353,22 @@ static zo_status launch_param_grads(cudaStream_t st, void *scratch, size_t scrat
     if (fit == 0)
         return zo_error(ZO_ERR_INVALID, "norm parameter gradients: %d columns need %zu bytes of scratch, "
                         "the stream's workspace has %zu", c, per, scratch_bytes);
-    int chunks = fit < NORM_CHUNKS ? (int)fit : NORM_CHUNKS;
-    int chunk = (n + chunks - 1) / chunks;
+    unsigned col_blocks = (unsigned)((c + COLS * VEC - 1) / (COLS * VEC));
+    long long chunks = (SUM_BLOCKS + col_blocks - 1) / col_blocks;
+    long long most = ((long long)n + ROWG - 1) / ROWG;
+    if (chunks > most) chunks = most;
+    if (chunks > SUM_CHUNKS_MAX) chunks = SUM_CHUNKS_MAX;
+    if ((size_t)chunks > fit) chunks = (long long)fit;
+    if (chunks < 1) chunks = 1;
+    int chunk = (int)((n + chunks - 1) / chunks);
+    if (chunk < 1) chunk = 1;
     float *pw = dw.data ? (float *)scratch : NULL;
     float *pb = db.data ? (float *)scratch + (dw.data ? (size_t)chunks * c : 0) : NULL;
-    dim3 grid((c + COLS - 1) / COLS, chunks), block(COLS, ROWG);
+    dim3 grid(col_blocks, (unsigned)chunks), block(COLS, ROWG);
     ZO_LAUNCH(norm_param_partials_kernel, grid, block, 0, st, pw, pb, dy, ldy, x, mean, rstd, n, heads, c, chunk);
     zo_status s = cuda_launch_check("norm_param_partials_kernel");
     if (s != ZO_OK) return s;
-    ZO_LAUNCH(norm_param_sum_kernel, (c + 255) / 256, 256, 0, st, dw, db, pw, pb, chunks, c);
+    ZO_LAUNCH(norm_param_sum_kernel, (c + 255) / 256, 256, 0, st, dw, db, pw, pb, (int)chunks, c);
     return cuda_launch_check("norm_param_sum_kernel");
 }
 
@@ -238,8 +376,8 @@ extern "C" zo_status cuda_launch_layernorm_forward(cudaStream_t st, gpu_tensor y
                                                    float *rstd, gpu_tensor x, gpu_tensor w,
                                                    gpu_tensor b, int n, int c, float eps)
 {
-    ZO_LAUNCH(layernorm_forward_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, y, mean, rstd,
-              x, w, b, n, c, eps);
+    ZO_LAUNCH(layernorm_forward_kernel, (unsigned)n, row_threads(c), 0, st, y, mean, rstd,
+              x, w, b, c, eps);
     return cuda_launch_check("layernorm_forward_kernel");
 }
 
@@ -248,19 +386,19 @@ extern "C" zo_status cuda_launch_layernorm_backward(cudaStream_t st, void *scrat
                                                     gpu_tensor x, gpu_tensor w, const float *mean,
                                                     const float *rstd, int n, int c)
 {
-    ZO_LAUNCH(layernorm_backward_dx_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, dx, dy, x,
-              w, mean, rstd, n, c);
+    ZO_LAUNCH(layernorm_backward_dx_kernel, (unsigned)n, row_threads(c), 0, st, dx, dy, x,
+              w, mean, rstd, c);
     zo_status s = cuda_launch_check("layernorm_backward_dx_kernel");
     if (s != ZO_OK)
         return s;
-    return launch_param_grads(st, scratch, scratch_bytes, dw, db, dy, c, x, mean, rstd, n, 1, c);
+    return cuda_launch_column_sums(st, scratch, scratch_bytes, dw, db, dy, c, x, mean, rstd, n, 1, c);
 }
 
 extern "C" zo_status cuda_launch_rmsnorm_forward(cudaStream_t st, gpu_tensor y, float *rstd,
                                                  gpu_tensor x, gpu_tensor w, int n, int c,
                                                  float eps)
 {
-    ZO_LAUNCH(rmsnorm_forward_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, y, rstd, x, w, n,
+    ZO_LAUNCH(rmsnorm_forward_kernel, (unsigned)n, row_threads(c), 0, st, y, rstd, x, w,
               c, eps);
     return cuda_launch_check("rmsnorm_forward_kernel");
 }
@@ -269,12 +407,12 @@ extern "C" zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, void *scratch
                                                   gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tensor x,
                                                   gpu_tensor w, const float *rstd, int n, int c)
 {
-    ZO_LAUNCH(rmsnorm_backward_dx_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, dx, dy, x, w,
-              rstd, n, c);
+    ZO_LAUNCH(rmsnorm_backward_dx_kernel, (unsigned)n, row_threads(c), 0, st, dx, dy, x, w,
+              rstd, c);
     zo_status s = cuda_launch_check("rmsnorm_backward_dx_kernel");
     if (s != ZO_OK) return s;
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
-    return launch_param_grads(st, scratch, scratch_bytes, dw, none, dy, c, x, NULL, rstd, n, 1, c);
+    return cuda_launch_column_sums(st, scratch, scratch_bytes, dw, none, dy, c, x, NULL, rstd, n, 1, c);
 }
 
 extern "C" zo_status cuda_launch_head_rmsnorm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx,
@@ -292,7 +430,7 @@ extern "C" zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, void *sc
 {
     /* the weight's gradient first, while dx still holds the output's */
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
-    zo_status s = launch_param_grads(st, scratch, scratch_bytes, dw, none, dx, ldx, saved, NULL, rstd, n, heads, d);
+    zo_status s = cuda_launch_column_sums(st, scratch, scratch_bytes, dw, none, dx, ldx, saved, NULL, rstd, n, heads, d);
     if (s != ZO_OK) return s;
     ZO_LAUNCH(head_rmsnorm_backward_dx_kernel, row_blocks((long long)n * heads), ROWS_PER_BLOCK * WARP, 0, st, dx,
               ldx, saved, w, rstd, n, heads, d);

@@ -27,8 +27,8 @@ static zo_status cuda_run_bias_forward(const cuda_exec *e, const gpu_op_args *a)
 
 static zo_status cuda_run_bias_backward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_bias_backward(e->stream, a->t[0], a->t[1], (int)a->i[0], (int)a->i[1],
-                                     a->i[2]);
+    return cuda_launch_bias_backward(e->stream, e->workspace, e->ws_bytes, a->t[0], a->t[1], (int)a->i[0],
+                                     (int)a->i[1], a->i[2]);
 }
 
 static zo_status cuda_run_layernorm_forward(const cuda_exec *e, const gpu_op_args *a)

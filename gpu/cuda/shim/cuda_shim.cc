@@ -559,6 +559,14 @@ extern "C" void zo_shim_syncthreads(void)
     wait_here(r, self);
 }
 
+extern "C" void zo_shim_vec_fault(const void *addr)
+{
+    runtime &r = *rt_cur;
+    fiber &self = r.fibers[r.cur];
+    fail(r, cudaErrorMisalignedAddress, "thread (%u, %u, %u): 16-byte vector access at %p, off a 16-byte "
+         "boundary", self.tid.x, self.tid.y, self.tid.z, addr);
+}
+
 static const char *shfl_name(int kind)
 {
     switch (kind) {
@@ -692,6 +700,7 @@ extern "C" const char *zo_shim_error_string(cudaError_t e)
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorIllegalInstruction: return "an illegal instruction was encountered";
+    case cudaErrorMisalignedAddress: return "misaligned address";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     }
     return "unknown error";
@@ -705,6 +714,7 @@ extern "C" const char *zo_shim_error_name(cudaError_t e)
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorIllegalInstruction: return "cudaErrorIllegalInstruction";
+    case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     }
     return "cudaErrorUnknown";

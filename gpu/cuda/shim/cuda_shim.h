@@ -95,6 +95,9 @@ void zo_shim_syncthreads(void);
 /* One warp exchange: this lane's 8 bytes in, the source lane's out (kind: below). */
 unsigned long long zo_shim_shfl(unsigned mask, unsigned long long v, int kind, int arg, int width);
 void *zo_shim_dynamic_smem(void);
+/* A 16-byte vector load or store at addr, off a 16-byte boundary: the
+ * launch's error (does not return). */
+[[noreturn]] void zo_shim_vec_fault(const void *addr);
 cudaError_t zo_shim_take_last_error(int clear, char *detail, size_t cap);
 cudaError_t zo_shim_func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value);
 cudaError_t zo_shim_memcpy(void *dst, const void *src, size_t bytes);

@@ -23,6 +23,7 @@ typedef enum cudaError {
     cudaErrorMemoryAllocation = 2,      /* the shim could not allocate host memory */
     cudaErrorInvalidConfiguration = 9,  /* block or grid dimensions out of range */
     cudaErrorIllegalInstruction = 715,  /* a warp shuffle a GPU leaves undefined */
+    cudaErrorMisalignedAddress = 716,   /* a 16-byte vector access off a 16-byte boundary */
     cudaErrorLaunchFailure = 719,       /* a block that cannot finish: a barrier deadlock */
 } cudaError_t;
 
