@@ -48,7 +48,8 @@ static void test_calibrate_profile(void **state)
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/local.json", dir);
     snprintf(args, sizeof args,
-             "calibrate --out %s --base a100-80gb --nvme-dir %s --adam-params 2M --stream-bytes 64MiB --seconds 0.05 --nvme-bytes 64MiB",
+             "calibrate --out %s --base a100-80gb --nvme-dir %s --adam-params 2M --stream-bytes 64MiB "
+             "--seconds 0.05 --nvme-bytes 64MiB",
              path, dir);
     int rc = run_memplan(args, out, sizeof out);
     if (rc) print_error("%s\n", out);
@@ -107,8 +108,10 @@ static void test_calibrate_profile(void **state)
     /* bad input */
     assert_int_equal(run_memplan("calibrate --base nosuchgpu", out, sizeof out), 2);
     assert_non_null(strstr(out, "nosuchgpu"));
-    assert_int_equal(run_memplan("calibrate --nvme-dir /nonexistent/dir --adam-params 2M --stream-bytes 64MiB --seconds 0.01",
-                                 out, sizeof out), 2);
+    assert_int_equal(run_memplan("calibrate --nvme-dir /nonexistent/dir --adam-params 2M --stream-bytes 64MiB "
+                                 "--seconds 0.01",
+                                 out, sizeof out),
+                     2);
     assert_non_null(strstr(out, "/nonexistent/dir"));
     snprintf(path, sizeof path, "%s/bad.json", dir);
     FILE *f = fopen(path, "w");
