@@ -1,5 +1,8 @@
 #include "dtype.h"
 
+#include <omp.h>
+#include <string.h>
+
 #include <strings.h>
 
 size_t zo_dtype_size(zo_dtype t)
@@ -42,4 +45,22 @@ zo_status zo_dtype_parse(const char *s, zo_dtype *out)
 void zo_convert(void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n)
 {
     for (size_t i = 0; i < n; i++) zo_store_f32(dst, dt, i, zo_load_f32(src, st, i));
+}
+
+void zo_copy_team(void *dst, const void *src, size_t bytes, int n_threads)
+{
+    size_t pieces = (bytes + ZO_COPY_PIECE - 1) / ZO_COPY_PIECE;
+    int nt = n_threads > 0 ? n_threads : omp_get_max_threads();
+    if (pieces < 2 || nt < 2) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    if ((size_t)nt > pieces) nt = (int)pieces;
+#pragma omp parallel num_threads(nt)
+    {
+        size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
+        size_t lo = pieces * t / team * ZO_COPY_PIECE, hi = pieces * (t + 1) / team * ZO_COPY_PIECE;
+        if (hi > bytes) hi = bytes;
+        if (lo < hi) memcpy((char *)dst + lo, (const char *)src + lo, hi - lo);
+    }
 }

@@ -42,6 +42,8 @@ typedef struct offload_acct {
     uint64_t experts_fetched; /* routed experts copied into their slots */
     uint64_t comm_frozen_bytes; /* a frozen base's all-gathers (ZeRO-3 LoRA), apart */
     int64_t comm_calls;
+    int64_t grad_sums, grad_sums_beside; /* the host's gradient sums; of them, on the team the
+                                            optimizer's thread left (the host thread's) */
 } offload_acct;
 
 typedef struct offload_dp offload_dp; /* dp.h */

@@ -83,8 +83,10 @@ zo_status offload_grads_accumulate(offload_grads *gr, int k)
     }
     g->block = -1;
     /* (a block with nothing to train: no sum at all) */
-    if (n && (st = adam_grad_accumulate(acc, src, gr->ghost_dtype, n, fresh, gr->sum_threads)) != ZO_OK)
+    int beside, team = offload_optim_sum_threads(gr->opt, &beside);
+    if (n && (st = adam_grad_accumulate(acc, src, gr->ghost_dtype, n, fresh, team)) != ZO_OK)
         return zo_error_wrap(st, "offload: the gradient sum of block %d", b);
+    if (n) gr->env->acct->grad_sums++, gr->env->acct->grad_sums_beside += beside;
     offload_time_end(gr->env->acct, OFFLOAD_TIME_GRADS, t0);
     int was_reduced = gr->reduced && gr->reduced[b];
     if ((st = added(gr, b, NULL)) != ZO_OK) return st;
@@ -679,7 +681,6 @@ static zo_status slots_create(offload_grads *gr)
         if ((st = gpu_event_create(env->dev, &g->copied)) != ZO_OK) return st;
     }
     if (!(gr->fresh = calloc((size_t)gr->g->nb, 1))) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    gr->sum_threads = offload_optim_sum_threads(gr->opt);
     return ZO_OK;
 }
 

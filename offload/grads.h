@@ -36,8 +36,6 @@ struct offload_grads {
     const grads_path **path;    /* [nb] how it gets there */
     int to_host;                /* some block's sum is in host memory */
     unsigned char *fresh;       /* [nb] the step's first addition into block b writes (lazy zero) */
-    int sum_threads;            /* the host sums' OpenMP team (0: OpenMP's default; zo_host_teams
-                                   beside the optimizer's thread) */
     zo_dtype ghost_dtype;       /* what the pinned halves hold: the model's dtype, or (ZeRO 2-3)
                                    parts reduced in the reduce dtype */
     size_t ghost_bytes, ghost_pinned; /* one pinned half; all of them */

@@ -753,6 +753,8 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->n_slots = rt->sm->c.n_slots;
     o->slot_bytes = rt->sm->c.n_slots ? rt->sm->c.slot_size : 0;
     o->bytes_weights = a->weight_bytes;
+    o->grad_sums = a->grad_sums;
+    o->grad_sums_beside = a->grad_sums_beside;
     o->n_expert_slots = rt->sm->c.n_slots ? rt->sm->c.expert_slots : 0;
     o->expert_slot_bytes = o->n_expert_slots ? rt->sm->c.expert_numel * rt->g.es : 0;
     o->experts_fetched = a->experts_fetched;
@@ -789,6 +791,7 @@ void offload_reset_times(offload_t *rt)
     a->opt_busy_s = a->opt_overlap_s = 0;
     a->comm_elems = a->comm_pad_elems = a->reused_elems = a->comm_frozen_bytes = 0;
     a->comm_calls = 0;
+    a->grad_sums = a->grad_sums_beside = 0;
 }
 
 void offload_format_peak_vs_plan(char *buf, size_t n, uint64_t measured, const offload_prediction *pr,
@@ -855,6 +858,8 @@ zo_status offload_stats_json(const offload_t *rt, const offload_prediction *pred
     cJSON_AddStringToObject(op, "schedule", offload_schedule_name(rt->cfg.schedule));
     cJSON_AddNumberToObject(op, "host_s", s.optimizer_s);
     cJSON_AddNumberToObject(op, "overlap_fraction", s.optimizer_overlap);
+    cJSON_AddNumberToObject(op, "grad_sums", (double)s.grad_sums);
+    cJSON_AddNumberToObject(op, "grad_sums_beside", (double)s.grad_sums_beside);
     cJSON_AddNumberToObject(o, "micro_batches", (double)s.micro_batches);
     cJSON_AddNumberToObject(o, "steps", (double)s.steps);
     cJSON_AddNumberToObject(o, "skipped", (double)s.skipped);

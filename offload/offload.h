@@ -484,6 +484,10 @@ typedef struct offload_stats {
     uint64_t experts_fetched;
     double optimizer_s;             /* the CPU update's own time (every schedule) */
     double optimizer_overlap;       /* the fraction of it that ran while the device computed */
+    /* the host's additions of a block's gradients into its fp32 sum, and
+     * those made on the cores the optimizer's thread leaves while it
+     * updates (zo_host_teams); the others had every core */
+    int64_t grad_sums, grad_sums_beside;
     /* Data parallelism: the collectives of this rank since init (or the
      * last reset), in model elements, the ZeRO paper's unit: an all-reduce
      * of n elements counts 2n (a reduce-scatter and an all-gather), a

@@ -40,6 +40,10 @@ typedef struct step_ctx {
 static void publish(offload_optim *o, int b, int64_t step)
 {
     pthread_mutex_lock(&o->mu);
+    if (o->published[b] < step) {
+        if (o->pub_step != step) o->pub_step = step, o->pub_n = 0;
+        o->pub_n++;
+    }
     o->published[b] = step;
     pthread_cond_broadcast(&o->cv);
     pthread_mutex_unlock(&o->mu);
@@ -49,11 +53,25 @@ static void publish_all(offload_optim *o, int64_t step)
 {
     pthread_mutex_lock(&o->mu);
     for (int b = 0; b < o->g->nb; b++) o->published[b] = step;
+    o->pub_step = step;
+    o->pub_n = o->g->nb;
     pthread_cond_broadcast(&o->cv);
     pthread_mutex_unlock(&o->mu);
 }
 
-int offload_optim_sum_threads(const offload_optim *o) { return o->sum_threads; }
+int offload_optim_sum_threads(offload_optim *o, int *beside)
+{
+    *beside = 0;
+    if (!o->threaded) return o->sum_threads;
+    /* the optimizer's thread idle, or done with its AdamW (its last syncs
+     * left): every core to the sums. (hp.step: the step whose update is
+     * in flight, set before its job is posted.) */
+    pthread_mutex_lock(&o->mu);
+    int done = o->pub_step >= o->hp.step && o->pub_n >= o->g->nb;
+    *beside = o->job != OFFLOAD_JOB_NONE && !done;
+    pthread_mutex_unlock(&o->mu);
+    return *beside ? o->sum_threads : o->cores;
+}
 
 void offload_optim_grads_free(offload_optim *o, int b)
 {
@@ -843,6 +861,7 @@ zo_status offload_optim_create(const offload_env *env, const offload_config *cfg
          * the cores split between the two teams */
         int cores = cfg->n_threads > 0 ? cfg->n_threads : adam_grad_accumulate_threads(SIZE_MAX, 0);
         zo_host_teams(cores, cfg->opt_threads, &o->sum_threads, &o->threads);
+        o->cores = cores;
     }
     o->published = calloc((size_t)g->nb, sizeof *o->published);
     o->queue = calloc((size_t)g->nb, sizeof *o->queue);

@@ -43,6 +43,7 @@ typedef struct offload_optim {
     int threaded;               /* OVERLAP or DPU: updates run on the optimizer's thread */
     int threads, sum_threads;   /* the update's OpenMP team and the host gradient sums' (0: OpenMP's
                                    default); threaded, the cores split by zo_host_teams */
+    int cores;                  /* threaded: the two teams' cores (the sums' while the thread idles) */
     pthread_t thread;
     int started;
     pthread_mutex_t mu;
@@ -54,6 +55,8 @@ typedef struct offload_optim {
     int *queue;                 /* [nb] blocks to update (updates during backward) */
     int qhead, qtail, qclosed;
     int64_t *published;         /* [nb] the step whose weights block b's store holds */
+    int64_t pub_step;           /* the latest step a block was published for, and how many */
+    int pub_n;                  /* blocks were (every one: that update's AdamW is over) */
     zo_adam_hparams hp;         /* the running job's hyperparameters */
     int early;                  /* this step's updates started during backward */
     wstore *shadow;             /* DPU: a host store the update writes into */
@@ -93,10 +96,14 @@ int offload_optim_ready(offload_optim *o, int b, int wait);
  * update in flight is done reading it (dpu: the delayed update runs beside
  * this step's backward). */
 void offload_optim_grads_free(offload_optim *o, int b);
-/* The host gradient sums' OpenMP team (adam_grad_accumulate's nthreads):
- * the CPU Adam's when the update runs after the micro-batches, else what
- * the optimizer's thread leaves (zo_host_teams). */
-int offload_optim_sum_threads(const offload_optim *o);
+/* The host gradient sums' OpenMP team (adam_grad_accumulate's nthreads)
+ * for a sum starting now: the CPU Adam's when the update runs after the
+ * micro-batches; with the optimizer's thread, what it leaves
+ * (zo_host_teams) while it updates blocks (*beside = 1), every core once
+ * its update has published every block or before it starts (the overlap
+ * schedule with exact clipping: the update ends in the forward, which
+ * waits for each block). The sums' bits do not depend on the team. */
+int offload_optim_sum_threads(offload_optim *o, int *beside);
 /* The last micro-batch of a step completed block b's gradients (a block
  * summed in host memory): its update may start now (OVERLAP without exact
  * clipping). */

@@ -102,7 +102,9 @@ zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *
 /* ---- what the tiers share ----------------------------------------------------------------- */
 
 /* Put [rel, rel + n) of block b chunk by chunk, each chunk converted from
- * fp32 or copied as it is from element `done` of the source. */
+ * fp32 or copied as it is from element `done` of the source (the copy by
+ * the CPU Adam's team: these run on the host thread, the optimizer's
+ * thread idle; dpu publishes a step's every weight so). */
 static zo_status put_chunks(wstore *ws, int b, size_t rel, size_t n, const void *src, int f32)
 {
     zo_status st;
@@ -112,7 +114,7 @@ static zo_status put_chunks(wstore *ws, int b, size_t rel, size_t n, const void 
         void *dst;
         if ((st = ws->ops->put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
         if (f32) offload_to_dtype(ws->g, dst, (const float *)src + done, k);
-        else memcpy(dst, (const char *)src + done * es, k * es);
+        else zo_copy_team(dst, (const char *)src + done * es, k * es, ws->env->n_threads);
         if ((st = wstore_put_host_done(ws, b, rel + done, k)) != ZO_OK) return st;
     }
     return ZO_OK;

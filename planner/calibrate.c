@@ -26,12 +26,52 @@ void plan_calibrate_defaults(plan_calibrate_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->base = "h100-80gb";
-    o->adam_params = 16u << 20;
-    o->stream_bytes = 64u << 20;
     o->seconds = 0.5;
     o->nvme_bytes = 512u << 20;
 }
 
+void plan_calibrate_sizes(plan_calibrate_opts *o, uint64_t llc)
+{
+    uint64_t ws = PLAN_CALIBRATE_LLC_TIMES * llc;
+    if (!o->stream_bytes) {
+        uint64_t b = ws > (64u << 20) ? (ws + 4095) / 4096 * 4096 : 64u << 20;
+        o->stream_bytes = (size_t)b;
+    }
+    if (!o->adam_params) {
+        uint64_t n = (ws + 15) / 16; /* p, m, v fp32; g, w bf16 */
+        o->adam_params = (size_t)(n > (16u << 20) ? n : 16u << 20);
+    }
+}
+
+uint64_t plan_calibrate_llc_bytes(void)
+{
+    uint64_t best = 0;
+    for (int i = 0; i < 16; i++) {
+        char path[96], type[32] = "";
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        int ok = fscanf(f, "%31s", type) == 1;
+        fclose(f);
+        if (!ok || !strcmp(type, "Instruction")) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if (!(f = fopen(path, "r"))) continue;
+        unsigned long long v = 0;
+        char unit = 0;
+        int k = fscanf(f, "%llu%c", &v, &unit);
+        fclose(f);
+        if (k < 1) continue;
+        uint64_t bytes = v * (unit == 'K' ? 1024ull : unit == 'M' ? 1024ull * 1024 : unit == 'G' ? 1ull << 30 : 1);
+        if (bytes > best) best = bytes;
+    }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (!best) {
+        long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        best = l3 > 0 ? (uint64_t)l3 : l2 > 0 ? (uint64_t)l2 : 0;
+    }
+#endif
+    return best;
+}
 
 /* a[i] = b[i] + s * c[i]: 3 arrays of n floats, 3 x 4n bytes moved (the
  * write's read-for-ownership not counted, as STREAM does). */
@@ -244,6 +284,9 @@ zo_status plan_calibrate_run(const plan_calibrate_opts *o, plan_hw *hw)
 {
     zo_status st = plan_hw_find(o->base, hw);
     if (st) return zo_error_wrap(st, "calibrate --base");
+    plan_calibrate_opts sized = *o;
+    plan_calibrate_sizes(&sized, plan_calibrate_llc_bytes());
+    o = &sized;
     if (o->adam_params < 1024 || o->stream_bytes < 4096 || !(o->seconds > 0))
         return zo_error(ZO_ERR_INVALID, "calibrate: --adam-params >= 1024, --stream-bytes >= 4096 "
                                         "and --seconds > 0");

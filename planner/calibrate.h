@@ -7,13 +7,15 @@
 #define ZO_PLANNER_CALIBRATE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "planner/hardware.h"
 
 typedef struct plan_calibrate_opts {
     const char *base;      /* preset giving what cannot be measured here (the GPU) */
-    size_t adam_params;    /* elements per AdamW timing */
-    size_t stream_bytes;   /* bytes per array of the memory-bandwidth triad */
+    size_t adam_params;    /* elements per AdamW timing (0: sized past the last-level cache,
+                              plan_calibrate_sizes) */
+    size_t stream_bytes;   /* bytes per array of the memory-bandwidth triad (0: the same) */
     double seconds;        /* time spent per measurement (best of several) */
     int threads;           /* 0: OpenMP's default */
     const char *nvme_dir;  /* NVMe capacity (statvfs) and read/write rates measured here; NULL: none */
@@ -25,9 +27,23 @@ typedef struct plan_calibrate_opts {
                               again and again, as generation does each token */
 } plan_calibrate_opts;
 
-/* Defaults: base h100-80gb, 16M parameters, 64 MiB arrays, 0.5 s, 512 MiB
- * of NVMe traffic. */
+/* Defaults: base h100-80gb, the AdamW and triad sizes left to
+ * plan_calibrate_sizes, 0.5 s, 512 MiB of NVMe traffic. */
 void plan_calibrate_defaults(plan_calibrate_opts *o);
+
+/* The working set of each timing that is not set (0), from the size of the
+ * last-level cache `llc` (bytes; 0: unknown): every array of the triad and
+ * the AdamW state (fp32 master, m, v, bf16 gradient and weights: 16 bytes a
+ * parameter) PLAN_CALIBRATE_LLC_TIMES times the cache, and at least 64 MiB
+ * a triad array and 16M parameters. A runtime's step moves gigabytes that
+ * no cache holds: a timing whose arrays stay in a cache of hundreds of MiB
+ * (a Xeon's L3) measures the cache, up to 5x the memory's rate. */
+#define PLAN_CALIBRATE_LLC_TIMES 4
+void plan_calibrate_sizes(plan_calibrate_opts *o, uint64_t llc);
+
+/* The largest data or unified cache of CPU 0 (sysfs, else sysconf), bytes;
+ * 0 when neither says. */
+uint64_t plan_calibrate_llc_bytes(void);
 
 /* Fill *hw: the base preset, then the measured CPU memory size (sysinfo),
  * cores (sysconf), memory bandwidth (a triad over three arrays), CPU AdamW

@@ -887,7 +887,7 @@ static void step_d2h(const step_in *in, plan_time *o)
     double g_sent = t->zero >= 2 && t->dp > 1 ? 4 : in->wsz;
     if (g_elems <= 0) return;
     double copy = n_mb * g_elems * g_sent / pcie, th, unused;
-    int now = t->schedule != ZO_PLAN_SCHED_SERIAL;
+    int now = plan_sched_sum_team(t->schedule, t->clip_stale);
     for (int k = 0; k < 2; k++) {
         host_teams(in, k ? ZO_PLAN_SCHED_OVERLAP : ZO_PLAN_SCHED_SERIAL, &th, &unused);
         double node = th * in->rpn;

@@ -170,6 +170,12 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
  * parts, tokens/s and utilisation recomputed from pt->sched. The parts
  * add up to the step; pt->opt_hidden is the optimizer time hidden. */
 void plan_time_schedule(plan_time *pt, zo_plan_schedule s);
+/* 1 when the host's gradient sums of schedule s run beside the optimizer's
+ * thread on what it leaves (zo_host_teams): dpu, and overlap without exact
+ * clipping; 0 when they have every core (serial, and overlap with exact
+ * clipping, whose update ends in the next forward, before the backward's
+ * sums: the runtime's offload_optim_sum_threads). */
+int plan_sched_sum_team(zo_plan_schedule s, int clip_stale);
 
 /* Both, after validating the configuration. */
 zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,

@@ -9,7 +9,7 @@
 
 static const char usage_calibrate[] =
     "usage: memplan calibrate [--json | --json-out FILE] [--base PRESET] [--nvme-dir DIR] [--threads N]\n"
-    "                         [--adam-params N] [--seconds S] [--nvme-bytes SIZE]\n"
+    "                         [--adam-params N] [--stream-bytes SIZE] [--seconds S] [--nvme-bytes SIZE]\n"
     "\n"
     "Measure this machine and write a hardware profile (JSON) that '--hw FILE' reads:\n"
     "CPU memory size and cores, memory bandwidth (a triad), CPU AdamW parameters/s\n"
@@ -20,7 +20,8 @@ static const char usage_calibrate[] =
     "be measured here (the GPU, PCIe) comes from --base (default h100-80gb; a machine or a\n"
     "GPU preset such as rtx-4090, 'memplan hardware'); the profile's\n"
     "\"note\" says which. --json (the default) prints it to stdout; --json-out FILE (or\n"
-    "--out FILE) writes it to FILE.\n";
+    "--out FILE) writes it to FILE. The triad's arrays (--stream-bytes each) and the AdamW\n"
+    "state (--adam-params) are, unset or 0, four times the largest CPU cache: memory, not cache.\n";
 
 static const struct option calibrate_opts[] = {
     {"out", required_argument, 0, OPT_JSON_OUT},
@@ -30,6 +31,7 @@ static const struct option calibrate_opts[] = {
     {"nvme-dir", required_argument, 0, OPT_NVME_DIR},
     {"threads", required_argument, 0, OPT_THREADS},
     {"adam-params", required_argument, 0, OPT_ADAM_PARAMS},
+    {"stream-bytes", required_argument, 0, OPT_STREAM_BYTES},
     {"seconds", required_argument, 0, OPT_SECONDS},
     {"nvme-bytes", required_argument, 0, OPT_NVME_BYTES},
     {"help", no_argument, 0, OPT_HELP},
@@ -52,6 +54,10 @@ static int calibrate_flag(int c, const char *arg, void *own, zo_status *st)
     case OPT_ADAM_PARAMS:
         *st = zo_parse_count(arg, "--adam-params", &n);
         o->adam_params = (size_t)n;
+        return 1;
+    case OPT_STREAM_BYTES:
+        *st = zo_parse_size(arg, "--stream-bytes", 0, &n);
+        o->stream_bytes = (size_t)n;
         return 1;
     case OPT_SECONDS: *st = zo_parse_double(arg, "--seconds", 0.01, 600, &o->seconds); return 1;
     case OPT_NVME_BYTES:

@@ -57,11 +57,16 @@ static double overlap_added(const plan_sched_in *in, const double u[3], double f
     return dmax(after - in->opt_gpu, 0);
 }
 
+int plan_sched_sum_team(zo_plan_schedule s, int clip_stale)
+{
+    return s == ZO_PLAN_SCHED_DPU || (s == ZO_PLAN_SCHED_OVERLAP && clip_stale);
+}
+
 void plan_time_schedule(plan_time *o, zo_plan_schedule s)
 {
     /* the host's gradient sums on the schedule's team (cost.c, host_teams):
      * all the cores alone, those the optimizer's thread leaves beside it */
-    int team = s != ZO_PLAN_SCHED_SERIAL;
+    int team = plan_sched_sum_team(s, o->sched.clip_stale);
     if (team != o->sched.d2h_team) {
         plan_sched_in *w = &o->sched;
         double dd = w->d2h_exposed[team] - w->d2h_exposed[w->d2h_team];

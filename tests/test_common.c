@@ -617,6 +617,36 @@ static void test_json_duplicates(void **state)
     assert_non_null(strstr(zo_last_error(), "c.json:2:2: malformed JSON"));
 }
 
+/* zo_copy_team copies every byte once, whatever the team, at sizes around
+ * its pieces and with unaligned ends, and touches nothing past them. */
+static void test_copy_team(void **state)
+{
+    (void)state;
+    const size_t P = ZO_COPY_PIECE;
+    size_t sizes[] = {0, 1, 63, P - 1, P, P + 1, 2 * P - 1, 2 * P, 2 * P + 3, 5 * P + 7, 17 * P + 4095};
+    int teams[] = {0, 1, 2, 3, 7, 64};
+    size_t most = 17 * P + 4095 + 64;
+    unsigned char *src = malloc(most), *dst = malloc(most);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (size_t i = 0; i < most; i++) src[i] = (unsigned char)(i * 2654435761u >> 13);
+    for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+        for (size_t t = 0; t < sizeof teams / sizeof *teams; t++)
+            for (size_t off = 0; off < 2; off++) { /* 0 and 3: aligned and unaligned */
+                size_t o = off * 3, n = sizes[a];
+                memset(dst, 0xA5, most);
+                zo_copy_team(dst + o, src + 5, n, teams[t]);
+                for (size_t i = 0; i < o; i++) assert_int_equal(dst[i], 0xA5);
+                for (size_t i = 0; i < n; i++)
+                    if (dst[o + i] != src[5 + i])
+                        fail_msg("size %zu team %d offset %zu: byte %zu is %u, not %u", n, teams[t], o, i,
+                                 dst[o + i], src[5 + i]);
+                for (size_t i = o + n; i < o + n + 64 && i < most; i++) assert_int_equal(dst[i], 0xA5);
+            }
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -626,7 +656,7 @@ int main(void)
         cmocka_unit_test(test_parse_size),       cmocka_unit_test(test_parse_count),
         cmocka_unit_test(test_format),           cmocka_unit_test(test_file_write_read),
         cmocka_unit_test(test_file_errors),      cmocka_unit_test(test_file_write_no_follow),
-        cmocka_unit_test(test_dir_remove),
+        cmocka_unit_test(test_dir_remove),       cmocka_unit_test(test_copy_team),
         cmocka_unit_test(test_dir_lock),         cmocka_unit_test(test_dir_lock_other_user),         cmocka_unit_test(test_json_duplicates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

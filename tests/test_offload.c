@@ -539,6 +539,16 @@ static void test_schedules(void **state)
             for (int k = 0; k < r.steps; k++)
                 assert_memory_equal(&r.info[k].grad_norm, &ref.info[k].grad_norm, sizeof(float));
             assert_true(r.stats.optimizer_s > 0);
+            /* the host's sums: with exact clipping the update ended in the
+             * forward (which waited for every block), so each had every
+             * core; without, the last micro-batch's ran beside the updates
+             * started during its backward, on the cores they left */
+            printf("  %-28s gradient sums %lld, %lld beside the update\n", "", (long long)r.stats.grad_sums,
+                   (long long)r.stats.grad_sums_beside);
+            assert_true(ref.stats.grad_sums > 0 && ref.stats.grad_sums_beside == 0);
+            assert_true(r.stats.grad_sums == ref.stats.grad_sums);
+            if (clip) assert_true(r.stats.grad_sums_beside == 0);
+            else assert_true(r.stats.grad_sums_beside > 0);
         }
     }
     /* the previous step's norm, and the delayed update: not the serial

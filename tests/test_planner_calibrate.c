@@ -16,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "planner/calibrate.h"  /* defines: plan_calibrate_sizes, plan_calibrate_llc_bytes */
 #include "tests/support/run.h" /* defines: run_memplan */
 
 static cJSON *load_json(const char *path)
@@ -47,7 +48,8 @@ static void test_calibrate_profile(void **state)
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/local.json", dir);
     snprintf(args, sizeof args,
-             "calibrate --out %s --base a100-80gb --nvme-dir %s --adam-params 2M --seconds 0.05 --nvme-bytes 64MiB",
+             "calibrate --out %s --base a100-80gb --nvme-dir %s --adam-params 2M --stream-bytes 64MiB "
+             "--seconds 0.05 --nvme-bytes 64MiB",
              path, dir);
     int rc = run_memplan(args, out, sizeof out);
     if (rc) print_error("%s\n", out);
@@ -106,8 +108,10 @@ static void test_calibrate_profile(void **state)
     /* bad input */
     assert_int_equal(run_memplan("calibrate --base nosuchgpu", out, sizeof out), 2);
     assert_non_null(strstr(out, "nosuchgpu"));
-    assert_int_equal(run_memplan("calibrate --nvme-dir /nonexistent/dir --adam-params 2M --seconds 0.01",
-                                 out, sizeof out), 2);
+    assert_int_equal(run_memplan("calibrate --nvme-dir /nonexistent/dir --adam-params 2M --stream-bytes 64MiB "
+                                 "--seconds 0.01",
+                                 out, sizeof out),
+                     2);
     assert_non_null(strstr(out, "/nonexistent/dir"));
     snprintf(path, sizeof path, "%s/bad.json", dir);
     FILE *f = fopen(path, "w");
@@ -121,8 +125,43 @@ static void test_calibrate_profile(void **state)
     assert_int_equal(system(args), 0);
 }
 
+/* The timings' working sets are past the last-level cache: the default
+ * ones of 64 MiB arrays and 16M parameters sat in a Xeon's L3 of 300-500
+ * MiB and measured it, 5x the rate a step's state streams at. */
+static void test_calibrate_sizes(void **state)
+{
+    (void)state;
+    const uint64_t MiB = 1u << 20;
+    uint64_t llcs[] = {0, 32 * MiB, 105 * MiB, 300 * MiB, 480 * MiB, 1536 * MiB};
+    for (size_t i = 0; i < sizeof llcs / sizeof *llcs; i++) {
+        plan_calibrate_opts o;
+        plan_calibrate_defaults(&o);
+        plan_calibrate_sizes(&o, llcs[i]);
+        /* every triad array, and the AdamW state (p, m, v fp32; g, w bf16) */
+        assert_true(o.stream_bytes >= 4 * llcs[i] && o.stream_bytes >= 64 * MiB);
+        assert_true((uint64_t)o.adam_params * 16 >= 4 * llcs[i] && o.adam_params >= (16u << 20));
+        assert_int_equal(o.stream_bytes % 4096, 0);
+        /* no more than needed: the 4x rounded up */
+        if (llcs[i] >= 64 * MiB) assert_true(o.stream_bytes < 4 * llcs[i] + 4096);
+    }
+    /* what the user sets is kept */
+    plan_calibrate_opts o;
+    plan_calibrate_defaults(&o);
+    o.adam_params = 2u << 20;
+    plan_calibrate_sizes(&o, 480 * MiB);
+    assert_int_equal(o.adam_params, 2u << 20);
+    /* this machine's: at least the L3 glibc reports (sysconf) */
+    uint64_t llc = plan_calibrate_llc_bytes();
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (l3 > 0) assert_true(llc >= (uint64_t)l3);
+    plan_calibrate_defaults(&o);
+    plan_calibrate_sizes(&o, llc);
+    assert_true(o.stream_bytes > llc && (uint64_t)o.adam_params * 16 > llc);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_calibrate_profile)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_calibrate_sizes),
+                                       cmocka_unit_test(test_calibrate_profile)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

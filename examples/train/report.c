@@ -277,6 +277,10 @@ static zo_status print_tiers(offload_t *rt, const offload_stats *st, const offlo
             if (st->time_beside[p] > 0)
                 printf(" %s %.3fs", offload_time_part_name((offload_time_part)p), st->time_beside[p]);
         printf("\n");
+        if (st->grad_sums > 0)
+            printf("# gradient sums: %lld on the host, %lld of them on the cores the optimizer's thread "
+                   "left while it updated, the others on every core\n",
+                   (long long)st->grad_sums, (long long)st->grad_sums_beside);
     }
     if (st->optimizer_s > 0)
         printf("# optimizer: %.3fs on the host, %.0f%% of it beside the device's work\n", st->optimizer_s,
