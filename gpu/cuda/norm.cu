@@ -97,12 +97,16 @@ __global__ void layernorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_t
         tloadv(w, j0, wv, m, vec);
         ZO_UNROLL
         for (int k = 0; k < VEC; k++) {
-            float xh = (xv[k] - mu) * rs, dxh = gv[k] * wv[k];
+            float xh = (xv[k] - mu) * rs, dxh = __fmul_rn(gv[k], wv[k]);
             s1 += dxh;
             s2 += (double)dxh * xh;
         }
     }
     float m1 = (float)(block_sum_d(s1) / c), m2 = (float)(block_sum_d(s2) / c);
+    /* dxh rounded on its own (__fmul_rn) in both passes: contracted into
+     * fma(dy, w, -m1) it would keep the product's rounding error, which rs
+     * (up to 1/sqrt(eps)) magnifies where dxh - m1 cancels (the H200 failed
+     * test_ops' c 1 fp32 case by 7e-6 so) */
     for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
         int m = vec_len(c, j0);
         bool vec = row_vec(m, dy, off + j0, x, off + j0, w, j0, dx, off + j0);
@@ -113,7 +117,7 @@ __global__ void layernorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_t
         tloadv(dx, off + j0, dv, m, vec);
         ZO_UNROLL
         for (int k = 0; k < VEC; k++) {
-            float xh = (xv[k] - mu) * rs, dxh = gv[k] * wv[k];
+            float xh = (xv[k] - mu) * rs, dxh = __fmul_rn(gv[k], wv[k]);
             dv[k] = dv[k] + rs * (dxh - m1 - xh * m2);
         }
         tstorev(dx, off + j0, dv, m, vec);
