@@ -452,6 +452,11 @@ static void test_lora(void **state)
             base_config(&ref.oc);
             ref.oc.adam.lr = 1e-2f;
             ref.oc.adam.weight_decay = 0.0f;
+            /* a clip that never binds: the placements are compared bit for
+             * bit, and an optimizer wholly on the device takes its norm there
+             * (within cpu_adam's 2e-6 of the host's; test_device_optimizer
+             * checks that, and test_clipping the clip) */
+            ref.oc.adam.clip = 1e3f;
             ref.lora = (tf_lora_options){.r = 4, .alpha = 8, .targets = ZO_LORA_ALL_LINEAR, .nf4 = nf4};
             assert_int_equal(do_run(&ref), ZO_OK);
             char name[64];
@@ -1638,9 +1643,14 @@ static void test_device_optimizer(void **state)
                     if (exact)
                         assert_memory_equal(&r.info[k].grad_norm, &ref.info[k].grad_norm,
                                             sizeof(float));
-                    else
+                    else /* once the clip has bound the two runs are two
+                          * trajectories: with OpenBLAS's GEMMs gpt fp16's
+                          * norms drift 2e-5, 2.6e-5, 1.1e-4 apart over the
+                          * three steps after it while the losses stay within
+                          * 5e-6; the norm where it matters, up to the first
+                          * binding, within 1e-5 */
                         assert_true(fabsf(r.info[k].grad_norm - ref.info[k].grad_norm) <=
-                                    (bound ? 1e-4f : 1e-5f) * ref.info[k].grad_norm);
+                                    (bound ? 1e-3f : 1e-5f) * ref.info[k].grad_norm);
                     if (clip && !exact && !bound) assert_memory_equal(&r.loss[k], &ref.loss[k], sizeof(float));
                     if (clip && !exact)
                         assert_true(fabsf(r.loss[k] - ref.loss[k]) <= 1e-4f * fabsf(ref.loss[k]));
@@ -1682,11 +1692,11 @@ static void test_device_optimizer_state(void **state)
         base.oc.grad_accum = 2;
         base.oc.adam.lr = 2e-3f;
         base.oc.opt_state = st[i];
-        /* bf16: a clip that never binds (a share that is the whole optimizer
-         * takes its norm on the device, test_device_optimizer; the encodings
-         * are compared here bit for bit); 8-bit, compared within its noise,
-         * clipped as usual */
-        if (st[i] == ZO_PLAN_STATE_BF16) base.oc.adam.clip = 1e3f;
+        /* a clip that never binds: a share that is the whole optimizer takes
+         * its norm on the device (test_device_optimizer), and the encodings
+         * are compared here: bf16 bit for bit, 8-bit within its noise, which
+         * a bound clip's drift would add to */
+        base.oc.adam.clip = 1e3f;
         run ref = base;
         assert_int_equal(do_run(&ref), ZO_OK);
         char name[64];
