@@ -43,9 +43,11 @@ the k-th and (k+1)-th probability above 1e-4), so a seed is never blamed on the 
          Qwen2-MoE's all-linear: every routed expert's and the shared expert's projections and
          the attention's, never the router): adapters written here under PEFT's key names
          (base_model.model.model.layers.L.block_sparse_moe.experts.N.w1.lora_A.weight), B not
-         zero, `train --adapter` runs 3 steps; the reference trains the same adapters
-         (W + (lora_alpha / r) B A, AdamW on A and B, clipping over them). Each step's loss and
-         gradient norm and the eval loss agree; the adapter folder train saves holds exactly
+         zero, `train --adapter` runs 3 steps (and 1 and 2, saving the adapters); the reference
+         replays them from train's own adapters after each step (W + (lora_alpha / r) B A, AdamW
+         on A and B, clipping over them, its moments carried along: replay_lora). Each step's
+         loss and gradient norm at train's point, AdamW's step from there element by element, and
+         the eval loss agree; the adapter folder train saves holds exactly
          those keys, and merged here (read by name) and as train's --merge folder it gives
          train's eval loss. With --qlora too: its --merge folder (the NF4 base dequantized, the
          router kept whole) gives its eval loss.
@@ -187,7 +189,8 @@ FAMILIES = {
         # comparison. Perturbing the reference's own initial adapters by a relative 1e-7 (fp32's
         # rounding) moved its step-2 gradient norm by 1.3e-4, and by 1e-6 moved it by 9.6e-3.
         # Adam's first steps are close to sign steps, so a gradient that rounding can flip moves
-        # by a full lr, and train's 6.8e-4 there measured that, not the code.
+        # by a full lr, and train's 6.8e-4 there measured that, not the code (in the free run of the
+        # reference that replay_lora has since replaced).
         lora=dict(r=4, alpha=16.0, targets="all-linear", lr=3e-3)),
     # Qwen3: an RMSNorm over each q and k head (q_norm, k_norm), head_dim 128 with q (4 x 128)
     # wider than hidden_size, GQA, tied as Qwen3-0.6B
@@ -350,7 +353,8 @@ FAMILIES["deepseek"] = dict(
             "tie_word_embeddings": False, "torch_dtype": "float32"},
     run=dict(micro_batch=2, seq=70, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
     # lr 1e-3: at 3e-3 the adapters' gradient norms (8 to 17, clipped to 1) grow ill-conditioned
-    # for an fp32-against-float64 comparison by step 2, as Qwen2-MoE's do at 1e-2
+    # for an fp32-against-float64 comparison by step 2, as Qwen2-MoE's do at 1e-2 (in the free run
+    # replay_lora has since replaced)
     lora=dict(r=4, alpha=16.0, targets="all-linear", lr=1e-3))
 # the balance loss over the micro-batch's tokens together (seq_aux false), renormalized top 2, one
 # shared expert, every layer an MoE layer (LoRA on every linear layer but the router)
@@ -530,8 +534,8 @@ def moe_forward(c, p, idx):
     inv_freq = mf.rope_inv_freq(c, d)
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
     x = p["model.embed_tokens.weight"][idx]
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)  # (float32 in replay_lora's rounding probe)
     lin = lambda z, name: z @ p[name + ".weight"].T + (p[name + ".bias"] if name + ".bias" in p else 0)
     routers = []
     for l in range(c["num_hidden_layers"]):
@@ -1076,34 +1080,136 @@ def write_moe_adapter(idir, c, params, lora, g, b_std):
     return init, mods
 
 
+# The replay's check of each AdamW step (replay_lora): every element of train's adapters after the
+# step within lr (UPDATE_TOL + 2 NOISE_MARGIN d / (sqrt(v) + eps)) of the step AdamW takes from train's
+# own point before it, v the element's second moment (bias-corrected) and d the largest difference
+# between the clipped gradient of PyTorch's float32 and float64 in the element's tensor, at this
+# step or an earlier one. AdamW's step is lr m / (sqrt(v) + eps), a ratio of the gradient's moments:
+# a rounding error d in the gradient moves it by up to about 2 d / sqrt(v) of lr. At the first step
+# sqrt(v) is |g|, so an element whose gradient rounding can flip is allowed the flip (1.35 lr seen,
+# at a gradient of 3e-8), and where the moments cancel (m of 1e-4 from steps of +1.7e-3 and -1.6e-3)
+# rounding is amplified as much; the attention's q and k gradients round worse than the others
+# (their softmax backward subtracts a row sum). train's rounding is another draw of the same
+# size: NOISE_MARGIN times PyTorch's. UPDATE_TOL covers fp32's rounding of the step itself. A
+# misplaced eps, a wrong bias correction or weight decay moves most elements by more.
+UPDATE_TOL, NOISE_MARGIN = 1e-4, 4.0
+
+
+def replay_lora(c, params, data, eval_data, run, init, scale, points):
+    """The reference at train's own points: for each step k, the adapters set to train's after k
+    steps (points[k]; points[0] the initial ones), its loss and clipped gradient (AdamW's moments
+    carried from step to step as torch.optim.AdamW keeps them, gradients None where no token
+    reached an expert), then AdamW's step from there compared with points[k + 1] element by
+    element; the eval loss at points[STEPS]. Each step is checked on its own, so fp32 rounding
+    cannot compound along the run: a free run of the float64 reference drifts from train's fp32
+    one by one sign-flipped element per few steps (3.9e-4 of a later gradient norm seen, from one
+    element of a v_proj B). Returns the losses, the norms, the eval loss and per step (the worst
+    |difference| / lr among the resolved elements, the unresolved ones beyond UPDATE_TOL lr, the
+    resolved ones beyond it, the elements)."""
+    q = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    decay = [v for v in q.values() if v.dim() == 2]
+    no_decay = [v for v in q.values() if v.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": OPT["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=run["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
+    K = run["grad_accum"]
+    losses, norms, updates = [], [], []
+    p32 = {key: v.float() for key, v in params.items()}
+    noise = {key: 0.0 for key in q}
+    for k in range(STEPS):
+        lr = lr_at(run, k)
+        # the clipped gradient in float32 at the same point: how far rounding moves each tensor's
+        keep = MIN_GAP[0]
+        q32 = {key: points[k][key].float().requires_grad_(True) for key in q}
+        for j in range(K):
+            (micro_loss(c, with_adapters(p32, q32, scale), data, run, k * K + j) / K).backward()
+        MIN_GAP[0] = keep
+        live32 = {key: v.grad.double() for key, v in q32.items() if v.grad is not None}
+        n32 = math.sqrt(sum((g32 ** 2).sum().item() for g32 in live32.values()))
+        live32 = {key: g32 * min(1.0, OPT["clip"] / n32) for key, g32 in live32.items()}
+        with torch.no_grad():
+            for key, v in q.items():
+                v.copy_(points[k][key])
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for j in range(K):
+            loss = micro_loss(c, with_adapters(params, q, scale), data, run, k * K + j) / K
+            loss.backward()
+            total += loss.item()
+        UNTOUCHED[0] += sum(v.grad is None for v in q.values())
+        norms.append(torch.nn.utils.clip_grad_norm_([v for v in q.values() if v.grad is not None],
+                                                    OPT["clip"]).item())
+        for key, g32 in live32.items():
+            if q[key].grad is not None:
+                noise[key] = max(noise[key], (g32 - q[key].grad).abs().max().item())
+        opt.step()
+        losses.append(total)
+        with torch.no_grad():
+            diff, tol = [], []
+            for key, v in q.items():
+                diff.append((v - points[k + 1][key]).abs().flatten() / lr)
+                st = opt.state.get(v)
+                if v.grad is None or not st:  # untouched this step: unchanged, as the reference leaves it
+                    tol.append(torch.full_like(diff[-1], UPDATE_TOL))
+                    continue
+                vhat = st["exp_avg_sq"] / (1 - OPT["beta2"] ** float(st["step"]))
+                tol.append(UPDATE_TOL + 2 * NOISE_MARGIN * noise[key] / (vhat.sqrt() + OPT["eps"]).flatten())
+            diff, tol = torch.cat(diff), torch.cat(tol)
+        updates.append(((diff / tol).max().item(), int((diff > tol).sum()), int((tol >= 1).sum()), diff.numel()))
+    with torch.no_grad():
+        for key, v in q.items():
+            v.copy_(points[STEPS][key])
+        ev = eval_loss(c, with_adapters(params, q, scale), eval_data, run)
+    return losses, norms, ev, updates
+
+
+def read_adapter(adir):
+    """A saved adapter folder's tensors by PEFT's key names, float64."""
+    return {k: v.double() for k, v in mf.read_safetensors(os.path.join(adir, "adapter_model.safetensors")).items()}
+
+
 def check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g):
     """LoRA on a mixture of experts (the experts' projections, the shared expert's, the
     attention's): adapters written here under PEFT's key names, B not zero so that every adapter
-    counts from the first step, then 3 steps of train --adapter against the float64 reference
-    training the same adapters; the adapter folder train saves read back by PEFT's key names,
+    counts from the first step, then 3 steps of train --adapter checked step by step by the
+    float64 reference replaying them from train's points (replay_lora); the adapter folder train
+    saves read back by PEFT's key names,
     merged here, and its --merge folder, give train's eval loss."""
     ck = Checks()
     r, scale = lora["r"], lora["alpha"] / lora["r"]
     idir = os.path.join(d, "adapter-init")
     init, mods = write_moe_adapter(idir, c, params, lora, g, 0.2)
     lrun = dict(run, lr=lora["lr"])
+    adir, mdir = os.path.join(d, "adapter"), os.path.join(d, "merged")
+    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, lrun, ["--adapter", idir, "--save", adir,
+                                                                    "--merge", mdir])
+    # train's adapters after 1 and 2 of the 3 steps (the 3-step schedule: --schedule-steps)
+    points = [init]
+    for k in range(1, STEPS):
+        kdir = os.path.join(d, f"adapter-step{k}")
+        run_train(train, d, lrun, ["--adapter", idir, "--save", kdir, "--schedule-steps", str(STEPS),
+                                   "--steps", str(k)], steps=k)
+        points.append(read_adapter(kdir))
+    points.append(read_adapter(adir))
     t0 = time.time()
     MIN_GAP[0] = float("inf")
     UNTOUCHED[0] = 0
-    want_l, want_n, want_ev, _ = torch_train(c, params, data, eval_data, lrun, adapters=init, scale=scale)
+    want_l, want_n, want_ev, updates = replay_lora(c, params, data, eval_data, lrun, init, scale, points)
     t_torch = time.time() - t0
     n_exp = sum(".experts." in m for m in mods)
     ck.fact(f"the reference's expert choices clear of ties (smallest gap {MIN_GAP[0]:.1e} > {TIE_GAP:.0e})",
             MIN_GAP[0] > TIE_GAP)
     check_untouched(ck, name, "adapter tensors")
-    adir, mdir = os.path.join(d, "adapter"), os.path.join(d, "merged")
-    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, lrun, ["--adapter", idir, "--save", adir,
-                                                                    "--merge", mdir])
     print(f" LoRA r {r} alpha {lora['alpha']:g} on {lora['targets']}: {len(mods)} modules, {n_exp} of them "
           f"routed experts' (train {t_train:.1f} s, torch {t_torch:.1f} s): {cmd}")
     for k in range(STEPS):
         ck.rel(f"LoRA step {k} loss", got_l[k], want_l[k])
         ck.rel(f"LoRA step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
+        worst, wrong, flippable, n = updates[k]
+        ck.fact(f"LoRA step {k} update: each of {n} elements within its tolerance of AdamW's step from "
+                f"train's point (at most {worst:.2f} of it; {flippable} that rounding could flip)", wrong == 0)
     ck.rel("LoRA eval loss after 3 steps", got_ev, want_ev)
     # the saved adapter, read by PEFT's key names: every module's A and B, and no other
     saved = mf.read_safetensors(os.path.join(adir, "adapter_model.safetensors"))
