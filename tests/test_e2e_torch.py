@@ -649,6 +649,15 @@ def with_adapters(params, adapters, scale):
     return p
 
 
+def adamw(q, run):
+    """torch.optim.AdamW over the tensors of q as train's optimizer: decay on 2-D weights only."""
+    decay = [v for v in q.values() if v.dim() == 2]
+    no_decay = [v for v in q.values() if v.dim() != 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": OPT["weight_decay"]},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=run["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
+
+
 def torch_train(c, params, data, eval_data, run, adapters=None, scale=0.0):
     """STEPS AdamW steps as train takes them: the step's loss is the mean of its micro-batches'
     means, gradients clipped to OPT["clip"] in total norm, decay on 2-D weights only. With
@@ -656,11 +665,7 @@ def torch_train(c, params, data, eval_data, run, adapters=None, scale=0.0):
     trained adapters too."""
     q = {k: v.clone().requires_grad_(True) for k, v in (adapters or params).items()}
     model = (lambda: with_adapters(params, q, scale)) if adapters else (lambda: q)
-    decay = [v for v in q.values() if v.dim() == 2]
-    no_decay = [v for v in q.values() if v.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": OPT["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=run["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
+    opt = adamw(q, run)
     K = run["grad_accum"]
     losses, norms = [], []
     ROUTED[0] = []
@@ -1102,16 +1107,12 @@ def replay_lora(c, params, data, eval_data, run, init, scale, points):
     reached an expert), then AdamW's step from there compared with points[k + 1] element by
     element; the eval loss at points[STEPS]. Each step is checked on its own, so fp32 rounding
     cannot compound along the run: a free run of the float64 reference drifts from train's fp32
-    one by one sign-flipped element per few steps (3.9e-4 of a later gradient norm seen, from one
-    element of a v_proj B). Returns the losses, the norms, the eval loss and per step (the worst
-    |difference| / lr among the resolved elements, the unresolved ones beyond UPDATE_TOL lr, the
-    resolved ones beyond it, the elements)."""
+    one by a sign-flipped element now and then (3.9e-4 of a later gradient norm seen, from one
+    element of a v_proj B). Returns the losses, the norms, the eval loss and per step (the largest
+    difference as a fraction of its element's tolerance, the elements beyond their tolerance,
+    those whose tolerance is lr or more: rounding could flip them, and the elements)."""
     q = {k: v.clone().requires_grad_(True) for k, v in init.items()}
-    decay = [v for v in q.values() if v.dim() == 2]
-    no_decay = [v for v in q.values() if v.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": OPT["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=run["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
+    opt = adamw(q, run)
     K = run["grad_accum"]
     losses, norms, updates = [], [], []
     p32 = {key: v.float() for key, v in params.items()}
