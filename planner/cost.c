@@ -314,10 +314,19 @@ static double mlp_time(const zo_model_config *m, const plan_train *t, const ctx 
 
 /* The attention core of one rank (`heads` of them, head widths dqk and
  * dv): forward, backward and what selective recompute recomputes. */
-static void attn_core_time(const plan_train *t, const ctx *c, double heads, double dqk, double dv,
+static void attn_core_time(const plan_train *t, const ctx *c, double heads, double dqk, double dv, int tc,
                            double *f, double *b, double *rc)
 {
     double s = t->seq, mb = t->micro_batch, e = c->esz;
+    if (t->flash_attn && c->k && tc && (dqk <= 64 || s < PLAN_ATTN_GEMM_MIN_T)) {
+        /* the tensor-core kernels where the runtime takes them (tc: they
+         * cover the layer), at their FLOP rate for the head size */
+        double fl = 2 * s * s * (dqk + dv) * mb * heads * FLASH_CAUSAL;
+        *rc = 0;
+        *f = fl / c->k->attn_tc_fwd[dqk > 64];
+        *b = FLASH_BWD * fl / c->k->attn_tc_bwd[dqk > 64];
+        return;
+    }
     if (t->flash_attn && c->k) {
         /* this runtime's kernels at their measured rates: the flash kernel
          * at a FLOP rate; the GEMM path (16-bit qkv from PLAN_ATTN_GEMM_MIN_T
@@ -413,6 +422,20 @@ static void tp_time(const zo_model_config *m, const plan_train *t, const ctx *c,
     o->tp_bwd = 2 * (t->sp ? 3 * ag : plan_allreduce_s(N, t->tp, bw, lat));
 }
 
+/* Whether the runtime's tensor-core attention covers every layer of m
+ * (gpu/cuda/attention_tc.h's cuda_attn_tc_covers, written again): 16-bit
+ * qkv, one head dim of 64, 80, 96 or 128, no sliding window on any layer,
+ * no soft cap, no ALiBi. A model with some layers windowed is timed as if
+ * none were covered. */
+static int attn_tc_covers(const zo_model_config *m, const ctx *c, double dqk, double dv)
+{
+    if (c->esz != 2 || dqk != dv || (dqk != 64 && dqk != 80 && dqk != 96 && dqk != 128)) return 0;
+    if (m->attn_softcap > 0 || m->pos == ZO_POS_ALIBI) return 0;
+    for (int l = 0; l < m->n_layers; l++)
+        if (zo_model_layer_window(m, l) > 0) return 0;
+    return 1;
+}
+
 /* One layer (dense, or with `moe` an MoE layer) on one rank, one micro-batch. */
 static void layer_time_of(const zo_model_config *m, const plan_train *t, const ctx *c, int moe,
                           layer_time *o)
@@ -430,7 +453,7 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     o->flops_token = 2 * a.wparams + 2 * s * (dqk + dv) * m->n_heads;
     o->attn_flops_token = 2 * s * (dqk + dv) * m->n_heads;
     double attn_f, attn_b, attn_rc, ew_f, ew_b, lf = 0, lb = 0, qf = 0, qb = 0;
-    attn_core_time(t, c, heads, dqk, dv, &attn_f, &attn_b, &attn_rc);
+    attn_core_time(t, c, heads, dqk, dv, attn_tc_covers(m, c, dqk, dv), &attn_f, &attn_b, &attn_rc);
     elementwise_time(c, T, elementwise_bytes(m, t, c, T, q, k, mlp_ew), a.outs / T, &ew_f, &ew_b);
     if (c->frozen) adapters_time(m, t, c, T, moe, &lf, &lb, &qf, &qb);
     o->fwd = a.f + attn_f + ew_f + lf + qf;

@@ -137,12 +137,17 @@ static const plan_hw_preset presets[] = {
  *   0.6348;
  * - NF4 dequantization: 139.688 ms for 80 x 317,194,240 parameters:
  *   1.8166e11 parameters/s (13.7% of HBM's bytes: not memory-bound).
+ * The tensor-core attention (attention_tc.cu) from the third GPU run's
+ * profiles on an H200 (the same GH100 at the same clocks; b 8, t 1024,
+ * bf16, docs/performance.md, "The third GPU run"): GPT-2's 12 heads of 64,
+ * forward 41.6 and backward 18.6 TFLOP/s; the 1.35B LLaMA's heads of 128,
+ * 31.7 and 10.5 (head dims 80 and 96 take 128's: not measured).
  * The H200 (the same GH100 at the same clocks, faster HBM) takes the same
- * figures, not measured there: its one run predates the GEMM path and the
- * profiler. The bandwidth fractions give it its faster memory. */
+ * figures; the bandwidth fractions give it its faster memory. */
 static const plan_kernels kernels_gh100 = {
     .attn_gemm_fwd = 50.06 * TF, .attn_gemm_bwd = 26.91 * TF,
     .attn_flash_fwd = 5.35 * TF, .attn_flash_bwd = 4.65 * TF,
+    .attn_tc_fwd = {41.6 * TF, 31.7 * TF}, .attn_tc_bwd = {18.6 * TF, 10.5 * TF},
     .ew_eff = 40 * 8192 * 998400.0 / (274.731e-3 * 3350 * GBs),
     .lora_eff = 40 * 8192 * 960512.0 / (147.996e-3 * 3350 * GBs),
     .nf4_rate = 80 * 317194240.0 / 139.688e-3,

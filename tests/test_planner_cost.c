@@ -512,15 +512,43 @@ static void test_runtime_kernels(void **state)
     assert_true(fabs(b.pt.mb.ops[PLAN_OP_LORA] / a.pt.mb.ops[PLAN_OP_LORA] - 3350.0 / 4800) < 1e-9);
     assert_true(b.pt.mb.ops[PLAN_OP_ATTN_BWD] == a.pt.mb.ops[PLAN_OP_ATTN_BWD]);
     assert_true(b.pt.mb.ops[PLAN_OP_NF4] == a.pt.mb.ops[PLAN_OP_NF4]);
-    /* under 256 tokens the flash kernel: 5.35 TFLOP/s forward, 4.65 backward
-     * (bench_gpu_cuda's mean of t 2048 and 4096 on the H100: extrapolated
-     * to short sequences), FLOPs of the causal half, the backward 2.5x */
+    /* under 256 tokens the tensor-core kernels at head dim 128: 31.7 TFLOP/s
+     * forward, 10.5 backward (the H200's profile at t 1024: extrapolated to
+     * short sequences), FLOPs of the causal half, the backward 2.5x */
     setup c = a;
     c.t.seq = 128;
     assert_int_equal(plan_time_run(&c.m, &c.hw, &c.t, &c.e, &c.pt), ZO_OK);
     double fl = 40 * 4.0 * 4 * 40 * 128 * 128 * 128 / 2;
+    assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 31.7e12) < 1e-9 * fl / 31.7e12);
+    assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * fl / 10.5e12) < 1e-9 * fl / 10.5e12);
+    /* fp32 qkv: the flash kernel, 5.35 forward, 4.65 backward (bench_gpu_cuda's
+     * mean of t 2048 and 4096 on the H100) */
+    c.t.dtype = ZO_DTYPE_F32;
+    assert_int_equal(plan_estimate_run(&c.m, &c.hw, &c.t, &c.e), ZO_OK);
+    assert_int_equal(plan_time_run(&c.m, &c.hw, &c.t, &c.e, &c.pt), ZO_OK);
     assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 5.35e12) < 1e-9 * fl / 5.35e12);
     assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * fl / 4.65e12) < 1e-9 * fl / 4.65e12);
+    /* head dim 64 (GPT-2: 12 layers of 12 heads): the tensor-core kernels at
+     * every length, 41.6 forward and 18.6 backward, here past the GEMM path's
+     * 256 tokens */
+    setup g = a;
+    assert_int_equal(zo_model_preset_find("gpt2", &g.m), ZO_OK);
+    plan_train_defaults(&g.t, &g.m);
+    g.t.seq = 1024;
+    g.t.micro_batch = 8;
+    assert_int_equal(plan_estimate_run(&g.m, &g.hw, &g.t, &g.e), ZO_OK);
+    assert_int_equal(plan_time_run(&g.m, &g.hw, &g.t, &g.e, &g.pt), ZO_OK);
+    double gl = 12 * 4.0 * 8 * 12 * 1024.0 * 1024 * 64 / 2;
+    assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_FWD] - gl / 41.6e12) < 1e-9 * gl / 41.6e12);
+    assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * gl / 18.6e12) < 1e-9 * gl / 18.6e12);
+    /* a sliding window, which the tensor-core kernels do not take: the flash
+     * kernel under 256 tokens */
+    setup w = a;
+    w.t.seq = 128;
+    w.m.sliding_window = 64;
+    assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
+    assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
+    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 5.35e12) < 1e-9 * fl / 5.35e12);
     /* where nothing was measured (A100): FlashAttention at 0.75 of the curve */
     setup d;
     qlora_13b(&d, "a100-80gb");
