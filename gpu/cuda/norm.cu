@@ -210,7 +210,7 @@ __global__ void rmsnorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_ten
         tloadv(dy, off + j0, gv, m, vec);
         tloadv(w, j0, wv, m, vec);
         ZO_UNROLL
-        for (int k = 0; k < VEC; k++) s2 += (double)(gv[k] * wv[k]) * (xv[k] * rs);
+        for (int k = 0; k < VEC; k++) s2 += (double)__fmul_rn(gv[k], wv[k]) * (xv[k] * rs);
     }
     float m2 = (float)(block_sum_d(s2) / c);
     for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
@@ -222,7 +222,10 @@ __global__ void rmsnorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_ten
         tloadv(w, j0, wv, m, vec);
         tloadv(dx, off + j0, dv, m, vec);
         ZO_UNROLL
-        for (int k = 0; k < VEC; k++) dv[k] = dv[k] + rs * (gv[k] * wv[k] - xv[k] * rs * m2);
+        /* dy*w rounded on its own (__fmul_rn), as LayerNorm's: contracted into
+         * fma(dy, w, -x rs m2) it would keep the product's rounding error,
+         * which rs magnifies where the difference cancels (c 1) */
+        for (int k = 0; k < VEC; k++) dv[k] = dv[k] + rs * (__fmul_rn(gv[k], wv[k]) - xv[k] * rs * m2);
         tstorev(dx, off + j0, dv, m, vec);
     }
 }
