@@ -79,19 +79,18 @@ zo_status wstore_use(wstore *ws, int b, gpu_stream_t s)
     return ws && ws->ops->use ? ws->ops->use(ws, b, s) : ZO_OK;
 }
 
-zo_status wstore_settle(wstore *ws)
+/* The round's puts waited for (with host_only and ordered puts, only the
+ * host's side: sync_host), then the round closed. */
+static zo_status settle(wstore *ws, int host_only)
 {
-    zo_status st = ws->ops->sync(ws);
+    zo_status st = host_only && ws->puts_ordered && ws->ops->sync_host ? ws->ops->sync_host(ws) : ws->ops->sync(ws);
     zo_status sr = ws->ops->round_end ? ws->ops->round_end(ws) : ZO_OK;
     return st != ZO_OK ? st : sr;
 }
 
-zo_status wstore_settle_host(wstore *ws)
-{
-    zo_status st = ws->puts_ordered && ws->ops->sync_host ? ws->ops->sync_host(ws) : ws->ops->sync(ws);
-    zo_status sr = ws->ops->round_end ? ws->ops->round_end(ws) : ZO_OK;
-    return st != ZO_OK ? st : sr;
-}
+zo_status wstore_settle(wstore *ws) { return settle(ws, 0); }
+
+zo_status wstore_settle_host(wstore *ws) { return settle(ws, 1); }
 
 zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
 {
