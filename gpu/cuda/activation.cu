@@ -1,8 +1,8 @@
 /* Activations: GELU (tanh and erf forms), ReLU and SwiGLU, forward and backward, with the
  * formulas of the CPU reference (gpu/ops_cpu.c) in fp32. One thread per
  * chunk of VEC elements in a grid-stride loop, 16-byte vector accesses where
- * every tensor starts 16-byte aligned (kernels.cuh, tloadv). */
-#include "gpu/cuda/kernels.cuh" /* defines: tloadv, tstorev, tvec_ok, grid_for_vec */
+ * every tensor starts 16-byte aligned (kernels.cuh, vec_map). */
+#include "gpu/cuda/kernels.cuh" /* defines: vec_map, vec_map_n, grid_for_vec */
 
 #define BS 256
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
@@ -37,52 +37,23 @@ __device__ __forceinline__ float gelu_bwd(float v, float gy, int form)
 /* y = gelu(x); y, x [n]: 2n elements moved */
 __global__ void gelu_forward_kernel(gpu_tensor y, gpu_tensor x, size_t n, int form)
 {
-    bool al = tvec_ok(y, 0) && tvec_ok(x, 0);
-    for (size_t i0 = vec_first(); i0 < n; i0 += vec_stride()) {
-        int m = vec_len(n, i0);
-        bool vec = al && m == VEC;
-        float v[VEC];
-        tloadv(x, i0, v, m, vec);
-ZO_UNROLL
-        for (int k = 0; k < VEC; k++) v[k] = gelu_fwd(v[k], form);
-        tstorev(y, i0, v, m, vec);
-    }
+    vec_map(y, x, n, [=](float v) { return gelu_fwd(v, form); });
 }
 
 /* dx = dy * gelu'(x); dx, dy, x [n]: 3n elements moved */
 __global__ void gelu_backward_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form)
 {
-    bool al = tvec_ok(dx, 0) && tvec_ok(dy, 0) && tvec_ok(x, 0);
-    for (size_t i0 = vec_first(); i0 < n; i0 += vec_stride()) {
-        int m = vec_len(n, i0);
-        bool vec = al && m == VEC;
-        float v[VEC], g[VEC];
-        tloadv(x, i0, v, m, vec);
-        tloadv(dy, i0, g, m, vec);
-ZO_UNROLL
-        for (int k = 0; k < VEC; k++) v[k] = gelu_bwd(v[k], g[k], form);
-        tstorev(dx, i0, v, m, vec);
-    }
+    vec_map(dx, x, dy, n, [=](float v, float gy) { return gelu_bwd(v, gy, form); });
 }
 
 /* y = silu(gate) * up, or with gelu (GeGLU, Gemma) gelu_tanh(gate) * up;
  * y, gate, up [n]: 3n elements moved (8192 x 5504 bf16: 270.5 MB) */
 __global__ void swiglu_forward_kernel(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu)
 {
-    bool al = tvec_ok(y, 0) && tvec_ok(gate, 0) && tvec_ok(up, 0);
-    for (size_t i0 = vec_first(); i0 < n; i0 += vec_stride()) {
-        int m = vec_len(n, i0);
-        bool vec = al && m == VEC;
-        float g[VEC], u[VEC];
-        tloadv(gate, i0, g, m, vec);
-        tloadv(up, i0, u, m, vec);
-ZO_UNROLL
-        for (int k = 0; k < VEC; k++) {
-            float e = gelu ? -2.0f * GELU_K * (g[k] + 0.044715f * g[k] * g[k] * g[k]) : -g[k];
-            g[k] = g[k] / (1.0f + expf(e)) * u[k];
-        }
-        tstorev(y, i0, g, m, vec);
-    }
+    vec_map(y, gate, up, n, [=](float g, float u) {
+        float e = gelu ? -2.0f * GELU_K * (g + 0.044715f * g * g * g) : -g;
+        return g / (1.0f + expf(e)) * u;
+    });
 }
 
 /* dup = dy * silu(gate); dgate = dy * up * silu'(gate); all [n]. With gelu
@@ -91,36 +62,24 @@ ZO_UNROLL
 __global__ void swiglu_backward_kernel(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
                                        gpu_tensor gate, gpu_tensor up, size_t n, int gelu)
 {
-    bool al = tvec_ok(dgate, 0) && tvec_ok(dup, 0) && tvec_ok(dy, 0) && tvec_ok(gate, 0) && tvec_ok(up, 0);
-    for (size_t i0 = vec_first(); i0 < n; i0 += vec_stride()) {
-        int m = vec_len(n, i0);
-        bool vec = al && m == VEC;
-        float g[VEC], u[VEC], gy[VEC];
-        tloadv(gate, i0, g, m, vec);
-        tloadv(up, i0, u, m, vec);
-        tloadv(dy, i0, gy, m, vec);
-ZO_UNROLL
-        for (int k = 0; k < VEC; k++) {
-            float gg, gu;
-            if (gelu) {
-                float v = GELU_K * (g[k] + 0.044715f * g[k] * g[k] * g[k]);
-                float dv = GELU_K * (1.0f + 3.0f * 0.044715f * g[k] * g[k]);
-                float sg = 1.0f / (1.0f + expf(-2.0f * v));
-                gu = gy[k] * g[k] * sg;
-                gg = gy[k] * u[k] * (sg + 2.0f * g[k] * sg * (1.0f - sg) * dv);
-            } else {
-                float sg = 1.0f / (1.0f + expf(-g[k]));
-                gu = gy[k] * g[k] * sg;
-                gg = gy[k] * u[k] * sg * (1.0f + g[k] * (1.0f - sg));
-            }
-            g[k] = gg;
-            u[k] = gu;
+    /* o[0] dup, o[1] dgate, stored in that order; vec_map_n loads every
+     * input of a chunk before it stores either output: dgate or dup may
+     * alias gate, up or dy (an in-place backward) */
+    const gpu_tensor ys[2] = {dup, dgate}, xs[3] = {gate, up, dy};
+    vec_map_n(ys, xs, n, [=](float (&o)[2], const float (&v)[3]) {
+        float g = v[0], u = v[1], gy = v[2];
+        if (gelu) {
+            float a = GELU_K * (g + 0.044715f * g * g * g);
+            float da = GELU_K * (1.0f + 3.0f * 0.044715f * g * g);
+            float sg = 1.0f / (1.0f + expf(-2.0f * a));
+            o[0] = gy * g * sg;
+            o[1] = gy * u * (sg + 2.0f * g * sg * (1.0f - sg) * da);
+        } else {
+            float sg = 1.0f / (1.0f + expf(-g));
+            o[0] = gy * g * sg;
+            o[1] = gy * u * sg * (1.0f + g * (1.0f - sg));
         }
-        /* every input of the chunk is loaded before either output is
-         * stored: dgate or dup may alias gate, up or dy (an in-place backward) */
-        tstorev(dup, i0, u, m, vec);
-        tstorev(dgate, i0, g, m, vec);
-    }
+    });
 }
 
 extern "C" zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x,

@@ -1,7 +1,8 @@
 /* Device helpers shared by the kernel families: element access in any
  * storage type (fp32 arithmetic, round-to-nearest-even stores, as the CPU
  * backend's zo_load_f32/zo_store_f32) one element or a 16-byte vector of
- * them at a time, warp and block reductions in a fixed
+ * them at a time, the loop of an element-wise kernel over such vectors
+ * (vec_map), warp and block reductions in a fixed
  * order, the grid size of a grid-stride loop, and the two macros through
  * which a kernel source launches and declares dynamic shared memory, so
  * that it compiles unchanged for nvcc and for the host shim (ZO_CUDA_SHIM,
@@ -181,6 +182,57 @@ static inline unsigned grid_for_vec(size_t n, unsigned bs)
     size_t chunks = (n + VEC - 1) / VEC, g = (chunks + bs - 1) / bs;
     if (g > 65535u * 8u) g = 65535u * 8u;
     return g ? (unsigned)g : 1u;
+}
+
+/* The loop of an element-wise kernel over n elements of NO outputs and NI
+ * inputs, all [n]: each thread takes its chunks of VEC (vec_first), loads
+ * every input's chunk in the order of x, applies f(o, v) to each element
+ * (v[t] element k of x[t], o[t] element k of y[t]) and stores the outputs
+ * in the order of y, vector accesses where every tensor starts 16-byte
+ * aligned and the chunk is whole. A chunk's inputs are all loaded before
+ * any output is stored, so an output may alias an input. */
+template <int NO, int NI, typename F>
+__device__ __forceinline__ void vec_map_n(const gpu_tensor (&y)[NO], const gpu_tensor (&x)[NI], size_t n, F f)
+{
+    bool al = true;
+    ZO_UNROLL
+    for (int t = 0; t < NO; t++) al = al && tvec_ok(y[t], 0);
+    ZO_UNROLL
+    for (int t = 0; t < NI; t++) al = al && tvec_ok(x[t], 0);
+    for (size_t i0 = vec_first(); i0 < n; i0 += vec_stride()) {
+        int m = vec_len(n, i0);
+        bool vec = al && m == VEC;
+        float v[NI][VEC], o[NO][VEC];
+        ZO_UNROLL
+        for (int t = 0; t < NI; t++) tloadv(x[t], i0, v[t], m, vec);
+        ZO_UNROLL
+        for (int k = 0; k < VEC; k++) {
+            float vk[NI], ok[NO];
+            ZO_UNROLL
+            for (int t = 0; t < NI; t++) vk[t] = v[t][k];
+            f(ok, vk);
+            ZO_UNROLL
+            for (int t = 0; t < NO; t++) o[t][k] = ok[t];
+        }
+        ZO_UNROLL
+        for (int t = 0; t < NO; t++) tstorev(y[t], i0, o[t], m, vec);
+    }
+}
+
+/* y[i] = f(a[i]) or f(a[i], b[i]): vec_map_n with one output; a is loaded
+ * before b. */
+template <typename F>
+__device__ __forceinline__ void vec_map(gpu_tensor y, gpu_tensor a, size_t n, F f)
+{
+    const gpu_tensor ys[1] = {y}, xs[1] = {a};
+    vec_map_n(ys, xs, n, [&](float (&o)[1], const float (&v)[1]) { o[0] = f(v[0]); });
+}
+
+template <typename F>
+__device__ __forceinline__ void vec_map(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, F f)
+{
+    const gpu_tensor ys[1] = {y}, xs[2] = {a, b};
+    vec_map_n(ys, xs, n, [&](float (&o)[1], const float (&v)[2]) { o[0] = f(v[0], v[1]); });
 }
 
 /* Butterfly sums and maxima over a full warp: every lane gets the result,
