@@ -226,6 +226,54 @@ __device__ __forceinline__ void tc_put_split(float *row, float va, float vb, boo
     }
 }
 
+/* The backward kernels' dynamic shared memory, one carve-up for both (their
+ * score tiles, BC keys' rows in dK/dV's, BR queries' rows in dQ's, are the
+ * same size): S, dP [BC][LDS] fp32, L, Dd [BR] (the query rows' lse and D),
+ * K, V [BC][D+8], Q, dOh, dOl [BR][D+8] (dOl with split_do, else null). */
+template <typename T>
+struct tc_bwd_smem {
+    float *S, *dP, *L, *Dd;
+    T *K, *V, *Q, *dOh, *dOl;
+};
+
+template <typename T, int D>
+__device__ __forceinline__ tc_bwd_smem<T> tc_bwd_carve(int split_do)
+{
+    static_assert(BR == BC, "the backward kernels' score tiles share one layout");
+    constexpr int LDT = D + 8;
+    ZO_EXTERN_SHARED(float, smem);
+    float *S = smem, *dP = S + BC * LDS, *L = dP + BC * LDS, *Dd = L + BR;
+    T *K = reinterpret_cast<T *>(Dd + BR), *V = K + BC * LDT, *Q = V + BC * LDT, *dOh = Q + BR * LDT;
+    return {S, dP, L, Dd, K, V, Q, dOh, split_do ? dOh + BR * LDT : nullptr};
+}
+
+/* Keys j0 .. j0 + n - 1 of kv head g (base: the batch's qkv rows) into
+ * sm.K, sm.V; rows past n zero. */
+template <typename T, int D>
+__device__ __forceinline__ void tc_load_keys(const tc_bwd_smem<T> &sm, const T *base, const tc_geom &G, int g,
+                                             int j0, int n)
+{
+    tc_load_tile<T, D, D + 8>(sm.K, base + (size_t)j0 * G.ld + (size_t)(G.hq + g) * D, G.ld, n, BC);
+    tc_load_tile<T, D, D + 8>(sm.V, base + (size_t)j0 * G.ld + (size_t)(G.hq + G.hkv + g) * D, G.ld, n, BC);
+}
+
+/* Query rows i0 .. i0 + n - 1 of head h of batch b (base: the batch's qkv
+ * rows) into sm.Q, dO's into sm.dOh (and sm.dOl), their lse and D into
+ * sm.L, sm.Dd; rows past n zero. */
+template <typename T, int D>
+__device__ __forceinline__ void tc_load_queries(const tc_bwd_smem<T> &sm, const T *base, gpu_tensor dout,
+                                                const float *lse, const float *Drow, const tc_geom &G, int b,
+                                                int h, int i0, int n)
+{
+    tc_load_tile<T, D, D + 8>(sm.Q, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n, BR);
+    tc_load_split<T, D, D + 8>(sm.dOh, sm.dOl, dout, ((size_t)b * G.t + i0) * G.ldo + (size_t)h * D, G.ldo, n);
+    for (int x = threadIdx.x; x < BR; x += blockDim.x) {
+        const size_t l = ((size_t)b * G.hq + h) * G.t + i0 + x;
+        sm.L[x] = x < n ? lse[l] : 0.0f;
+        sm.Dd[x] = x < n ? Drow[l] : 0.0f;
+    }
+}
+
 /* acc(16 x 16) += A(16 x 64) B(64 x 16) over 4 k-steps: A row-major at a
  * (stride lda), B at b (row-major stride ldb, or col-major). */
 template <typename T, typename LB>
@@ -284,16 +332,13 @@ __global__ void attention_tc_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dou
                                                  int split_do)
 {
     constexpr int LDT = D + 8;
-    ZO_EXTERN_SHARED(float, smem);
-    float *St = smem, *dPt = St + BC * LDS, *Lq = dPt + BC * LDS, *Dq = Lq + BR;
-    T *Ks = reinterpret_cast<T *>(Dq + BR), *Vs = Ks + BC * LDT, *Qs = Vs + BC * LDT, *dOh = Qs + BR * LDT;
-    T *dOl = split_do ? dOh + BR * LDT : nullptr;
+    const tc_bwd_smem<T> sm = tc_bwd_carve<T, D>(split_do);
+    const auto [St, dPt, Lq, Dq, Ks, Vs, Qs, dOh, dOl] = sm;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     const int j0 = blockIdx.z * BC, g = blockIdx.x, b = blockIdx.y; /* the first keys (the longest) first */
     const int n_keys = min(BC, G.t - j0);
     const T *base = qkv + (size_t)b * G.t * G.ld;
-    tc_load_tile<T, D, LDT>(Ks, base + (size_t)j0 * G.ld + (size_t)(G.hq + g) * D, G.ld, n_keys, BC);
-    tc_load_tile<T, D, LDT>(Vs, base + (size_t)j0 * G.ld + (size_t)(G.hq + G.hkv + g) * D, G.ld, n_keys, BC);
+    tc_load_keys<T, D>(sm, base, G, g, j0, n_keys);
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> dk[D / 16], dv[D / 16];
     for (int n = 0; n < D / 16; n++) wmma::fill_fragment(dk[n], 0.0f), wmma::fill_fragment(dv[n], 0.0f);
@@ -304,13 +349,7 @@ __global__ void attention_tc_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dou
         for (int i0 = j0 / BR * BR; i0 < G.t; i0 += BR) {
             const int n_rows = min(BR, G.t - i0);
             __syncthreads(); /* the last tile's reads are done */
-            tc_load_tile<T, D, LDT>(Qs, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n_rows, BR);
-            tc_load_split<T, D, LDT>(dOh, dOl, dout, ((size_t)b * G.t + i0) * G.ldo + (size_t)h * D, G.ldo, n_rows);
-            for (int x = threadIdx.x; x < BR; x += blockDim.x) {
-                const size_t l = ((size_t)b * G.hq + h) * G.t + i0 + x;
-                Lq[x] = x < n_rows ? lse[l] : 0.0f;
-                Dq[x] = x < n_rows ? Drow[l] : 0.0f;
-            }
+            tc_load_queries<T, D>(sm, base, dout, lse, Drow, G, b, h, i0, n_rows);
             __syncthreads();
             tc_abt<T, D>(st, kw, Qs, LDT, false); /* S^T: the warp's keys x the tile's queries */
             tc_abt<T, D>(dpt, vw, dOh, LDT, false); /* dP^T = V dO^T */
@@ -356,21 +395,13 @@ __global__ void attention_tc_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout
                                                  int split_do)
 {
     constexpr int LDT = D + 8;
-    ZO_EXTERN_SHARED(float, smem);
-    float *Ss = smem, *dPs = Ss + BR * LDS, *Lr = dPs + BR * LDS, *Dr = Lr + BR;
-    T *Ks = reinterpret_cast<T *>(Dr + BR), *Vs = Ks + BC * LDT, *Qs = Vs + BC * LDT, *dOh = Qs + BR * LDT;
-    T *dOl = split_do ? dOh + BR * LDT : nullptr;
+    const tc_bwd_smem<T> sm = tc_bwd_carve<T, D>(split_do);
+    const auto [Ss, dPs, Lr, Dr, Ks, Vs, Qs, dOh, dOl] = sm;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     const int i0 = (gridDim.z - 1 - blockIdx.z) * BR, h = blockIdx.x, b = blockIdx.y, g = h / G.grp;
     const int n_rows = min(BR, G.t - i0);
     const T *base = qkv + (size_t)b * G.t * G.ld;
-    tc_load_tile<T, D, LDT>(Qs, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n_rows, BR);
-    tc_load_split<T, D, LDT>(dOh, dOl, dout, ((size_t)b * G.t + i0) * G.ldo + (size_t)h * D, G.ldo, n_rows);
-    for (int x = threadIdx.x; x < BR; x += blockDim.x) {
-        const size_t l = ((size_t)b * G.hq + h) * G.t + i0 + x;
-        Lr[x] = x < n_rows ? lse[l] : 0.0f;
-        Dr[x] = x < n_rows ? Drow[l] : 0.0f;
-    }
+    tc_load_queries<T, D>(sm, base, dout, lse, Drow, G, b, h, i0, n_rows);
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> dq[D / 16];
     for (int n = 0; n < D / 16; n++) wmma::fill_fragment(dq[n], 0.0f);
     float *s = Ss + (size_t)w * 16 * LDS, *dp = dPs + (size_t)w * 16 * LDS;
@@ -379,9 +410,7 @@ __global__ void attention_tc_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout
     const int last = i0 + n_rows - 1;
     for (int j0 = 0; j0 <= last; j0 += BC) {
         __syncthreads(); /* the last tile's reads are done (and the setup above) */
-        const int n_keys = min(BC, G.t - j0);
-        tc_load_tile<T, D, LDT>(Ks, base + (size_t)j0 * G.ld + (size_t)(G.hq + g) * D, G.ld, n_keys, BC);
-        tc_load_tile<T, D, LDT>(Vs, base + (size_t)j0 * G.ld + (size_t)(G.hq + G.hkv + g) * D, G.ld, n_keys, BC);
+        tc_load_keys<T, D>(sm, base, G, g, j0, min(BC, G.t - j0));
         __syncthreads();
         tc_abt<T, D>(s, qw, Ks, LDT, false);    /* S */
         tc_abt<T, D>(dp, dohw, Vs, LDT, false); /* dP = dO V^T */

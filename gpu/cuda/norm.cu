@@ -1,7 +1,7 @@
 /* LayerNorm and RMSNorm over the last dimension, forward and backward.
  * Row statistics of the plain norms: one block per row, each thread taking
  * chunks of VEC columns (16-byte vector accesses where the row's tensors
- * are aligned), sums in double (as the CPU reference sums in double)
+ * are aligned; every pass one walk, row_map), sums in double (as the CPU reference sums in double)
  * combined by a block reduction in a fixed order. The per-head RMSNorm (rows
  * of 64 to 256): one warp per row, lanes striding over the columns.
  * Parameter gradients (and the bias gradient of bias.cu, through
@@ -18,14 +18,54 @@
 #define SUM_BLOCKS 1056  /* blocks the partials aim at: 8 of 132 SMs' worth */
 #define SUM_CHUNKS_MAX 1024 /* row chunks of the column sums (at most) */
 
-/* Whether a block-per-row kernel's chunk of m columns takes the vector
- * path: whole (m == VEC), and every tensor given (data NULL: none) aligned
- * at its offset. */
-__device__ __forceinline__ bool row_vec(int m, gpu_tensor a, size_t ao, gpu_tensor b, size_t bo, gpu_tensor c_,
-                                        size_t co, gpu_tensor d, size_t dof)
+/* A tensor that a row walk (row_map) leaves alone: no load, no store, no
+ * say in the vector test, and no code for any of them. */
+struct row_none {
+};
+
+/* One chunk of a row walk: VEC values of each tensor (x, g, w, b, and o
+ * the output), m of them real (the rest 0 where loaded). */
+struct row_chunk {
+    float x[VEC], g[VEC], w[VEC], b[VEC], o[VEC];
+    int m;
+};
+
+__device__ __forceinline__ bool row_ok(gpu_tensor t, size_t i) { return !t.data || tvec_ok(t, i); }
+__device__ __forceinline__ bool row_ok(row_none, size_t) { return true; }
+__device__ __forceinline__ bool row_has(gpu_tensor t) { return t.data != NULL; }
+__device__ __forceinline__ bool row_has(row_none) { return false; }
+__device__ __forceinline__ void row_load(gpu_tensor t, size_t i, float *v, int m, bool vec) { tloadv(t, i, v, m, vec); }
+__device__ __forceinline__ void row_load(row_none, size_t, float *, int, bool) {}
+__device__ __forceinline__ void row_store(gpu_tensor t, size_t i, const float *v, int m, bool vec)
 {
-    return m == VEC && (!a.data || tvec_ok(a, ao)) && (!b.data || tvec_ok(b, bo)) && (!c_.data || tvec_ok(c_, co)) &&
-           (!d.data || tvec_ok(d, dof));
+    tstorev(t, i, v, m, vec);
+}
+__device__ __forceinline__ void row_store(row_none, size_t, const float *, int, bool) {}
+
+/* The walk of a block-per-row kernel over its row of c columns: this
+ * thread's chunks of VEC columns from threadIdx.x * VEC in steps of
+ * blockDim.x * VEC (the last one short). Per chunk at column j0: x and g
+ * (row tensors, at off + j0), w and b (the row's parameters, at j0; b only
+ * where its data is not NULL) loaded in that order, then o from `out` when out_in; f(chunk);
+ * chunk.o stored to `out`. Any of g, w, b, out may be row_none. A chunk
+ * takes the vector path when whole and every tensor it touches is aligned
+ * there (tvec_ok; data NULL: not touched). */
+template <typename O, typename G, typename W, typename B, typename F>
+__device__ __forceinline__ void row_map(int c, size_t off, O out, bool out_in, gpu_tensor x, G g, W w, B b, F f)
+{
+    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
+        row_chunk k;
+        k.m = vec_len(c, j0);
+        size_t o = off + j0;
+        bool vec = k.m == VEC && row_ok(out, o) && row_ok(x, o) && row_ok(g, o) && row_ok(w, j0) && row_ok(b, j0);
+        tloadv(x, o, k.x, k.m, vec);
+        row_load(g, o, k.g, k.m, vec);
+        row_load(w, j0, k.w, k.m, vec);
+        if (row_has(b)) row_load(b, j0, k.b, k.m, vec);
+        if (out_in) row_load(out, o, k.o, k.m, vec);
+        f(k);
+        row_store(out, o, k.o, k.m, vec);
+    }
 }
 
 /* y = (x - mean) * rstd * w + b; x, y [n, c]; w, b [c] (b.data may be NULL);
@@ -37,39 +77,26 @@ __global__ void layernorm_forward_kernel(gpu_tensor y, float *mean, float *rstd,
 {
     int r = blockIdx.x;
     size_t off = (size_t)r * c;
-    gpu_tensor none = {NULL, ZO_DTYPE_F32};
+    row_none none;
     double s = 0.0;
-    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
-        int m = vec_len(c, j0);
-        float v[VEC];
-        tloadv(x, off + j0, v, m, row_vec(m, x, off + j0, none, 0, none, 0, none, 0));
+    row_map(c, off, none, false, x, none, none, none, [&](row_chunk &v) {
         ZO_UNROLL
-        for (int k = 0; k < VEC; k++) s += v[k];
-    }
+        for (int k = 0; k < VEC; k++) s += v.x[k];
+    });
     float mu = (float)(block_sum_d(s) / c);
     double q = 0.0;
-    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
-        int m = vec_len(c, j0);
-        float v[VEC];
-        tloadv(x, off + j0, v, m, row_vec(m, x, off + j0, none, 0, none, 0, none, 0));
+    row_map(c, off, none, false, x, none, none, none, [&](row_chunk &v) {
         ZO_UNROLL
         for (int k = 0; k < VEC; k++) {
-            float dv = v[k] - mu;
-            q += k < m ? (double)dv * dv : 0.0;
+            float dv = v.x[k] - mu;
+            q += k < v.m ? (double)dv * dv : 0.0;
         }
-    }
+    });
     float rs = (float)(1.0 / sqrt(block_sum_d(q) / c + (double)eps));
-    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
-        int m = vec_len(c, j0);
-        bool vec = row_vec(m, y, off + j0, x, off + j0, w, j0, b, j0);
-        float v[VEC], wv[VEC], bv[VEC];
-        tloadv(x, off + j0, v, m, vec);
-        tloadv(w, j0, wv, m, vec);
-        if (b.data) tloadv(b, j0, bv, m, vec);
+    row_map(c, off, y, false, x, none, w, b, [&](row_chunk &v) {
         ZO_UNROLL
-        for (int k = 0; k < VEC; k++) v[k] = (v[k] - mu) * rs * wv[k] + (b.data ? bv[k] : 0.0f);
-        tstorev(y, off + j0, v, m, vec);
-    }
+        for (int k = 0; k < VEC; k++) v.o[k] = (v.x[k] - mu) * rs * v.w[k] + (b.data ? v.b[k] : 0.0f);
+    });
     if (threadIdx.x == 0) {
         mean[r] = mu;
         rstd[r] = rs;
@@ -87,41 +114,28 @@ __global__ void layernorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_t
     int r = blockIdx.x;
     size_t off = (size_t)r * c;
     float mu = mean[r], rs = rstd[r];
+    row_none none;
     double s1 = 0.0, s2 = 0.0;
-    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
-        int m = vec_len(c, j0);
-        bool vec = row_vec(m, dy, off + j0, x, off + j0, w, j0, dy, off + j0);
-        float xv[VEC], gv[VEC], wv[VEC];
-        tloadv(x, off + j0, xv, m, vec);
-        tloadv(dy, off + j0, gv, m, vec);
-        tloadv(w, j0, wv, m, vec);
+    row_map(c, off, none, false, x, dy, w, none, [&](row_chunk &v) {
         ZO_UNROLL
         for (int k = 0; k < VEC; k++) {
-            float xh = (xv[k] - mu) * rs, dxh = __fmul_rn(gv[k], wv[k]);
+            float xh = (v.x[k] - mu) * rs, dxh = __fmul_rn(v.g[k], v.w[k]);
             s1 += dxh;
             s2 += (double)dxh * xh;
         }
-    }
+    });
     float m1 = (float)(block_sum_d(s1) / c), m2 = (float)(block_sum_d(s2) / c);
     /* dxh rounded on its own (__fmul_rn) in both passes: contracted into
      * fma(dy, w, -m1) it would keep the product's rounding error, which rs
      * (up to 1/sqrt(eps)) magnifies where dxh - m1 cancels (the H200 failed
      * test_ops' c 1 fp32 case by 7e-6 so) */
-    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
-        int m = vec_len(c, j0);
-        bool vec = row_vec(m, dy, off + j0, x, off + j0, w, j0, dx, off + j0);
-        float xv[VEC], gv[VEC], wv[VEC], dv[VEC];
-        tloadv(x, off + j0, xv, m, vec);
-        tloadv(dy, off + j0, gv, m, vec);
-        tloadv(w, j0, wv, m, vec);
-        tloadv(dx, off + j0, dv, m, vec);
+    row_map(c, off, dx, true, x, dy, w, none, [&](row_chunk &v) {
         ZO_UNROLL
         for (int k = 0; k < VEC; k++) {
-            float xh = (xv[k] - mu) * rs, dxh = __fmul_rn(gv[k], wv[k]);
-            dv[k] = dv[k] + rs * (dxh - m1 - xh * m2);
+            float xh = (v.x[k] - mu) * rs, dxh = __fmul_rn(v.g[k], v.w[k]);
+            v.o[k] = v.o[k] + rs * (dxh - m1 - xh * m2);
         }
-        tstorev(dx, off + j0, dv, m, vec);
-    }
+    });
 }
 
 /* One warp's row of c: y[yo..] = x[xo..] * rstd * w (y may be x), rstd =
@@ -168,26 +182,17 @@ __global__ void rmsnorm_forward_kernel(gpu_tensor y, float *rstd, gpu_tensor x, 
 {
     int r = blockIdx.x;
     size_t off = (size_t)r * c;
-    gpu_tensor none = {NULL, ZO_DTYPE_F32};
+    row_none none;
     double ss = 0.0;
-    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
-        int m = vec_len(c, j0);
-        float v[VEC];
-        tloadv(x, off + j0, v, m, row_vec(m, x, off + j0, none, 0, none, 0, none, 0));
+    row_map(c, off, none, false, x, none, none, none, [&](row_chunk &v) {
         ZO_UNROLL
-        for (int k = 0; k < VEC; k++) ss += (double)v[k] * v[k];
-    }
+        for (int k = 0; k < VEC; k++) ss += (double)v.x[k] * v.x[k];
+    });
     float rs = (float)(1.0 / sqrt(block_sum_d(ss) / c + (double)eps));
-    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
-        int m = vec_len(c, j0);
-        bool vec = row_vec(m, y, off + j0, x, off + j0, w, j0, none, 0);
-        float v[VEC], wv[VEC];
-        tloadv(x, off + j0, v, m, vec);
-        tloadv(w, j0, wv, m, vec);
+    row_map(c, off, y, false, x, none, w, none, [&](row_chunk &v) {
         ZO_UNROLL
-        for (int k = 0; k < VEC; k++) v[k] = v[k] * rs * wv[k];
-        tstorev(y, off + j0, v, m, vec);
-    }
+        for (int k = 0; k < VEC; k++) v.o[k] = v.x[k] * rs * v.w[k];
+    });
     if (threadIdx.x == 0) rstd[r] = rs;
 }
 
@@ -201,33 +206,20 @@ __global__ void rmsnorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_ten
     int r = blockIdx.x;
     size_t off = (size_t)r * c;
     float rs = rstd[r];
+    row_none none;
     double s2 = 0.0;
-    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
-        int m = vec_len(c, j0);
-        bool vec = row_vec(m, dy, off + j0, x, off + j0, w, j0, dy, off + j0);
-        float xv[VEC], gv[VEC], wv[VEC];
-        tloadv(x, off + j0, xv, m, vec);
-        tloadv(dy, off + j0, gv, m, vec);
-        tloadv(w, j0, wv, m, vec);
+    row_map(c, off, none, false, x, dy, w, none, [&](row_chunk &v) {
         ZO_UNROLL
-        for (int k = 0; k < VEC; k++) s2 += (double)__fmul_rn(gv[k], wv[k]) * (xv[k] * rs);
-    }
+        for (int k = 0; k < VEC; k++) s2 += (double)__fmul_rn(v.g[k], v.w[k]) * (v.x[k] * rs);
+    });
     float m2 = (float)(block_sum_d(s2) / c);
-    for (int j0 = threadIdx.x * VEC; j0 < c; j0 += blockDim.x * VEC) {
-        int m = vec_len(c, j0);
-        bool vec = row_vec(m, dy, off + j0, x, off + j0, w, j0, dx, off + j0);
-        float xv[VEC], gv[VEC], wv[VEC], dv[VEC];
-        tloadv(x, off + j0, xv, m, vec);
-        tloadv(dy, off + j0, gv, m, vec);
-        tloadv(w, j0, wv, m, vec);
-        tloadv(dx, off + j0, dv, m, vec);
+    row_map(c, off, dx, true, x, dy, w, none, [&](row_chunk &v) {
         ZO_UNROLL
         /* dy*w rounded on its own (__fmul_rn), as LayerNorm's: contracted into
          * fma(dy, w, -x rs m2) it would keep the product's rounding error,
          * which rs magnifies where the difference cancels (c 1) */
-        for (int k = 0; k < VEC; k++) dv[k] = dv[k] + rs * (__fmul_rn(gv[k], wv[k]) - xv[k] * rs * m2);
-        tstorev(dx, off + j0, dv, m, vec);
-    }
+        for (int k = 0; k < VEC; k++) v.o[k] = v.o[k] + rs * (__fmul_rn(v.g[k], v.w[k]) - v.x[k] * rs * m2);
+    });
 }
 
 /* Partial parameter gradients of row chunk blockIdx.y (rows r of [n], chunk
