@@ -258,7 +258,9 @@ void adam_update_q8_avx2(const adam_consts *c, const adam_q8_tables *t, size_t b
 #undef CALL
 }
 
-/* Squares of 8 fp32 lanes widened to double, added into two accumulators. */
+/* Squares of 8 fp32 lanes widened to double, added into two accumulators
+ * (exact squares: 48 significant bits of double's 53; the FMA rounds only
+ * the addition). */
 ADAM_INLINE void avx2_sq_acc(__m256 x, __m256d *a, __m256d *b)
 {
     __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
@@ -267,39 +269,26 @@ ADAM_INLINE void avx2_sq_acc(__m256 x, __m256d *a, __m256d *b)
     *b = _mm256_fmadd_pd(hi, hi, *b);
 }
 
-/* Elements per block: 16 squares per lane in each of four fp32 accumulators. */
-#define AVX2_SQ_BLOCK 512
-
-/* As avx512_sumsq_t: fp32 sums over blocks (relative error below 2e-6),
- * added in double; a block whose fp32 sum is not finite is summed again in
- * double; the tail is summed in double. */
+/* As avx512_sumsq_t: in double, element i into lane i % 32 of eight
+ * accumulators of 4 doubles, added by a fixed tree; the tail element by
+ * element after them. */
 ADAM_INLINE double avx2_sumsq_t(const void *g, const zo_dtype gd, size_t n)
 {
-    __m256d a = _mm256_setzero_pd(), b = a;
-    const __m256 inf = _mm256_set1_ps(__builtin_inff());
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     size_t i = 0;
-    for (; i + AVX2_SQ_BLOCK <= n; i += AVX2_SQ_BLOCK) {
-        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (size_t j = i; j < i + AVX2_SQ_BLOCK; j += 32) {
-            __m256 x0 = avx2_load_grad(g, j, gd), x1 = avx2_load_grad(g, j + 8, gd);
-            __m256 x2 = avx2_load_grad(g, j + 16, gd), x3 = avx2_load_grad(g, j + 24, gd);
-            s0 = _mm256_fmadd_ps(x0, x0, s0);
-            s1 = _mm256_fmadd_ps(x1, x1, s1);
-            s2 = _mm256_fmadd_ps(x2, x2, s2);
-            s3 = _mm256_fmadd_ps(x3, x3, s3);
-        }
-        __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-        __m256 fin = _mm256_cmp_ps(_mm256_and_ps(s, absmask), inf, _CMP_LT_OQ);
-        if (__builtin_expect(_mm256_movemask_ps(fin) == 0xff, 1)) {
-            a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm256_castps256_ps128(s)));
-            b = _mm256_add_pd(b, _mm256_cvtps_pd(_mm256_extractf128_ps(s, 1)));
-        } else {
-            for (size_t j = i; j < i + AVX2_SQ_BLOCK; j += 8) avx2_sq_acc(avx2_load_grad(g, j, gd), &a, &b);
-        }
+    const size_t gs = gd == ZO_DTYPE_F32 ? 4 : 2; /* bytes an element; 32 elements: gs / 2 lines */
+    for (; i + 32 <= n; i += 32) {
+        const char *ahead = (const char *)g + i * gs + ADAM_SUMSQ_PREFETCH;
+        for (size_t l = 0; l < gs; l += 2) _mm_prefetch(ahead + 32 * l, _MM_HINT_T0);
+        avx2_sq_acc(avx2_load_grad(g, i, gd), &a0, &a1);
+        avx2_sq_acc(avx2_load_grad(g, i + 8, gd), &a2, &a3);
+        avx2_sq_acc(avx2_load_grad(g, i + 16, gd), &a4, &a5);
+        avx2_sq_acc(avx2_load_grad(g, i + 24, gd), &a6, &a7);
     }
+    __m256d s = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)),
+                              _mm256_add_pd(_mm256_add_pd(a4, a5), _mm256_add_pd(a6, a7)));
     double lanes[4];
-    _mm256_storeu_pd(lanes, _mm256_add_pd(a, b));
+    _mm256_storeu_pd(lanes, s);
     double t = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
     for (; i < n; i++) {
         double x = zo_load_f32(g, gd, i);

@@ -186,67 +186,53 @@ void ADAM_AVX512_BF16S(const adam_consts *c, size_t n, float *restrict p, const 
 #endif
 
 #ifdef ADAM_AVX512_SUMSQ
-/* Squares of 16 fp32 lanes widened to double, added into two accumulators. */
-ADAM_INLINE void avx512_sq_acc(__m512 x, __m512d *a, __m512d *b)
+/* 8 gradients from element i of g widened to double (exactly), lanes
+ * outside k 0. */
+ADAM_INLINE __m512d avx512_load8_pd(const void *g, size_t i, const zo_dtype gd, __mmask8 k,
+                                    const int masked)
 {
-    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-    *a = _mm512_fmadd_pd(lo, lo, *a);
-    *b = _mm512_fmadd_pd(hi, hi, *b);
-}
-
-/* Elements per block: 16 squares per lane in each of four fp32 accumulators
- * (four, so the FMA latency chain does not bound the loop). */
-#define AVX512_SQ_BLOCK 1024
-
-/* Sum of squares in double all the way (tails, and blocks whose fp32 sums
- * overflowed); lanes outside a partial last vector are 0. */
-ADAM_INLINE void avx512_sumsq_f64(const void *g, const zo_dtype gd, size_t i, size_t n,
-                                  __m512d *a, __m512d *b)
-{
-    for (; i < n; i += 16) {
-        size_t r = n - i < 16 ? n - i : 16;
-        __mmask16 k = (__mmask16)((1u << r) - 1);
-        avx512_sq_acc(r == 16 ? avx512_load_grad(g, i, gd, k, 0) : avx512_load_grad(g, i, gd, k, 1),
-                      a, b);
+    __m256 x;
+    if (gd == ZO_DTYPE_F32) {
+        const float *s = (const float *)g + i;
+        x = masked ? _mm256_maskz_loadu_ps(k, s) : _mm256_loadu_ps(s);
+    } else {
+        const uint16_t *s = (const uint16_t *)g + i;
+        __m128i h = masked ? _mm_maskz_loadu_epi16(k, s) : _mm_loadu_si128((const __m128i *)s);
+        x = gd == ZO_DTYPE_F16 ? _mm256_cvtph_ps(h)
+                               : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
+    return _mm512_cvtps_pd(x);
 }
 
-/* Squares summed in fp32 over blocks of 1024 elements (16 per lane and
- * accumulator, then 4 accumulators: relative error below 2e-6), each block's lanes then added in
- * double. A block whose fp32 sum is not finite (huge fp32/bf16 values, or
- * inf/nan) is summed again in double, so overflow is never reported as
- * inf and inf/nan always is. */
+/* Sum of squares in double: element i into lane i % 8 of accumulator
+ * (i / 8) % 8 (eight, so the FMA latency chain does not bound the loop),
+ * the tail into the first, then the accumulators added by a fixed tree.
+ * The squares are exact (an fp32 value has 24 significant bits, its square
+ * 48 of double's 53) and the FMA rounds only the addition. A sum of finite
+ * fp32 squares cannot overflow a double: an inf or a nan in the result is
+ * one in the input. */
 ADAM_INLINE double avx512_sumsq_t(const void *g, const zo_dtype gd, size_t n)
 {
-    __m512d a = _mm512_setzero_pd(), b = a;
-    const __m512 inf = _mm512_set1_ps(__builtin_inff());
+    const size_t gs = gd == ZO_DTYPE_F32 ? 4 : 2; /* bytes an element; 64 elements: gs lines */
+    __m512d a[8];
+    for (int k = 0; k < 8; k++) a[k] = _mm512_setzero_pd();
     size_t i = 0;
-    for (; i + AVX512_SQ_BLOCK <= n; i += AVX512_SQ_BLOCK) {
-        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (size_t j = i; j < i + AVX512_SQ_BLOCK; j += 64) {
-            __m512 x0 = avx512_load_grad(g, j, gd, 0xffff, 0);
-            __m512 x1 = avx512_load_grad(g, j + 16, gd, 0xffff, 0);
-            __m512 x2 = avx512_load_grad(g, j + 32, gd, 0xffff, 0);
-            __m512 x3 = avx512_load_grad(g, j + 48, gd, 0xffff, 0);
-            s0 = _mm512_fmadd_ps(x0, x0, s0);
-            s1 = _mm512_fmadd_ps(x1, x1, s1);
-            s2 = _mm512_fmadd_ps(x2, x2, s2);
-            s3 = _mm512_fmadd_ps(x3, x3, s3);
-        }
-        __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
-        if (__builtin_expect(_mm512_cmp_ps_mask(_mm512_abs_ps(s), inf, _CMP_LT_OQ) == 0xffff, 1)) {
-            __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
-            __m512d hi = _mm512_cvtps_pd(
-                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-            a = _mm512_add_pd(a, lo);
-            b = _mm512_add_pd(b, hi);
-        } else {
-            avx512_sumsq_f64(g, gd, i, i + AVX512_SQ_BLOCK, &a, &b);
+    for (; i + 64 <= n; i += 64) {
+        const char *ahead = (const char *)g + i * gs + ADAM_SUMSQ_PREFETCH;
+        for (size_t l = 0; l < gs; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+        for (int k = 0; k < 8; k++) {
+            __m512d x = avx512_load8_pd(g, i + 8 * (size_t)k, gd, 0xff, 0);
+            a[k] = _mm512_fmadd_pd(x, x, a[k]);
         }
     }
-    avx512_sumsq_f64(g, gd, i, n, &a, &b);
-    return _mm512_reduce_add_pd(_mm512_add_pd(a, b));
+    for (; i < n; i += 8) {
+        size_t r = n - i < 8 ? n - i : 8;
+        __m512d x = avx512_load8_pd(g, i, gd, (__mmask8)((1u << r) - 1), 1);
+        a[0] = _mm512_fmadd_pd(x, x, a[0]);
+    }
+    __m512d s = _mm512_add_pd(_mm512_add_pd(_mm512_add_pd(a[0], a[1]), _mm512_add_pd(a[2], a[3])),
+                              _mm512_add_pd(_mm512_add_pd(a[4], a[5]), _mm512_add_pd(a[6], a[7])));
+    return _mm512_reduce_add_pd(s);
 }
 
 double ADAM_AVX512_SUMSQ(const void *g, zo_dtype gd, size_t n)

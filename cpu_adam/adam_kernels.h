@@ -24,6 +24,12 @@ typedef void (*adam_update_fn)(const adam_consts *c, size_t n, float *restrict p
                                float *restrict v, void *restrict out, zo_dtype od);
 /* Sum of squares of n elements in double (inf/nan propagate into it). */
 typedef double (*adam_sumsq_fn)(const void *g, zo_dtype gd, size_t n);
+/* How far ahead of its loads a vector sum of squares prefetches, in bytes.
+ * Its conversions to double fill the reorder window, so fewer of its loads
+ * are in flight than in a plain read and the stream from memory slows to
+ * about two thirds of one (measured: bench_cpu_adam, docs/performance.md);
+ * prefetching 4 KiB ahead brings it back to the read's speed. */
+#define ADAM_SUMSQ_PREFETCH 4096
 /* The same update with m and v stored as bf16 (ADAM_STATE_BF16). */
 typedef void adam_bf16s_kernel(const adam_consts *c, size_t n, float *restrict p,
                                const void *restrict g, zo_dtype gd, uint16_t *restrict m,

@@ -49,7 +49,7 @@ typedef zo_adam_hparams adam_hparams;
 typedef enum adam_impl {
     ADAM_IMPL_AUTO = 0, /* the best the CPU supports (adam_best_impl) */
     ADAM_IMPL_SCALAR,   /* plain C reference */
-    ADAM_IMPL_AVX2,     /* AVX2 + F16C (+ FMA in the sum of squares) */
+    ADAM_IMPL_AVX2,     /* AVX2 + F16C (+ FMA in the sum of squares, in double) */
     ADAM_IMPL_AVX512,   /* AVX-512 F/BW/VL, + AVX512-BF16 when present */
     /* AVX-512 rounding the bf16 copy with integer operations even where
      * AVX512-BF16 exists (tests and benchmarks of that path). */
@@ -78,13 +78,19 @@ zo_status adam_update_impl(adam_impl impl, const adam_hparams *hp, size_t n, flo
                            zo_dtype out_dtype, int nthreads);
 
 /* Sum of squares of n gradient elements and whether any element is inf or
- * nan (*nonfinite 1, and *sumsq is then inf or nan). The scalar reference
- * sums in double; the vector ones sum blocks of 64 squares per lane in fp32
- * and the blocks in double (relative error below 2e-6; a block whose fp32 sum
- * overflows is summed again in double, so only a real inf/nan is reported).
- * grad_mult is not applied: scale the result by grad_mult^2. Results depend on
- * the implementation and thread count to rounding; a given (impl, nthreads)
- * is deterministic. */
+ * nan (*nonfinite 1, and *sumsq is then inf or nan). Every implementation
+ * widens each element to double and squares it there (exactly: 48
+ * significant bits) and adds the squares in double: the scalar reference
+ * one after the other, the vector ones in 32 (AVX2) or 64 (AVX-512) lanes
+ * and each thread's chunk apart, then the lanes and the threads' sums in a
+ * fixed order. Only additions of doubles round, so the result is within
+ * gamma(n - 1) ~ (n - 1) * 2^-53 relative of the exact sum whatever the
+ * order (a sum of finite squares cannot overflow a double, so only a real
+ * inf/nan is reported). The same values summed in another order (the device's
+ * gpu_sum_squares) differ in the last bits of the double only. grad_mult is
+ * not applied: scale the result by grad_mult^2. Results depend on the
+ * implementation and thread count to rounding; a given (impl, nthreads) is
+ * deterministic. */
 zo_status adam_grad_stats(const void *grad, zo_dtype grad_dtype, size_t n, int nthreads,
                           double *sumsq, int *nonfinite);
 zo_status adam_grad_stats_impl(adam_impl impl, const void *grad, zo_dtype grad_dtype, size_t n,

@@ -1178,9 +1178,11 @@ static zo_status dev_grad_ready(oshard *sh, gpu_stream_t s)
  * function, in block order: the very bits the host would get with these
  * blocks in memory, so clipping gives bit-identical steps. Otherwise on
  * the device, with no copy: gpu_sum_squares accumulates in double and
- * only the statistics' few bytes come back (the norm agrees with the
- * host's within the host's own rounding: cpu_adam's vector sums add fp32
- * blocks, within 2e-6). The rank's own experts' runs
+ * only the statistics' few bytes come back (the host's sum too is one in
+ * double of the same exact squares, in another order: the two differ in
+ * the double's last bits, and the clip's float multiplier is the same bits
+ * but where they straddle a float's rounding boundary). The rank's own
+ * experts' runs
  * (sums->xn) go to *xsumsq, in the same pass. */
 static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xsumsq, int *bad_block)
 {
