@@ -1100,6 +1100,17 @@ def write_moe_adapter(idir, c, params, lora, g, b_std):
 UPDATE_TOL, NOISE_MARGIN = 1e-4, 4.0
 
 
+def step_backward(c, params, q, data, run, k, scale):
+    """Step k's micro-batches through the adapters q over params, each loss / K backward; returns
+    the step's loss (the mean of its micro-batches' means)."""
+    K, total = run["grad_accum"], 0.0
+    for j in range(K):
+        loss = micro_loss(c, with_adapters(params, q, scale), data, run, k * K + j) / K
+        loss.backward()
+        total += loss.item()
+    return total
+
+
 def replay_lora(c, params, data, eval_data, run, init, scale, points):
     """The reference at train's own points: for each step k, the adapters set to train's after k
     steps (points[k]; points[0] the initial ones), its loss and clipped gradient (AdamW's moments
@@ -1113,17 +1124,16 @@ def replay_lora(c, params, data, eval_data, run, init, scale, points):
     those whose tolerance is lr or more: rounding could flip them, and the elements)."""
     q = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = adamw(q, run)
-    K = run["grad_accum"]
     losses, norms, updates = [], [], []
     p32 = {key: v.float() for key, v in params.items()}
     noise = {key: 0.0 for key in q}
     for k in range(STEPS):
         lr = lr_at(run, k)
         # the clipped gradient in float32 at the same point: how far rounding moves each tensor's
+        # elements (the tie check keeps to the float64 run)
         keep = MIN_GAP[0]
         q32 = {key: points[k][key].float().requires_grad_(True) for key in q}
-        for j in range(K):
-            (micro_loss(c, with_adapters(p32, q32, scale), data, run, k * K + j) / K).backward()
+        step_backward(c, p32, q32, data, run, k, scale)
         MIN_GAP[0] = keep
         live32 = {key: v.grad.double() for key, v in q32.items() if v.grad is not None}
         n32 = math.sqrt(sum((g32 ** 2).sum().item() for g32 in live32.values()))
@@ -1134,11 +1144,7 @@ def replay_lora(c, params, data, eval_data, run, init, scale, points):
         for group in opt.param_groups:
             group["lr"] = lr
         opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for j in range(K):
-            loss = micro_loss(c, with_adapters(params, q, scale), data, run, k * K + j) / K
-            loss.backward()
-            total += loss.item()
+        total = step_backward(c, params, q, data, run, k, scale)
         UNTOUCHED[0] += sum(v.grad is None for v in q.values())
         norms.append(torch.nn.utils.clip_grad_norm_([v for v in q.values() if v.grad is not None],
                                                     OPT["clip"]).item())
@@ -1212,8 +1218,8 @@ def check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g):
         ck.fact(f"LoRA step {k} update: each of {n} elements within its tolerance of AdamW's step from "
                 f"train's point (at most {worst:.2f} of it; {flippable} that rounding could flip)", wrong == 0)
     ck.rel("LoRA eval loss after 3 steps", got_ev, want_ev)
-    # the saved adapter, read by PEFT's key names: every module's A and B, and no other
-    saved = mf.read_safetensors(os.path.join(adir, "adapter_model.safetensors"))
+    # the saved adapter (points[STEPS]), read by PEFT's key names: every module's A and B, and no other
+    saved = points[STEPS]
     ck.fact(f"--save: {len(saved)} tensors under PEFT's key names, those of the {len(mods)} modules "
             f"(e.g. {sorted(k for k in saved if '.experts.' in k)[:1]})", set(saved) == set(init))
     merged, problems = merge_adapter(c, params, adir, lora)
