@@ -570,7 +570,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
     else if (c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY) &&
-             !(zo_model_opt(c) && c->pos == ZO_POS_LEARNED) && !(bloom && c->pos == ZO_POS_ALIBI))
+             !(zo_model_opt(c) && c->pos == ZO_POS_LEARNED) &&
+             !((bloom || zo_model_falcon(c)) && c->pos == ZO_POS_ALIBI))
         snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
     else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_post_norms(c) && gemma) &&
              !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
@@ -1307,7 +1308,7 @@ static const family families[] = {
      "GPT-NeoX / Pythia: LayerNorm, biased fused qkv and GELU MLP, partial rotary, parallel "
      "residual, untied", 0, 0, 0, "attention_bias", 1},
     {"falcon", "FalconForCausalLM", parse_falcon,
-     "Falcon: LayerNorm, fused multi-query or GQA qkv, GELU MLP, rotary or ALiBi (not trained), "
+     "Falcon: LayerNorm, fused multi-query or GQA qkv, GELU MLP, rotary or ALiBi (Falcon-RW), "
      "parallel attention, tied", 1, 0, 0, NULL, 1},
     {"RefinedWebModel", NULL, parse_falcon, "Falcon (its first model_type)", 1, 0, 0, NULL, 1},
     {"RefinedWeb", NULL, parse_falcon, "Falcon-40B (its first model_type)", 1, 0, 0, NULL, 1},

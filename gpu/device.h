@@ -32,6 +32,7 @@
 #include <math.h>   /* sqrtf */
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h> /* memcpy */
 
 #include "common/dtype.h"  /* zo_dtype */
 #include "common/status.h" /* zo_status */
@@ -246,13 +247,18 @@ zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, 
  * (after the scale and the cap) gets alibi * slope_h * (j - i), slope_h
  * being query head h's of hq heads (gpu_alibi_slope): BLOOM's ALiBi (alibi
  * 1), which adds slope_h * j to every score of a row, the same under the
- * softmax; the backward's score gradient is unchanged (a constant bias). */
+ * softmax; the backward's score gradient is unchanged (a constant bias).
+ * With alibi_bf16 too, the bias is alibi * bf16(bf16(slope_h) * j), j the
+ * key's position: Falcon's (Falcon-RW), which builds it in bfloat16 whatever
+ * the model's dtype, so that it depends on j itself, not only on j - i
+ * (gpu_alibi_at). */
 typedef struct gpu_attn_desc {
     int b, t, hq, hkv, d;
     int window;
     float scale;   /* 0: 1/sqrt(d) */
     float softcap; /* 0: none */
     float alibi;   /* 0: none; > 0: ALiBi's bias times this */
+    int alibi_bf16; /* with alibi: the bias rounded as Falcon's (above) */
 } gpu_attn_desc;
 
 /* Callable on the host and, in CUDA sources, on the device. */
@@ -271,6 +277,38 @@ static inline GPU_HD float gpu_alibi_slope(int heads, int h)
     int p = 1;
     while (2 * p <= heads) p *= 2;
     return h < p ? exp2f(-8.0f * (float)(h + 1) / (float)p) : exp2f(-4.0f * (float)(2 * (h - p) + 1) / (float)p);
+}
+
+/* x rounded to bfloat16 (to nearest, ties to even), as a float; x finite. */
+static inline GPU_HD float gpu_round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* One query head's ALiBi: its bias is step (j - i), or with slope16 > 0
+ * alibi * bf16(slope16 j) (slope16 the slope in bfloat16: Falcon's form). */
+typedef struct gpu_alibi_head {
+    float step, alibi, slope16;
+} gpu_alibi_head;
+
+/* Head h of `heads`' ALiBi for a desc's alibi and alibi_bf16 (alibi 0: no bias). */
+static inline GPU_HD gpu_alibi_head gpu_alibi_of(float alibi, int bf16, int heads, int h)
+{
+    gpu_alibi_head a = {0.0f, alibi, 0.0f};
+    if (alibi <= 0.0f) return a;
+    if (bf16) a.slope16 = gpu_round_bf16(gpu_alibi_slope(heads, h));
+    else a.step = alibi * gpu_alibi_slope(heads, h);
+    return a;
+}
+
+/* The bias of query i (at position i) and key j (at position j). */
+static inline GPU_HD float gpu_alibi_at(gpu_alibi_head a, int i, int j)
+{
+    return a.slope16 > 0.0f ? a.alibi * gpu_round_bf16(a.slope16 * (float)j) : a.step * (float)(j - i);
 }
 
 /* The score scale of a: a->scale, or 1/sqrt(d). */

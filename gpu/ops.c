@@ -81,6 +81,8 @@ static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
     if (d->window < 0) return zo_error(ZO_ERR_INVALID, "%s: window %d < 0", op, d->window);
     if (!(d->alibi >= 0.0f) || !isfinite(d->alibi))
         return zo_error(ZO_ERR_INVALID, "%s: alibi %g must be finite and >= 0", op, (double)d->alibi);
+    if (d->alibi_bf16 != 0 && d->alibi_bf16 != 1)
+        return zo_error(ZO_ERR_INVALID, "%s: alibi_bf16 %d must be 0 or 1", op, d->alibi_bf16);
     return ZO_OK;
 }
 

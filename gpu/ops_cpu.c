@@ -1075,28 +1075,29 @@ static void scale_scores(float *restrict row, int n, float scale, float cap)
         for (int j = 0; j < n; j++) row[j] = cap * tanhf(row[j] / cap);
 }
 
-/* ALiBi's bias of a query whose last key is n - 1 (itself): row[j] += ab
- * (j - (n - 1)) for lo <= j < n (ab the head's slope times the desc's alibi;
- * 0: nothing) */
-static void alibi_scores(float *restrict row, int lo, int n, float ab)
+/* ALiBi's bias of a query whose last key is n - 1 (itself): row[j] +=
+ * gpu_alibi_at(ab, n - 1, j) for lo <= j < n (nothing without ALiBi) */
+static void alibi_scores(float *restrict row, int lo, int n, gpu_alibi_head ab)
 {
-    if (ab != 0.0f)
-        for (int j = lo; j < n; j++) row[j] += ab * (float)(j - (n - 1));
+    if (ab.slope16 > 0.0f)
+        for (int j = lo; j < n; j++) row[j] += gpu_alibi_at(ab, n - 1, j);
+    else if (ab.step != 0.0f)
+        for (int j = lo; j < n; j++) row[j] += ab.step * (float)(j - (n - 1));
 }
 
-/* The head's ALiBi step: alibi times its slope, or 0 */
-static float alibi_step(const gpu_attn_desc *a, int h)
+/* The head's ALiBi (gpu_alibi_of) */
+static gpu_alibi_head alibi_head(const gpu_attn_desc *a, int h)
 {
-    return a->alibi > 0.0f ? a->alibi * gpu_alibi_slope(a->hq, h) : 0.0f;
+    return gpu_alibi_of(a->alibi, a->alibi_bf16, a->hq, h);
 }
 
 /* Scores row -> unnormalized probabilities: row[j] = exp(c(row[j] * scale)
- * + ab (j - n + 1) - mx) for lo <= j < n, c the soft cap (cap > 0) or none,
- * ab ALiBi's step (0: none) (mx their max, returned in *mx), zero for j < lo
+ * + bias_j - mx) for lo <= j < n, c the soft cap (cap > 0) or none,
+ * bias_j the head's ALiBi at key j (alibi_scores) (mx their max, returned in *mx), zero for j < lo
  * (before a sliding window) and n <= j < n_zero; returns their sum (fixed
  * lanes). */
 VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_zero, float scale,
-                                    float cap, float ab, float *mx_out)
+                                    float cap, gpu_alibi_head ab, float *mx_out)
 {
     float m[LANES], acc[LANES];
     for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0f;
@@ -1120,25 +1121,27 @@ VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_ze
     return s;
 }
 
-/* P and dS rows of the backward: p = exp(s * scale + ab (j - n + 1) - L)
- * for lo <= j < n (ab ALiBi's step, 0 without), then ds = p * (dp - D) *
+/* P and dS rows of the backward: p = exp(s * scale + bias_j - L) for lo <=
+ * j < n (bias_j: gpu_alibi_at(ab, n - 1, j)), then ds = p * (dp - D) *
  * scale; both zero for j < lo and n <= j < n_zero. With cap > 0 the score
  * is cap tanh(s scale / cap) and ds is also multiplied by its derivative
  * 1 - tanh^2. */
 VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, int lo, int n,
-                                        int n_zero, float scale, float cap, float ab, float L, float D)
+                                        int n_zero, float scale, float cap, gpu_alibi_head ab, float L,
+                                        float D)
 {
-    if (cap > 0.0f) {
+    if (cap > 0.0f || ab.slope16 > 0.0f) {
         for (int j = 0; j < lo; j++) p[j] = dp[j] = 0.0f;
         for (int j = lo; j < n; j++) {
-            float th = tanhf(p[j] * scale / cap);
-            float pj = fexp(cap * th + ab * (float)(j - (n - 1)) - L);
+            float th = cap > 0.0f ? tanhf(p[j] * scale / cap) : 0.0f;
+            float pj = fexp((cap > 0.0f ? cap * th : p[j] * scale) + gpu_alibi_at(ab, n - 1, j) - L);
             p[j] = pj;
-            dp[j] = pj * (dp[j] - D) * scale * (1.0f - th * th);
+            dp[j] = pj * (dp[j] - D) * scale * (cap > 0.0f ? 1.0f - th * th : 1.0f);
         }
     } else {
+        const float step = ab.step;
         for (int j = 0; j < n; j++) {
-            float pj = j < lo ? 0.0f : fexp(p[j] * scale + ab * (float)(j - (n - 1)) - L);
+            float pj = j < lo ? 0.0f : fexp(p[j] * scale + step * (float)(j - (n - 1)) - L);
             p[j] = pj;
             dp[j] = pj * (dp[j] - D) * scale;
         }
@@ -1223,7 +1226,7 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
                 for (int i = 0; i < rows; i++) {
                     float mx;
                     l[i] = softmax_row(S + (size_t)i * tN, window_start(a, q0 + i), q0 + i + 1, nk,
-                                       scale, cap, alibi_step(a, h), &mx);
+                                       scale, cap, alibi_head(a, h), &mx);
                     lse[((size_t)b * hq + h) * t + q0 + i] = mx + logf(l[i]);
                 }
                 /* O [rows][d] = P V, then divided by the row sums */
@@ -1307,7 +1310,7 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                         load_row(orow, out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, d);
                         float D = dot_lanes(dOf + (size_t)i * d, orow, d);
                         softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN, window_start(a, q0 + i),
-                                         q0 + i + 1, nk, scale, cap, alibi_step(a, h), L[q0 + i], D);
+                                         q0 + i + 1, nk, scale, cap, alibi_head(a, h), L[q0 + i], D);
                     }
                     /* dQ [rows][d] = dS K */
                     panels dSa = pack_a_rows(dSp, dS, tN, rows, nk);
@@ -1398,7 +1401,7 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
                     float mx = -INFINITY;
                     for (int j = j0; j <= p; j++) S[j] = dot_lanes(q, K + (size_t)j * d, d);
                     scale_scores(S + j0, p + 1 - j0, scale, cap);
-                    alibi_scores(S, j0, p + 1, alibi_step(a, h));
+                    alibi_scores(S, j0, p + 1, alibi_head(a, h));
                     for (int j = j0; j <= p; j++) mx = S[j] > mx ? S[j] : mx;
                     float l = 0.0f;
                     for (int k = 0; k < d; k++) o[k] = 0.0f;

@@ -85,7 +85,7 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddBoolToObject(o, "parallel_attn", c->parallel_block);
         if (new_arch) cJSON_AddNumberToObject(o, "num_ln_in_parallel_attn", c->layer_norms);
         cJSON_AddBoolToObject(o, "bias", c->attn_bias);
-        cJSON_AddBoolToObject(o, "alibi", 0);
+        cJSON_AddBoolToObject(o, "alibi", c->pos == ZO_POS_ALIBI);
         cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
         cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
         cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);

@@ -4,7 +4,7 @@
 For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
 tied head, Qwen3 with its RMSNorm on each q and k head, GPT-NeoX with its per-head interleaved
 query_key_value, partial rotary and parallel or sequential residual, Falcon multi-query with one
-norm, with grouped kv heads and two norms, or sequential, OPT with its ReLU and its position table read
+norm, with grouped kv heads and two norms, or sequential, Falcon-RW with its ALiBi in bfloat16, OPT with its ReLU and its position table read
 from row 2), a small model with the family's real head size (GPT-2 and OPT 64, the
 others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
@@ -296,6 +296,19 @@ FAMILIES = {
                 "tie_word_embeddings": True, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
         lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
+    # Falcon-RW's kind (falcon-rw-1b, -7b): ALiBi in place of rotary, built as modeling_falcon
+    # builds it (bfloat16 slopes times the key positions, in bfloat16) and added before the
+    # 1/sqrt(d) scale; sequential, a kv head a query head, biases; 12 heads of 64, so 4 slopes are
+    # no power of two and their bfloat16 rounding shows
+    "falcon_rw": dict(
+        seed=66,
+        config={"architectures": ["FalconForCausalLM"], "model_type": "falcon", "num_hidden_layers": 2,
+                "hidden_size": 768, "num_attention_heads": 12, "ffn_hidden_size": 512, "vocab_size": 128,
+                "multi_query": False, "new_decoder_architecture": False, "parallel_attn": False,
+                "bias": True, "alibi": True, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense", lr=1e-2)),
     # OPT (OPTForCausalLM, pre-norm as every released size but 350m): q, k, v, out_proj, fc1 and
     # fc2 biased, ReLU, the position table's rows from 2 on, tied; heads of 64; PEFT's default
     # targets for OPT on top of the MLP's; with QLoRA

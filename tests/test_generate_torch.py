@@ -190,8 +190,9 @@ FAMILIES["gemma3_text"] = dict(
 # head, the erf GELU, a parallel residual, embed_out), Falcon-7B's kind (multi-query, one norm, no
 # biases, tied) and Falcon-40B's (the new decoder architecture: 2 kv groups, ln_attn and ln_mlp,
 # biases, untied): test_e2e_torch's models with 4 layers (GPT-NeoX's llama3 and Falcon's linear
-# rope_scaling included); PEFT's four modules as adapters
-for _name, _seed in (("gpt_neox", 54), ("falcon", 61), ("falcon_new", 59)):
+# rope_scaling included), and Falcon-RW's (ALiBi in bfloat16 at the key positions, before the
+# scale; sequential, biases); PEFT's four modules as adapters
+for _name, _seed in (("gpt_neox", 54), ("falcon", 61), ("falcon_new", 59), ("falcon_rw", 67)):
     FAMILIES[_name] = dict(
         seed=_seed,
         config=dict(e2e.FAMILIES[_name]["config"], num_hidden_layers=4, max_position_embeddings=128,

@@ -340,13 +340,15 @@ typedef struct ageom {
     size_t ld, ldo;
     double scale, cap; /* the desc's scale (0: 1/sqrt(d)) and soft cap (0: none) */
     double alibi;      /* the desc's ALiBi factor (0: none) */
+    int alibi_bf16;    /* Falcon's form of it (gpu/device.h) */
 } ageom;
 
 static ageom geom_of(const gpu_attn_desc *a)
 {
     ageom g = {a->t, a->hq, a->hkv, a->d, a->hq / a->hkv, a->window,
                (size_t)(a->hq + 2 * a->hkv) * a->d, (size_t)a->hq * a->d,
-               a->scale > 0.0f ? (double)a->scale : 1.0 / sqrt((double)a->d), a->softcap, a->alibi};
+               a->scale > 0.0f ? (double)a->scale : 1.0 / sqrt((double)a->d), a->softcap, a->alibi,
+               a->alibi_bf16};
     return g;
 }
 
@@ -364,12 +366,24 @@ static double alibi_slope_d(int n, int h)
     return pow(extra, 2 * (h - cp) + 1);
 }
 
+/* x to bfloat16's 8 significant bits, to nearest with ties to even (x >= 0) */
+static double to_bf16_d(double x)
+{
+    int e;
+    double m = frexp(x, &e); /* x = m 2^e, 0.5 <= m < 1 */
+    return ldexp(nearbyint(ldexp(m, 8)), e - 8);
+}
+
 /* ALiBi's bias of query i (at position i) and key j of head h: alibi
  * slope_h (j - i), the contract's form (gpu/device.h; Hugging Face adds
- * slope_h j, the same softmax, its lse slope_h i higher) */
+ * slope_h j, the same softmax, its lse slope_h i higher); Falcon's form
+ * (alibi_bf16): alibi bf16(bf16(slope_h) j), as modeling_falcon's
+ * build_alibi_tensor multiplies the slopes in bfloat16 by the positions */
 static double alibi_bias(const ageom *g, int h, int i, int j)
 {
-    return g->alibi > 0.0 ? g->alibi * alibi_slope_d(g->hq, h) * (double)(j - i) : 0.0;
+    if (!(g->alibi > 0.0)) return 0.0;
+    if (g->alibi_bf16) return g->alibi * to_bf16_d(to_bf16_d(alibi_slope_d(g->hq, h)) * (double)j);
+    return g->alibi * alibi_slope_d(g->hq, h) * (double)(j - i);
 }
 
 /* The score of dot product `dot`: scaled, then cap tanh(s / cap) with a
@@ -1742,22 +1756,22 @@ static void attn_prep(const pcase *c, hostv *h)
 /* gty: the type of dout and dqkv in the backward (the transformer passes
  * fp32 gradients beside 16-bit qkv and out). */
 /* The cases' names for a desc's scale, cap and ALiBi factor (empty when none) */
-static void attn_extras(char *sc, size_t n, float scale, float cap, float alibi)
+static void attn_extras(char *sc, size_t n, float scale, float cap, float alibi, int abf)
 {
     int k = 0;
     sc[0] = '\0';
     if (scale > 0.0f || cap > 0.0f) k = snprintf(sc, n, " scale %g softcap %g", scale, cap);
-    if (alibi > 0.0f) snprintf(sc + k, n - (size_t)k, " alibi %g", alibi);
+    if (alibi > 0.0f) snprintf(sc + k, n - (size_t)k, " alibi %g%s", alibi, abf ? " bf16" : "");
 }
 
 static void attention_case_al(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, float scale,
-                              float cap, float alibi, etype ty, etype gty)
+                              float cap, float alibi, int abf, etype ty, etype gty)
 {
     char sc[64];
-    attn_extras(sc, sizeof sc, scale, cap, alibi);
+    attn_extras(sc, sizeof sc, scale, cap, alibi, abf);
     pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d%s %s%s%s", b, t, hq, hkv, d, window, sc, ename(ty),
                        gty != ty ? " grads " : "", gty != ty ? ename(gty) : "");
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi};
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf};
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nl = (size_t)b * hq * t;
     if (op == GPU_OP_ATTENTION_FORWARD) {
         OUT_T(&c, 0, ty, no);
@@ -1785,7 +1799,7 @@ static void attention_case_al(gpu_op_id op, int b, int t, int hq, int hkv, int d
 static void attention_case_sc(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, float scale,
                               float cap, etype ty, etype gty)
 {
-    attention_case_al(op, b, t, hq, hkv, d, window, scale, cap, 0.0f, ty, gty);
+    attention_case_al(op, b, t, hq, hkv, d, window, scale, cap, 0.0f, 0, ty, gty);
 }
 
 static void attention_case_g(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, etype ty, etype gty)
@@ -1843,12 +1857,20 @@ static void alibi_grid(gpu_op_id op)
 {
     uint64_t saved = rng;
     rng = ALIBI_SEED;
-    attention_case_al(op, 1, 97, 12, 12, 64, 0, 0.0f, 0.0f, 1.0f, E_F32, E_F32);
-    attention_case_al(op, 1, 130, 14, 14, 80, 0, 0.0f, 0.0f, 1.0f, E_F32, E_F32);
-    attention_case_al(op, 1, 100, 14, 7, 128, 40, 0.0f, 0.0f, 0.125f, E_F32, E_F32);
-    attention_case_al(op, 1, 97, 12, 12, 64, 0, 0.0f, 2.0f, 1.0f, E_F32, E_F32);
-    attention_case_al(op, 1, 257, 6, 3, 64, 0, 0.0f, 0.0f, 1.0f, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
-    if (op == GPU_OP_ATTENTION_FORWARD) attention_case_al(op, 1, 300, 6, 6, 128, 64, 0.0f, 0.0f, 1.0f, E_F16, E_F16);
+    attention_case_al(op, 1, 97, 12, 12, 64, 0, 0.0f, 0.0f, 1.0f, 0, E_F32, E_F32);
+    attention_case_al(op, 1, 130, 14, 14, 80, 0, 0.0f, 0.0f, 1.0f, 0, E_F32, E_F32);
+    attention_case_al(op, 1, 100, 14, 7, 128, 40, 0.0f, 0.0f, 0.125f, 0, E_F32, E_F32);
+    attention_case_al(op, 1, 97, 12, 12, 64, 0, 0.0f, 2.0f, 1.0f, 0, E_F32, E_F32);
+    attention_case_al(op, 1, 257, 6, 3, 64, 0, 0.0f, 0.0f, 1.0f, 0, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
+    if (op == GPU_OP_ATTENTION_FORWARD) attention_case_al(op, 1, 300, 6, 6, 128, 64, 0.0f, 0.0f, 1.0f, 0, E_F16, E_F16);
+    /* Falcon's form (Falcon-RW: alibi 1/sqrt(d), bf16(bf16(slope) j)): 12
+     * and 10 heads, whose heads past the first 8 have slopes that are no
+     * power of two, so both roundings show (with powers of two and j < 256
+     * the rounded bias is the exact one); the GEMM path at t 257 */
+    attention_case_al(op, 1, 130, 12, 12, 64, 0, 0.0f, 0.0f, 0.125f, 1, E_F32, E_F32);
+    attention_case_al(op, 1, 97, 12, 4, 80, 0, 0.0f, 0.0f, 0.1118034f, 1, E_F32, E_F32);
+    attention_case_al(op, 1, 257, 10, 10, 64, 0, 0.0f, 0.0f, 0.125f, 1, E_BF16,
+                      op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
     rng = saved;
 }
 
@@ -1926,14 +1948,14 @@ static void cached_prep(const pcase *c, hostv *h)
 }
 
 static void cached_case_al(int b, int t, int tc, int hq, int hkv, int d, int window, float scale, float cap,
-                           float alibi, int pos, etype ty, etype cache)
+                           float alibi, int abf, int pos, etype ty, etype cache)
 {
     char sc[64];
-    attn_extras(sc, sizeof sc, scale, cap, alibi);
+    attn_extras(sc, sizeof sc, scale, cap, alibi, abf);
     pcase c = new_case(GPU_OP_ATTENTION_CACHED, "b %d t %d tc %d hq %d hkv %d d %d window %d%s pos %s %s cache %s", b,
                        t, tc, hq, hkv, d, window, sc, pos < 0 ? "drawn" : pos ? "given" : "0", ename(ty),
                        ename(cache));
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi};
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf};
     c.a.i[0] = tc;
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nc = (size_t)b * tc * hkv * d;
     OUT_T(&c, 0, ty, no);
@@ -1950,7 +1972,7 @@ static void cached_case_al(int b, int t, int tc, int hq, int hkv, int d, int win
 static void cached_case_sc(int b, int t, int tc, int hq, int hkv, int d, int window, float scale, float cap, int pos,
                            etype ty, etype cache)
 {
-    cached_case_al(b, t, tc, hq, hkv, d, window, scale, cap, 0.0f, pos, ty, cache);
+    cached_case_al(b, t, tc, hq, hkv, d, window, scale, cap, 0.0f, 0, pos, ty, cache);
 }
 
 static void cached_case(int b, int t, int tc, int hq, int hkv, int d, int window, int pos, etype ty, etype cache)
@@ -1993,9 +2015,12 @@ static void parity_attention_cached(void)
     /* ALiBi (BLOOM's): decoding past a chunk, a prompt, a chunk after earlier
      * tokens with a window; 12 and 14 heads */
     rng = ALIBI_SEED;
-    cached_case_al(2, 1, 97, 12, 12, 64, 0, 0.0f, 0.0f, 1.0f, -1, E_F32, E_F32);
-    cached_case_al(1, 49, 64, 14, 14, 80, 0, 0.0f, 0.0f, 1.0f, 0, E_F32, E_F32);
-    cached_case_al(1, 40, 120, 14, 7, 128, 17, 0.0f, 0.0f, 1.0f, 50, E_BF16, E_BF16);
+    cached_case_al(2, 1, 97, 12, 12, 64, 0, 0.0f, 0.0f, 1.0f, 0, -1, E_F32, E_F32);
+    cached_case_al(1, 49, 64, 14, 14, 80, 0, 0.0f, 0.0f, 1.0f, 0, 0, E_F32, E_F32);
+    cached_case_al(1, 40, 120, 14, 7, 128, 17, 0.0f, 0.0f, 1.0f, 0, 50, E_BF16, E_BF16);
+    /* Falcon's form: decoding, and a chunk after earlier tokens */
+    cached_case_al(2, 1, 130, 12, 12, 64, 0, 0.0f, 0.0f, 0.125f, 1, -1, E_F32, E_F32);
+    cached_case_al(1, 40, 120, 10, 10, 64, 0, 0.0f, 0.0f, 0.125f, 1, 50, E_BF16, E_BF16);
     rng = saved;
 }
 

@@ -34,9 +34,10 @@ struct attn_geom {
     size_t ld, ldo; /* row strides of qkv and out */
     float scale;
     float cap; /* > 0: scores soft-capped, cap tanh(s / cap) */
-    float alibi; /* > 0: the score of query i, key j gets alibi slope_h (j - i) */
-    /* query head h's ALiBi step (0 without): the score's bias is step (j - i) */
-    __device__ float step(int h) const { return alibi > 0.0f ? alibi * gpu_alibi_slope(hq, h) : 0.0f; }
+    float alibi;    /* > 0: the score of query i, key j gets alibi slope_h (j - i) */
+    int alibi_bf16; /* ... or Falcon's alibi bf16(bf16(slope_h) j) (gpu_alibi_at) */
+    /* query head h's ALiBi (no bias without): the score's is gpu_alibi_at(ab, i, j) */
+    __device__ gpu_alibi_head step(int h) const { return gpu_alibi_of(alibi, alibi_bf16, hq, h); }
     /* the score of a dot product: scaled, then capped */
     __device__ float score(float dot) const { return cap > 0.0f ? cap * tanhf(dot * scale / cap) : dot * scale; }
     /* the backward's: the score, and in *dcap the cap's derivative there
@@ -97,7 +98,7 @@ __global__ void attention_forward_kernel(gpu_tensor out, float *lse, gpu_tensor 
 
     float o[DPL], m = -INFINITY, l = 0.0f;
     for (int u = 0; u < DPL; u++) o[u] = 0.0f;
-    const float ab = G.step(h);
+    const gpu_alibi_head ab = G.step(h);
     const int last = min(i0 + NW, G.t) - 1; /* the block's last query row */
     /* from the tile of the first key the block's first row sees */
     for (int j0 = G.first_key(i0) / TK * TK; j0 <= last; j0 += TK) {
@@ -113,7 +114,7 @@ __global__ void attention_forward_kernel(gpu_tensor out, float *lse, gpu_tensor 
             float acc = 0.0f;
             const float *kr = Ks + lane * dp;
             for (int k = 0; k < d; k++) acc += q[k] * kr[k];
-            s = G.score(acc) + ab * (float)(j - i);
+            s = G.score(acc) + gpu_alibi_at(ab, i, j);
         }
         /* a key of the tile is unmasked, so the new maximum is finite */
         const float mnew = fmaxf(m, warp_max(s));
@@ -170,7 +171,7 @@ __global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, g
 
     float dq[DPL];
     for (int u = 0; u < DPL; u++) dq[u] = 0.0f;
-    const float ab = G.step(h);
+    const gpu_alibi_head ab = G.step(h);
     const int last = min(i0 + NW, G.t) - 1;
     for (int j0 = G.first_key(i0) / TK * TK; j0 <= last; j0 += TK) {
         __syncthreads();
@@ -188,7 +189,7 @@ __global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, g
                 sv += go[k] * vr[k];
             }
             float dc;
-            const float p = expf(G.score_d(sk, &dc) + ab * (float)(j - i) - L);
+            const float p = expf(G.score_d(sk, &dc) + gpu_alibi_at(ab, i, j) - L);
             ds = p * (sv - D) * G.scale * dc;
         }
         for (int jj = 0; jj < TK; jj++) {
@@ -237,7 +238,7 @@ __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, 
     const int istart = jfirst / TK * TK;
     const int iend = G.window > 0 ? min(G.t, jfirst + NW - 1 + G.window) : G.t;
     for (int h = g * G.grp; h < (g + 1) * G.grp; h++) {
-        const float ab = G.step(h);
+        const gpu_alibi_head ab = G.step(h);
         for (int i0 = istart; i0 < iend; i0 += TK) {
             __syncthreads(); /* the previous tile is no longer read */
             load_tile(Qs, dp, qkv, G, b, i0, h * d);
@@ -271,7 +272,7 @@ __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, 
                     sv += gr[k] * vj[k];
                 }
                 float dc;
-                p = expf(G.score_d(sk, &dc) + ab * (float)(j - i) - Ls[lane]);
+                p = expf(G.score_d(sk, &dc) + gpu_alibi_at(ab, i, j) - Ls[lane]);
                 ds = p * (sv - Ds[lane]) * G.scale * dc;
             }
             for (int ii = 0; ii < TK; ii++) {
@@ -345,7 +346,7 @@ __global__ void attention_cached_kernel(gpu_tensor out, gpu_tensor qkv, gpu_tens
     if (!valid) return;
     const size_t ldc = (size_t)G.hkv * d, base = (size_t)b * tc * ldc + (size_t)g * d;
     const int p = p0 + i, jfirst = G.window > 0 && p >= G.window ? p - G.window + 1 : 0;
-    const float ab = G.step(h);
+    const gpu_alibi_head ab = G.step(h);
     float o[DPL], m = -INFINITY, l = 0.0f;
     for (int u = 0; u < DPL; u++) o[u] = 0.0f;
     for (int j0 = jfirst; j0 <= p; j0 += WARP) {
@@ -354,7 +355,7 @@ __global__ void attention_cached_kernel(gpu_tensor out, gpu_tensor qkv, gpu_tens
         if (j <= p) {
             float acc = 0.0f;
             for (int k = 0; k < d; k++) acc += q[k] * tload(kc, base + (size_t)j * ldc + k);
-            s = G.score(acc) + ab * (float)(j - p);
+            s = G.score(acc) + gpu_alibi_at(ab, p, j);
         }
         const float mnew = fmaxf(m, warp_max(s)); /* row j0 is seen: finite */
         const float pj = j <= p ? expf(s - mnew) : 0.0f;
@@ -395,6 +396,7 @@ static attn_geom make_geom(const gpu_attn_desc *a)
     G.scale = gpu_attn_scale(a);
     G.cap = a->softcap;
     G.alibi = a->alibi;
+    G.alibi_bf16 = a->alibi_bf16;
     return G;
 }
 

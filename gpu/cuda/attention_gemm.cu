@@ -46,14 +46,15 @@ struct chunk_geom {
     int b, hh, g0, r0, m, k0, n, ld;
     float scale;
     float cap; /* > 0: the scaled scores soft-capped, cap tanh(s / cap) */
-    float alibi; /* > 0: ALiBi, the score of query i, key j biased by alibi slope_h (j - i) */
+    float alibi;    /* > 0: ALiBi, the score of query i, key j biased by alibi slope_h (j - i) */
+    int alibi_bf16; /* ... or by Falcon's alibi bf16(bf16(slope_h) j) (gpu_alibi_at) */
     __device__ float capped(float s) const { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
     /* ALiBi's bias at launch row r, key column c (0 without) */
     __device__ float bias(int r, int c) const
     {
         if (alibi <= 0.0f) return 0.0f;
         const int h = (g0 + r / m) * grp + hh;
-        return alibi * gpu_alibi_slope(hq, h) * (float)(k0 + c - (r0 + r % m));
+        return gpu_alibi_at(gpu_alibi_of(alibi, alibi_bf16, hq, h), r0 + r % m, k0 + c);
     }
     __device__ bool sees(int i, int j) const { return j <= i && (window <= 0 || i - j < window); }
     __device__ size_t lrow(int r) const /* lse / D index of launch row r */
@@ -189,6 +190,7 @@ struct attn_shape {
     int b, t, hq, hkv, d, grp, window;
     int64_t ld, ldo; /* row strides of qkv and out */
     float scale, softcap, alibi;
+    int alibi_bf16;
     cuda_attn_chunks ch;
 };
 
@@ -202,6 +204,7 @@ static attn_shape shape_of(const gpu_attn_desc *a, size_t cap)
     s.scale = gpu_attn_scale(a);
     s.softcap = a->softcap;
     s.alibi = a->alibi;
+    s.alibi_bf16 = a->alibi_bf16;
     s.ch = cuda_attn_plan_chunks(a->t, a->hkv, a->window, cap);
     return s;
 }
@@ -212,6 +215,7 @@ static chunk_geom chunk_of(const attn_shape &A, int b, int hh, int g0, int r0)
     chunk_geom G;
     G.t = A.t, G.hq = A.hq, G.grp = A.grp, G.window = A.window, G.scale = A.scale, G.cap = A.softcap;
     G.alibi = A.alibi;
+    G.alibi_bf16 = A.alibi_bf16;
     G.b = b, G.hh = hh, G.g0 = g0, G.r0 = r0;
     G.m = min(A.ch.rows, A.t - r0);
     G.k0 = cuda_attn_first_key(r0, A.window);
