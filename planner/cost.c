@@ -318,9 +318,9 @@ static void attn_core_time(const plan_train *t, const ctx *c, double heads, doub
                            double *f, double *b, double *rc)
 {
     double s = t->seq, mb = t->micro_batch, e = c->esz;
-    if (t->flash_attn && c->k && tc && (dqk <= 64 || s < PLAN_ATTN_GEMM_MIN_T)) {
-        /* the tensor-core kernels where the runtime takes them (tc: they
-         * cover the layer), at their FLOP rate for the head size */
+    if (t->flash_attn && c->k && tc) {
+        /* the tensor-core kernels (tc: the runtime takes them for the
+         * layer), at their FLOP rate for the head size */
         double fl = 2 * s * s * (dqk + dv) * mb * heads * FLASH_CAUSAL;
         *rc = 0;
         *f = fl / c->k->attn_tc_fwd[dqk > 64];
@@ -422,18 +422,22 @@ static void tp_time(const zo_model_config *m, const plan_train *t, const ctx *c,
     o->tp_bwd = 2 * (t->sp ? 3 * ag : plan_allreduce_s(N, t->tp, bw, lat));
 }
 
-/* Whether the runtime's tensor-core attention covers every layer of m
- * (gpu/cuda/attention_tc.h's cuda_attn_tc_covers, written again): 16-bit
- * qkv, one head dim of 64, 80, 96 or 128, no sliding window on any layer,
- * no soft cap, no ALiBi. A model with some layers windowed is timed as if
- * none were covered. */
-static int attn_tc_covers(const zo_model_config *m, const ctx *c, double dqk, double dv)
+/* The share of m's layers whose attention the runtime's tensor-core
+ * kernels compute at this sequence length: common/attn_path.h's automatic
+ * choice, the runtime's, layer by layer (Gemma-2's and -3's windowed layers
+ * take another path than their global ones). Latent attention's q/k and v
+ * head dims differ, which no kernel of the runtime takes. */
+static double attn_tc_share(const zo_model_config *m, const plan_train *t, const ctx *c, double dqk, double dv)
 {
-    if (c->esz != 2 || dqk != dv || (dqk != 64 && dqk != 80 && dqk != 96 && dqk != 128)) return 0;
-    if (m->attn_softcap > 0 || m->pos == ZO_POS_ALIBI) return 0;
+    if (!t->flash_attn || !c->k || dqk != dv) return 0;
+    const float alibi = m->pos == ZO_POS_ALIBI ? 1.0f : 0.0f;
+    if (m->sliding_window <= 0) /* every layer alike */
+        return zo_attn_auto_path(c->esz == 2, 1, (int)dqk, 0, m->attn_softcap, alibi, t->seq, 1) == ZO_ATTN_TC;
+    int n = 0;
     for (int l = 0; l < m->n_layers; l++)
-        if (zo_model_layer_window(m, l) > 0) return 0;
-    return 1;
+        n += zo_attn_auto_path(c->esz == 2, 1, (int)dqk, zo_model_layer_window(m, l), m->attn_softcap, alibi,
+                               t->seq, 1) == ZO_ATTN_TC;
+    return (double)n / m->n_layers;
 }
 
 /* One layer (dense, or with `moe` an MoE layer) on one rank, one micro-batch. */
@@ -453,7 +457,15 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     o->flops_token = 2 * a.wparams + 2 * s * (dqk + dv) * m->n_heads;
     o->attn_flops_token = 2 * s * (dqk + dv) * m->n_heads;
     double attn_f, attn_b, attn_rc, ew_f, ew_b, lf = 0, lb = 0, qf = 0, qb = 0;
-    attn_core_time(t, c, heads, dqk, dv, attn_tc_covers(m, c, dqk, dv), &attn_f, &attn_b, &attn_rc);
+    const double tc = attn_tc_share(m, t, c, dqk, dv);
+    attn_core_time(t, c, heads, dqk, dv, tc >= 1.0, &attn_f, &attn_b, &attn_rc);
+    if (tc > 0.0 && tc < 1.0) { /* some layers on each path: their mean */
+        double tf, tb, trc;
+        attn_core_time(t, c, heads, dqk, dv, 1, &tf, &tb, &trc);
+        attn_f = tc * tf + (1.0 - tc) * attn_f;
+        attn_b = tc * tb + (1.0 - tc) * attn_b;
+        attn_rc = tc * trc + (1.0 - tc) * attn_rc;
+    }
     elementwise_time(c, T, elementwise_bytes(m, t, c, T, q, k, mlp_ew), a.outs / T, &ew_f, &ew_b);
     if (c->frozen) adapters_time(m, t, c, T, moe, &lf, &lb, &qf, &qb);
     o->fwd = a.f + attn_f + ew_f + lf + qf;

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/attn_path.h"   /* defines: ZO_ATTN_GEMM_MIN_T */
 #include "common/plan_schema.h" /* defines: zo_hw_profile */
 #include "common/status.h"
 
@@ -67,11 +68,9 @@ typedef struct plan_kernels {
     const char *source; /* where the figures were measured */
 } plan_kernels;
 
-/* The GEMM path's automatic choice from this sequence length, and its query
- * rows per block (gpu/cuda/attention_gemm.h's CUDA_ATTN_GEMM_MIN_T and
- * CUDA_ATTN_GEMM_ROWS, written again: the planner includes no runtime
- * header). */
-#define PLAN_ATTN_GEMM_MIN_T 256
+/* The GEMM path's automatic choice from this sequence length
+ * (common/attn_path.h, the runtime's rule). */
+#define PLAN_ATTN_GEMM_MIN_T ZO_ATTN_GEMM_MIN_T
 
 /* One GPU's datasheet figures; docs/memplan.md ("GPU presets") names the
  * datasheet and the figure behind each. Rates are dense (no sparsity). */

@@ -549,6 +549,16 @@ static void test_runtime_kernels(void **state)
     assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
     assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
     assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 5.35e12) < 1e-9 * fl / 5.35e12);
+    /* the window from layer 10 on (Qwen2's max_window_layers): the first 10
+     * of 40 layers on the tensor-core kernels, the rest on the flash kernel,
+     * layer by layer as the runtime chooses */
+    w.m.window_from_layer = 10;
+    assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
+    assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
+    double mixed = 0.25 * fl / 31.7e12 + 0.75 * fl / 5.35e12;
+    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - mixed) < 1e-9 * mixed);
+    mixed = 0.25 * 2.5 * fl / 10.5e12 + 0.75 * 2.5 * fl / 4.65e12;
+    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_BWD] - mixed) < 1e-9 * mixed);
     /* where nothing was measured (A100): FlashAttention at 0.75 of the curve */
     setup d;
     qlora_13b(&d, "a100-80gb");

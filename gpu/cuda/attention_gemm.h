@@ -17,7 +17,9 @@
 
 #include <stddef.h>
 
-#define CUDA_ATTN_GEMM_MIN_T 256            /* the automatic choice: the GEMM path from this t */
+#include "common/attn_path.h" /* defines: ZO_ATTN_GEMM_MIN_T */
+
+#define CUDA_ATTN_GEMM_MIN_T ZO_ATTN_GEMM_MIN_T /* the automatic choice: the GEMM path from this t */
 #define CUDA_ATTN_GEMM_ROWS 256             /* query rows per block, at most */
 #define CUDA_ATTN_GEMM_CAP ((size_t)256 << 20) /* bytes of one chunk's scratch, at most */
 #define CUDA_ATTN_GEMM_ALIGN 256            /* each scratch buffer starts at a multiple */

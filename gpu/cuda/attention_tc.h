@@ -7,6 +7,7 @@
 #ifndef ZO_GPU_CUDA_ATTENTION_TC_H
 #define ZO_GPU_CUDA_ATTENTION_TC_H
 
+#include "common/attn_path.h"   /* defines: zo_attn_tc_covers */
 #include "gpu/cuda/cuda_impl.h" /* defines: cudaStream_t, cudaMemPool_t, gpu_tensor, gpu_attn_desc */
 
 #ifdef __cplusplus
@@ -15,9 +16,7 @@ extern "C" {
 
 static inline int cuda_attn_tc_covers(const gpu_attn_desc *a, zo_dtype qkv)
 {
-    return (qkv == ZO_DTYPE_F16 || qkv == ZO_DTYPE_BF16) &&
-           (a->d == 64 || a->d == 80 || a->d == 96 || a->d == 128) && a->window <= 0 && a->softcap <= 0.0f &&
-           a->alibi <= 0.0f;
+    return zo_attn_tc_covers(qkv == ZO_DTYPE_F16 || qkv == ZO_DTYPE_BF16, a->d, a->window, a->softcap, a->alibi);
 }
 
 zo_status cuda_launch_attention_tc_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse,

@@ -71,11 +71,12 @@ static zo_status cuda_run_head_rmsnorm_backward(const cuda_exec *e, const gpu_op
  * _GEMM or _TC). The tensor-core kernels when chosen (ZO_ATTENTION=tc) and
  * they cover the case (cuda_attn_tc_covers: 16-bit qkv, d 64/80/96/128, no
  * window, soft cap or ALiBi; qkv 16-byte aligned, as their vector loads
- * need); what they do not cover falls back to the
- * automatic choice: the tensor-core kernels where they cover the case at
- * head sizes up to 64, or where the GEMM path is not taken; the GEMM path
- * for 16-bit qkv on a device with cuBLASLt from t >= CUDA_ATTN_GEMM_MIN_T;
- * else the flash kernel. */
+ * need); what they do not cover falls back to the automatic choice,
+ * common/attn_path.h's zo_attn_auto_path (memplan times the same): the
+ * tensor-core kernels where they cover the case at head sizes up to 64, or
+ * where the GEMM path is not taken; the GEMM path for 16-bit qkv on a
+ * device with cuBLASLt from t >= ZO_ATTN_GEMM_MIN_T; else the flash
+ * kernel. */
 static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv, int *path)
 {
     int p = e->attn_path;
@@ -87,25 +88,19 @@ static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_
         else if (v && *v && strcmp(v, "auto"))
             return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION=%s: expected gemm, flash, tc or auto", v);
     }
-    int tc = cuda_attn_tc_covers(d, qkv.dtype) && (uintptr_t)qkv.data % 16 == 0;
-    if (p == CUDA_ATTN_TC && tc) {
+    const int b16 = qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16;
+    const int aligned = (uintptr_t)qkv.data % 16 == 0;
+    if (p == CUDA_ATTN_TC && aligned && cuda_attn_tc_covers(d, qkv.dtype)) {
         *path = CUDA_ATTN_TC;
         return ZO_OK;
     }
-    if (p == CUDA_ATTN_TC) p = CUDA_ATTN_AUTO;
-    int gemm = (qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16) &&
-               (p == CUDA_ATTN_GEMM || (p == CUDA_ATTN_AUTO && e->lt && d->t >= CUDA_ATTN_GEMM_MIN_T));
-    /* auto: the tensor-core kernels where they cover the case and either the
-     * head size is at most 64 or the GEMM path would not be taken. The H200
-     * (b 8, t 1024, bf16): d 64 forward 41.6 against the GEMM path's 16.3
-     * TFLOP/s, backward 18.6 against 11.0; d 128 forward 31.7 against 28.9,
-     * backward 10.5 against 22.7 (so the GEMM path keeps d > 64 from t >=
-     * CUDA_ATTN_GEMM_MIN_T); the flash kernel ran 5 / 4.6 (H100, d 128) */
-    if (p == CUDA_ATTN_AUTO && tc && (d->d <= 64 || !gemm)) {
-        *path = CUDA_ATTN_TC;
+    if (p == CUDA_ATTN_AUTO || p == CUDA_ATTN_TC) {
+        static const int of[] = {[ZO_ATTN_FLASH] = CUDA_ATTN_FLASH, [ZO_ATTN_GEMM] = CUDA_ATTN_GEMM,
+                                 [ZO_ATTN_TC] = CUDA_ATTN_TC};
+        *path = of[zo_attn_auto_path(b16, aligned, d->d, d->window, d->softcap, d->alibi, d->t, e->lt != NULL)];
         return ZO_OK;
     }
-    *path = gemm ? CUDA_ATTN_GEMM : CUDA_ATTN_FLASH;
+    *path = b16 && p == CUDA_ATTN_GEMM ? CUDA_ATTN_GEMM : CUDA_ATTN_FLASH;
     return ZO_OK;
 }
 
