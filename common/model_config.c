@@ -79,6 +79,16 @@
       .vocab = 65024, .max_seq = 2048, .tied_embeddings = 1, .norm_bias = 1,             \
       .norm_eps = 1e-5f, .rope_theta = 10000.0f, .act = "gelu", .pos = ZO_POS_ROTARY,    \
       .layer_norms = norms, .parallel_block = 1}}
+/* Falcon-RW (config.json of tiiuae/falcon-rw-1b, falcon-rw-7b): Falcon's
+ * layers with ALiBi for positions, a kv head a query head, biases on every
+ * projection, the attention and the MLP one after the other, two norms. */
+#define FALCON_RW(n, L, h, a, v)                                                         \
+    {n, "",                                                                               \
+     {.name = n, .family = "falcon", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,    \
+      .n_heads = a, .n_kv_heads = a, .head_dim = (h) / (a), .ffn = 4 * (h), .vocab = v,  \
+      .max_seq = 2048, .tied_embeddings = 1, .norm_bias = 1, .attn_bias = 1,             \
+      .out_bias = 1, .norm_eps = 1e-5f, .rope_theta = 10000.0f, .act = "gelu",           \
+      .pos = ZO_POS_ALIBI, .layer_norms = 2}}
 /* OPT (config.json of facebook/opt-*): LayerNorm with biases, biased q, k, v,
  * out_proj and fc1/fc2 (4h, ReLU), learned positions of 2048 + 2 rows, tied;
  * vocabulary 50272. */
@@ -174,6 +184,8 @@ static const zo_model_preset presets[] = {
     NEOX("gpt-neox-20b", 44, 6144, 64, 50432, "gelu_fast"),
     FALCON("falcon-7b", 32, 4544, 71, 1, 1),
     FALCON("falcon-40b", 60, 8192, 128, 8, 2),
+    FALCON_RW("falcon-rw-1b", 24, 2048, 32, 50304),
+    FALCON_RW("falcon-rw-7b", 36, 4096, 64, 65024),
     OPT("opt-125m", 12, 768, 12),
     OPT("opt-1.3b", 24, 2048, 32),
     OPT("opt-2.7b", 32, 2560, 32),

@@ -50,6 +50,9 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     /* Falcon: keras-hub's and the model cards' totals (test_planner_families) */
     {"falcon-7b", "falcon-7b.json", 6921720704ull},
     {"falcon-40b", "falcon-40b.json", 41303293952ull},
+    /* Falcon-RW-1B: 24 x 50358272 + the token table and the final norm, from
+     * the shapes (test_planner_families: keras-hub's falcon_refinedweb_1b_en) */
+    {"falcon-rw-1b", "falcon-rw-1b.json", 1311625216ull},
     /* OPT: the OPT paper's sizes, counted from the shapes (12 x 7087872 + the token and
      * position tables and the final norm for 125m, 24 x 50358272 + ... for 1.3b) */
     {"opt-125m", "opt-125m.json", 125239296ull},
