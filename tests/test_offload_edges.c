@@ -1109,6 +1109,34 @@ static void test_nonfinite_gradients(void **state)
         assert_int_equal(info.step, 1);
         offload_free(rt);
     }
+    /* the optimizer on the device, whole (its gradients' sum of squares
+     * taken there: a sum that is not finite is what sends it looking for
+     * the block) and beside a host share (the device blocks summed on the
+     * host, bit for bit as the host's own); the block in either share */
+    const struct {
+        double dev;
+        int block;
+    } dv[] = {{1.0, 2}, {1.0, 0}, {0.5, 2}, {0.5, 0}};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) {
+        offload_config_defaults(&c);
+        c.opt_frac[OFFLOAD_DEVICE] = dv[i].dev;
+        c.opt_frac[OFFLOAD_CPU] = 1.0 - dv[i].dev;
+        rt = stub_runtime(&m, ZO_DTYPE_BF16, &c);
+        assert_int_equal(offload_get_block(rt, dv[i].block, before), ZO_OK);
+        m.nan_block = dv[i].block;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_ERR_INVALID);
+        char want[64];
+        snprintf(want, sizeof want, "gradients of block %d hold inf or nan", dv[i].block);
+        if (!strstr(zo_last_error(), want))
+            fail_msg("device share %g, block %d: %s", dv[i].dev, dv[i].block, zo_last_error());
+        assert_int_equal(offload_get_block(rt, dv[i].block, after), ZO_OK);
+        assert_memory_equal(before, after, sizeof before);
+        m.nan_block = -1;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        offload_free(rt);
+    }
     gpu_stream_destroy(s);
     stub_close(&m);
 }

@@ -16,16 +16,29 @@ __global__ void check_finite_kernel(int32_t *flag, gpu_tensor x, size_t n)
     if (bad) atomicOr(flag, 1);
 }
 
-/* partials[b] = sum of x[i]^2 over block b's contiguous chunk of x [n] */
+/* partials[b] = sum of x[i]^2 over block b's contiguous chunk of x [n]:
+ * each thread walks its elements in steps of the block, four loads in
+ * flight a step (one sum each, then summed in a fixed order), so that a
+ * chunk of megabytes keeps the memory system busy; the rest one at a time */
 __global__ void sum_squares_partial_kernel(double *partials, gpu_tensor x, size_t n)
 {
     size_t chunk = (n + gridDim.x - 1) / gridDim.x;
     size_t lo = (size_t)blockIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
-    double s = 0.0;
-    for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        double v = tload(x, i);
-        s += v * v;
+    const size_t bd = blockDim.x;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    size_t i = lo + threadIdx.x;
+    for (; i + 3 * bd < hi; i += 4 * bd) {
+        const double v0 = tload(x, i), v1 = tload(x, i + bd), v2 = tload(x, i + 2 * bd), v3 = tload(x, i + 3 * bd);
+        s0 += v0 * v0;
+        s1 += v1 * v1;
+        s2 += v2 * v2;
+        s3 += v3 * v3;
     }
+    for (; i < hi; i += bd) {
+        const double v = tload(x, i);
+        s0 += v * v;
+    }
+    double s = (s0 + s1) + (s2 + s3);
     s = block_sum_d(s);
     if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
