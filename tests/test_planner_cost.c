@@ -559,6 +559,12 @@ static void test_runtime_kernels(void **state)
     assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - mixed) < 1e-9 * mixed);
     mixed = 0.25 * 2.5 * fl / 10.5e12 + 0.75 * 2.5 * fl / 4.65e12;
     assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_BWD] - mixed) < 1e-9 * mixed);
+    /* a window as long as the sequence masks nothing: every layer on the
+     * tensor-core kernels, as the runtime passes it (no window) */
+    w.m.sliding_window = 128;
+    assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
+    assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
+    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 31.7e12) < 1e-9 * fl / 31.7e12);
     /* where nothing was measured (A100): FlashAttention at 0.75 of the curve */
     setup d;
     qlora_13b(&d, "a100-80gb");

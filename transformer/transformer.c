@@ -341,7 +341,9 @@ static zo_status norm_one_upload(tf_model *m)
     return st;
 }
 
-/* Layer l's attention: the shape, its sliding window (0: none), the
+/* Layer l's attention: the shape, its sliding window (0: none, or a window
+ * no shorter than the keys a query can see, the sequence or the cache,
+ * which masks nothing: so the kernels that take no window may run it), the
  * score scale (Gemma-2's query_pre_attn_scalar^-0.5; 0: 1/sqrt(head_dim)),
  * soft cap (0: none) and ALiBi: BLOOM's adds slope_h (j - i) to the scaled
  * scores; Falcon's (Falcon-RW) adds bf16(bf16(slope_h) j) to them before the
@@ -350,8 +352,9 @@ static gpu_attn_desc layer_attn(const tf_model *m, int l)
 {
     const zo_model_config *c = &m->cfg;
     const int alibi = c->pos == ZO_POS_ALIBI, falcon = alibi && zo_model_falcon(c);
+    const int window = zo_model_layer_window(c, l), keys = m->opts.kv_len ? m->opts.kv_len : m->t;
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
-                        .window = zo_model_layer_window(c, l), .softcap = c->attn_softcap,
+                        .window = window < keys ? window : 0, .softcap = c->attn_softcap,
                         .alibi = falcon ? (float)(1.0 / sqrt((double)c->head_dim)) : alibi ? 1.0f : 0.0f,
                         .alibi_bf16 = falcon};
     if (c->query_pre_attn_scalar > 0.0f) ad.scale = (float)(1.0 / sqrt((double)c->query_pre_attn_scalar));
