@@ -889,6 +889,49 @@ static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
         hf_fail(sub, ZO_ERR_FORMAT, "attention_factor", "must be > 0 (got %g)", c->rope_attention_factor);
 }
 
+/* YaRN's mscale(s, m): 0.1 m ln(s) + 1, or 1 for s <= 1. */
+static double yarn_mscale(double s, double m) { return s <= 1.0 ? 1.0 : 0.1 * m * log(s) + 1.0; }
+
+/* yarn as Hugging Face's _compute_yarn_parameters reads it: beta_fast
+ * (default 32), beta_slow (1), truncate (true), and the attention factor:
+ * rope_scaling's attention_factor, else mscale(factor, mscale) /
+ * mscale(factor, mscale_all_dim) when both are given and non-zero
+ * (DeepSeek-V2/V3), else mscale(factor, 1). The original length is
+ * rope_scaling's original_max_position_embeddings, else
+ * max_position_embeddings; the factor is the config's, also where
+ * max_position_embeddings / original differs from it (later transformers
+ * keep it; some earlier ones derived it from that ratio). DeepSeek's other
+ * use of mscale, in its latent attention's softmax scale, is not read: the
+ * runtime does not run latent attention. */
+static void hf_yarn(hf *sub, zo_model_config *c)
+{
+    c->rope_beta_fast = hf_double(sub, "beta_fast", 32.0);
+    c->rope_beta_slow = hf_double(sub, "beta_slow", 1.0);
+    c->rope_truncate = hf_bool(sub, "truncate", 1);
+    c->rope_mscale = hf_double(sub, "mscale", 0.0);
+    c->rope_mscale_all_dim = hf_double(sub, "mscale_all_dim", 0.0);
+    if (sub->st) return;
+    double s = c->rope_factor;
+    if (!(s >= 1.0))
+        hf_fail(sub, ZO_ERR_FORMAT, "factor", "must be >= 1 for yarn (got %g)", s);
+    else if (!(c->rope_beta_slow > 0.0 && isfinite(c->rope_beta_slow)))
+        hf_fail(sub, ZO_ERR_FORMAT, "beta_slow", "must be > 0 (got %g)", c->rope_beta_slow);
+    else if (!(c->rope_beta_fast > c->rope_beta_slow && isfinite(c->rope_beta_fast)))
+        hf_fail(sub, ZO_ERR_FORMAT, "beta_fast", "must exceed beta_slow (got %g and %g)", c->rope_beta_fast,
+                c->rope_beta_slow);
+    else if (!(c->rope_mscale >= 0.0 && isfinite(c->rope_mscale)))
+        hf_fail(sub, ZO_ERR_FORMAT, "mscale", "must be >= 0 (got %g)", c->rope_mscale);
+    else if (!(c->rope_mscale_all_dim >= 0.0 && isfinite(c->rope_mscale_all_dim)))
+        hf_fail(sub, ZO_ERR_FORMAT, "mscale_all_dim", "must be >= 0 (got %g)", c->rope_mscale_all_dim);
+    if (sub->st) return;
+    double att = c->rope_mscale > 0.0 && c->rope_mscale_all_dim > 0.0
+                     ? yarn_mscale(s, c->rope_mscale) / yarn_mscale(s, c->rope_mscale_all_dim)
+                     : yarn_mscale(s, 1.0);
+    c->rope_attention_factor = (float)hf_double(sub, "attention_factor", att);
+    if (!sub->st && !(c->rope_attention_factor > 0.0f && isfinite(c->rope_attention_factor)))
+        hf_fail(sub, ZO_ERR_FORMAT, "attention_factor", "must be > 0 (got %g)", c->rope_attention_factor);
+}
+
 /* Which layers attend over the window: layer_types when present, one
  * "full_attention" every p layers, the rest "sliding_attention" (p 0: none
  * full, every layer windowed; none sliding: no window), else every
@@ -960,7 +1003,9 @@ static float hf_cap(hf *r, const char *key, float def)
  *   its parameters: factor, llama3's low_freq_factor (default 1),
  *   high_freq_factor (default 4) and original_max_position_embeddings;
  *   longrope's short_factor and long_factor lists and attention_factor,
- *   with Phi-3's top-level original_max_position_embeddings (hf_longrope). */
+ *   with Phi-3's top-level original_max_position_embeddings (hf_longrope);
+ *   yarn's beta_fast, beta_slow, truncate, mscale, mscale_all_dim and
+ *   attention_factor (hf_yarn). */
 static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
 {
     const cJSON *w = cJSON_GetObjectItemCaseSensitive(r->root, "sliding_window");
@@ -997,6 +1042,7 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
     c->rope_high_freq_factor = hf_float(&sub, "high_freq_factor", 4.0f);
     c->rope_original_max = hf_int2(&sub, "original_max_position_embeddings", NULL, 1, c->max_seq);
     if (!strcmp(kind, "longrope")) hf_longrope(r, &sub, c, f);
+    if (!strcmp(kind, "yarn")) hf_yarn(&sub, c);
     if (!sub.st && !(c->rope_factor > 0.0f))
         hf_fail(&sub, ZO_ERR_FORMAT, "factor", "must be > 0 (got %g)", c->rope_factor);
     if (!sub.st && !strcmp(kind, "llama3") &&

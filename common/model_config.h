@@ -88,8 +88,8 @@ typedef struct zo_model_config {
     float rope_theta;  /* LLaMA only */
     /* ---- what the attention computes beyond the shape: none of it changes a
      * size, so memplan reads it and ignores it; the transformer computes it
-     * (sliding windows; the llama3, linear and, within its original length,
-     * dynamic RoPE scalings) and refuses the rest by name. ---- */
+     * (sliding windows; the llama3, linear, longrope, yarn and, within its
+     * original length, dynamic RoPE scalings) and refuses the rest by name. ---- */
     int sliding_window;    /* a query sees the last sliding_window positions (itself included):
                               Mistral's sliding_window, Qwen2's with use_sliding_window; 0: all */
     int window_from_layer; /* the window applies to layers >= this (Qwen2's max_window_layers) */
@@ -116,8 +116,18 @@ typedef struct zo_model_config {
                               it) of each head rotate, the rest pass; 0: all (zo_model_rope_dim).
                               A double, as Python multiplies: 0.7 x 80 is 56 (a float's 55) */
     float rope_attention_factor; /* rope_scaling's attention_factor, or as Hugging Face derives it:
-                                    sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings /
-                                    original > 1, else 1 */
+                                    longrope: sqrt(1 + ln(s) / ln(original)) for s =
+                                    max_position_embeddings / original > 1, else 1; yarn:
+                                    mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
+                                    are given, else mscale(factor, 1), mscale(s, m) = 0.1 m ln(s) + 1
+                                    (1 for s <= 1) */
+    /* yarn (Qwen2.5 and Qwen3 long-context configs, DeepSeek-V2/V3): each
+     * frequency a blend of itself and itself / rope_factor, by a ramp over the
+     * pairs between the dims where beta_fast and beta_slow rotations fit in
+     * rope_original_max positions */
+    double rope_beta_fast, rope_beta_slow; /* rope_scaling's (defaults 32 and 1) */
+    double rope_mscale, rope_mscale_all_dim; /* rope_scaling's (0: not given) */
+    int rope_truncate;     /* rope_scaling's truncate (default true): the ramp's ends to integers */
     uint64_t params_override; /* != 0: only the total is known (--params) */
     /* ---- beyond the runtime's GPT and LLaMA layers. All 0 for what the
      * runtime builds; memplan sizes them, zo_model_config_runtime_check

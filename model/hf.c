@@ -199,6 +199,14 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
                 cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq_factor);
             }
             if (c->rope_original_max) cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max);
+            if (!strcmp(c->rope_scaling, "yarn")) {
+                cJSON_AddNumberToObject(rs, "beta_fast", c->rope_beta_fast);
+                cJSON_AddNumberToObject(rs, "beta_slow", c->rope_beta_slow);
+                cJSON_AddBoolToObject(rs, "truncate", c->rope_truncate);
+                if (c->rope_mscale > 0.0) cJSON_AddNumberToObject(rs, "mscale", c->rope_mscale);
+                if (c->rope_mscale_all_dim > 0.0) cJSON_AddNumberToObject(rs, "mscale_all_dim", c->rope_mscale_all_dim);
+                cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
+            }
             if (!strcmp(c->rope_scaling, "longrope") && c->rope_n_factors > 0) {
                 cJSON_AddItemToObject(rs, "short_factor", cJSON_CreateFloatArray(c->rope_short_factor, c->rope_n_factors));
                 cJSON_AddItemToObject(rs, "long_factor", cJSON_CreateFloatArray(c->rope_long_factor, c->rope_n_factors));

@@ -385,6 +385,16 @@ FAMILIES["gemma3_text"] = dict(
                 num_hidden_layers=3, rope_theta=1000000.0, rope_local_base_freq=10000.0,
                 rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window_pattern=3,
                 final_logit_softcapping=None, attn_logit_softcapping=None))
+# Qwen2 with a YaRN rope_scaling (Qwen2.5's long-context kind, small): factor 4 over an original
+# length of 128 (max_position_embeddings 256: the factor is the config's), beta_fast 16 and
+# beta_slow 2, so that at head 128 and rope_theta 1e6 the ramp runs from pair 1 to pair 11 of 64
+# (pairs 0 and 1 kept, 11 and past divided by 4, blended between), and cos and sin times
+# 0.1 ln 4 + 1
+FAMILIES["qwen2_yarn"] = dict(
+    FAMILIES["qwen2"], seed=51,
+    config=dict(FAMILIES["qwen2"]["config"],
+                rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
+                              "original_max_position_embeddings": 128}))
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
 # tokens a micro-batch): torch.optim.AdamW skips a parameter whose grad is None (no moment decay,
 # no weight decay, its step count unmoved), and train leaves such an expert as it is too
@@ -548,7 +558,8 @@ def moe_forward(c, p, idx):
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     x = p["model.embed_tokens.weight"][idx]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)  # (float32 in replay_lora's rounding probe)
+    att = mf.rope_attention_scaling(c)  # yarn's and longrope's attention factor (else 1)
+    cos, sin = (emb.cos() * att).to(x.dtype), (emb.sin() * att).to(x.dtype)  # (float32 in replay_lora's rounding probe)
     lin = lambda z, name: z @ p[name + ".weight"].T + (p[name + ".bias"] if name + ".bias" in p else 0)
     routers = []
     for l in range(c["num_hidden_layers"]):
@@ -913,6 +924,19 @@ def check_family(train, name, workdir):
             given = micro_loss(c, params, data, run, 0).item()
         ck.fact(f"with {key} {other} the reference's loss moves ({given:.6f} -> {changed:.6f})",
                 abs(changed - given) > 10 * REL * given)
+    rs = c.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type")) == "yarn":
+        # yarn is told apart from linear at its factor, from itself without the attention factor,
+        # and from no scaling
+        linear = {"rope_type": "linear", "factor": rs["factor"]}
+        with torch.no_grad():
+            given = micro_loss(c, params, data, run, 0).item()
+            for what, cc in (("linear", dict(c, rope_scaling=linear)),
+                             ("yarn, attention_factor 1", dict(c, rope_scaling=dict(rs, attention_factor=1.0))),
+                             ("none", dict(c, rope_scaling=None))):
+                changed = micro_loss(cc, params, data, run, 0).item()
+                ck.fact(f"with rope_scaling {what} the reference's loss moves ({given:.6f} -> {changed:.6f})",
+                        abs(changed - given) > 10 * REL * given)
     if deepseek(c):
         # the balance loss is in the gradient only: the first micro-batch's gradient norm moves without it
         def grad_norm(cc):

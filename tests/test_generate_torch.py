@@ -2,7 +2,7 @@
 """test_generate_torch: `generate`'s greedy tokens against PyTorch's.
 
 For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA;
-Qwen3, head size 128 with its q/k norms, GQA, tied; GPT-NeoX, head size 64,
+Qwen3, head size 128 with its q/k norms, GQA, tied, YaRN rope scaling; GPT-NeoX, head size 64,
 16 rotary dimensions, parallel residual; Falcon, head size 64, multi-query with
 one norm, or grouped kv heads with two; OPT, head size 64, learned positions
 from row 2, ReLU), a
@@ -93,7 +93,10 @@ FAMILIES = {
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
     # Qwen3: the q/k norms before RoPE, so the cached keys are normed ones; head_dim 128 with q
-    # (4 x 128) wider than hidden_size, GQA
+    # (4 x 128) wider than hidden_size, GQA; a YaRN rope_scaling (Qwen3's long-context kind) whose
+    # ramp at head 128 and rope_theta 1e6 runs from pair 4 to pair 14 of 64 (beta_fast 8, beta_slow
+    # 1 over max_position_embeddings 128: pairs to 4 kept, from 14 divided by 2, blended between),
+    # cos and sin times 0.1 ln 2 + 1: the cache is built from the same frequencies
     "qwen3": dict(
         seed=46,
         config={"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 4,
@@ -101,6 +104,7 @@ FAMILIES = {
                 "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 128,
                 "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
                 "use_sliding_window": False, "tie_word_embeddings": True, "eos_token_id": 127,
+                "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 8.0},
                 "torch_dtype": "float32"},
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),

@@ -1059,6 +1059,92 @@ static void test_longrope_other_family(void **state)
     cJSON_Delete(js);
 }
 
+/* yarn's rope_scaling fields: the defaults (beta_fast 32, beta_slow 1,
+ * truncate, the original length max_position_embeddings, the attention
+ * factor 0.1 ln(factor) + 1), fields given (DeepSeek-V2's mscale and
+ * mscale_all_dim, whose ratio is 1; an attention_factor over them; the
+ * config's factor kept where max_position_embeddings / original differs),
+ * the config written back reading the same, and each bad field refused
+ * naming it. The expected values are written here from the definition. */
+static void test_yarn_config(void **state)
+{
+    (void)state;
+    const char *base = "{\"model_type\": \"qwen2\", \"num_hidden_layers\": 1, \"hidden_size\": 32,"
+                       " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": 64,"
+                       " \"vocab_size\": 256, \"max_position_embeddings\": 1024, \"rope_scaling\": {\"rope_type\": \"yarn\"%s}}";
+    char text[1024];
+    zo_model_config c, back;
+    snprintf(text, sizeof text, base, ", \"factor\": 4.0");
+    assert_int_equal(zo_model_config_parse(text, "qwen2-yarn.json", &c), ZO_OK);
+    assert_string_equal(c.rope_scaling, "yarn");
+    assert_true(c.rope_factor == 4.0f);
+    assert_true(c.rope_beta_fast == 32.0 && c.rope_beta_slow == 1.0);
+    assert_int_equal(c.rope_truncate, 1);
+    assert_int_equal(c.rope_original_max, 1024);
+    assert_true(fabs(c.rope_attention_factor - (0.1 * log(4.0) + 1.0)) < 1e-6);
+    /* factor 1: no attention scaling */
+    snprintf(text, sizeof text, base, ", \"factor\": 1.0");
+    assert_int_equal(zo_model_config_parse(text, "qwen2-yarn1.json", &c), ZO_OK);
+    assert_true(c.rope_attention_factor == 1.0f);
+    /* DeepSeek-V2's: factor 40, mscale = mscale_all_dim = 0.707 (a ratio of 1),
+     * original 4096 of 1024 (the factor kept, not 1024 / 4096) */
+    snprintf(text, sizeof text, base,
+             ", \"type\": \"yarn\", \"factor\": 40, \"beta_fast\": 32, \"beta_slow\": 1, \"mscale\": 0.707,"
+             " \"mscale_all_dim\": 0.707, \"original_max_position_embeddings\": 4096");
+    assert_int_equal(zo_model_config_parse(text, "deepseek-v2-yarn.json", &c), ZO_OK);
+    assert_true(c.rope_factor == 40.0f);
+    assert_int_equal(c.rope_original_max, 4096);
+    assert_true(fabs(c.rope_attention_factor - 1.0) < 1e-7);
+    /* mscale 1, mscale_all_dim 0.5: (0.1 ln 40 + 1) / (0.05 ln 40 + 1) */
+    snprintf(text, sizeof text, base,
+             ", \"factor\": 40, \"mscale\": 1.0, \"mscale_all_dim\": 0.5, \"beta_fast\": 16, \"beta_slow\": 2,"
+             " \"truncate\": false");
+    assert_int_equal(zo_model_config_parse(text, "yarn-mscale.json", &c), ZO_OK);
+    assert_true(fabs(c.rope_attention_factor - (0.1 * log(40.0) + 1.0) / (0.05 * log(40.0) + 1.0)) < 1e-6);
+    assert_true(c.rope_beta_fast == 16.0 && c.rope_beta_slow == 2.0);
+    assert_int_equal(c.rope_truncate, 0);
+    /* written back and read: the same frequencies' fields and factor */
+    cJSON *js = NULL;
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    char *out = cJSON_Print(js);
+    assert_int_equal(zo_model_config_parse(out, "written.json", &back), ZO_OK);
+    assert_string_equal(back.rope_scaling, "yarn");
+    assert_true(back.rope_factor == c.rope_factor && back.rope_original_max == c.rope_original_max);
+    assert_true(back.rope_beta_fast == 16.0 && back.rope_beta_slow == 2.0 && back.rope_truncate == 0);
+    assert_true(back.rope_attention_factor == c.rope_attention_factor);
+    free(out);
+    cJSON_Delete(js);
+    /* only mscale given: mscale(factor, 1) */
+    snprintf(text, sizeof text, base, ", \"factor\": 40, \"mscale\": 0.707");
+    assert_int_equal(zo_model_config_parse(text, "yarn-mscale-only.json", &c), ZO_OK);
+    assert_true(fabs(c.rope_attention_factor - (0.1 * log(40.0) + 1.0)) < 1e-6);
+    /* attention_factor given wins */
+    snprintf(text, sizeof text, base, ", \"factor\": 40, \"mscale\": 1.0, \"mscale_all_dim\": 0.5,"
+                                      " \"attention_factor\": 0.75");
+    assert_int_equal(zo_model_config_parse(text, "yarn-att.json", &c), ZO_OK);
+    assert_true(c.rope_attention_factor == 0.75f);
+    /* bad fields, each named */
+    static const struct {
+        const char *fields, *field;
+    } bad[] = {
+        {", \"factor\": 0.5", "factor"},
+        {", \"factor\": 4.0, \"beta_fast\": 1.0, \"beta_slow\": 1.0", "beta_fast"},
+        {", \"factor\": 4.0, \"beta_slow\": 0", "beta_slow"},
+        {", \"factor\": 4.0, \"beta_fast\": \"32\"", "beta_fast"},
+        {", \"factor\": 4.0, \"truncate\": 1", "truncate"},
+        {", \"factor\": 4.0, \"mscale\": -1", "mscale"},
+        {", \"factor\": 4.0, \"mscale_all_dim\": -0.5", "mscale_all_dim"},
+        {", \"factor\": 4.0, \"attention_factor\": 0", "attention_factor"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(text, sizeof text, base, bad[k].fields);
+        assert_int_equal(zo_model_config_parse(text, "bad-yarn.json", &c), ZO_ERR_FORMAT);
+        char want[128];
+        snprintf(want, sizeof want, "rope_scaling: field \"%s\"", bad[k].field);
+        if (!strstr(zo_last_error(), want)) fail_msg("want \"%s\": %s", want, zo_last_error());
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1077,6 +1163,7 @@ int main(void)
         cmocka_unit_test(test_falcon_qkv_rows),
         cmocka_unit_test(test_falcon_old_keys),
         cmocka_unit_test(test_longrope_other_family),
+        cmocka_unit_test(test_yarn_config),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
         cmocka_unit_test(test_tokens_errors),

@@ -1495,14 +1495,149 @@ static void llama3_freq(double *f, int d, double theta, double factor, double lo
     }
 }
 
+/* YaRN's frequencies and attention factor as Hugging Face defines them
+ * (_compute_yarn_parameters), written here from the definition for rotary
+ * dim d: the dims where beta_fast and beta_slow turns fit in orig positions
+ * bound a ramp (floor and ceil of them with truncate, clamped to [0, d -
+ * 1]); pair i takes theta^(-2i/d) / factor with weight ramp(i), itself with
+ * 1 - ramp(i). ms, msa: mscale and mscale_all_dim (0: not given). */
+static double yarn_ref(double *f, int d, double theta, double factor, double orig, double fast, double slow,
+                       int truncate, double ms, double msa)
+{
+    double ends[2], turns[2] = {fast, slow};
+    for (int k = 0; k < 2; k++) /* d/2 ln(orig / (2 pi turns)) / ln(theta) */
+        ends[k] = 0.5 * d * log(orig / (2.0 * M_PI * turns[k])) / log(theta);
+    if (truncate) ends[0] = floor(ends[0]), ends[1] = ceil(ends[1]);
+    if (ends[0] < 0.0) ends[0] = 0.0;
+    if (ends[1] > d - 1.0) ends[1] = d - 1.0;
+    if (ends[1] == ends[0]) ends[1] += 0.001;
+    for (int i = 0; i < d / 2; i++) {
+        double plain = 1.0 / pow(theta, (2.0 * i) / d);
+        double w = fmin(1.0, fmax(0.0, (i - ends[0]) / (ends[1] - ends[0]))); /* interpolation's weight */
+        f[i] = w * (plain / factor) + (1.0 - w) * plain;
+    }
+    double num = factor <= 1.0 ? 1.0 : 1.0 + 0.1 * (ms > 0 && msa > 0 ? ms : 1.0) * log(factor);
+    double den = factor <= 1.0 || !(ms > 0 && msa > 0) ? 1.0 : 1.0 + 0.1 * msa * log(factor);
+    return num / den;
+}
+
+/* tf_init of `json` at sequence t: its rotary frequencies (d/2 of them) and
+ * the rotation's scale. */
+static void yarn_init(gpu_device_t dev, const char *json, int t, double *f, float *scale, int *d)
+{
+    zo_model_config cfg;
+    if (zo_model_config_parse(json, "yarn.json", &cfg) != ZO_OK) fail_msg("%s", zo_last_error());
+    tf_model m;
+    if (tf_init(&m, &cfg, dev, ZO_DTYPE_F32, 1, t) != ZO_OK) fail_msg("%s", zo_last_error());
+    *d = zo_model_rope_dim(&cfg);
+    assert_non_null(m.rope_freq);
+    memcpy(f, m.rope_freq, (size_t)(*d / 2) * sizeof *f); /* the CPU device's memory is the host's */
+    *scale = m.rope_scale;
+    tf_free(&m);
+}
+
+/* yarn against yarn_ref: head 128 (Qwen2.5's rope_theta 1e6) with the
+ * defaults, and with beta_fast 16, beta_slow 2, an original length of 128
+ * and no truncation; a partial rotary dim (Phi-3 shaped, head 80 x 0.75 =
+ * 60) with DeepSeek-V2's mscale and mscale_all_dim (factor 40, both 0.707:
+ * an attention factor of 1) and with mscale 1 over 0.5. Each case's ramp
+ * falls inside the pairs (some kept, some blended, some divided), so the
+ * check tells yarn from linear and from none; generation (a cache of 200)
+ * gets the same. A rope_theta of 1 is refused. */
+static void test_yarn_frequencies(void **state)
+{
+    (void)state;
+    gpu_device_t dev;
+    gpu_cpu_options o = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+#define QWEN "{\"model_type\": \"qwen2\", \"num_hidden_layers\": 1, \"hidden_size\": 256, " \
+             "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": 64, " \
+             "\"vocab_size\": 64, \"max_position_embeddings\": 256, \"rope_theta\": %s, "
+#define PHI "{\"model_type\": \"phi3\", \"num_hidden_layers\": 1, \"hidden_size\": 160, " \
+            "\"num_attention_heads\": 2, \"num_key_value_heads\": 2, \"intermediate_size\": 64, " \
+            "\"vocab_size\": 64, \"max_position_embeddings\": 512, \"partial_rotary_factor\": 0.75, " \
+            "\"rope_theta\": 10000.0, "
+    static const struct {
+        const char *json;
+        int d;
+        double theta, factor, orig, fast, slow;
+        int truncate;
+        double ms, msa;
+    } cases[] = {
+        {QWEN "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", 128, 1e6, 4.0, 256, 32, 1, 1, 0, 0},
+        {QWEN "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 16, \"beta_slow\": 2, "
+              "\"original_max_position_embeddings\": 128, \"truncate\": false}}",
+         128, 1e6, 4.0, 128, 16, 2, 0, 0, 0},
+        {QWEN "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40, \"beta_fast\": 32, \"beta_slow\": 1, "
+              "\"mscale\": 0.707, \"mscale_all_dim\": 0.707, \"original_max_position_embeddings\": 64}}",
+         128, 1e4, 40.0, 64, 32, 1, 1, 0.707, 0.707},
+        {PHI "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40, \"mscale\": 0.707, \"mscale_all_dim\": 0.707, "
+             "\"original_max_position_embeddings\": 256}}",
+         60, 1e4, 40.0, 256, 32, 1, 1, 0.707, 0.707},
+        {PHI "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 8, \"mscale\": 1.0, \"mscale_all_dim\": 0.5, "
+             "\"beta_fast\": 8, \"beta_slow\": 0.5, \"truncate\": false}}",
+         60, 1e4, 8.0, 512, 8, 0.5, 0, 1.0, 0.5},
+    };
+    char json[1024];
+    double f[64], want[64];
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const char *theta = cases[k].theta == 1e6 ? "1000000.0" : "10000.0";
+        snprintf(json, sizeof json, cases[k].json, theta);
+        double att = yarn_ref(want, cases[k].d, cases[k].theta, cases[k].factor, cases[k].orig, cases[k].fast,
+                              cases[k].slow, cases[k].truncate, cases[k].ms, cases[k].msa);
+        for (int gen = 0; gen < 2; gen++) {
+            float scale;
+            int d;
+            zo_model_config cfg;
+            if (zo_model_config_parse(json, "yarn.json", &cfg) != ZO_OK) fail_msg("%s", zo_last_error());
+            if (gen) {
+                tf_model m;
+                tf_options go = {.kv_len = 200};
+                if (tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 1, 8, &go) != ZO_OK) fail_msg("%s", zo_last_error());
+                d = zo_model_rope_dim(&cfg);
+                assert_non_null(m.rope_freq);
+                memcpy(f, m.rope_freq, (size_t)(d / 2) * sizeof *f);
+                scale = m.rope_scale;
+                tf_free(&m);
+            } else {
+                yarn_init(dev, json, 130, f, &scale, &d);
+            }
+            assert_int_equal(d, cases[k].d);
+            if (fabs(scale - att) > 1e-6 * att) fail_msg("case %zu: attention factor %.9g, want %.9g", k, scale, att);
+            int kept = 0, blended = 0, divided = 0;
+            for (int i = 0; i < d / 2; i++) {
+                double plain = pow(cases[k].theta, -2.0 * i / d);
+                if (fabs(f[i] - want[i]) > 1e-12 * want[i])
+                    fail_msg("case %zu pair %d: %.17g, want %.17g", k, i, f[i], want[i]);
+                kept += fabs(want[i] - plain) <= 1e-15 * plain;
+                divided += fabs(want[i] - plain / cases[k].factor) <= 1e-15 * plain;
+                blended += want[i] < plain * (1 - 1e-9) && want[i] > plain / cases[k].factor * (1 + 1e-9);
+            }
+            if (!(kept > 0 && blended > 0 && divided > 0))
+                fail_msg("case %zu: kept %d, blended %d, divided %d: the ramp is not inside the pairs", k, kept,
+                         blended, divided);
+        }
+    }
+    /* rope_theta 1: no dims (ln 1 = 0), refused naming it */
+    snprintf(json, sizeof json, QWEN "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", "1.0");
+    zo_model_config cfg;
+    assert_int_equal(zo_model_config_parse(json, "yarn.json", &cfg), ZO_OK);
+    tf_model m;
+    assert_int_equal(tf_init(&m, &cfg, dev, ZO_DTYPE_F32, 1, 8), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "rope_theta"));
+#undef QWEN
+#undef PHI
+    gpu_device_free(dev);
+}
+
 /* What tf_init computes of a config's attention extent and what it refuses:
  * sliding windows at any length (the op masks them; test_ops and
  * test_e2e_torch check the numbers); rope_scaling llama3 and linear with
- * their frequencies uploaded, dynamic within its original length; yarn and
- * dynamic past its length refused by name; "default" is no scaling. GPT-NeoX
- * and Falcon the same (their rotary embedding is LLaMA's in Hugging Face):
- * linear over GPT-NeoX's rotated part, yarn and dynamic past its length
- * refused by name. */
+ * their frequencies uploaded, dynamic within its original length; dynamic
+ * past its length and an unknown kind refused by name; "default" is no
+ * scaling (yarn: test_yarn_frequencies). GPT-NeoX and Falcon the same
+ * (their rotary embedding is LLaMA's in Hugging Face): linear over
+ * GPT-NeoX's rotated part, dynamic past its length refused by name. */
 static void test_attention_extent(void **state)
 {
     (void)state;
@@ -1548,10 +1683,11 @@ static void test_attention_extent(void **state)
     for (int i = 0; i < 8; i++) assert_true(fabs(f[i] - pow(10000.0, -2.0 * i / 16)) < 1e-15);
     assert_int_equal(init_at(dev, dyn, 33, msg, sizeof msg, NULL, NULL), ZO_ERR_UNSUPPORTED);
     if (!strstr(msg, "rope_scaling \"dynamic\"") || !strstr(msg, "33")) fail_msg("%s", msg);
-    assert_int_equal(init_at(dev, "{\"model_type\": \"qwen2\", " TINY ", \"rope_scaling\": {\"type\": \"yarn\", "
+    /* a kind it does not compute: refused by name */
+    assert_int_equal(init_at(dev, "{\"model_type\": \"qwen2\", " TINY ", \"rope_scaling\": {\"type\": \"ntk\", "
                                   "\"factor\": 4.0}}", 8, msg, sizeof msg, NULL, NULL),
                      ZO_ERR_UNSUPPORTED);
-    assert_non_null(strstr(msg, "rope_scaling \"yarn\""));
+    if (!strstr(msg, "rope_scaling \"ntk\"") || !strstr(msg, "yarn")) fail_msg("%s", msg);
     /* GPT-NeoX: linear over the rotated half of each head of 16 (4 frequencies of 8 dims) */
 #define NEOX "{\"model_type\": \"gpt_neox\", \"num_hidden_layers\": 1, \"hidden_size\": 32, " \
              "\"num_attention_heads\": 2, \"intermediate_size\": 64, \"vocab_size\": 64, \"rotary_pct\": 0.5, "
@@ -1560,10 +1696,10 @@ static void test_attention_extent(void **state)
                      ZO_OK);
     assert_int_equal(has, 1);
     for (int i = 0; i < 4; i++) assert_true(fabs(f[i] - pow(10000.0, -2.0 * i / 8) / 4.0) < 1e-15);
-    assert_int_equal(init_at(dev, NEOX "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", 8, msg,
-                             sizeof msg, NULL, NULL),
+    assert_int_equal(init_at(dev, NEOX "\"max_position_embeddings\": 4, \"rope_scaling\": {\"rope_type\": "
+                                  "\"dynamic\", \"factor\": 4.0}}", 8, msg, sizeof msg, NULL, NULL),
                      ZO_ERR_UNSUPPORTED);
-    if (!strstr(msg, "rope_scaling \"yarn\"")) fail_msg("%s", msg);
+    if (!strstr(msg, "rope_scaling \"dynamic\"")) fail_msg("%s", msg);
 #undef NEOX
     /* Falcon: dynamic past max_position_embeddings refused by name */
     assert_int_equal(init_at(dev, "{\"model_type\": \"falcon\", \"num_hidden_layers\": 1, \"hidden_size\": 32, "
@@ -1660,10 +1796,11 @@ static void test_train_program(void **state)
     f = fopen(cfg, "w");
     fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 1, \"hidden_size\": 32,"
                " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64,"
-               " \"vocab_size\": 256, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}\n");
+               " \"vocab_size\": 256, \"max_position_embeddings\": 16,"
+               " \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 4.0}}\n");
     fclose(f);
     assert_int_equal(run_capture(cmd, out, sizeof out), 2);
-    assert_non_null(strstr(out, "rope_scaling \"yarn\""));
+    assert_non_null(strstr(out, "rope_scaling \"dynamic\""));
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
@@ -1699,6 +1836,7 @@ int main(void)
         cmocka_unit_test(test_train_phi3_resume),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_attention_extent),
+        cmocka_unit_test(test_yarn_frequencies),
         cmocka_unit_test(test_train_program),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

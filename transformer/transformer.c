@@ -227,6 +227,34 @@ static zo_status lora_init(tf_model *m)
     return ZO_OK;
 }
 
+/* YaRN's correction dim: where along rotary dim d the pair lies that turns
+ * `turns` times in orig positions at base^(-2i/d). */
+static double yarn_dim(int d, double base, double orig, double turns)
+{
+    return d * log(orig / (2.0 * M_PI * turns)) / (2.0 * log(base));
+}
+
+/* YaRN's frequencies (Hugging Face's _compute_yarn_parameters) over rotary
+ * dim d, into f[0 .. d/2) which holds theta^(-2i/d): pair i keeps f (the
+ * extrapolated frequency) below the dim where beta_fast rotations fit in
+ * the original length, takes f / factor (interpolated) past the dim where
+ * beta_slow do, and a linear ramp between; with truncate the ramp's ends
+ * are floor and ceil of those dims, clamped to [0, d - 1]. */
+static void yarn_frequencies(const zo_model_config *c, int d, double *f)
+{
+    const double base = c->rope_theta, orig = c->rope_original_max, factor = c->rope_factor;
+    double lo = yarn_dim(d, base, orig, c->rope_beta_fast), hi = yarn_dim(d, base, orig, c->rope_beta_slow);
+    if (c->rope_truncate) lo = floor(lo), hi = ceil(hi);
+    lo = lo > 0.0 ? lo : 0.0;
+    hi = hi < d - 1 ? hi : d - 1;
+    if (hi == lo) hi += 0.001; /* no division by zero */
+    for (int i = 0; i < d / 2; i++) {
+        double ramp = (i - lo) / (hi - lo);
+        ramp = ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp;
+        f[i] = f[i] / factor * ramp + f[i] * (1.0 - ramp);
+    }
+}
+
 /* The rotary frequencies of c's rope_scaling, as Hugging Face computes them
  * (its ROPE_INIT_FUNCTIONS), for sequences up to T: f[i] = theta^(-2i/d),
  * then linear: f / factor; llama3: f / factor for wavelengths past
@@ -236,8 +264,9 @@ static zo_status lora_init(tf_model *m)
  * past it (Hugging Face chooses by the sequence length of a forward; T is
  * the batch's), and *scale its attention factor. Generation
  * whose cache passes the original length is refused: Hugging Face's
- * switches factors there and computes the cache again. Other kinds (yarn,
- * ...) are refused by name (ZO_ERR_UNSUPPORTED). */
+ * switches factors there and computes the cache again. yarn: a blend of f
+ * and f / factor (yarn_frequencies) at every length, and *scale its
+ * attention factor. Other kinds are refused by name (ZO_ERR_UNSUPPORTED). */
 static zo_status rope_frequencies(const zo_model_config *c, int T, int generating, double *f, float *scale)
 {
     const int d = zo_model_rope_dim(c), half = d / 2;
@@ -272,6 +301,12 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
         const float *ext = T > c->rope_original_max ? c->rope_long_factor : c->rope_short_factor;
         for (int i = 0; i < half; i++) f[i] /= (double)ext[i];
         *scale = c->rope_attention_factor;
+    } else if (!strcmp(kind, "yarn")) {
+        if (!(c->rope_theta > 1.0f))
+            return zo_error(ZO_ERR_FORMAT, "tf_init: model %s: rope_scaling \"yarn\" needs rope_theta > 1 (got %g)",
+                            c->name, c->rope_theta);
+        yarn_frequencies(c, d, f);
+        *scale = c->rope_attention_factor;
     } else if (!strcmp(kind, "dynamic")) {
         if (T > c->rope_original_max)
             return zo_error(ZO_ERR_UNSUPPORTED,
@@ -281,7 +316,7 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
     } else {
         return zo_error(ZO_ERR_UNSUPPORTED,
                         "tf_init: model %s: rope_scaling \"%s\" is not computed here (llama3, linear, "
-                        "longrope and dynamic within its original length are)",
+                        "longrope, yarn and dynamic within its original length are)",
                         c->name, kind);
     }
     return ZO_OK;
