@@ -33,7 +33,7 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "falcon-7b.json", "falcon-40b.json",
                                    "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
                                    "gemma-3-1b.json", "deepseek-moe-16b.json", "opt-125m.json", "opt-1.3b.json",
-                                   "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json"};
+                                   "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json", "phi-2.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name, and what it lacks (DeepSeek-V2's and V3's

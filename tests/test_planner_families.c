@@ -77,6 +77,11 @@ static const struct {
      * 17920 + down_proj 17920 x 5120 = 340,797,440) + embedding and head
      * 2 x 100352 x 5120 + norm 5120 */
     {"phi-4.json", 14659507200ull, 0},
+    /* microsoft/phi-2's 2.78B, from the shapes: 32 layers x (input_layernorm 2 x
+     * 2560 + q, k, v, dense 4 x (2560^2 + 2560) + fc1 2560 x 10240 + 10240 +
+     * fc2 10240 x 2560 + 2560 = 78,671,360) + embed_tokens 51200 x 2560 +
+     * final_layernorm 2 x 2560 + lm_head 51200 x 2560 + its bias 51200 */
+    {"phi-2.json", 2779683840ull, 0},
     /* GPTNeoXForCausalLM counts in the Pythia suite's tables */
     {"pythia-160m.json", 162322944ull, 0},
     {"pythia-6.9b.json", 6857302016ull, 0},
@@ -301,7 +306,7 @@ static void test_refused(void **state)
 {
     (void)state;
     /* recognised families that are not modelled */
-    static const char *families[] = {"t5", "bert", "mamba", "rwkv", "jamba", "phi", "phimoe",
+    static const char *families[] = {"t5", "bert", "mamba", "rwkv", "jamba", "phimoe",
                                      "gptj", "llava", "qwen3_next"};
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
         char json[256];
@@ -320,6 +325,8 @@ static void test_refused(void **state)
     expect_refused("{\"model_type\": \"qwen3\", \"attention_bias\": true, " SHAPE "}",
                    "attention_bias", NULL);
     expect_refused("{\"model_type\": \"gemma2\", \"mlp_bias\": true, " SHAPE "}", "mlp_bias", NULL);
+    /* Phi's LayerNorm over each q and k head */
+    expect_refused("{\"model_type\": \"phi\", \"qk_layernorm\": true, " SHAPE "}", "qk_layernorm", NULL);
     expect_refused("{\"model_type\": \"qwen3_moe\", \"mlp_only_layers\": [0], " SHAPE "}",
                    "mlp_only_layers", NULL);
     expect_refused("{\"model_type\": \"qwen2_moe\", \"decoder_sparse_step\": 2, " SHAPE "}",
