@@ -174,6 +174,40 @@ static void test_qwen3_presets(void **state)
     }
 }
 
+/* The phi-2 preset is microsoft/phi-2's config.json: every field that sizes
+ * or computes it, the output layer's bias and the rotated share included;
+ * PhiConfig's defaults (no partial_rotary_factor: 0.5; no
+ * num_key_value_heads: the heads; no hidden_act: gelu_new) too. */
+static void test_phi_presets(void **state)
+{
+    (void)state;
+    zo_model_config p, c;
+    assert_int_equal(zo_model_preset_find("phi-2", &p), ZO_OK);
+    load("phi-2.json", &c);
+    if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
+        p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
+        p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
+        p.attn_bias != c.attn_bias || p.out_bias != c.out_bias || p.norm_bias != c.norm_bias ||
+        p.head_bias != c.head_bias || p.norm_eps != c.norm_eps || p.rope_theta != c.rope_theta ||
+        p.rope_partial != c.rope_partial || strcmp(p.act, c.act) || p.pos != c.pos ||
+        p.layer_norms != c.layer_norms || p.parallel_block != c.parallel_block)
+        fail_msg("preset phi-2 differs from phi-2.json");
+    assert_true(c.head_bias && c.rope_partial == 0.4 && zo_model_rope_dim(&c) == 32);
+    assert_int_equal(zo_model_config_runtime_check(&p), ZO_OK);
+    zo_model_config d;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"phi\", \"num_hidden_layers\": 2, "
+                                           "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+                                           "\"intermediate_size\": 128, \"vocab_size\": 100}",
+                                           "p.json", &d),
+                     ZO_OK);
+    assert_true(d.rope_partial == 0.5 && d.n_kv_heads == 4 && !strcmp(d.act, "gelu_new") && !d.tied_embeddings &&
+                d.head_bias && d.layer_norms == 1 && d.parallel_block);
+    /* the head's count: vocab x hidden + vocab */
+    zo_param_counts pc;
+    zo_model_param_counts(&d, &pc);
+    assert_int_equal(pc.head, 100 * 64 + 100);
+}
+
 /* Hugging Face's per-family defaults: an absent tie_word_embeddings is tied
  * for Gemma, Falcon, OPT and BLOOM and untied for LLaMA, Mixtral, GPT-NeoX;
  * Mistral's absent num_key_value_heads is 8. */
@@ -788,6 +822,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
         cmocka_unit_test(test_qwen3_presets),
+        cmocka_unit_test(test_phi_presets),
         cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
         cmocka_unit_test(test_nonsense_refused),
