@@ -99,7 +99,7 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
         return zo_error(ZO_ERR_INVALID,
                         "LoRA: %s has no gate projection (its MLP is %s: targets up, down)", cfg->name,
                         zo_model_qkv_grouped(cfg) ? "dense_h_to_4h and dense_4h_to_h"
-                        : zo_model_opt(cfg)       ? "fc1 and fc2"
+                        : zo_model_opt(cfg) || zo_model_phi(cfg) ? "fc1 and fc2"
                                                   : "c_fc and c_proj");
     return ZO_OK;
 }
@@ -168,12 +168,26 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "fc1", "fc1", h, f, 0, NULL},
         {ZO_LORA_DOWN, "fc2", "fc2", f, h, 0, NULL},
     };
-    int grouped = zo_model_qkv_grouped(c), is_opt = zo_model_opt(c);
-    int gpt2 = c->arch == ZO_ARCH_GPT && !grouped && !is_opt;
+    /* Phi: q, k and v as LLaMA's, then the attention's dense and the MLP's fc1, fc2 */
+    const zo_lora_module phi[] = {
+        llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V],
+        {ZO_LORA_O, "dense", "self_attn.dense", q, h, 0, NULL},
+        {ZO_LORA_UP, "fc1", "mlp.fc1", h, f, 0, NULL},
+        {ZO_LORA_DOWN, "fc2", "mlp.fc2", f, h, 0, NULL},
+    };
+    int grouped = zo_model_qkv_grouped(c), is_opt = zo_model_opt(c), is_phi = zo_model_phi(c);
+    int gpt2 = c->arch == ZO_ARCH_GPT && !grouped && !is_opt && !is_phi;
     int fused = !E && zo_model_fused_proj(c), n = 0;
-    const zo_lora_module *all = grouped ? neox : is_opt ? opt : gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
+    const zo_lora_module *all = grouped  ? neox
+                                : is_opt ? opt
+                                : is_phi ? phi
+                                : gpt2   ? gpt
+                                : E      ? moe
+                                : fused  ? phi3
+                                         : llama;
     size_t count = grouped  ? sizeof neox / sizeof neox[0]
                    : is_opt ? sizeof opt / sizeof opt[0]
+                   : is_phi ? sizeof phi / sizeof phi[0]
                    : gpt2   ? sizeof gpt / sizeof gpt[0]
                    : E     ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
                    : fused ? sizeof phi3 / sizeof phi3[0]

@@ -126,6 +126,19 @@
       .window_period = 6, .query_pre_attn_scalar = qpas, .rope_local_theta = 10000.0f,   \
       .rope_scaling = scaling, .rope_factor = factor}}
 
+/* Phi-1, Phi-1.5, Phi-2 (config.json of microsoft/phi-*): LayerNorm with
+ * biases, biased q, k, v and dense, rotary on the first part of each head
+ * (0.5 of 64, Phi-2's 0.4 of 80, rotate-half), one norm before a parallel
+ * attention and MLP (fc1, fc2 with biases, gelu_new), untied lm_head with a
+ * bias; vocabulary 51200, 2048 positions. */
+#define PHI(n, al, L, h, a, f, part)                                                       \
+    {n, al,                                                                               \
+     {.name = n, .family = "phi", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,       \
+      .n_heads = a, .n_kv_heads = a, .head_dim = (h) / (a), .ffn = f, .vocab = 51200,    \
+      .max_seq = 2048, .attn_bias = 1, .out_bias = 1, .norm_bias = 1, .head_bias = 1,    \
+      .norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_partial = part, .act = "gelu_new", \
+      .pos = ZO_POS_ROTARY, .layer_norms = 1, .parallel_block = 1}}
+
 /* BLOOM (config.json of bigscience/bloom-*): LayerNorm with biases (on the
  * word embeddings too), query_key_value per head, 4h GELU (tanh form) MLP,
  * biases, ALiBi, tied; vocabulary 250880, trained at 2048 positions. */
@@ -186,6 +199,9 @@ static const zo_model_preset presets[] = {
     FALCON("falcon-40b", 60, 8192, 128, 8, 2),
     FALCON_RW("falcon-rw-1b", 24, 2048, 32, 50304),
     FALCON_RW("falcon-rw-7b", 36, 4096, 64, 65024),
+    /* Phi-1 has Phi-1.5's shape */
+    PHI("phi-1.5", "phi-1_5,phi-1", 24, 2048, 32, 8192, 0.5),
+    PHI("phi-2", "", 32, 2560, 32, 10240, 0.4),
     OPT("opt-125m", 12, 768, 12),
     OPT("opt-1.3b", 24, 2048, 32),
     OPT("opt-2.7b", 32, 2560, 32),
@@ -534,7 +550,8 @@ void zo_model_param_counts(const zo_model_config *c, zo_param_counts *o)
     o->moe_layers = n_moe;
     uint64_t active = (uint64_t)n_dense * d.active + (uint64_t)n_moe * e.active;
     o->final_norm = norm_params(c, h);
-    o->head = c->tied_embeddings ? 0 : v * h;
+    /* the output layer's bias is its own, tied or not */
+    o->head = (c->tied_embeddings ? 0 : v * h) + (c->head_bias ? v : 0);
     o->total = o->embedding + o->layers + o->final_norm + o->head;
     o->active = o->embedding + active + o->final_norm + o->head;
 }
@@ -569,8 +586,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
      * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
      * norm for both */
-    int grouped = zo_model_qkv_grouped(c), bloom = zo_model_bloom(c);
-    int rotary = c->arch == ZO_ARCH_LLAMA || (grouped && !bloom);
+    int grouped = zo_model_qkv_grouped(c), bloom = zo_model_bloom(c), phi = zo_model_phi(c);
+    int rotary = c->arch == ZO_ARCH_LLAMA || (grouped && !bloom) || phi;
     char lacks[64];
     /* (DeepSeek-V2's and V3's latent attention and V3's router correction
      * named first: their family is DeepSeekMoE's otherwise) */
@@ -581,14 +598,14 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->moe.experts && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
-    else if (c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY) &&
+    else if (c->pos != ZO_POS_ARCH && !((grouped || phi) && c->pos == ZO_POS_ROTARY) &&
              !(zo_model_opt(c) && c->pos == ZO_POS_LEARNED) &&
              !((bloom || zo_model_falcon(c)) && c->pos == ZO_POS_ALIBI))
         snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
     else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_post_norms(c) && gemma) &&
-             !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
+             !((zo_model_falcon(c) || phi) && c->layer_norms == 1 && c->parallel_block))
         snprintf(lacks, sizeof lacks, "its norms");
-    else if (c->parallel_block && !grouped) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (c->parallel_block && !grouped && !phi) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
     else if (zo_model_falcon(c) && !c->parallel_block && c->n_kv_heads != 1 && c->n_kv_heads != c->n_heads)
         /* FalconConfig has grouped kv heads only with the new decoder
          * architecture, whose attention and MLP are side by side */
@@ -1108,6 +1125,7 @@ int zo_model_qkv_grouped(const zo_model_config *c)
     return zo_model_neox(c) || zo_model_falcon(c) || zo_model_bloom(c);
 }
 int zo_model_opt(const zo_model_config *c) { return !strcmp(c->family, "opt"); }
+int zo_model_phi(const zo_model_config *c) { return !strcmp(c->family, "phi"); }
 
 int zo_model_rope_dim(const zo_model_config *c)
 {
@@ -1318,6 +1336,29 @@ static void parse_bloom(hf *r, zo_model_config *c, const family *f)
                 "true (the residual from the norms' outputs) is not modelled");
 }
 
+/* Phi-1/1.5/2: LayerNorm, biased q, k, v, dense and GELU MLP (fc1, fc2),
+ * partial rotary, one norm before a parallel attention and MLP, an untied
+ * output layer with a bias. The q/k LayerNorms (qk_layernorm) are refused
+ * as a size key; the dropouts change nothing the runtime computes. */
+static void parse_phi(hf *r, zo_model_config *c, const family *f)
+{
+    c->arch = ZO_ARCH_GPT;
+    c->pos = ZO_POS_ROTARY;
+    c->norm_bias = c->attn_bias = c->out_bias = c->head_bias = 1;
+    c->layer_norms = 1;
+    c->parallel_block = 1;
+    hf_shape(r, c, "intermediate_size");
+    c->n_kv_heads = hf_int(r, "num_key_value_heads", c->n_heads);
+    c->norm_eps = hf_float(r, "layer_norm_eps", 1e-5f);
+    c->rope_theta = hf_float(r, "rope_theta", 10000.0f);
+    c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+    /* PhiConfig's default hidden_act is "gelu_new" (the tanh form) */
+    hf_act(r, "hidden_act", NULL, c);
+    if (!c->act[0]) snprintf(c->act, sizeof c->act, "gelu_new");
+    c->rope_partial = hf_rotary_part(r, "partial_rotary_factor", NULL, 0.5);
+    hf_attention_extent(r, c, f);
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -1376,6 +1417,9 @@ static const family families[] = {
     {"bloom", "BloomForCausalLM", parse_bloom,
      "BLOOM: LayerNorm (and on the embeddings), biased fused qkv and GELU MLP, ALiBi, tied", 1,
      0, 0, NULL, 1},
+    {"phi", "PhiForCausalLM", parse_phi,
+     "Phi-1/1.5/2: LayerNorm, biased q/k/v/dense and GELU MLP, partial rotary, one norm before a "
+     "parallel attention and MLP, untied output layer with a bias", 0, 0, 0, NULL, 1},
     /* recognised and refused */
     {"t5", "T5ForConditionalGeneration", NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
     {"mt5", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
@@ -1388,8 +1432,6 @@ static const family families[] = {
     {"rwkv", NULL, NULL, "recurrent (RWKV) layers", 0, 0, 0, NULL, 0},
     {"jamba", NULL, NULL, "hybrid attention / state-space layers with experts", 0, 0, 0, NULL, 0},
     {"qwen3_next", NULL, NULL, "hybrid linear / full attention layers", 0, 0, 0, NULL, 0},
-    {"phi", "PhiForCausalLM", NULL, "Phi-1/2: a biased output layer and partial rotary", 0, 0, 0,
-     NULL, 0},
     {"phimoe", "PhiMoEForCausalLM", NULL,
      "Phi-3.5-MoE: LayerNorm, biased attention output and output layer", 0, 0, 0, NULL, 0},
     {"phi3small", NULL, NULL, "Phi-3-small: block-sparse attention and its own MLP", 0, 0, 0,

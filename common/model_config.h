@@ -84,6 +84,7 @@ typedef struct zo_model_config {
     int attn_bias;     /* q/k/v projections carry biases (GPT-2, Qwen2) */
     int out_bias;      /* attention output and MLP projections carry biases (GPT) */
     int norm_bias;     /* LayerNorm has a bias (GPT); RMSNorm has none */
+    int head_bias;     /* the output layer has a bias over the vocabulary (Phi-1/2's lm_head.bias) */
     float norm_eps;
     float rope_theta;  /* LLaMA only */
     /* ---- what the attention computes beyond the shape: none of it changes a
@@ -173,6 +174,10 @@ int zo_model_bloom(const zo_model_config *c);
 /* OPT: GPT layers as Linear weights under model.decoder., q, k and v
  * separate, learned positions read from row pos_offset (2) on, ReLU */
 int zo_model_opt(const zo_model_config *c);
+/* Phi-1/1.5/2: GPT layers as Linear weights under model.layers, q, k and
+ * v separate and biased, partial rotary, one LayerNorm before a parallel
+ * attention and MLP (fc1, fc2), a biased output layer. */
+int zo_model_phi(const zo_model_config *c);
 /* Gemma-2's layers: a norm on the attention's and on the MLP's output
  * before each residual add (layer_norms 4 on a LLaMA layer). */
 int zo_model_post_norms(const zo_model_config *c);

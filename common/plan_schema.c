@@ -88,6 +88,7 @@ static const field features_fields[] = {
     BOOL(M, parallel_block, F_SHAPE | F_COMPARE),
     BOOL(M, embed_norm, F_SHAPE | F_COMPARE),
     BOOL(M, qk_norm, F_SHAPE | F_COMPARE),
+    BOOL(M, head_bias, F_SHAPE | F_COMPARE | F_OPTIONAL),
 };
 #undef M
 

@@ -21,7 +21,7 @@ const char *model_hf_dtype_name(zo_dtype dt)
 /* ---- config.json ------------------------------------------------------------------- */
 
 /* The family's model_type: the dense families the runtime builds (GPT-2,
- * GPT-NeoX, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2); NULL for a mixture of
+ * GPT-NeoX, Falcon, OPT, BLOOM, Phi, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2); NULL for a mixture of
  * experts, whose router and expert keys this writer does not make. */
 static const char *model_type(const zo_model_config *c)
 {
@@ -30,6 +30,7 @@ static const char *model_type(const zo_model_config *c)
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
     if (zo_model_opt(c)) return "opt";
+    if (zo_model_phi(c)) return "phi";
     if (zo_model_bloom(c)) return "bloom";
     if (c->arch == ZO_ARCH_GPT) return "gpt2";
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
@@ -103,6 +104,24 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddNumberToObject(o, "seq_length", c->max_seq);
         cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
         cJSON_AddBoolToObject(o, "apply_residual_connection_post_layernorm", 0);
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+    } else if (zo_model_phi(c)) {
+        /* PhiConfig's keys: partial_rotary_factor 1 when every dimension
+         * rotates; the q/k LayerNorms off (the runtime has none) */
+        cJSON_AddItemToArray(arch, cJSON_CreateString("PhiForCausalLM"));
+        cJSON_AddStringToObject(o, "model_type", type);
+        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
+        cJSON_AddNumberToObject(o, "intermediate_size", c->ffn);
+        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+        cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
+        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
+        cJSON_AddNumberToObject(o, "layer_norm_eps", c->norm_eps);
+        cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+        cJSON_AddNumberToObject(o, "partial_rotary_factor", c->rope_partial > 0.0 ? c->rope_partial : 1.0);
+        cJSON_AddStringToObject(o, "hidden_act", c->act[0] ? c->act : "gelu_new");
+        cJSON_AddBoolToObject(o, "qk_layernorm", 0);
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else if (zo_model_opt(c)) {
         /* OPTConfig's keys: pre-norm layers, the embedding as wide as the

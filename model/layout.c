@@ -45,6 +45,7 @@ static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_NORM_W] = "norm_w",
     [MODEL_ROLE_NORM_B] = "norm_b",
     [MODEL_ROLE_LM_HEAD_W] = "lm_head_w",
+    [MODEL_ROLE_LM_HEAD_B] = "lm_head_b",
 };
 
 const char *model_role_name(model_role r)
@@ -237,7 +238,7 @@ static void embedding_block(builder *b)
     } else if (zo_model_opt(c)) { /* positions from row pos_offset (2) on */
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "model.decoder.embed_tokens.weight");
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq + c->pos_offset, h, "model.decoder.embed_positions.weight");
-    } else if (c->arch == ZO_ARCH_GPT) {
+    } else if (c->arch == ZO_ARCH_GPT && !zo_model_phi(c)) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq, h, "wpe.weight");
     } else {
@@ -353,6 +354,30 @@ static void opt_layer(builder *b, int i)
     fuse_views(l, b->block, MODEL_ROLE_QKV_B, qkv_b, 3);
 }
 
+/* Layer i of a Phi model: GPT-2's layer as Linear weights under
+ * model.layers, one input_layernorm for the parallel attention and MLP
+ * (no ln2), q, k and v separate and biased, with fused views over them. */
+static void phi_layer(builder *b, int i)
+{
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
+    const int64_t h = c->hidden, f = c->ffn, q = (int64_t)c->n_heads * c->head_dim;
+    const char *p = "model.layers";
+    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
+    add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
+    qkv_apart(b, p, i, 1, 1);
+    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.dense.weight", p, i);
+    add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.dense.bias", p, i);
+    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.fc1.weight", p, i);
+    add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.fc1.bias", p, i);
+    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.fc2.weight", p, i);
+    add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.fc2.bias", p, i);
+    static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
+    static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
+    fuse_views(l, b->block, MODEL_ROLE_QKV_W, qkv_w, 3);
+    fuse_views(l, b->block, MODEL_ROLE_QKV_B, qkv_b, 3);
+}
+
 /* Layer i of a LLaMA-family model (the builder at its block): separate
  * q, k, v and an MLP or MoE block, with fused views over q/k/v and gate/up
  * (Phi-3: the fused tensors, with q, k, v, gate and up as views of them). */
@@ -412,24 +437,25 @@ static void llama_layer(builder *b, int i)
     fuse_views(l, bl, MODEL_ROLE_MLP_GATE_UP_B, gu_b, 2);
 }
 
-/* Block L+1: the final norm and, unless tied to the embedding, the LM head. */
+/* Block L+1: the final norm and, unless tied to the embedding, the LM head
+ * (with its bias where head_bias). */
 static void head_block(builder *b)
 {
     const zo_model_config *c = &b->l->cfg;
     const int64_t h = c->hidden, v = c->vocab;
-    if (zo_model_neox(c)) {
+    if (zo_model_phi(c)) {
+        add(b, MODEL_ROLE_NORM_W, 0, h, 0, "model.final_layernorm.weight");
+        add(b, MODEL_ROLE_NORM_B, 0, h, 0, "model.final_layernorm.bias");
+    } else if (zo_model_neox(c)) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "gpt_neox.final_layer_norm.weight");
         add(b, MODEL_ROLE_NORM_B, 0, h, 0, "gpt_neox.final_layer_norm.bias");
         if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "embed_out.weight");
+        if (c->head_bias) add(b, MODEL_ROLE_LM_HEAD_B, 0, v, 0, "embed_out.bias");
         return;
-    }
-    if (zo_model_falcon(c) || zo_model_bloom(c)) {
+    } else if (zo_model_falcon(c) || zo_model_bloom(c)) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "transformer.ln_f.weight");
         add(b, MODEL_ROLE_NORM_B, 0, h, 0, "transformer.ln_f.bias");
-        if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
-        return;
-    }
-    if (zo_model_opt(c)) {
+    } else if (zo_model_opt(c)) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "model.decoder.final_layer_norm.weight");
         add(b, MODEL_ROLE_NORM_B, 0, h, 0, "model.decoder.final_layer_norm.bias");
     } else if (c->arch == ZO_ARCH_GPT) {
@@ -440,6 +466,7 @@ static void head_block(builder *b)
         if (c->norm_bias) add(b, MODEL_ROLE_NORM_B, 0, h, 0, "model.norm.bias");
     }
     if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
+    if (c->head_bias) add(b, MODEL_ROLE_LM_HEAD_B, 0, v, 0, "lm_head.bias");
 }
 
 zo_status model_layout_init(model_layout *l, const zo_model_config *cfg)
@@ -486,6 +513,7 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
         b.layer = i;
         if (zo_model_qkv_grouped(&cfg)) grouped_layer(&b, i);
         else if (zo_model_opt(&cfg)) opt_layer(&b, i);
+        else if (zo_model_phi(&cfg)) phi_layer(&b, i);
         else if (cfg.arch == ZO_ARCH_GPT) gpt_layer(&b, i);
         else llama_layer(&b, i);
     }

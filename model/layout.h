@@ -91,6 +91,8 @@ typedef enum model_role {
     /* BLOOM's LayerNorm on the word embeddings (embed_norm), in block 0 */
     MODEL_ROLE_EMB_NORM_W,       /* [h]        word_embeddings_layernorm.weight */
     MODEL_ROLE_EMB_NORM_B,       /* [h]        word_embeddings_layernorm.bias */
+    /* a biased output layer (head_bias: Phi's) */
+    MODEL_ROLE_LM_HEAD_B,        /* [vocab]    lm_head.bias */
     MODEL_ROLE_COUNT,
 } model_role;
 

@@ -46,7 +46,7 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
          * value and the rotary frequencies */
         *ignored = ends_with(name, ".attention.bias") || ends_with(name, ".attention.masked_bias") ||
                    ends_with(name, ".rotary_emb.inv_freq");
-    } else if (l->cfg.arch == ZO_ARCH_GPT) {
+    } else if (l->cfg.arch == ZO_ARCH_GPT && !zo_model_phi(&l->cfg)) {
         /* causal-mask buffers that old GPT-2 checkpoints carry: h.N.attn.bias
          * (not c_attn.bias) and h.N.attn.masked_bias */
         *ignored = starts_with(name, "h.") &&

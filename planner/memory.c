@@ -688,6 +688,8 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         /* untied: its own output layer; tied across stages: a copy of the
          * word embedding lives on the last stage too */
         if (!m->tied_embeddings || !o->first) head += ceil_div(v * h, tp);
+        /* a biased output layer (Phi): the bias split over the vocabulary as the weight */
+        if (m->head_bias && !m->params_override) head += ceil_div(v, tp);
         o->params += head;
         o->head = head;
         if (head > o->largest) o->largest = head;

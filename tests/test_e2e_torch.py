@@ -5,8 +5,8 @@ For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
 tied head, Qwen3 with its RMSNorm on each q and k head, GPT-NeoX with its per-head interleaved
 query_key_value, partial rotary and parallel or sequential residual, Falcon multi-query with one
 norm, with grouped kv heads and two norms, or sequential, Falcon-RW with its ALiBi in bfloat16, OPT with its ReLU and its position table read
-from row 2), a small model with the family's real head size (GPT-2 and OPT 64, the
-others 128) and sequences longer than two of the CPU attention's 48-row query
+from row 2, Phi-2's kind with its partial rotary and its biased output layer), a small model with the family's real
+head size (GPT-2 and OPT 64, Phi 80, the others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
   full   `train` runs 3 AdamW steps (clipping, lr schedule, micro-batches as
@@ -65,7 +65,7 @@ Usage: test_e2e_torch.py --train PATH [--family NAME ...] [--workdir DIR] [--dev
 Exit: 0 every check held, 1 one did not (the first mismatches printed), 2 bad
 usage or train failed, 77 this python has no torch.
 (ctest runs one family per test through tests/run_python.sh, test_e2e_torch_*, or a few:
-test_e2e_torch_gpt2 runs GPT-2 and OPT.)
+test_e2e_torch_gpt2 runs GPT-2, OPT and Phi.)
 """
 import argparse
 import array
@@ -322,6 +322,21 @@ FAMILIES = {
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=4, alpha=8.0, targets="q_proj,v_proj,fc1,fc2", lr=1e-2),
         qlora=True),
+    # Phi-2's kind (PhiForCausalLM): heads of 80 with rotary on the first 32 dimensions
+    # (partial_rotary_factor 0.4, rotate-half), q, k, v, dense, fc1 and fc2 biased, one LayerNorm
+    # before the parallel attention and MLP (gelu_new), lm_head untied and biased; the kv heads
+    # null (the heads); PEFT's module names; with QLoRA, and the loss in chunks of 96 of the 260 rows
+    "phi": dict(
+        seed=68,
+        config={"architectures": ["PhiForCausalLM"], "model_type": "phi", "num_hidden_layers": 2,
+                "hidden_size": 160, "num_attention_heads": 2, "num_key_value_heads": None,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
+                "partial_rotary_factor": 0.4, "qk_layernorm": False, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                "attention_dropout": 0.0, "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,dense,fc1,fc2", lr=1e-2),
+        qlora=True, loss_chunk=96),
     # BLOOM (BloomForCausalLM): the word embeddings' LayerNorm, query_key_value per head, ALiBi
     # over 3 heads of 64 (not a power of two: the third head's slope is the extra one), biases,
     # GELU's tanh form, tied; BloomConfig's own keys (n_layer, n_head); with QLoRA
@@ -900,7 +915,7 @@ def check_family(train, name, workdir):
     ck = Checks()
     B, T, K = run["micro_batch"], run["seq"], run["grad_accum"]
     nh = mf.heads(c)
-    nkv = nh if gpt else mf.falcon_kv_heads(c) if c["model_type"] == "falcon" else c.get("num_key_value_heads", nh)
+    nkv = nh if gpt else mf.falcon_kv_heads(c) if c["model_type"] == "falcon" else c.get("num_key_value_heads") or nh
     print(f"{name}: {sum(v.numel() for v in params.values())} parameters, head size {mf.head_dim(c)}, "
           f"{nh} heads over {nkv} kv heads, batch {B} x seq {T} x grad-accum {K}, "
           f"lr {run['lr']:g} {run['schedule']} (warmup {run['warmup']})")
@@ -959,6 +974,15 @@ def check_family(train, name, workdir):
         ck.rel(f"step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
     ck.rel("eval loss after 3 steps", got_ev, want_ev)
     check_folder(ck, c, params, sdir, eval_data, run, got_ev, "--save", sharded=True)
+    if spec.get("loss_chunk"):
+        # the output layer and the loss a chunk of rows at a time (its bias in each chunk's logits,
+        # its gradient summed over the chunks): the reference's run
+        cl, cn, cev, _, ccmd = run_train(train, d, run, ["--loss-chunk", str(spec["loss_chunk"])])
+        print(f" the loss in chunks: {ccmd}")
+        for k in range(STEPS):
+            ck.rel(f"--loss-chunk step {k} loss", cl[k], want_l[k])
+            ck.rel(f"--loss-chunk step {k} grad norm", cn[k], want_n[k], slack=5e-5)
+        ck.rel("--loss-chunk eval loss", cev, want_ev)
     if is_moe(c) or c["model_type"] in ("gemma2", "gemma3_text"):
         # the MoE layer recomputed in backward (its routing redone), Gemma-2's post norms (their
         # inputs and 1/rms kept by the recompute), and streamed from host memory: the same run

@@ -81,6 +81,13 @@ static void test_peft_counts(void **state)
     assert_int_equal(count("phi-4", 16, "all-linear"), 55705600);
     /* up alone is the fused gate_up_proj: 40 x 16 x 40960 */
     assert_int_equal(count("phi-4", 16, "up"), 26214400);
+    /* Phi-2 (h 2560, f 10240, 32 layers), PEFT's Phi modules q_proj, k_proj,
+     * v_proj, dense, fc1, fc2 (the biased lm_head none); r 16 on all six:
+     * 32 x 16 x (4 x (2560 + 2560) + 2 x (2560 + 10240)) */
+    assert_int_equal(count("phi-2", 16, "q_proj,k_proj,v_proj,dense,fc1,fc2"), 23592960);
+    assert_int_equal(count("phi-2", 16, "all-linear"), 23592960);
+    /* q and v apart: 32 x 8 x 2 x (2560 + 2560) */
+    assert_int_equal(count("phi-2", 8, "q,v"), 2621440);
     /* Pythia-160M (GPT-NeoX: h 768, f 3072, 12 layers), PEFT's GPT-NeoX modules:
      * query_key_value [2304, 768] (its default target; q, v name it too), dense,
      * dense_h_to_4h, dense_4h_to_h; r 8 on query_key_value: 12 x 8 x 3072 */

@@ -33,7 +33,7 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "falcon-7b.json", "falcon-40b.json",
                                    "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
                                    "gemma-3-1b.json", "deepseek-moe-16b.json", "opt-125m.json", "opt-1.3b.json",
-                                   "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json"};
+                                   "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json", "phi-2.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name, and what it lacks (DeepSeek-V2's and V3's
@@ -778,7 +778,7 @@ static void test_hf_config_from_presets(void **state)
     (void)state;
     static const char *const dense[] = {"qwen3-0.6b", "qwen3-8b", "gemma-2b", "phi-4", "mistral-7b",
                                         "pythia-1.4b", "gpt-neox-20b", "falcon-7b", "falcon-40b", "falcon-rw-1b",
-                                        "opt-125m", "opt-66b", "bloom-560m", "bloom"};
+                                        "opt-125m", "opt-66b", "bloom-560m", "bloom", "phi-1.5", "phi-2"};
     for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
         zo_model_config c, back;
         assert_int_equal(zo_model_preset_find(dense[i], &c), ZO_OK);
@@ -794,6 +794,7 @@ static void test_hf_config_from_presets(void **state)
         assert_int_equal(back.layer_norms, c.layer_norms);
         assert_int_equal(back.pos, c.pos);
         assert_int_equal(back.tied_embeddings, c.tied_embeddings);
+        assert_int_equal(back.head_bias, c.head_bias);
         assert_int_equal(zo_model_rope_dim(&back), zo_model_rope_dim(&c));
         assert_string_equal(back.act, c.act[0] ? c.act : back.act);
         assert_true(zo_model_params(&back) == zo_model_params(&c));

@@ -1473,15 +1473,17 @@ static void vec_cases(void (*gen)(void))
     rng = saved;
 }
 
-static void bias_case(gpu_op_id op, int n, int cc, int ld, etype ty)
+/* y (dy) of type ty, the bias (its gradient) of type tb */
+static void bias_case(gpu_op_id op, int n, int cc, int ld, etype ty, etype tb)
 {
-    pcase c = new_case(op, "n %d c %d ld %d %s", n, cc, ld, ename(ty));
+    pcase c = ty == tb ? new_case(op, "n %d c %d ld %d %s", n, cc, ld, ename(ty))
+                       : new_case(op, "n %d c %d ld %d %s, bias %s", n, cc, ld, ename(ty), ename(tb));
     c.a.i[0] = n, c.a.i[1] = cc, c.a.i[2] = ld;
     if (op == GPU_OP_BIAS_FORWARD) {
         OUT_T(&c, 0, ty, (size_t)n * ld);
-        IN_T(&c, 1, ty, cc);
+        IN_T(&c, 1, tb, cc);
     } else {
-        OUT_T(&c, 0, ty, cc);
+        OUT_T(&c, 0, tb, cc);
         IN_T(&c, 1, ty, (size_t)n * ld);
     }
     emit(&c);
@@ -1496,7 +1498,7 @@ static void bias_vec_grid(void)
     static const int shapes[][3] = {{9, 768, 0}, {5, 2048, 8}, {40, 264, 0}, {6, 300, 3}, {1000, 40, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int t = 0; t < 3; t++)
-            bias_case(vec_bias_op, shapes[s][0], shapes[s][1], shapes[s][1] + shapes[s][2], storage[t]);
+            bias_case(vec_bias_op, shapes[s][0], shapes[s][1], shapes[s][1] + shapes[s][2], storage[t], storage[t]);
 }
 
 static void bias_cases(gpu_op_id op)
@@ -1504,7 +1506,13 @@ static void bias_cases(gpu_op_id op)
     static const int shapes[][3] = {{1, 1, 0}, {3, 63, 1}, {17, 64, 0}, {33, 65, 7}, {5, 130, 2}, {70, 33, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int t = 0; t < 3; t++)
-            bias_case(op, shapes[s][0], shapes[s][1], shapes[s][1] + shapes[s][2], storage[t]);
+            bias_case(op, shapes[s][0], shapes[s][1], shapes[s][1] + shapes[s][2], storage[t], storage[t]);
+    /* the output layer's bias (Phi's lm_head.bias): fp32 logits, their row
+     * stride the vocabulary, and a 16-bit bias; its gradient from the fp32
+     * dlogits into a 16-bit dbias (a biased layer's dy too) */
+    static const int head[][2] = {{4, 1000}, {3, 2051}, {33, 257}};
+    for (size_t s = 0; s < sizeof head / sizeof *head; s++)
+        for (int t = 1; t < 3; t++) bias_case(op, head[s][0], head[s][1], head[s][1], E_F32, storage[t]);
     vec_bias_op = op;
     vec_cases(bias_vec_grid);
 }

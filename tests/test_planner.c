@@ -57,6 +57,9 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
      * position tables and the final norm for 125m, 24 x 50358272 + ... for 1.3b) */
     {"opt-125m", "opt-125m.json", 125239296ull},
     {"opt-1.3b", "opt-1.3b.json", 1315758080ull},
+    /* Phi-2: 2.78B with its bias vectors, the output layer's included
+     * (test_planner_families) */
+    {"phi-2", "phi-2.json", 2779683840ull},
     /* BLOOM: the model cards' totals (test_planner_families) */
     {"bloom-560m", "bloom-560m.json", 559214592ull},
     {"bloom-7b1", "bloom-7b1.json", 7069016064ull},

@@ -77,6 +77,11 @@ static const struct {
      * 17920 + down_proj 17920 x 5120 = 340,797,440) + embedding and head
      * 2 x 100352 x 5120 + norm 5120 */
     {"phi-4.json", 14659507200ull, 0},
+    /* microsoft/phi-2's 2.78B, from the shapes: 32 layers x (input_layernorm 2 x
+     * 2560 + q, k, v, dense 4 x (2560^2 + 2560) + fc1 2560 x 10240 + 10240 +
+     * fc2 10240 x 2560 + 2560 = 78,671,360) + embed_tokens 51200 x 2560 +
+     * final_layernorm 2 x 2560 + lm_head 51200 x 2560 + its bias 51200 */
+    {"phi-2.json", 2779683840ull, 0},
     /* GPTNeoXForCausalLM counts in the Pythia suite's tables */
     {"pythia-160m.json", 162322944ull, 0},
     {"pythia-6.9b.json", 6857302016ull, 0},
@@ -167,6 +172,40 @@ static void test_qwen3_presets(void **state)
         /* and the runtime builds it */
         assert_int_equal(zo_model_config_runtime_check(&p), ZO_OK);
     }
+}
+
+/* The phi-2 preset is microsoft/phi-2's config.json: every field that sizes
+ * or computes it, the output layer's bias and the rotated share included;
+ * PhiConfig's defaults (no partial_rotary_factor: 0.5; no
+ * num_key_value_heads: the heads; no hidden_act: gelu_new) too. */
+static void test_phi_presets(void **state)
+{
+    (void)state;
+    zo_model_config p, c;
+    assert_int_equal(zo_model_preset_find("phi-2", &p), ZO_OK);
+    load("phi-2.json", &c);
+    if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
+        p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
+        p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
+        p.attn_bias != c.attn_bias || p.out_bias != c.out_bias || p.norm_bias != c.norm_bias ||
+        p.head_bias != c.head_bias || p.norm_eps != c.norm_eps || p.rope_theta != c.rope_theta ||
+        p.rope_partial != c.rope_partial || strcmp(p.act, c.act) || p.pos != c.pos ||
+        p.layer_norms != c.layer_norms || p.parallel_block != c.parallel_block)
+        fail_msg("preset phi-2 differs from phi-2.json");
+    assert_true(c.head_bias && c.rope_partial == 0.4 && zo_model_rope_dim(&c) == 32);
+    assert_int_equal(zo_model_config_runtime_check(&p), ZO_OK);
+    zo_model_config d;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"phi\", \"num_hidden_layers\": 2, "
+                                           "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+                                           "\"intermediate_size\": 128, \"vocab_size\": 100}",
+                                           "p.json", &d),
+                     ZO_OK);
+    assert_true(d.rope_partial == 0.5 && d.n_kv_heads == 4 && !strcmp(d.act, "gelu_new") && !d.tied_embeddings &&
+                d.head_bias && d.layer_norms == 1 && d.parallel_block);
+    /* the head's count: vocab x hidden + vocab */
+    zo_param_counts pc;
+    zo_model_param_counts(&d, &pc);
+    assert_int_equal(pc.head, 100 * 64 + 100);
 }
 
 /* Hugging Face's per-family defaults: an absent tie_word_embeddings is tied
@@ -301,7 +340,7 @@ static void test_refused(void **state)
 {
     (void)state;
     /* recognised families that are not modelled */
-    static const char *families[] = {"t5", "bert", "mamba", "rwkv", "jamba", "phi", "phimoe",
+    static const char *families[] = {"t5", "bert", "mamba", "rwkv", "jamba", "phimoe",
                                      "gptj", "llava", "qwen3_next"};
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
         char json[256];
@@ -320,6 +359,8 @@ static void test_refused(void **state)
     expect_refused("{\"model_type\": \"qwen3\", \"attention_bias\": true, " SHAPE "}",
                    "attention_bias", NULL);
     expect_refused("{\"model_type\": \"gemma2\", \"mlp_bias\": true, " SHAPE "}", "mlp_bias", NULL);
+    /* Phi's LayerNorm over each q and k head */
+    expect_refused("{\"model_type\": \"phi\", \"qk_layernorm\": true, " SHAPE "}", "qk_layernorm", NULL);
     expect_refused("{\"model_type\": \"qwen3_moe\", \"mlp_only_layers\": [0], " SHAPE "}",
                    "mlp_only_layers", NULL);
     expect_refused("{\"model_type\": \"qwen2_moe\", \"decoder_sparse_step\": 2, " SHAPE "}",
@@ -781,6 +822,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
         cmocka_unit_test(test_qwen3_presets),
+        cmocka_unit_test(test_phi_presets),
         cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
         cmocka_unit_test(test_nonsense_refused),

@@ -245,6 +245,7 @@ static void test_loss_chunk(void **state)
     (void)state;
     check_loss_chunk("tiny_gpt2");
     check_loss_chunk("tiny_llama");
+    check_loss_chunk("tiny_phi"); /* the output layer's bias in every chunk */
 }
 
 static void test_gpt2_vs_torch(void **state)
@@ -270,6 +271,14 @@ static void test_qwen3_vs_torch(void **state)
 {
     (void)state;
     run_against_torch("tiny_qwen3");
+}
+
+/* Phi: one norm before a parallel attention and MLP, rotary on 6 of 16, q, k
+ * and v apart, an output layer with a bias (its gradient among the others) */
+static void test_phi_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_phi");
 }
 
 /* ---- 10 AdamW steps -------------------------------------------------------------------- */
@@ -917,6 +926,42 @@ static void test_bf16_fp16(void **state)
         assert_int_equal(check_close_f32(zo_dtype_name(dts[i]), &info.loss, want, 1, 0.0,
                                      dts[i] == ZO_DTYPE_BF16 ? 2e-2 : 3e-3), 0);
         assert_int_equal(info.skipped, 0);
+        free(want);
+        fixture_close(&fx);
+    }
+}
+
+/* The output layer's bias with 16-bit weights: the cross-entropy's gradient
+ * is summed into the bias from fp32 before it is rounded into the copy the
+ * head's GEMMs read. Every gradient of tiny_phi against PyTorch's within
+ * the rounding of bf16 / fp16 weights and activations (of each tensor's
+ * largest), the bias's included. */
+static void test_head_bias_16bit(void **state)
+{
+    (void)state;
+    zo_dtype dts[2] = {ZO_DTYPE_BF16, ZO_DTYPE_F16};
+    for (int i = 0; i < 2; i++) {
+        fixture fx;
+        fixture_open(&fx, "tiny_phi", dts[i], 2, NULL);
+        tf_step_info info;
+        assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, fx.t, &info), ZO_OK);
+        int nb = fx.m.layout.n_blocks, bad = 0;
+        float **want = calloc(nb, sizeof(float *));
+        for (int b = 0; b < nb; b++) want[b] = calloc(fx.m.layout.block_numel[b] + 1, sizeof(float));
+        char path[512];
+        snprintf(path, sizeof path, "%s/tiny_phi_grads.safetensors", fix_dir());
+        assert_int_equal(model_load_path(path, &fx.m.layout, (void *const *)want, ZO_DTYPE_F32, 0, NULL), ZO_OK);
+        const double tol = dts[i] == ZO_DTYPE_BF16 ? 5e-2 : 1e-2;
+        int seen_bias = 0;
+        for (int k = 0; k < fx.m.layout.n_tensors; k++) {
+            const model_tensor *t = &fx.m.layout.tensors[k];
+            seen_bias |= t->role == MODEL_ROLE_LM_HEAD_B;
+            bad += check_close_scaled_f32(t->name, fx.tr.grad[t->block] + t->offset, want[t->block] + t->offset,
+                                          t->numel, tol, 0.0);
+        }
+        assert_true(seen_bias);
+        assert_int_equal(bad, 0);
+        for (int b = 0; b < nb; b++) free(want[b]);
         free(want);
         fixture_close(&fx);
     }
@@ -1811,6 +1856,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_vs_torch),
         cmocka_unit_test(test_loss_chunk),
+        cmocka_unit_test(test_phi_vs_torch),
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
         cmocka_unit_test(test_qwen3_vs_torch),
@@ -1826,6 +1872,7 @@ int main(void)
         cmocka_unit_test(test_gpt2_training),
         cmocka_unit_test(test_llama_training),
         cmocka_unit_test(test_bf16_fp16),
+        cmocka_unit_test(test_head_bias_16bit),
         cmocka_unit_test(test_block_streaming),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_init_sequence),

@@ -2438,8 +2438,8 @@ static zo_status head_generate(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     if ((st = norm_forward(m, s, lnf, m->meanf, m->rstdf, gpu_t(m->hsel, m->dtype), bview(m, W, blk, MODEL_ROLE_NORM_W),
                            bview(m, W, blk, MODEL_ROLE_NORM_B), m->b)) != ZO_OK)
         return st;
-    if ((st = linear_forward(s, F32(m->logits), c->vocab, lnf, w, gpu_t(NULL, m->dtype), m->b, c->vocab,
-                             c->hidden)) != ZO_OK)
+    if ((st = linear_forward(s, F32(m->logits), c->vocab, lnf, w, bview(m, W, blk, MODEL_ROLE_LM_HEAD_B), m->b,
+                             c->vocab, c->hidden)) != ZO_OK)
         return st;
     /* Gemma-2's final_logit_softcapping, as the loss sees the logits, on the
      * device: tf_logits downloads the model's logits */
@@ -2461,18 +2461,37 @@ static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t
                            bview(m, W, blk, MODEL_ROLE_NORM_W), bview(m, W, blk, MODEL_ROLE_NORM_B),
                            N)) != ZO_OK)
         return st;
-    /* logits[n, v] = lnf W^T, n tokens at a time (the loss chunk's, or all) */
+    /* logits[n, v] = lnf W^T (+ the output layer's bias), n tokens at a time
+     * (the loss chunk's, or all) */
+    gpu_tensor hb = bview(m, W, blk, MODEL_ROLE_LM_HEAD_B);
     size_t rows = loss_rows(m, (size_t)N), es = zo_dtype_size(m->dtype);
     for (size_t n0 = 0; n0 < (size_t)N; n0 += rows) {
         int n = (int)((size_t)N - n0 < rows ? (size_t)N - n0 : rows);
         gpu_tensor x = gpu_t((char *)m->lnf + n0 * (size_t)c->hidden * es, m->dtype);
-        if ((st = linear_forward(s, logits, c->vocab, x, w, gpu_t(NULL, m->dtype), n, c->vocab, c->hidden)) !=
-                ZO_OK ||
+        if ((st = linear_forward(s, logits, c->vocab, x, w, hb, n, c->vocab, c->hidden)) != ZO_OK ||
             (st = gpu_cross_entropy_forward_cap(s, m->losses + n0, logits, m->targets + n0, n, c->vocab,
                                                 c->final_softcap)) != ZO_OK)
             return st;
     }
     return ZO_OK;
+}
+
+/* dlogits[n, v] = dloss (softmax - onehot) of n rows of fp32 logits, into
+ * dlogits (the logits in place, or their 16-bit copy); db (the output
+ * layer's bias gradient, data NULL: none) += its column sums, taken from
+ * the fp32 dlogits before any rounding. */
+static zo_status head_dlogits(tf_model *m, gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits, gpu_tensor db,
+                              const int32_t *targets, float dloss, int n)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    /* a bias to train and a 16-bit copy to fill: the fp32 gradient in place first */
+    int via_f32 = db.data && dlogits.data != logits.data;
+    gpu_tensor out = via_f32 ? logits : dlogits;
+    if ((st = gpu_cross_entropy_backward_cap(s, out, logits, targets, dloss, n, c->vocab, c->final_softcap)) != ZO_OK)
+        return st;
+    if (db.data && (st = gpu_bias_backward(s, db, out, n, c->vocab, c->vocab)) != ZO_OK) return st;
+    return via_f32 ? gpu_cast(s, dlogits, logits, (size_t)n * c->vocab) : ZO_OK;
 }
 
 static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_scale,
@@ -2488,6 +2507,10 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
                                          : tf_view(m, bb->grads, blk, MODEL_ROLE_LM_HEAD_W);
     if (!w.data || (!dw.data && !has_lora(m)))
         return zo_error(ZO_ERR_INVALID, "head backward: tied model needs the embedding parameters and gradients");
+    /* the output layer's bias (head_bias): its gradient the column sums of
+     * dlogits, unless it is frozen (LoRA) */
+    gpu_tensor hb = bview(m, base_buf(m, bb), blk, MODEL_ROLE_LM_HEAD_B);
+    gpu_tensor db = has_lora(m) ? gpu_t(NULL, m->dtype) : tf_view(m, bb->grads, blk, MODEL_ROLE_LM_HEAD_B);
     gpu_tensor logits = F32(m->logits), lnf = gpu_t(m->lnf, m->dtype);
     float dloss = m->n_targets ? loss_scale / (float)m->n_targets : 0.0f;
     m->moe_loss_scale = loss_scale; /* the layers' backward, after this one, scale the router's loss */
@@ -2497,9 +2520,7 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
     size_t rows = loss_rows(m, (size_t)N), es = zo_dtype_size(m->dtype);
     if (rows == (size_t)N) {
         /* the forward's logits, whole */
-        if ((st = gpu_cross_entropy_backward_cap(s, dlogits, logits, m->targets, dloss, N, c->vocab,
-                                                 c->final_softcap)) != ZO_OK)
-            return st;
+        if ((st = head_dlogits(m, s, dlogits, logits, db, m->targets, dloss, N)) != ZO_OK) return st;
         if ((st = linear_backward(s, F32(m->dh), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits, dlogits, lnf, w, N,
                                   c->vocab, c->hidden)) != ZO_OK)
             return st;
@@ -2509,10 +2530,8 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
     for (size_t n0 = 0; rows < (size_t)N && n0 < (size_t)N; n0 += rows) {
         int n = (int)((size_t)N - n0 < rows ? (size_t)N - n0 : rows);
         gpu_tensor x = gpu_t((char *)m->lnf + n0 * (size_t)c->hidden * es, m->dtype);
-        if ((st = linear_forward(s, logits, c->vocab, x, w, gpu_t(NULL, m->dtype), n, c->vocab, c->hidden)) !=
-                ZO_OK ||
-            (st = gpu_cross_entropy_backward_cap(s, dlogits, logits, m->targets + n0, dloss, n, c->vocab,
-                                                 c->final_softcap)) != ZO_OK ||
+        if ((st = linear_forward(s, logits, c->vocab, x, w, hb, n, c->vocab, c->hidden)) != ZO_OK ||
+            (st = head_dlogits(m, s, dlogits, logits, db, m->targets + n0, dloss, n)) != ZO_OK ||
             (st = linear_backward(s, F32(m->dh + n0 * (size_t)c->hidden), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits,
                                   dlogits, x, w, n, c->vocab, c->hidden)) != ZO_OK)
             return st;
