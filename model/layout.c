@@ -131,6 +131,15 @@ static void fuse_views(model_layout *l, int block, model_role fused, const model
     }
 }
 
+/* The fused q|k|v views (weights, biases) over separate q, k and v tensors. */
+static void fuse_qkv(model_layout *l, int block)
+{
+    static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
+    static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
+    fuse_views(l, block, MODEL_ROLE_QKV_W, qkv_w, 3);
+    fuse_views(l, block, MODEL_ROLE_QKV_B, qkv_b, 3);
+}
+
 static void sub_view(model_layout *l, int block, model_role whole, model_role part, int64_t row0,
                      int64_t rows)
 {
@@ -348,10 +357,7 @@ static void opt_layer(builder *b, int i)
     if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.fc1.bias", p, i);
     add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.fc2.weight", p, i);
     if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.fc2.bias", p, i);
-    static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
-    static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
-    fuse_views(l, b->block, MODEL_ROLE_QKV_W, qkv_w, 3);
-    fuse_views(l, b->block, MODEL_ROLE_QKV_B, qkv_b, 3);
+    fuse_qkv(l, b->block);
 }
 
 /* Layer i of a Phi model: GPT-2's layer as Linear weights under
@@ -372,10 +378,7 @@ static void phi_layer(builder *b, int i)
     add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.fc1.bias", p, i);
     add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.fc2.weight", p, i);
     add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.fc2.bias", p, i);
-    static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
-    static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
-    fuse_views(l, b->block, MODEL_ROLE_QKV_W, qkv_w, 3);
-    fuse_views(l, b->block, MODEL_ROLE_QKV_B, qkv_b, 3);
+    fuse_qkv(l, b->block);
 }
 
 /* Layer i of a LLaMA-family model (the builder at its block): separate
@@ -427,12 +430,9 @@ static void llama_layer(builder *b, int i)
         sub_view(l, bl, MODEL_ROLE_MLP_GATE_UP_W, MODEL_ROLE_MLP_UP_W, f, f);
         return;
     }
-    static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
-    static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
     static const model_role gu_w[] = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_UP_W};
     static const model_role gu_b[] = {MODEL_ROLE_MLP_GATE_B, MODEL_ROLE_MLP_UP_B};
-    fuse_views(l, bl, MODEL_ROLE_QKV_W, qkv_w, 3);
-    fuse_views(l, bl, MODEL_ROLE_QKV_B, qkv_b, 3);
+    fuse_qkv(l, bl);
     fuse_views(l, bl, MODEL_ROLE_MLP_GATE_UP_W, gu_w, 2);
     fuse_views(l, bl, MODEL_ROLE_MLP_GATE_UP_B, gu_b, 2);
 }
