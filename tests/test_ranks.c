@@ -2046,6 +2046,36 @@ static const char bloom_config[] =
     "{\"model_type\": \"bloom\", \"n_layer\": 4, \"hidden_size\": 64, \"n_head\": 4, "
     "\"vocab_size\": 256, \"layer_norm_epsilon\": 1e-5, \"seq_length\": 64}";
 
+/* Falcon-RW: ALiBi built in bfloat16 from the key positions (gpu_alibi_at),
+ * added before the 1/sqrt(d) scale; 6 heads of 16, so two slopes are no
+ * power of two; sequential layers, biases, a kv head a query head, tied. */
+static const char falcon_rw_config[] =
+    "{\"model_type\": \"falcon\", \"num_hidden_layers\": 4, \"hidden_size\": 96, "
+    "\"num_attention_heads\": 6, \"ffn_hidden_size\": 128, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"multi_query\": false, \"parallel_attn\": false, "
+    "\"new_decoder_architecture\": false, \"bias\": true, \"alibi\": true}";
+
+/* Phi-2's kind: rotary on 8 of each head's 16 dims, biased q/k/v/dense and
+ * MLP, one LayerNorm before a parallel attention and MLP, an untied output
+ * layer with a bias (trained under full fine-tuning, frozen under LoRA). */
+static const char phi_config[] =
+    "{\"model_type\": \"phi\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": null, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"hidden_act\": \"gelu_new\", "
+    "\"partial_rotary_factor\": 0.5, \"layer_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
+    "\"tie_word_embeddings\": false}";
+
+/* Qwen2 with YaRN: factor 4 over an original length of 16 that the sequence
+ * (32) passes, the ramp between beta_fast 8 and beta_slow 1, q/k/v biases,
+ * GQA. */
+static const char qwen2_yarn_config[] =
+    "{\"model_type\": \"qwen2\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6, "
+    "\"rope_theta\": 10000.0, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, "
+    "\"beta_fast\": 8.0, \"beta_slow\": 1.0, \"original_max_position_embeddings\": 16}, "
+    "\"tie_word_embeddings\": false}";
+
 /* One family's rows: full fine-tuning, LoRA on every linear layer (for
  * Phi-3 PEFT's adapters on the fused qkv_proj and gate_up_proj) and QLoRA
  * (the same adapters over an NF4 base) on 2 ranks at ZeRO-2 (placement 1:
@@ -2131,14 +2161,18 @@ static void test_family_neox(void **state)
     family_rows("neox", neox_config);
 }
 
-/* Falcon's rows, then OPT's and BLOOM's (a few seconds each: they share
- * Falcon's ctest entry rather than start their own) */
+/* Falcon's rows, then Falcon-RW's, OPT's, BLOOM's, Phi's and YaRN's (a few
+ * seconds each: they share Falcon's ctest entry rather than start their
+ * own) */
 static void test_family_falcon(void **state)
 {
     (void)state;
     family_rows("falcon", falcon_config);
+    family_rows("falcon_rw", falcon_rw_config);
     family_rows("opt", opt_config);
     family_rows("bloom", bloom_config);
+    family_rows("phi", phi_config);
+    family_rows("qwen2_yarn", qwen2_yarn_config);
 }
 
 /* What the table does not run, refused by train with its words, exit 2,
