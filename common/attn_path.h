@@ -10,13 +10,18 @@
 
 typedef enum zo_attn_path { ZO_ATTN_FLASH, ZO_ATTN_GEMM, ZO_ATTN_TC } zo_attn_path;
 
-/* Whether the tensor-core kernels compute a layer: 16-bit qkv, a head dim
- * of 64, 80, 96 or 128, no sliding window, soft cap or ALiBi (any scale,
- * GQA). */
-static inline int zo_attn_tc_covers(int qkv_16bit, int head_dim, int window, float softcap, float alibi)
+/* Whether a sliding window of `window` positions masks anything over t
+ * keys: one no shorter than the keys (Mistral-7B-v0.1's 4096 at shorter
+ * sequences) is no window, and the kernels that take none may run it. */
+static inline int zo_attn_window_masks(int window, int t) { return window > 0 && window < t; }
+
+/* Whether the tensor-core kernels compute a layer over t keys: 16-bit qkv,
+ * a head dim of 64, 80, 96 or 128, no sliding window that masks anything,
+ * no soft cap or ALiBi (any scale, GQA). */
+static inline int zo_attn_tc_covers(int qkv_16bit, int head_dim, int window, int t, float softcap, float alibi)
 {
     return qkv_16bit && (head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128) &&
-           window <= 0 && softcap <= 0.0f && alibi <= 0.0f;
+           !zo_attn_window_masks(window, t) && softcap <= 0.0f && alibi <= 0.0f;
 }
 
 /* The automatic choice for t tokens a sequence (lt: the device has
@@ -32,7 +37,7 @@ static inline zo_attn_path zo_attn_auto_path(int qkv_16bit, int tc_aligned, int 
                                              float softcap, float alibi, int t, int lt)
 {
     const int gemm = qkv_16bit && lt && t >= ZO_ATTN_GEMM_MIN_T;
-    if (tc_aligned && zo_attn_tc_covers(qkv_16bit, head_dim, window, softcap, alibi) && (head_dim <= 64 || !gemm))
+    if (tc_aligned && zo_attn_tc_covers(qkv_16bit, head_dim, window, t, softcap, alibi) && (head_dim <= 64 || !gemm))
         return ZO_ATTN_TC;
     return gemm ? ZO_ATTN_GEMM : ZO_ATTN_FLASH;
 }

@@ -426,14 +426,14 @@ static void tp_time(const zo_model_config *m, const plan_train *t, const ctx *c,
  * kernels compute at this sequence length: common/attn_path.h's automatic
  * choice, the runtime's, layer by layer (Gemma-2's and -3's windowed layers
  * take another path than their global ones; a window no shorter than the
- * sequence masks nothing and counts as none, as the runtime passes it).
+ * sequence masks nothing and counts as none: zo_attn_window_masks).
  * Latent attention's q/k and v head dims differ, which no kernel of the
  * runtime takes. */
 static double attn_tc_share(const zo_model_config *m, const plan_train *t, const ctx *c, double dqk, double dv)
 {
     if (!t->flash_attn || !c->k || dqk != dv) return 0;
     const float alibi = m->pos == ZO_POS_ALIBI ? 1.0f : 0.0f;
-    if (m->sliding_window <= 0 || m->sliding_window >= t->seq) /* every layer alike */
+    if (!zo_attn_window_masks(m->sliding_window, t->seq)) /* every layer alike */
         return zo_attn_auto_path(c->esz == 2, 1, (int)dqk, 0, m->attn_softcap, alibi, t->seq, 1) == ZO_ATTN_TC;
     int n = 0;
     for (int l = 0; l < m->n_layers; l++)

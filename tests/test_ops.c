@@ -1885,9 +1885,10 @@ static void alibi_grid(gpu_op_id op)
 #define TC_SEED 0x510e527fade682d1ull
 
 /* 16-bit sequences short of, at and just past the tensor-core kernels'
- * 64-row tiles and 16-row warp slices (t 1, 15, 64, 65), head size 96, and
- * fp32 gradients at a head size of 64. From their own stream, given back
- * after, so the cases that follow draw what they drew before. */
+ * 64-row tiles and 16-row warp slices (t 1, 15, 64, 65), head size 96,
+ * fp32 gradients at a head size of 64, and windows that mask nothing. From
+ * their own stream, given back after, so the cases that follow draw what
+ * they drew before. */
 static void tc_grid(gpu_op_id op)
 {
     uint64_t saved = rng;
@@ -1897,6 +1898,10 @@ static void tc_grid(gpu_op_id op)
     attention_case(op, 1, 64, 4, 1, 128, 0, E_BF16);
     attention_case(op, 1, 65, 2, 2, 96, 0, E_F16);
     if (op == GPU_OP_ATTENTION_BACKWARD) attention_case_g(op, 1, 97, 4, 2, 64, 0, E_BF16, E_F32);
+    /* windows that mask nothing (as long as the sequence, and longer): the
+     * tensor-core kernels take them */
+    attention_case(op, 1, 65, 4, 2, 80, 65, E_F16);
+    attention_case(op, 1, 70, 2, 1, 128, 4096, E_BF16);
     rng = saved;
 }
 
@@ -3017,7 +3022,8 @@ static void test_every_op(void **state)
  * there): gemm gives the forced GEMM path's bits, tc the forced tensor-core
  * kernels', flash and auto the flash kernel's, anything else
  * ZO_ERR_INVALID naming the variable; tc on a case the tensor-core kernels
- * do not cover (a sliding window) gives the automatic choice's bits. */
+ * do not cover (a sliding window) gives the automatic choice's bits; a
+ * window no shorter than the sequence is none. */
 static void test_attention_path_env(void **state)
 {
     (void)state;
@@ -3054,6 +3060,13 @@ static void test_attention_path_env(void **state)
     assert_memory_not_equal(out[4], out[2], no * 2);
     assert_memory_not_equal(out[4], out[0], no * 2);
     assert_memory_equal(out[6], out[7], no * 2);
+    /* a window as long as the sequence masks nothing: the automatic choice
+     * takes the tensor-core kernels for it, and their bits */
+    a.d.attn.window = T;
+    x.exec.attn_path = CUDA_ATTN_AUTO;
+    a.t[0] = gpu_t(out[7], ZO_DTYPE_BF16);
+    assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    assert_memory_equal(out[3], out[7], no * 2);
     a.d.attn.window = 0;
     setenv("ZO_ATTENTION", "tensor", 1);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_ERR_INVALID);

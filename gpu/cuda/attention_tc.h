@@ -1,7 +1,8 @@
 /* Private to the CUDA backend: the fused tensor-core attention
  * (attention_tc.cu), the same ops as attention.cu and attention_gemm.cu
  * (gpu/device.h) for what cuda_attn_tc_covers: 16-bit qkv, head sizes 64,
- * 80, 96 and 128, no sliding window, soft cap or ALiBi (any scale, GQA).
+ * 80, 96 and 128, no sliding window that masks anything, no soft cap or
+ * ALiBi (any scale, GQA).
  * dout and dqkv of the backward may be fp32 or the type of qkv. ops_cuda.c
  * chooses between the three. */
 #ifndef ZO_GPU_CUDA_ATTENTION_TC_H
@@ -16,7 +17,7 @@ extern "C" {
 
 static inline int cuda_attn_tc_covers(const gpu_attn_desc *a, zo_dtype qkv)
 {
-    return zo_attn_tc_covers(qkv == ZO_DTYPE_F16 || qkv == ZO_DTYPE_BF16, a->d, a->window, a->softcap, a->alibi);
+    return zo_attn_tc_covers(qkv == ZO_DTYPE_F16 || qkv == ZO_DTYPE_BF16, a->d, a->window, a->t, a->softcap, a->alibi);
 }
 
 zo_status cuda_launch_attention_tc_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse,
