@@ -1340,6 +1340,8 @@ static void parse_bloom(hf *r, zo_model_config *c, const family *f)
  * partial rotary, one norm before a parallel attention and MLP, an untied
  * output layer with a bias. The q/k LayerNorms (qk_layernorm) are refused
  * as a size key; the dropouts change nothing the runtime computes. */
+static void parse_gemma3_mm(hf *r, zo_model_config *c, const family *f);
+
 static void parse_phi(hf *r, zo_model_config *c, const family *f)
 {
     c->arch = ZO_ARCH_GPT;
@@ -1384,6 +1386,9 @@ static const family families[] = {
     {"gemma3_text", "Gemma3ForCausalLM", parse_llama,
      "Gemma-3 (text): Gemma-2 layers with q/k norms, five local layers of six (their own rotary base)",
      1, 4, 256, NULL, 1},
+    {"gemma3", "Gemma3ForConditionalGeneration", parse_gemma3_mm,
+     "Gemma-3 4b/12b/27b as published (with vision): the text model of text_config (the vision "
+     "tower neither read nor counted)", 1, 4, 256, NULL, 1},
     {"phi3", "Phi3ForCausalLM", parse_llama,
      "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
@@ -1437,7 +1442,7 @@ static const family families[] = {
     {"phi3small", NULL, NULL, "Phi-3-small: block-sparse attention and its own MLP", 0, 0, 0,
      NULL, 0},
     {"gptj", "GPTJForCausalLM", NULL, "GPT-J: a biased output layer", 0, 0, 0, NULL, 0},
-    {"gemma3", NULL, NULL, "multimodal (Gemma-3 with vision)", 0, 0, 0, NULL, 0},
+
     {"llama4", NULL, NULL, "multimodal with interleaved MoE layers", 0, 0, 0, NULL, 0},
     {"mllama", NULL, NULL, "multimodal (cross-attention layers)", 0, 0, 0, NULL, 0},
     {"llava", NULL, NULL, "multimodal", 0, 0, 0, NULL, 0},
@@ -1498,6 +1503,49 @@ static void list_modelled(char *buf, size_t len)
     }
 }
 
+static const family *family_by_type(const char *t);
+
+/* Gemma-3 4b/12b/27b as published (Gemma3ForConditionalGeneration): the
+ * text model under text_config, whose absent keys take Gemma3TextConfig's
+ * defaults (the published configs give only what differs from them:
+ * gemma-3-4b's five shape keys, rope_scaling and sliding_window), parsed
+ * as a gemma3_text config; the vision tower is not modelled. */
+static void parse_gemma3_mm(hf *r, zo_model_config *c, const family *f)
+{
+    (void)f;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(r->root, "text_config");
+    if (!cJSON_IsObject(tc)) {
+        hf_fail(r, ZO_ERR_FORMAT, "text_config", "%s (the text model's config)",
+                tc ? "must be an object" : "missing");
+        return;
+    }
+    static const struct {
+        const char *key;
+        double v;
+    } defaults[] = {{"vocab_size", 262208},           {"hidden_size", 2304},
+                    {"intermediate_size", 9216},      {"num_hidden_layers", 26},
+                    {"num_attention_heads", 8},       {"num_key_value_heads", 4},
+                    {"head_dim", 256},                {"max_position_embeddings", 131072},
+                    {"query_pre_attn_scalar", 256},   {"sliding_window", 4096}};
+    cJSON *text = cJSON_Duplicate(tc, 1);
+    if (!text) {
+        hf_fail(r, ZO_ERR_NOMEM, "text_config", "out of host memory");
+        return;
+    }
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+        if (!cJSON_GetObjectItemCaseSensitive(text, defaults[i].key))
+            cJSON_AddNumberToObject(text, defaults[i].key, defaults[i].v);
+    char path[512];
+    snprintf(path, sizeof path, "%s: text_config", r->path);
+    const family *g = family_by_type("gemma3_text");
+    hf sub = {text, path, g->type, ZO_OK};
+    g->parse(&sub, c, g);
+    hf_refuse_unmodelled(&sub, g->modelled);
+    if (sub.st && !r->st) r->st = sub.st;
+    cJSON_Delete(text);
+    c->mm_text = 1;
+}
+
 zo_status zo_model_config_parse(const char *json, const char *path, zo_model_config *out)
 {
     cJSON *root;
@@ -1545,10 +1593,12 @@ zo_status zo_model_config_parse(const char *json, const char *path, zo_model_con
     }
     hf r = {root, path, f->type, ZO_OK};
     f->parse(&r, &c, f);
-    hf_refuse_unmodelled(&r, f->modelled);
+    if (f->parse != parse_gemma3_mm) hf_refuse_unmodelled(&r, f->modelled);
     if ((st = r.st) != ZO_OK) goto out_free_root;
-    /* the family as a name the rest of the project uses ("falcon" for its old types) */
-    snprintf(c.family, sizeof c.family, "%s", f->parse == parse_falcon ? "falcon" : f->type);
+    /* the family as a name the rest of the project uses ("falcon" for its
+     * old types, Gemma-3's text model for the multimodal one) */
+    snprintf(c.family, sizeof c.family, "%s",
+             f->parse == parse_falcon ? "falcon" : f->parse == parse_gemma3_mm ? "gemma3_text" : f->type);
     snprintf(c.name, sizeof c.name, "%.63s", base);
     if ((st = zo_model_config_validate(&c)) != ZO_OK) {
         zo_error_wrap(st, "%s", path);

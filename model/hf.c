@@ -243,15 +243,49 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
     return ZO_OK;
 }
 
-/* The config given, its torch_dtype the weights' (every other key as it was). */
-static zo_status copy_config(const char *src, zo_dtype dtype, cJSON **out)
+/* A multimodal config's text model as a config of its own (Gemma-3's
+ * text_config as Gemma3ForCausalLM's, with the token ids the wrapper
+ * gives): what a saved text model (zo_model_config.mm_text) is read with. */
+static zo_status text_model_config(const char *src, cJSON **io)
+{
+    cJSON *top = *io, *text = cJSON_DetachItemFromObjectCaseSensitive(top, "text_config");
+    if (!cJSON_IsObject(text)) {
+        cJSON_Delete(text);
+        return zo_error(ZO_ERR_FORMAT, "%s: field \"text_config\": missing or not an object", src);
+    }
+    static const char *const ids[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(top, ids[i]);
+        if (v && !cJSON_GetObjectItemCaseSensitive(text, ids[i]))
+            cJSON_AddItemToObject(text, ids[i], cJSON_Duplicate(v, 1));
+    }
+    cJSON_Delete(top);
+    *io = text;
+    cJSON_DeleteItemFromObjectCaseSensitive(text, "architectures");
+    cJSON_DeleteItemFromObjectCaseSensitive(text, "model_type");
+    cJSON *arch = cJSON_AddArrayToObject(text, "architectures");
+    if (!arch || !cJSON_AddStringToObject(text, "model_type", "gemma3_text"))
+        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", src);
+    cJSON_AddItemToArray(arch, cJSON_CreateString("Gemma3ForCausalLM"));
+    return ZO_OK;
+}
+
+/* The config given, its torch_dtype the weights' (every other key as it
+ * was); of a multimodal checkpoint (mm_text), its text model's. */
+static zo_status copy_config(const char *src, int mm_text, zo_dtype dtype, cJSON **out)
 {
     char *text = NULL;
     size_t len = 0;
+    *out = NULL;
     zo_status st = zo_file_read_all(src, MAX_JSON_BYTES, "config.json", &text, &len);
     if (st == ZO_OK) st = zo_json_parse(text, len, src, out);
     free(text);
-    if (st != ZO_OK) return st;
+    if (st == ZO_OK && mm_text) st = text_model_config(src, out);
+    if (st != ZO_OK) {
+        cJSON_Delete(*out);
+        *out = NULL;
+        return st;
+    }
     cJSON_DeleteItemFromObjectCaseSensitive(*out, "torch_dtype");
     if (!cJSON_AddStringToObject(*out, "torch_dtype", model_hf_dtype_name(dtype)))
         return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", src);
@@ -377,9 +411,10 @@ zo_status model_hf_save(const model_hf_folder *f, model_block_read_fn read, void
     zo_status st;
     char p[4200];
     if (mkdir(f->dir, 0755) && errno != EEXIST) return zo_error(ZO_ERR_IO, "%s: %s", f->dir, strerror(errno));
-    /* the config: the one given (its torch_dtype set), else one of the shape */
+    /* the config: the one given (its torch_dtype set; a multimodal one's
+     * text model, as the weights written are), else one of the shape */
     cJSON *cfg = NULL;
-    if ((st = f->config ? copy_config(f->config, f->dtype, &cfg) : model_hf_config(&f->l->cfg, f->dtype, &cfg)) != ZO_OK)
+    if ((st = f->config ? copy_config(f->config, f->l->cfg.mm_text, f->dtype, &cfg) : model_hf_config(&f->l->cfg, f->dtype, &cfg)) != ZO_OK)
         return st;
     if ((st = path_in(p, sizeof p, f->dir, "config.json")) == ZO_OK) st = zo_file_write_json(p, cfg);
     cJSON_Delete(cfg);

@@ -74,6 +74,7 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
     const char *prefix = zo_model_neox(&cfg)       ? "gpt_neox.layers"
                          : zo_model_opt(&cfg)      ? "model.decoder.layers"
                          : zo_model_phi(&cfg)      ? "model.layers"
+                         : cfg.mm_text             ? "model.language_model.layers" /* Gemma-3's */
                          : cfg.arch == ZO_ARCH_GPT ? "transformer.h" /* GPT-2, Falcon */
                                                    : "model.layers";
     int k = 0;

@@ -21,11 +21,36 @@ static int ends_with(const char *s, const char *suffix)
 #define GPT_PREFIX "transformer."
 #define OPT_PREFIX "model."
 
+/* Gemma-3's text model inside its multimodal checkpoint: model.X as
+ * language_model.model.X (Gemma3ForConditionalGeneration's first files) or
+ * model.language_model.X (as later versions of transformers save it); its
+ * vision tower and projector are not read. */
+#define MM_OLD "language_model."
+#define MM_NEW "model.language_model."
+
+static int mm_vision(const char *name)
+{
+    return starts_with(name, "vision_tower.") || starts_with(name, "multi_modal_projector.") ||
+           starts_with(name, "model.vision_tower.") || starts_with(name, "model.multi_modal_projector.");
+}
+
 const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_name,
                                           int *ignored)
 {
     *ignored = 0;
     const char *name = hf_name;
+    char text[sizeof MM_NEW + MODEL_TENSOR_NAME_MAX];
+    if (l->cfg.mm_text) {
+        if (starts_with(name, MM_OLD)) {
+            name += strlen(MM_OLD);
+        } else if (starts_with(name, MM_NEW)) {
+            snprintf(text, sizeof text, "model.%s", name + strlen(MM_NEW));
+            name = text;
+        } else if (mm_vision(name)) {
+            *ignored = 1;
+            return NULL;
+        }
+    }
     /* GPT-2's names without the prefix (Falcon's keep it, GPT-NeoX's have none) */
     if (l->cfg.arch == ZO_ARCH_GPT && !zo_model_qkv_grouped(&l->cfg) && starts_with(name, GPT_PREFIX))
         name += strlen(GPT_PREFIX);
@@ -37,7 +62,7 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
                       : zo_model_bloom(&l->cfg) ? GPT_PREFIX
                                                 : NULL;
     if (pre) {
-        char full[sizeof OPT_PREFIX + sizeof GPT_PREFIX + MODEL_TENSOR_NAME_MAX];
+        char full[sizeof GPT_PREFIX + sizeof text];
         snprintf(full, sizeof full, "%s%s", pre, name);
         if ((t = model_layout_find(l, full))) return t;
     }
@@ -69,11 +94,21 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 
 /* The checkpoint entry for a layout tensor: its own name, for GPT-2 the
  * name with the "transformer." prefix, for OPT the name without "model.",
- * for BLOOM without "transformer." */
+ * for BLOOM without "transformer.", for Gemma-3's text model in its
+ * multimodal checkpoint under either of its prefixes (MM_OLD, MM_NEW) */
 static const model_ckpt_entry *find_entry(const model_ckpt *c, const model_layout *l,
                                           const model_tensor *t)
 {
     const model_ckpt_entry *e = model_ckpt_find(c, t->name);
+    if (!e && l->cfg.mm_text) {
+        char name[sizeof MM_NEW + MODEL_TENSOR_NAME_MAX];
+        snprintf(name, sizeof name, MM_OLD "%s", t->name);
+        if (!(e = model_ckpt_find(c, name)) && starts_with(t->name, "model.")) {
+            snprintf(name, sizeof name, MM_NEW "%s", t->name + strlen("model."));
+            e = model_ckpt_find(c, name);
+        }
+        return e;
+    }
     if (!e && zo_model_opt(&l->cfg) && starts_with(t->name, OPT_PREFIX))
         return model_ckpt_find(c, t->name + strlen(OPT_PREFIX));
     if (!e && zo_model_bloom(&l->cfg) && starts_with(t->name, GPT_PREFIX))

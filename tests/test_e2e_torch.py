@@ -974,6 +974,7 @@ def check_family(train, name, workdir):
         ck.rel(f"step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
     ck.rel("eval loss after 3 steps", got_ev, want_ev)
     check_folder(ck, c, params, sdir, eval_data, run, got_ev, "--save", sharded=True)
+    full = (got_l, got_n, got_ev)
     if spec.get("loss_chunk"):
         # the output layer and the loss a chunk of rows at a time (its bias in each chunk's logits,
         # its gradient summed over the chunks): the reference's run
@@ -1045,6 +1046,10 @@ def check_family(train, name, workdir):
         _, qparams, _, _ = read_folder(qmdir)
         ck.rel("QLoRA eval loss of its --merge folder",
                eval_loss(c, qparams, eval_data, run) if qparams else float("nan"), q_ev)
+    if c["model_type"] == "gemma3_text":
+        check_multimodal(ck, train, c, params, d, run, full, sdir,
+                         (lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
+                                 "--lora-targets", lora["targets"]], got_l, got_ev, adir))
 
     # a bf16 run saves BF16 tensors and says so
     bdir = os.path.join(d, "saved-bf16")
@@ -1231,6 +1236,56 @@ def replay_lora(c, params, data, eval_data, run, init, scale, points):
             v.copy_(points[STEPS][key])
         ev = eval_loss(c, with_adapters(params, q, scale), eval_data, run)
     return losses, norms, ev, updates
+
+
+def check_multimodal(ck, train, c, params, d, run, full, sdir, lora_run):
+    """Gemma-3's text model inside its multimodal checkpoint (Gemma3ForConditionalGeneration: the
+    config under text_config, the text weights under language_model.model. as first published or
+    model.language_model. as later saved, a vision tower and projector beside them): the same
+    steps as the text model's folder, bit for bit, its --save folder the text model's, and its
+    adapters the text model's under PEFT's names for the multimodal model."""
+    lrun, lflags, lora_l, lora_ev, adir = lora_run
+    g = torch.Generator().manual_seed(7)
+    vision = {"vision_tower.vision_model.embeddings.patch_embedding.weight": torch.randn(8, 3, 2, 2, generator=g),
+              "multi_modal_projector.mm_input_projection_weight": torch.randn(8, c["hidden_size"], generator=g)}
+    for form, rename in (("language_model.model.", lambda k: "language_model." + k),
+                         ("model.language_model.", lambda k: "model.language_model." + k[len("model."):])):
+        md = os.path.join(d, "mm-" + form.split(".")[0])
+        shutil.rmtree(md, ignore_errors=True)
+        os.makedirs(os.path.join(md, "model"))
+        for f in ("train.bin", "eval.bin"):
+            shutil.copy(os.path.join(d, f), md)
+        cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+               "text_config": c, "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
+               "mm_tokens_per_image": 256, "image_token_index": c["vocab_size"] - 1}
+        with open(os.path.join(md, "model", "config.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+        tensors = [(rename(k), v) for k, v in params.items()]
+        tensors += [(("model." if form.startswith("model.") else "") + k, v) for k, v in vision.items()]
+        if form.startswith("model."):  # the tied head written out, as later versions save it
+            tensors.append(("lm_head.weight", params["model.embed_tokens.weight"]))
+        mf.write_safetensors(os.path.join(md, "model", "model.safetensors"), tensors)
+        msdir = os.path.join(md, "saved")
+        got = run_train(train, md, run, ["--save", msdir])
+        ck.fact(f"{form}*: the text folder's losses, norms and eval loss ({got[0]} {got[2]})",
+                tuple(got[:3]) == tuple(full))
+        mcfg, mparams, _, _ = read_folder(msdir)
+        _, tparams, _, _ = read_folder(sdir)
+        ck.fact(f"{form}*: --save writes the text model (model_type {mcfg.get('model_type')}, the "
+                f"text_config's keys, {len(mparams)} tensors as the text run's)",
+                mcfg.get("model_type") == "gemma3_text" and mcfg.get("architectures") == ["Gemma3ForCausalLM"] and
+                all(mcfg.get(k) == v for k, v in c.items() if k not in ("architectures", "torch_dtype")) and
+                mparams.keys() == tparams.keys() and
+                all(torch.equal(mparams[k], tparams[k]) for k in tparams))
+        madir = os.path.join(md, "adapter")
+        ll, _, lev, _, _ = run_train(train, md, lrun, lflags + ["--save", madir])
+        want = {k.replace("base_model.model.model.layers.", "base_model.model.model.language_model.layers."): v
+                for k, v in read_adapter(adir).items()}
+        have = read_adapter(madir)
+        ck.fact(f"{form}*: LoRA's losses and adapters the text folder's, under "
+                f"base_model.model.model.language_model.layers.*",
+                ll == lora_l and lev == lora_ev and have.keys() == want.keys() and
+                all(torch.equal(have[k], want[k]) for k in want))
 
 
 def read_adapter(adir):

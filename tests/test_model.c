@@ -915,8 +915,8 @@ static void test_gemma2_config(void **state)
  * with base 10000, rope_theta 1e6 on the others); the defaults (window
  * 4096, pattern 6, rope_theta 1e6); each preset's config.json read back
  * with the same keys (4b and up: a linear rope_scaling of 8); the
- * multimodal "gemma3" refused by name; zo_family_gemma names the three
- * text families. */
+ * multimodal "gemma3" as its text model, its errors named under
+ * text_config; zo_family_gemma names the three text families. */
 static void test_gemma3_config(void **state)
 {
     (void)state;
@@ -950,9 +950,58 @@ static void test_gemma3_config(void **state)
         for (int l = 0; l < c.n_layers; l++) assert_int_equal(zo_model_layer_window(&back, l), zo_model_layer_window(&c, l));
         assert_true(zo_model_params(&back) == zo_model_params(&c));
     }
-    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma3\", \"text_config\": {}}", "mm.json", &c),
+    /* the multimodal checkpoints' configs as published (Gemma3ForConditionalGeneration:
+     * gemma-3-4b-it's text_config gives five keys of its own, the rest are
+     * Gemma3TextConfig's defaults; gemma-3-27b's): each its text preset */
+    static const struct {
+        const char *preset, *text;
+    } mm[] = {
+        {"gemma-3-4b", "\"hidden_size\": 2560, \"intermediate_size\": 10240, \"model_type\": \"gemma3_text\", "
+                       "\"num_hidden_layers\": 34, \"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"}, "
+                       "\"sliding_window\": 1024"},
+        {"gemma-3-27b", "\"head_dim\": 128, \"hidden_size\": 5376, \"intermediate_size\": 21504, "
+                        "\"model_type\": \"gemma3_text\", \"num_attention_heads\": 32, \"num_hidden_layers\": 62, "
+                        "\"num_key_value_heads\": 16, \"query_pre_attn_scalar\": 168, "
+                        "\"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"}, \"sliding_window\": 1024"},
+    };
+    for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+        char json[2048];
+        snprintf(json, sizeof json,
+                 "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"boi_token_index\": 255999, "
+                 "\"eoi_token_index\": 256000, \"image_token_index\": 262144, \"mm_tokens_per_image\": 256, "
+                 "\"model_type\": \"gemma3\", \"text_config\": {%s}, \"torch_dtype\": \"bfloat16\", "
+                 "\"vision_config\": {\"hidden_size\": 1152, \"image_size\": 896, \"intermediate_size\": 4304, "
+                 "\"model_type\": \"siglip_vision_model\", \"num_attention_heads\": 16, "
+                 "\"num_hidden_layers\": 27, \"patch_size\": 14, \"vision_use_head\": false}}",
+                 mm[i].text);
+        if (zo_model_config_parse(json, "config.json", &c) != ZO_OK) fail_msg("%s", zo_last_error());
+        assert_int_equal(zo_model_preset_find(mm[i].preset, &back), ZO_OK);
+        assert_string_equal(c.family, "gemma3_text");
+        assert_true(c.mm_text && !back.mm_text);
+        assert_true(c.n_layers == back.n_layers && c.hidden == back.hidden && c.n_heads == back.n_heads &&
+                    c.n_kv_heads == back.n_kv_heads && c.head_dim == back.head_dim && c.ffn == back.ffn &&
+                    c.vocab == back.vocab && c.max_seq == back.max_seq && c.tied_embeddings == back.tied_embeddings);
+        assert_true(c.query_pre_attn_scalar == back.query_pre_attn_scalar && c.rope_theta == back.rope_theta &&
+                    c.rope_local_theta == back.rope_local_theta && c.rope_factor == back.rope_factor);
+        assert_string_equal(c.rope_scaling, back.rope_scaling);
+        for (int l = 0; l < c.n_layers; l++) assert_int_equal(zo_model_layer_window(&c, l), zo_model_layer_window(&back, l));
+        assert_true(zo_model_params(&c) == zo_model_params(&back));
+        if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    }
+    /* its text_config missing or not an object, or wrong inside: named */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma3\"}", "mm.json", &c), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "mm.json: field \"text_config\": missing"));
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma3\", \"text_config\": 3}", "mm.json", &c),
+                     ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"text_config\": must be an object"));
+    assert_int_not_equal(zo_model_config_parse("{\"model_type\": \"gemma3\", \"text_config\": "
+                                               "{\"num_attention_heads\": 0}}", "mm.json", &c),
+                         ZO_OK);
+    assert_non_null(strstr(zo_last_error(), "mm.json: text_config: field \"num_attention_heads\""));
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma3\", \"text_config\": "
+                                           "{\"attention_bias\": true}}", "mm.json", &c),
                      ZO_ERR_UNSUPPORTED);
-    assert_non_null(strstr(zo_last_error(), "gemma3"));
+    assert_non_null(strstr(zo_last_error(), "mm.json: text_config: field \"attention_bias\""));
     /* the one Gemma predicate (the runtime's (1 + w) norms, the parser's
      * hidden_activation, the export's keys): the three text families only */
     assert_true(zo_family_gemma("gemma") && zo_family_gemma("gemma2") && zo_family_gemma("gemma3_text"));
