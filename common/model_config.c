@@ -1340,7 +1340,7 @@ static void parse_bloom(hf *r, zo_model_config *c, const family *f)
  * partial rotary, one norm before a parallel attention and MLP, an untied
  * output layer with a bias. The q/k LayerNorms (qk_layernorm) are refused
  * as a size key; the dropouts change nothing the runtime computes. */
-static void parse_gemma3_mm(hf *r, zo_model_config *c, const family *f);
+static void parse_multimodal(hf *r, zo_model_config *c, const family *f);
 
 static void parse_phi(hf *r, zo_model_config *c, const family *f)
 {
@@ -1386,9 +1386,16 @@ static const family families[] = {
     {"gemma3_text", "Gemma3ForCausalLM", parse_llama,
      "Gemma-3 (text): Gemma-2 layers with q/k norms, five local layers of six (their own rotary base)",
      1, 4, 256, NULL, 1},
-    {"gemma3", "Gemma3ForConditionalGeneration", parse_gemma3_mm,
+    /* multimodal checkpoints read as their text model (parse_multimodal) */
+    {"gemma3", "Gemma3ForConditionalGeneration", parse_multimodal,
      "Gemma-3 4b/12b/27b as published (with vision): the text model of text_config (the vision "
      "tower neither read nor counted)", 1, 4, 256, NULL, 1},
+    {"mistral3", "Mistral3ForConditionalGeneration", parse_multimodal,
+     "Mistral-Small-3.1/3.2 (with vision): the text model of text_config (the vision tower "
+     "neither read nor counted)", 0, 8, 0, NULL, 1},
+    {"llava", "LlavaForConditionalGeneration", parse_multimodal,
+     "LLaVA-1.5, Pixtral (with vision): the text model of text_config (the vision tower neither "
+     "read nor counted)", 0, 0, 0, NULL, 1},
     {"phi3", "Phi3ForCausalLM", parse_llama,
      "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
@@ -1445,7 +1452,6 @@ static const family families[] = {
 
     {"llama4", NULL, NULL, "multimodal with interleaved MoE layers", 0, 0, 0, NULL, 0},
     {"mllama", NULL, NULL, "multimodal (cross-attention layers)", 0, 0, 0, NULL, 0},
-    {"llava", NULL, NULL, "multimodal", 0, 0, 0, NULL, 0},
 };
 
 static const zo_family_info *family_infos(size_t *count)
@@ -1505,44 +1511,85 @@ static void list_modelled(char *buf, size_t len)
 
 static const family *family_by_type(const char *t);
 
-/* Gemma-3 4b/12b/27b as published (Gemma3ForConditionalGeneration): the
- * text model under text_config, whose absent keys take Gemma3TextConfig's
- * defaults (the published configs give only what differs from them:
- * gemma-3-4b's five shape keys, rope_scaling and sliding_window), parsed
- * as a gemma3_text config; the vision tower is not modelled. */
-static void parse_gemma3_mm(hf *r, zo_model_config *c, const family *f)
+/* A text model's keys that published multimodal configs leave to its
+ * class's defaults (Gemma3TextConfig's, LlamaConfig's, MistralConfig's):
+ * gemma-3-4b's text_config gives five shape keys, llava-1.5-7b's none. */
+typedef struct hf_default {
+    const char *key;
+    double v;
+} hf_default;
+static const hf_default gemma3_text_defaults[] = {
+    {"vocab_size", 262208},        {"hidden_size", 2304},  {"intermediate_size", 9216},
+    {"num_hidden_layers", 26},     {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+    {"head_dim", 256},             {"max_position_embeddings", 131072},
+    {"query_pre_attn_scalar", 256}, {"sliding_window", 4096}, {NULL, 0}};
+static const hf_default llama_defaults[] = {
+    {"vocab_size", 32000},         {"hidden_size", 4096},  {"intermediate_size", 11008},
+    {"num_hidden_layers", 32},     {"num_attention_heads", 32}, {"max_position_embeddings", 2048},
+    {NULL, 0}};
+static const hf_default mistral_defaults[] = {
+    {"vocab_size", 32000},         {"hidden_size", 4096},  {"intermediate_size", 14336},
+    {"num_hidden_layers", 32},     {"num_attention_heads", 32}, {"num_key_value_heads", 8},
+    {"max_position_embeddings", 131072}, {NULL, 0}};
+
+/* Each wrapper's text model_type when text_config names none (its config
+ * class's default), and the defaults of the text classes. */
+static const struct {
+    const char *wrapper, *text;
+} mm_wrappers[] = {{"gemma3", "gemma3_text"}, {"mistral3", "mistral"}, {"llava", "llama"}};
+static const struct {
+    const char *type;
+    const hf_default *d;
+} mm_defaults[] = {{"gemma3_text", gemma3_text_defaults}, {"llama", llama_defaults}, {"mistral", mistral_defaults}};
+
+/* A multimodal checkpoint (Gemma-3 4b/12b/27b, Mistral-Small-3.1, LLaVA as
+ * published) as its text model: text_config parsed as a config of the
+ * family its model_type names (the wrapper's default when it names none),
+ * its absent keys the text class's defaults; a LLaMA-family text model only.
+ * The vision tower and projector are not modelled (zo_model_config.mm_text). */
+static void parse_multimodal(hf *r, zo_model_config *c, const family *f)
 {
-    (void)f;
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(r->root, "text_config");
     if (!cJSON_IsObject(tc)) {
         hf_fail(r, ZO_ERR_FORMAT, "text_config", "%s (the text model's config)",
                 tc ? "must be an object" : "missing");
         return;
     }
-    static const struct {
-        const char *key;
-        double v;
-    } defaults[] = {{"vocab_size", 262208},           {"hidden_size", 2304},
-                    {"intermediate_size", 9216},      {"num_hidden_layers", 26},
-                    {"num_attention_heads", 8},       {"num_key_value_heads", 4},
-                    {"head_dim", 256},                {"max_position_embeddings", 131072},
-                    {"query_pre_attn_scalar", 256},   {"sliding_window", 4096}};
+    const char *type = NULL;
+    for (size_t i = 0; i < sizeof mm_wrappers / sizeof mm_wrappers[0]; i++)
+        if (!strcmp(f->type, mm_wrappers[i].wrapper)) type = mm_wrappers[i].text;
+    const cJSON *tt = cJSON_GetObjectItemCaseSensitive(tc, "model_type");
+    if (tt && !cJSON_IsString(tt)) {
+        hf_fail(r, ZO_ERR_FORMAT, "text_config", "field \"model_type\" must be a string");
+        return;
+    }
+    if (tt) type = tt->valuestring;
+    const family *g = family_by_type(type);
+    if (!g || g->parse != parse_llama) {
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "text_config",
+                "a \"%s\" text model, which memplan does not read inside a multimodal checkpoint (a "
+                "LLaMA-family text model only: llama, mistral, qwen2, gemma3_text, ...)",
+                type ? type : "(none)");
+        return;
+    }
     cJSON *text = cJSON_Duplicate(tc, 1);
     if (!text) {
         hf_fail(r, ZO_ERR_NOMEM, "text_config", "out of host memory");
         return;
     }
-    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
-        if (!cJSON_GetObjectItemCaseSensitive(text, defaults[i].key))
-            cJSON_AddNumberToObject(text, defaults[i].key, defaults[i].v);
+    for (size_t i = 0; i < sizeof mm_defaults / sizeof mm_defaults[0]; i++) {
+        if (strcmp(type, mm_defaults[i].type)) continue;
+        for (const hf_default *d = mm_defaults[i].d; d->key; d++)
+            if (!cJSON_GetObjectItemCaseSensitive(text, d->key)) cJSON_AddNumberToObject(text, d->key, d->v);
+    }
     char path[512];
     snprintf(path, sizeof path, "%s: text_config", r->path);
-    const family *g = family_by_type("gemma3_text");
     hf sub = {text, path, g->type, ZO_OK};
     g->parse(&sub, c, g);
     hf_refuse_unmodelled(&sub, g->modelled);
     if (sub.st && !r->st) r->st = sub.st;
     cJSON_Delete(text);
+    snprintf(c->family, sizeof c->family, "%s", g->type);
     c->mm_text = 1;
 }
 
@@ -1593,12 +1640,12 @@ zo_status zo_model_config_parse(const char *json, const char *path, zo_model_con
     }
     hf r = {root, path, f->type, ZO_OK};
     f->parse(&r, &c, f);
-    if (f->parse != parse_gemma3_mm) hf_refuse_unmodelled(&r, f->modelled);
+    if (f->parse != parse_multimodal) hf_refuse_unmodelled(&r, f->modelled);
     if ((st = r.st) != ZO_OK) goto out_free_root;
     /* the family as a name the rest of the project uses ("falcon" for its
-     * old types, Gemma-3's text model for the multimodal one) */
-    snprintf(c.family, sizeof c.family, "%s",
-             f->parse == parse_falcon ? "falcon" : f->parse == parse_gemma3_mm ? "gemma3_text" : f->type);
+     * old types; a multimodal checkpoint's: its text model's, set above) */
+    if (f->parse != parse_multimodal)
+        snprintf(c.family, sizeof c.family, "%s", f->parse == parse_falcon ? "falcon" : f->type);
     snprintf(c.name, sizeof c.name, "%.63s", base);
     if ((st = zo_model_config_validate(&c)) != ZO_OK) {
         zo_error_wrap(st, "%s", path);

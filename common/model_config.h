@@ -142,11 +142,12 @@ typedef struct zo_model_config {
                             runtime computes it for GPT-NeoX (use_parallel_residual) */
     int embed_norm;      /* BLOOM: a LayerNorm on the word embeddings */
     int qk_norm;         /* Qwen3: an RMSNorm over head_dim on q and on k */
-    int mm_text;         /* the text model of a multimodal checkpoint (Gemma-3 4b/12b/27b as
-                            published: Gemma3ForConditionalGeneration): config under text_config,
-                            tensors under language_model.model. (or model.language_model.), the
-                            vision tower neither read nor counted; PEFT names its adapters under
-                            model.language_model.; a saved model is the text model alone */
+    int mm_text;         /* the text model of a multimodal checkpoint (Gemma-3 4b/12b/27b,
+                            Mistral-Small-3.1, LLaVA as published: *ForConditionalGeneration):
+                            config under text_config, tensors under language_model. (or
+                            model.language_model.), the vision tower neither read nor counted;
+                            PEFT names its adapters under model.language_model.; a saved model
+                            is the text model alone */
     zo_mla mla;
     zo_moe moe;
 } zo_model_config;

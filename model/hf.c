@@ -38,6 +38,18 @@ static const char *model_type(const zo_model_config *c)
     return "llama";
 }
 
+/* The Hugging Face class of a LLaMA-family model_type. */
+static const char *llama_class(const char *type)
+{
+    static const char *const of[][2] = {
+        {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
+        {"phi3", "Phi3ForCausalLM"},       {"gemma", "GemmaForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
+        {"gemma3_text", "Gemma3ForCausalLM"}};
+    for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
+        if (!strcmp(type, of[i][0])) return of[i][1];
+    return "LlamaForCausalLM";
+}
+
 zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
 {
     const char *type = model_type(c);
@@ -154,14 +166,7 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddStringToObject(o, "activation_function", c->act[0] ? c->act : "gelu_new");
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else {
-        const char *cls = !strcmp(type, "mistral") ? "MistralForCausalLM"
-                          : !strcmp(type, "qwen2") ? "Qwen2ForCausalLM"
-                          : !strcmp(type, "qwen3") ? "Qwen3ForCausalLM"
-                          : !strcmp(type, "phi3")  ? "Phi3ForCausalLM"
-                          : !strcmp(type, "gemma") ? "GemmaForCausalLM"
-                          : !strcmp(type, "gemma2") ? "Gemma2ForCausalLM"
-                          : !strcmp(type, "gemma3_text") ? "Gemma3ForCausalLM"
-                                                    : "LlamaForCausalLM";
+        const char *cls = llama_class(type);
         int gemma3 = !strcmp(type, "gemma3_text"), gemma2 = gemma3 || !strcmp(type, "gemma2");
         int gemma = zo_family_gemma(type), qwen3 = !strcmp(type, "qwen3");
         cJSON_AddItemToArray(arch, cJSON_CreateString(cls));
@@ -243,10 +248,11 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
     return ZO_OK;
 }
 
-/* A multimodal config's text model as a config of its own (Gemma-3's
- * text_config as Gemma3ForCausalLM's, with the token ids the wrapper
- * gives): what a saved text model (zo_model_config.mm_text) is read with. */
-static zo_status text_model_config(const char *src, cJSON **io)
+/* A multimodal config's text model as a config of its own (text_config,
+ * its model_type c's family and its class that family's: Gemma-3's as
+ * Gemma3ForCausalLM's; with the token ids the wrapper gives): what a saved
+ * text model (zo_model_config.mm_text) is read with. */
+static zo_status text_model_config(const char *src, const zo_model_config *c, cJSON **io)
 {
     cJSON *top = *io, *text = cJSON_DetachItemFromObjectCaseSensitive(top, "text_config");
     if (!cJSON_IsObject(text)) {
@@ -264,15 +270,15 @@ static zo_status text_model_config(const char *src, cJSON **io)
     cJSON_DeleteItemFromObjectCaseSensitive(text, "architectures");
     cJSON_DeleteItemFromObjectCaseSensitive(text, "model_type");
     cJSON *arch = cJSON_AddArrayToObject(text, "architectures");
-    if (!arch || !cJSON_AddStringToObject(text, "model_type", "gemma3_text"))
+    if (!arch || !cJSON_AddStringToObject(text, "model_type", c->family))
         return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", src);
-    cJSON_AddItemToArray(arch, cJSON_CreateString("Gemma3ForCausalLM"));
+    cJSON_AddItemToArray(arch, cJSON_CreateString(llama_class(c->family)));
     return ZO_OK;
 }
 
 /* The config given, its torch_dtype the weights' (every other key as it
  * was); of a multimodal checkpoint (mm_text), its text model's. */
-static zo_status copy_config(const char *src, int mm_text, zo_dtype dtype, cJSON **out)
+static zo_status copy_config(const char *src, const zo_model_config *c, zo_dtype dtype, cJSON **out)
 {
     char *text = NULL;
     size_t len = 0;
@@ -280,7 +286,7 @@ static zo_status copy_config(const char *src, int mm_text, zo_dtype dtype, cJSON
     zo_status st = zo_file_read_all(src, MAX_JSON_BYTES, "config.json", &text, &len);
     if (st == ZO_OK) st = zo_json_parse(text, len, src, out);
     free(text);
-    if (st == ZO_OK && mm_text) st = text_model_config(src, out);
+    if (st == ZO_OK && c->mm_text) st = text_model_config(src, c, out);
     if (st != ZO_OK) {
         cJSON_Delete(*out);
         *out = NULL;
@@ -414,7 +420,7 @@ zo_status model_hf_save(const model_hf_folder *f, model_block_read_fn read, void
     /* the config: the one given (its torch_dtype set; a multimodal one's
      * text model, as the weights written are), else one of the shape */
     cJSON *cfg = NULL;
-    if ((st = f->config ? copy_config(f->config, f->l->cfg.mm_text, f->dtype, &cfg) : model_hf_config(&f->l->cfg, f->dtype, &cfg)) != ZO_OK)
+    if ((st = f->config ? copy_config(f->config, &f->l->cfg, f->dtype, &cfg) : model_hf_config(&f->l->cfg, f->dtype, &cfg)) != ZO_OK)
         return st;
     if ((st = path_in(p, sizeof p, f->dir, "config.json")) == ZO_OK) st = zo_file_write_json(p, cfg);
     cJSON_Delete(cfg);

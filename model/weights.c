@@ -21,10 +21,12 @@ static int ends_with(const char *s, const char *suffix)
 #define GPT_PREFIX "transformer."
 #define OPT_PREFIX "model."
 
-/* Gemma-3's text model inside its multimodal checkpoint: model.X as
- * language_model.model.X (Gemma3ForConditionalGeneration's first files) or
- * model.language_model.X (as later versions of transformers save it); its
- * vision tower and projector are not read. */
+/* A text model inside its multimodal checkpoint (zo_model_config.mm_text:
+ * Gemma-3, Mistral-Small-3.1, LLaVA): X as language_model.X (the published
+ * files: language_model.model.layers..., language_model.lm_head.weight) or
+ * model.X as model.language_model.X (as later versions of transformers save
+ * them; lm_head.weight as it is); the vision tower and projector are not
+ * read. */
 #define MM_OLD "language_model."
 #define MM_NEW "model.language_model."
 
@@ -94,8 +96,8 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 
 /* The checkpoint entry for a layout tensor: its own name, for GPT-2 the
  * name with the "transformer." prefix, for OPT the name without "model.",
- * for BLOOM without "transformer.", for Gemma-3's text model in its
- * multimodal checkpoint under either of its prefixes (MM_OLD, MM_NEW) */
+ * for BLOOM without "transformer.", for a text model in its multimodal
+ * checkpoint under either of its prefixes (MM_OLD, MM_NEW) */
 static const model_ckpt_entry *find_entry(const model_ckpt *c, const model_layout *l,
                                           const model_tensor *t)
 {

@@ -1046,7 +1046,8 @@ def check_family(train, name, workdir):
         _, qparams, _, _ = read_folder(qmdir)
         ck.rel("QLoRA eval loss of its --merge folder",
                eval_loss(c, qparams, eval_data, run) if qparams else float("nan"), q_ev)
-    if c["model_type"] == "gemma3_text":
+
+    if c["model_type"] in MULTIMODAL:
         check_multimodal(ck, train, c, params, d, run, full, sdir,
                          (lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
                                  "--lora-targets", lora["targets"]], got_l, got_ev, adir))
@@ -1238,31 +1239,39 @@ def replay_lora(c, params, data, eval_data, run, init, scale, points):
     return losses, norms, ev, updates
 
 
+# the multimodal checkpoints of the text families: (model_type, class)
+MULTIMODAL = {"gemma3_text": ("gemma3", "Gemma3ForConditionalGeneration"),
+              "mistral": ("mistral3", "Mistral3ForConditionalGeneration")}
+
+
 def check_multimodal(ck, train, c, params, d, run, full, sdir, lora_run):
-    """Gemma-3's text model inside its multimodal checkpoint (Gemma3ForConditionalGeneration: the
-    config under text_config, the text weights under language_model.model. as first published or
-    model.language_model. as later saved, a vision tower and projector beside them): the same
-    steps as the text model's folder, bit for bit, its --save folder the text model's, and its
-    adapters the text model's under PEFT's names for the multimodal model."""
+    """A text model inside its multimodal checkpoint (Gemma-3's, tied, and Mistral-Small-3.1's,
+    with its own lm_head: the config under text_config, the text weights under language_model.
+    as first published or model.language_model. as later saved, a vision tower and projector
+    beside them): the same steps as the text model's folder, bit for bit, its --save folder the
+    text model's, and its adapters the text model's under PEFT's names for the multimodal model."""
     lrun, lflags, lora_l, lora_ev, adir = lora_run
+    mm_type, mm_class = MULTIMODAL[c["model_type"]]
+    tied = c.get("tie_word_embeddings", True)
     g = torch.Generator().manual_seed(7)
     vision = {"vision_tower.vision_model.embeddings.patch_embedding.weight": torch.randn(8, 3, 2, 2, generator=g),
               "multi_modal_projector.mm_input_projection_weight": torch.randn(8, c["hidden_size"], generator=g)}
-    for form, rename in (("language_model.model.", lambda k: "language_model." + k),
-                         ("model.language_model.", lambda k: "model.language_model." + k[len("model."):])):
+    for form, rename in (("language_model.", lambda k: "language_model." + k),
+                         ("model.language_model.", lambda k: "model.language_model." + k[len("model."):]
+                          if k.startswith("model.") else k)):
         md = os.path.join(d, "mm-" + form.split(".")[0])
         shutil.rmtree(md, ignore_errors=True)
         os.makedirs(os.path.join(md, "model"))
         for f in ("train.bin", "eval.bin"):
             shutil.copy(os.path.join(d, f), md)
-        cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        cfg = {"architectures": [mm_class], "model_type": mm_type,
                "text_config": c, "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
                "mm_tokens_per_image": 256, "image_token_index": c["vocab_size"] - 1}
         with open(os.path.join(md, "model", "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
         tensors = [(rename(k), v) for k, v in params.items()]
         tensors += [(("model." if form.startswith("model.") else "") + k, v) for k, v in vision.items()]
-        if form.startswith("model."):  # the tied head written out, as later versions save it
+        if form.startswith("model.") and tied:  # the tied head written out, as later versions save it
             tensors.append(("lm_head.weight", params["model.embed_tokens.weight"]))
         mf.write_safetensors(os.path.join(md, "model", "model.safetensors"), tensors)
         msdir = os.path.join(md, "saved")
@@ -1273,7 +1282,7 @@ def check_multimodal(ck, train, c, params, d, run, full, sdir, lora_run):
         _, tparams, _, _ = read_folder(sdir)
         ck.fact(f"{form}*: --save writes the text model (model_type {mcfg.get('model_type')}, the "
                 f"text_config's keys, {len(mparams)} tensors as the text run's)",
-                mcfg.get("model_type") == "gemma3_text" and mcfg.get("architectures") == ["Gemma3ForCausalLM"] and
+                mcfg.get("model_type") == c["model_type"] and mcfg.get("architectures") == c["architectures"] and
                 all(mcfg.get(k) == v for k, v in c.items() if k not in ("architectures", "torch_dtype")) and
                 mparams.keys() == tparams.keys() and
                 all(torch.equal(mparams[k], tparams[k]) for k in tparams))

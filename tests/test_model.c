@@ -1008,6 +1008,77 @@ static void test_gemma3_config(void **state)
     assert_false(zo_family_gemma("gemma3") || zo_family_gemma("gemmax") || zo_family_gemma("llama"));
 }
 
+/* Multimodal checkpoints read as their text model: llava-1.5-7b's config
+ * as published (its text_config gives no shape key: LlamaConfig's
+ * defaults) against the same model as a LLaMA config with every key, and
+ * Mistral-Small-3.1's (its text_config whole, sliding_window null) against
+ * that text_config read on its own; a text model of another kind refused
+ * by name. */
+static void test_multimodal_text_config(void **state)
+{
+    (void)state;
+    zo_model_config c, want;
+    static const char llava[] =
+        "{\"architectures\": [\"LlavaForConditionalGeneration\"], \"ignore_index\": -100, "
+        "\"image_token_index\": 32000, \"model_type\": \"llava\", \"pad_token_id\": 32001, "
+        "\"projector_hidden_act\": \"gelu\", \"text_config\": {\"_name_or_path\": \"lmsys/vicuna-7b-v1.5\", "
+        "\"architectures\": [\"LlamaForCausalLM\"], \"max_position_embeddings\": 4096, \"model_type\": \"llama\", "
+        "\"rms_norm_eps\": 1e-05, \"torch_dtype\": \"float16\", \"vocab_size\": 32064}, "
+        "\"tie_word_embeddings\": false, \"vision_config\": {\"hidden_size\": 1024, \"image_size\": 336, "
+        "\"intermediate_size\": 4096, \"model_type\": \"clip_vision_model\", \"num_attention_heads\": 16, "
+        "\"num_hidden_layers\": 24, \"patch_size\": 14, \"projection_dim\": 768, \"vocab_size\": 32000}, "
+        "\"vision_feature_layer\": -2, \"vision_feature_select_strategy\": \"default\"}";
+    if (zo_model_config_parse(llava, "llava/config.json", &c) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"llama\", \"num_hidden_layers\": 32, "
+                                           "\"hidden_size\": 4096, \"intermediate_size\": 11008, "
+                                           "\"num_attention_heads\": 32, \"num_key_value_heads\": 32, "
+                                           "\"vocab_size\": 32064, \"max_position_embeddings\": 4096, "
+                                           "\"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, "
+                                           "\"tie_word_embeddings\": false}",
+                                           "vicuna.json", &want),
+                     ZO_OK);
+    assert_true(c.mm_text && !want.mm_text);
+    assert_string_equal(c.family, "llama");
+    assert_true(c.n_layers == want.n_layers && c.hidden == want.hidden && c.n_heads == want.n_heads &&
+                c.n_kv_heads == want.n_kv_heads && c.head_dim == want.head_dim && c.ffn == want.ffn &&
+                c.vocab == want.vocab && c.max_seq == want.max_seq && c.tied_embeddings == want.tied_embeddings &&
+                c.norm_eps == want.norm_eps && c.rope_theta == want.rope_theta);
+    assert_true(zo_model_params(&c) == zo_model_params(&want));
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+
+    static const char mistral_text[] =
+        "{\"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 5120, \"intermediate_size\": 32768, "
+        "\"max_position_embeddings\": 131072, \"model_type\": \"mistral\", \"num_attention_heads\": 32, "
+        "\"num_hidden_layers\": 40, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, "
+        "\"rope_theta\": 1000000000.0, \"sliding_window\": null, \"vocab_size\": 131072}";
+    char json[2048];
+    snprintf(json, sizeof json,
+             "{\"architectures\": [\"Mistral3ForConditionalGeneration\"], \"image_token_index\": 10, "
+             "\"model_type\": \"mistral3\", \"multimodal_projector_bias\": false, \"projector_hidden_act\": \"gelu\", "
+             "\"spatial_merge_size\": 2, \"text_config\": %s, \"torch_dtype\": \"bfloat16\", "
+             "\"vision_config\": {\"head_dim\": 64, \"hidden_size\": 1024, \"image_size\": 1540, "
+             "\"intermediate_size\": 4096, \"model_type\": \"pixtral\", \"num_attention_heads\": 16, "
+             "\"num_hidden_layers\": 24, \"patch_size\": 14}, \"vision_feature_layer\": -1}",
+             mistral_text);
+    if (zo_model_config_parse(json, "mistral-small/config.json", &c) != ZO_OK) fail_msg("%s", zo_last_error());
+    if (zo_model_config_parse(mistral_text, "text.json", &want) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_string_equal(c.family, "mistral");
+    assert_true(c.mm_text && c.sliding_window == 0 && c.n_kv_heads == 8 && c.head_dim == 128);
+    c.mm_text = 0;
+    memcpy(c.name, want.name, sizeof c.name); /* the file names differ; every other field alike */
+    assert_memory_equal(&c, &want, sizeof c);
+    /* 23.57B without the vision tower */
+    assert_true(zo_model_params(&c) == 40ull * (5120ull * 128 * (32 + 2 * 8) + 32ull * 128 * 5120 +
+                                                3ull * 5120 * 32768 + 2 * 5120) +
+                                           2ull * 131072 * 5120 + 5120);
+
+    /* the text model must be a LLaMA-family one */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"llava\", \"text_config\": "
+                                           "{\"model_type\": \"gpt2\", \"n_layer\": 2}}", "mm.json", &c),
+                     ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "mm.json: field \"text_config\": a \"gpt2\" text model"));
+}
+
 /* A Phi-4-mini-shaped model's config.json (partial_rotary_factor 0.75:
  * 96 of each 128-wide head rotate) reads back with the same rotary size;
  * a factor of 0.7 on heads of 80 rotates 56, as Hugging Face computes. */
@@ -1208,6 +1279,7 @@ int main(void)
         cmocka_unit_test(test_hf_config_partial_rotary),
         cmocka_unit_test(test_gemma2_config),
         cmocka_unit_test(test_gemma3_config),
+        cmocka_unit_test(test_multimodal_text_config),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
         cmocka_unit_test(test_falcon_qkv_rows),

@@ -341,7 +341,7 @@ static void test_refused(void **state)
     (void)state;
     /* recognised families that are not modelled */
     static const char *families[] = {"t5", "bert", "mamba", "rwkv", "jamba", "phimoe",
-                                     "gptj", "llava", "qwen3_next"};
+                                     "gptj", "mllama", "qwen3_next"};
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
         char json[256];
         snprintf(json, sizeof json, "{\"model_type\": \"%s\", " SHAPE "}", families[i]);
