@@ -12,6 +12,7 @@
 #include <cmocka.h>
 #include <unistd.h>
 
+#include "common/fileio.h" /* defines: zo_file_read_all */
 #include "common/model_config.h"
 #include "common/model_limits.h"
 #include "model/data.h"
@@ -952,30 +953,11 @@ static void test_gemma3_config(void **state)
     }
     /* the multimodal checkpoints' configs as published (Gemma3ForConditionalGeneration:
      * gemma-3-4b-it's text_config gives five keys of its own, the rest are
-     * Gemma3TextConfig's defaults; gemma-3-27b's): each its text preset */
-    static const struct {
-        const char *preset, *text;
-    } mm[] = {
-        {"gemma-3-4b", "\"hidden_size\": 2560, \"intermediate_size\": 10240, \"model_type\": \"gemma3_text\", "
-                       "\"num_hidden_layers\": 34, \"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"}, "
-                       "\"sliding_window\": 1024"},
-        {"gemma-3-27b", "\"head_dim\": 128, \"hidden_size\": 5376, \"intermediate_size\": 21504, "
-                        "\"model_type\": \"gemma3_text\", \"num_attention_heads\": 32, \"num_hidden_layers\": 62, "
-                        "\"num_key_value_heads\": 16, \"query_pre_attn_scalar\": 168, "
-                        "\"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"}, \"sliding_window\": 1024"},
-    };
+     * Gemma3TextConfig's defaults; gemma-3-27b-it's): each its text preset */
+    static const char *const mm[][2] = {{"gemma-3-4b", "gemma-3-4b-it.json"}, {"gemma-3-27b", "gemma-3-27b-it.json"}};
     for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
-        char json[2048];
-        snprintf(json, sizeof json,
-                 "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"boi_token_index\": 255999, "
-                 "\"eoi_token_index\": 256000, \"image_token_index\": 262144, \"mm_tokens_per_image\": 256, "
-                 "\"model_type\": \"gemma3\", \"text_config\": {%s}, \"torch_dtype\": \"bfloat16\", "
-                 "\"vision_config\": {\"hidden_size\": 1152, \"image_size\": 896, \"intermediate_size\": 4304, "
-                 "\"model_type\": \"siglip_vision_model\", \"num_attention_heads\": 16, "
-                 "\"num_hidden_layers\": 27, \"patch_size\": 14, \"vision_use_head\": false}}",
-                 mm[i].text);
-        if (zo_model_config_parse(json, "config.json", &c) != ZO_OK) fail_msg("%s", zo_last_error());
-        assert_int_equal(zo_model_preset_find(mm[i].preset, &back), ZO_OK);
+        load_hf_fixture(mm[i][1], &c);
+        assert_int_equal(zo_model_preset_find(mm[i][0], &back), ZO_OK);
         assert_string_equal(c.family, "gemma3_text");
         assert_true(c.mm_text && !back.mm_text);
         assert_true(c.n_layers == back.n_layers && c.hidden == back.hidden && c.n_heads == back.n_heads &&
@@ -1018,17 +1000,7 @@ static void test_multimodal_text_config(void **state)
 {
     (void)state;
     zo_model_config c, want;
-    static const char llava[] =
-        "{\"architectures\": [\"LlavaForConditionalGeneration\"], \"ignore_index\": -100, "
-        "\"image_token_index\": 32000, \"model_type\": \"llava\", \"pad_token_id\": 32001, "
-        "\"projector_hidden_act\": \"gelu\", \"text_config\": {\"_name_or_path\": \"lmsys/vicuna-7b-v1.5\", "
-        "\"architectures\": [\"LlamaForCausalLM\"], \"max_position_embeddings\": 4096, \"model_type\": \"llama\", "
-        "\"rms_norm_eps\": 1e-05, \"torch_dtype\": \"float16\", \"vocab_size\": 32064}, "
-        "\"tie_word_embeddings\": false, \"vision_config\": {\"hidden_size\": 1024, \"image_size\": 336, "
-        "\"intermediate_size\": 4096, \"model_type\": \"clip_vision_model\", \"num_attention_heads\": 16, "
-        "\"num_hidden_layers\": 24, \"patch_size\": 14, \"projection_dim\": 768, \"vocab_size\": 32000}, "
-        "\"vision_feature_layer\": -2, \"vision_feature_select_strategy\": \"default\"}";
-    if (zo_model_config_parse(llava, "llava/config.json", &c) != ZO_OK) fail_msg("%s", zo_last_error());
+    load_hf_fixture("llava-1.5-7b-hf.json", &c);
     assert_int_equal(zo_model_config_parse("{\"model_type\": \"llama\", \"num_hidden_layers\": 32, "
                                            "\"hidden_size\": 4096, \"intermediate_size\": 11008, "
                                            "\"num_attention_heads\": 32, \"num_key_value_heads\": 32, "
@@ -1046,22 +1018,17 @@ static void test_multimodal_text_config(void **state)
     assert_true(zo_model_params(&c) == zo_model_params(&want));
     if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
 
-    static const char mistral_text[] =
-        "{\"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 5120, \"intermediate_size\": 32768, "
-        "\"max_position_embeddings\": 131072, \"model_type\": \"mistral\", \"num_attention_heads\": 32, "
-        "\"num_hidden_layers\": 40, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, "
-        "\"rope_theta\": 1000000000.0, \"sliding_window\": null, \"vocab_size\": 131072}";
-    char json[2048];
-    snprintf(json, sizeof json,
-             "{\"architectures\": [\"Mistral3ForConditionalGeneration\"], \"image_token_index\": 10, "
-             "\"model_type\": \"mistral3\", \"multimodal_projector_bias\": false, \"projector_hidden_act\": \"gelu\", "
-             "\"spatial_merge_size\": 2, \"text_config\": %s, \"torch_dtype\": \"bfloat16\", "
-             "\"vision_config\": {\"head_dim\": 64, \"hidden_size\": 1024, \"image_size\": 1540, "
-             "\"intermediate_size\": 4096, \"model_type\": \"pixtral\", \"num_attention_heads\": 16, "
-             "\"num_hidden_layers\": 24, \"patch_size\": 14}, \"vision_feature_layer\": -1}",
-             mistral_text);
-    if (zo_model_config_parse(json, "mistral-small/config.json", &c) != ZO_OK) fail_msg("%s", zo_last_error());
-    if (zo_model_config_parse(mistral_text, "text.json", &want) != ZO_OK) fail_msg("%s", zo_last_error());
+    /* Mistral-Small-3.1: its text_config taken out and read alone */
+    load_hf_fixture("mistral-small-3.1-24b.json", &c);
+    char path[512], *buf = NULL;
+    snprintf(path, sizeof path, "%s/hf-configs/mistral-small-3.1-24b.json", ZO_FIXTURES_DIR);
+    assert_int_equal(zo_file_read_all(path, 1 << 20, "config", &buf, NULL), ZO_OK);
+    cJSON *root = cJSON_Parse(buf);
+    char *text = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, "text_config"));
+    if (zo_model_config_parse(text, "text.json", &want) != ZO_OK) fail_msg("%s", zo_last_error());
+    free(text);
+    cJSON_Delete(root);
+    free(buf);
     assert_string_equal(c.family, "mistral");
     assert_true(c.mm_text && c.sliding_window == 0 && c.n_kv_heads == 8 && c.head_dim == 128);
     c.mm_text = 0;
