@@ -43,6 +43,19 @@
       .max_seq = 40960, .tied_embeddings = tied, .norm_eps = 1e-6f, .rope_theta = 1e6f,  \
       .act = "silu", .qk_norm = 1, __VA_ARGS__}}
 
+/* Granite 3.1 (config.json of ibm-granite/granite-3.1-2b-base, -8b-base):
+ * LLaMA layers, GQA of 8 kv heads, SiLU, rms_norm_eps 1e-5, rope_theta 1e7,
+ * 131072 positions, vocabulary 49155, tied; the embeddings times 12, the
+ * scores times 1 / head_dim, each residual branch times 0.22, the logits
+ * over `ls` (none of which changes a size). */
+#define GRANITE(n, L, h, a, kv, f, ls)                                                    \
+    {n, "",                                                                               \
+     {.name = n, .family = "granite", .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h, \
+      .n_heads = a, .n_kv_heads = kv, .head_dim = (h) / (a), .ffn = f, .vocab = 49155,   \
+      .max_seq = 131072, .tied_embeddings = 1, .norm_eps = 1e-5f, .rope_theta = 1e7f,    \
+      .act = "silu", .embed_mult = 12.0f, .attn_mult = (float)(a) / (float)(h),          \
+      .resid_mult = 0.22f, .logit_div = ls}}
+
 /* Gemma (config.json of google/gemma-2b, gemma-7b): LLaMA layers with
  * GeGLU (tanh GELU), head_dim 256 whatever hidden / heads, RMSNorm times
  * (1 + w), the embedding times sqrt(hidden), tied; rms_norm_eps 1e-6, 8192
@@ -222,6 +235,8 @@ static const zo_model_preset presets[] = {
     GEMMA3("gemma-3-12b", 48, 3840, 16, 8, 256, 15360, 256, 262208, 131072, 1024, "linear", 8.0f),
     /* heads of 128, query_pre_attn_scalar 168 (hidden / heads) */
     GEMMA3("gemma-3-27b", 62, 5376, 32, 16, 128, 21504, 168, 262208, 131072, 1024, "linear", 8.0f),
+    GRANITE("granite-3.1-2b", 40, 2048, 32, 8, 8192, 8.0f),
+    GRANITE("granite-3.1-8b", 40, 4096, 32, 8, 12800, 16.0f),
     QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1),
     QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0),
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
@@ -1069,6 +1084,16 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
     if (sub.st && !r->st) r->st = sub.st;
 }
 
+/* One of Granite's multipliers (GraniteConfig's default 1): finite and > 0
+ * (as a float too), else refused naming the key. */
+static float hf_multiplier(hf *r, const char *key)
+{
+    double v = hf_double(r, key, 1.0);
+    if (!r->st && !(v > 0.0 && isfinite((float)v) && (float)v > 0.0f))
+        hf_fail(r, ZO_ERR_FORMAT, key, "must be finite and > 0 (got %g)", v);
+    return (float)v;
+}
+
 /* The LLaMA-shaped families: RMSNorm, gated MLP, rotary positions, GQA. */
 static void parse_llama(hf *r, zo_model_config *c, const family *f)
 {
@@ -1109,6 +1134,14 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
         c->rope_local_theta = hf_float(r, "rope_local_base_freq", 10000.0f);
         if (!r->st && !(c->rope_local_theta > 0.0f))
             hf_fail(r, ZO_ERR_FORMAT, "rope_local_base_freq", "must be > 0 (got %g)", c->rope_local_theta);
+    }
+    if (!strcmp(f->type, "granite")) {
+        /* the embeddings, the score scale (in place of 1/sqrt(head_dim)), each
+         * residual branch and the logits (divided): no size changes */
+        c->embed_mult = hf_multiplier(r, "embedding_multiplier");
+        c->attn_mult = hf_multiplier(r, "attention_multiplier");
+        c->resid_mult = hf_multiplier(r, "residual_multiplier");
+        c->logit_div = hf_multiplier(r, "logits_scaling");
     }
     /* Phi-4-mini rotates only the first partial_rotary_factor of each head
      * (no size changes) */
@@ -1398,6 +1431,9 @@ static const family families[] = {
      "read nor counted)", 0, 0, 0, NULL, 1},
     {"phi3", "Phi3ForCausalLM", parse_llama,
      "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 1},
+    {"granite", "GraniteForCausalLM", parse_llama,
+     "Granite 3.x: LLaMA layers with the embeddings, the scores, each residual branch and the logits "
+     "times multipliers", 0, 0, 0, NULL, 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
      "num_local_experts", 1},
@@ -1446,6 +1482,9 @@ static const family families[] = {
     {"qwen3_next", NULL, NULL, "hybrid linear / full attention layers", 0, 0, 0, NULL, 0},
     {"phimoe", "PhiMoEForCausalLM", NULL,
      "Phi-3.5-MoE: LayerNorm, biased attention output and output layer", 0, 0, 0, NULL, 0},
+    {"granitemoe", "GraniteMoeForCausalLM", NULL,
+     "Granite-MoE: Granite's multipliers on mixture-of-experts layers whose experts are stored fused "
+     "(block_sparse_moe.input_linear, output_linear)", 0, 0, 0, NULL, 0},
     {"phi3small", NULL, NULL, "Phi-3-small: block-sparse attention and its own MLP", 0, 0, 0,
      NULL, 0},
     {"gptj", "GPTJForCausalLM", NULL, "GPT-J: a biased output layer", 0, 0, 0, NULL, 0},

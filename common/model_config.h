@@ -99,6 +99,14 @@ typedef struct zo_model_config {
     float query_pre_attn_scalar; /* > 0: scores times its ^-0.5, not head_dim's (Gemma-2) */
     float attn_softcap;    /* > 0: scores capped, c tanh(s / c) (attn_logit_softcapping) */
     float final_softcap;   /* > 0: logits capped likewise (final_logit_softcapping) */
+    /* Granite's four multipliers (0: none, as 1), none of which changes a size:
+     * embed_mult: the embeddings times it (embedding_multiplier; Gemma's
+     * sqrt(hidden) is the runtime's own, not this field); attn_mult: the
+     * score scale itself, in place of 1/sqrt(head_dim) (attention_multiplier);
+     * resid_mult: each residual branch (attention's output, MLP's output)
+     * times it before its add (residual_multiplier); logit_div: the logits
+     * divided by it (logits_scaling) */
+    float embed_mult, attn_mult, resid_mult, logit_div;
     float rope_local_theta; /* > 0: the sliding layers' rotary base, without rope_scaling (Gemma-3's
                                rope_local_base_freq); the global layers keep rope_theta's */
     char rope_scaling[16]; /* rope_scaling's rope_type when it rescales the rotary frequencies

@@ -21,11 +21,12 @@ const char *model_hf_dtype_name(zo_dtype dt)
 /* ---- config.json ------------------------------------------------------------------- */
 
 /* The family's model_type: the dense families the runtime builds (GPT-2,
- * GPT-NeoX, Falcon, OPT, BLOOM, Phi, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2); NULL for a mixture of
+ * GPT-NeoX, Falcon, OPT, BLOOM, Phi, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2, Granite); NULL for a mixture of
  * experts, whose router and expert keys this writer does not make. */
 static const char *model_type(const zo_model_config *c)
 {
-    static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text"};
+    static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
+                                      "granite"};
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -44,7 +45,7 @@ static const char *llama_class(const char *type)
     static const char *const of[][2] = {
         {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
         {"phi3", "Phi3ForCausalLM"},       {"gemma", "GemmaForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
-        {"gemma3_text", "Gemma3ForCausalLM"}};
+        {"gemma3_text", "Gemma3ForCausalLM"}, {"granite", "GraniteForCausalLM"}};
     for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
         if (!strcmp(type, of[i][0])) return of[i][1];
     return "LlamaForCausalLM";
@@ -213,6 +214,13 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
                 if (capv[k] > 0.0f) cJSON_AddNumberToObject(o, caps[k], capv[k]);
                 else cJSON_AddNullToObject(o, caps[k]);
             }
+        }
+        if (!strcmp(type, "granite")) {
+            /* the four multipliers (0 in the config: none, GraniteConfig's 1) */
+            const char *keys[] = {"embedding_multiplier", "attention_multiplier", "residual_multiplier",
+                                  "logits_scaling"};
+            const float v[] = {c->embed_mult, c->attn_mult, c->resid_mult, c->logit_div};
+            for (int k = 0; k < 4; k++) cJSON_AddNumberToObject(o, keys[k], v[k] > 0.0f ? v[k] : 1.0f);
         }
         if (c->rope_scaling[0]) {
             cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");

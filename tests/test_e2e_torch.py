@@ -5,8 +5,8 @@ For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
 tied head, Qwen3 with its RMSNorm on each q and k head, GPT-NeoX with its per-head interleaved
 query_key_value, partial rotary and parallel or sequential residual, Falcon multi-query with one
 norm, with grouped kv heads and two norms, or sequential, Falcon-RW with its ALiBi in bfloat16, OPT with its ReLU and its position table read
-from row 2, Phi-2's kind with its partial rotary and its biased output layer), a small model with the family's real
-head size (GPT-2 and OPT 64, Phi 80, the others 128) and sequences longer than two of the CPU attention's 48-row query
+from row 2, Phi-2's kind with its partial rotary and its biased output layer, Granite with its four multipliers), a small
+model with the family's real head size (GPT-2, OPT and Granite 64, Phi 80, the others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
   full   `train` runs 3 AdamW steps (clipping, lr schedule, micro-batches as
@@ -65,7 +65,7 @@ Usage: test_e2e_torch.py --train PATH [--family NAME ...] [--workdir DIR] [--dev
 Exit: 0 every check held, 1 one did not (the first mismatches printed), 2 bad
 usage or train failed, 77 this python has no torch.
 (ctest runs one family per test through tests/run_python.sh, test_e2e_torch_*, or a few:
-test_e2e_torch_gpt2 runs GPT-2, OPT and Phi.)
+test_e2e_torch_gpt2 runs GPT-2, OPT and Phi, test_e2e_torch_llama LLaMA and Granite.)
 """
 import argparse
 import array
@@ -364,6 +364,22 @@ FAMILIES = {
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
 }
+# Granite (GraniteForCausalLM, granite-3.x's kind): LLaMA layers with heads of 64, GQA, tied, and
+# the four multipliers far from 1: the embeddings times 12, the scores times 1/64 (not 1/sqrt(64)),
+# each residual branch times 0.22, the logits over 8; LoRA on the projections that end a branch
+# (o_proj, down_proj) among others; with QLoRA, and the loss in chunks of 96 of the 260 rows
+FAMILIES["granite"] = dict(
+    seed=61,
+    config={"architectures": ["GraniteForCausalLM"], "model_type": "granite", "num_hidden_layers": 2,
+            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+            "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
+            "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
+            "embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+            "logits_scaling": 8.0, "tie_word_embeddings": True, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+    lora=dict(r=8, alpha=16.0, targets="q_proj,v_proj,o_proj,gate_proj,down_proj", lr=2e-2),
+    qlora=True, loss_chunk=96)
 # DeepSeekMoE (DeepseekForCausalLM, trust_remote_code's modeling_deepseek.py): LLaMA attention, a dense
 # first layer (first_k_dense_replace 1, intermediate_size), then MoE layers: softmax gate, top 3 of 6 not
 # renormalized, two shared experts as one MLP of 2 x moe_intermediate_size with no gate; the balance
@@ -933,6 +949,9 @@ def check_family(train, name, workdir):
                 "gemma3_text": {"rope_local_base_freq": c.get("rope_theta"), "rope_scaling": None}}
     if c["model_type"] in ("gpt_neox", "falcon") and c.get("rope_scaling"):
         variants[c["model_type"]] = {"rope_scaling": None}
+    if c["model_type"] == "granite":  # each multiplier at GraniteConfig's default
+        variants["granite"] = {k: 1.0 for k in ("embedding_multiplier", "attention_multiplier",
+                                                "residual_multiplier", "logits_scaling")}
     for key, other in variants.get(c["model_type"], {}).items():
         with torch.no_grad():
             changed = micro_loss(dict(c, **{key: other}), params, data, run, 0).item()

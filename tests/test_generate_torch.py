@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """test_generate_torch: `generate`'s greedy tokens against PyTorch's.
 
-For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA;
+For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA; Granite, head size 64,
+GQA, its four multipliers;
 Qwen3, head size 128 with its q/k norms, GQA, tied, YaRN rope scaling; GPT-NeoX, head size 64,
 16 rotary dimensions, parallel residual; Falcon, head size 64, multi-query with
 one norm, or grouped kv heads with two; OPT, head size 64, learned positions
@@ -227,6 +228,18 @@ FAMILIES["phi"] = dict(
     config=dict(e2e.FAMILIES["phi"]["config"], num_hidden_layers=4, max_position_embeddings=128, eos_token_id=127),
     lora=dict(r=4, alpha=8.0, targets=["q", "k", "v", "o", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"]))
+
+# Granite (granite-3.x's kind): test_e2e_torch's model with 4 layers (heads of 64, GQA, the
+# embeddings times 12, the scores times 1/64, each residual branch times 0.22, the logits over 8,
+# which greedy tokens do not see); its own lm_head here (tied, the embedding times 12 dominates the
+# residual and the decode repeats its input, which no adapter changes; test_e2e_torch trains it
+# tied); PEFT's seven modules, o_proj and down_proj (the branches' ends) among them
+FAMILIES["granite"] = dict(
+    seed=71,
+    config=dict(e2e.FAMILIES["granite"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127, tie_word_embeddings=False),
+    lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
+              peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
 
 # ---- the PyTorch side -------------------------------------------------------------------------
 

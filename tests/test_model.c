@@ -34,7 +34,8 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "falcon-7b.json", "falcon-40b.json",
                                    "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
                                    "gemma-3-1b.json", "deepseek-moe-16b.json", "opt-125m.json", "opt-1.3b.json",
-                                   "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json", "phi-2.json"};
+                                   "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json", "phi-2.json",
+                                   "granite-3.1-2b.json", "granite-3.1-8b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name, and what it lacks (DeepSeek-V2's and V3's
@@ -911,6 +912,60 @@ static void test_gemma2_config(void **state)
     }
 }
 
+/* Granite as GraniteConfig reads it: granite-3.1-8b's and -2b's multipliers
+ * (12, 1 / head_dim, 0.22, 16 and 8), the runtime's; absent, each 1;
+ * refused naming the key when not a finite number > 0 (as a float too);
+ * each preset's config.json read back with the same four; Granite-MoE
+ * refused by name, saying what it is. */
+static void test_granite_config(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    load_hf_fixture("granite-3.1-8b.json", &c);
+    assert_string_equal(c.family, "granite");
+    assert_true(c.embed_mult == 12.0f && c.attn_mult == 0.0078125f && c.resid_mult == 0.22f && c.logit_div == 16.0f);
+    assert_true(c.tied_embeddings && c.n_kv_heads == 8 && c.head_dim == 128 && c.rope_theta == 1e7f);
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    load_hf_fixture("granite-3.1-2b.json", &c);
+    assert_true(c.attn_mult == 0.015625f && c.logit_div == 8.0f && c.head_dim == 64);
+#define GR "{\"model_type\": \"granite\", \"num_hidden_layers\": 2, \"hidden_size\": 64, " \
+           "\"num_attention_heads\": 2, \"intermediate_size\": 96, \"vocab_size\": 100"
+    assert_int_equal(zo_model_config_parse(GR "}", "defaults.json", &c), ZO_OK);
+    assert_true(c.embed_mult == 1.0f && c.attn_mult == 1.0f && c.resid_mult == 1.0f && c.logit_div == 1.0f);
+    assert_false(c.tied_embeddings); /* GraniteConfig's default */
+    static const struct {
+        const char *json, *key;
+    } bad[] = {
+        {GR ", \"embedding_multiplier\": 0}", "embedding_multiplier"},
+        {GR ", \"attention_multiplier\": -0.01}", "attention_multiplier"},
+        {GR ", \"residual_multiplier\": 1e39}", "residual_multiplier"},
+        {GR ", \"logits_scaling\": \"16\"}", "logits_scaling"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(zo_model_config_parse(bad[i].json, "bad.json", &c), ZO_ERR_FORMAT);
+        printf("  refused: %s\n", zo_last_error());
+        char want[64];
+        snprintf(want, sizeof want, "bad.json: field \"%s\"", bad[i].key);
+        assert_non_null(strstr(zo_last_error(), want));
+    }
+    /* biases on the projections (attention_bias, mlp_bias) are LLaMA's: refused by name */
+    assert_int_equal(zo_model_config_parse(GR ", \"mlp_bias\": true}", "bias.json", &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "mlp_bias"));
+#undef GR
+    static const char *const presets[] = {"granite-3.1-2b", "granite-3.1-8b"};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        preset_round_trip(presets[i], &c, &back);
+        assert_string_equal(back.family, "granite");
+        assert_true(back.embed_mult == c.embed_mult && back.attn_mult == c.attn_mult &&
+                    back.resid_mult == c.resid_mult && back.logit_div == c.logit_div);
+        assert_true(back.tied_embeddings && zo_model_params(&back) == zo_model_params(&c));
+    }
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"granitemoe\"}", "moe.json", &c), ZO_ERR_UNSUPPORTED);
+    printf("  refused: %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), "Granite-MoE"));
+    assert_non_null(strstr(zo_last_error(), "mixture-of-experts"));
+}
+
 /* Gemma-3's text model as Gemma3TextConfig reads it: gemma-3-1b's config
  * (q/k norms, four norms, no caps, windows of 512 on five layers of six
  * with base 10000, rope_theta 1e6 on the others); the defaults (window
@@ -1247,6 +1302,7 @@ int main(void)
         cmocka_unit_test(test_gemma2_config),
         cmocka_unit_test(test_gemma3_config),
         cmocka_unit_test(test_multimodal_text_config),
+        cmocka_unit_test(test_granite_config),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
         cmocka_unit_test(test_falcon_qkv_rows),

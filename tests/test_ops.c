@@ -1443,6 +1443,13 @@ static void parity_gemm(void)
     gemm_case(9, 33, 18, 0, 0, E_BF16, 2, 1.0f, 1.0f, 3);
     gemm_case(8, 20, 48, 1, 1, E_F32, 1, 1.0f, 0.0f, 4);
     gemm_case(50, 7, 9, 0, 1, E_F16, 0, 2.0f, -0.5f, 2);
+    /* Granite's alphas on 16-bit operands: residual_multiplier on a branch's
+     * last projection (NT, its weight gradient TN accumulated with beta 1,
+     * its input gradient NN), 1 / logits_scaling on the output layer */
+    gemm_case(130, 64, 96, 0, 1, E_BF16, 0, 0.22f, 0.0f, 0);
+    gemm_case(96, 64, 130, 1, 0, E_BF16, 0, 0.22f, 1.0f, 0);
+    gemm_case(130, 96, 64, 0, 0, E_F16, 0, 0.22f, 1.0f, 0);
+    gemm_case(65, 257, 80, 0, 1, E_BF16, 0, 0.125f, 0.0f, 0);
     /* beta 0 ignores C even when it holds nan */
     pcase c = new_case(GPU_OP_GEMM, "m 7 n 33 k 5 NT f32 beta 0 over nan");
     gpu_gemm_desc *d = &c.a.d.gemm;
@@ -1905,6 +1912,27 @@ static void tc_grid(gpu_op_id op)
     rng = saved;
 }
 
+#define SCALE_SEED 0x9b05688c2b3e6c1full
+
+/* Granite's attention: a score scale of its own (attention_multiplier:
+ * 1 / head_dim on granite-3.x, not 1/sqrt(head_dim)) and no soft cap, so
+ * that the 16-bit cases take the tensor-core kernels (cuda-shim-tc) as well
+ * as the flash and GEMM paths: heads of 64, 80 and 128, GQA, across the
+ * CPU's 48-row blocks, the CUDA tiles and the GEMM path's 256-row blocks,
+ * fp32 gradients of 16-bit inputs. From their own stream, given back after. */
+static void scale_grid(gpu_op_id op)
+{
+    uint64_t saved = rng;
+    rng = SCALE_SEED;
+    attention_case_sc(op, 1, 130, 4, 2, 64, 0, 1.0f / 64.0f, 0.0f, E_F32, E_F32);
+    attention_case_sc(op, 1, 97, 4, 2, 80, 0, 1.0f / 80.0f, 0.0f, E_BF16, E_BF16);
+    attention_case_sc(op, 2, 100, 4, 2, 64, 0, 1.0f / 64.0f, 0.0f, E_F16, E_F16);
+    /* (two heads where the shim pays seconds a head) */
+    attention_case_sc(op, 1, 257, 2, 1, 128, 0, 1.0f / 128.0f, 0.0f, E_BF16, E_BF16);
+    if (op == GPU_OP_ATTENTION_BACKWARD) attention_case_sc(op, 1, 130, 2, 1, 128, 0, 1.0f / 128.0f, 0.0f, E_BF16, E_F32);
+    rng = saved;
+}
+
 /* Sequences below, at and above the CPU's 48-row query blocks and the CUDA
  * tiles of 32 (t 130: three blocks, the last partial); head sizes 32, 64,
  * 80, 96, 128 and 36 (not a multiple of 16); GQA groups 1, 2, 4, 8. The
@@ -1947,6 +1975,7 @@ static void attention_grid(gpu_op_id op)
     softcap_grid(op);
     alibi_grid(op);
     tc_grid(op);
+    scale_grid(op);
 }
 
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
@@ -2025,6 +2054,10 @@ static void parity_attention_cached(void)
     cached_case_sc(2, 1, 97, 4, 2, 256, 40, 0.0f, 2.0f, -1, E_BF16, E_BF16);
     cached_case_sc(1, 40, 120, 4, 2, 128, 17, 1.0f / 12.0f, 1.0f, 50, E_F32, E_F32);
     cached_case_sc(2, 1, 70, 2, 1, 64, 0, 0.0f, 1.5f, -1, E_F32, E_F32);
+    /* scaled without a cap (Granite's attention_multiplier) */
+    rng = SCALE_SEED;
+    cached_case_sc(2, 1, 97, 4, 2, 64, 0, 1.0f / 64.0f, 0.0f, -1, E_BF16, E_BF16);
+    cached_case_sc(1, 40, 120, 4, 1, 128, 0, 1.0f / 128.0f, 0.0f, 50, E_F32, E_F32);
     /* ALiBi (BLOOM's): decoding past a chunk, a prompt, a chunk after earlier
      * tokens with a window; 12 and 14 heads */
     rng = ALIBI_SEED;

@@ -71,6 +71,10 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     {"gemma-2-27b", "gemma-2-27b.json", 27227128320ull},
     /* google/gemma-3-1b-pt's count (26 x 26842112 + the embedding and the final norm) */
     {"gemma-3-1b", "gemma-3-1b.json", 999885952ull},
+    /* ibm-granite/granite-3.1-2b-base and -8b-base, summed from the shapes in Python
+     * (tied: 49155 x h + 40 layers + the final norm; 2.53B and 8.17B as published) */
+    {"granite-3.1-2b", "granite-3.1-2b.json", 2533531648ull},
+    {"granite-3.1-8b", "granite-3.1-8b.json", 8170848256ull},
 };
 
 static void test_param_counts(void **state)

@@ -379,7 +379,8 @@ static zo_status norm_one_upload(tf_model *m)
 /* Layer l's attention: the shape, its sliding window (0: none, or a window
  * no shorter than the keys a query can see, the sequence or the cache,
  * which masks nothing: so the kernels that take no window may run it), the
- * score scale (Gemma-2's query_pre_attn_scalar^-0.5; 0: 1/sqrt(head_dim)),
+ * score scale (Gemma-2's query_pre_attn_scalar^-0.5, Granite's
+ * attention_multiplier; 0: 1/sqrt(head_dim)),
  * soft cap (0: none) and ALiBi: BLOOM's adds slope_h (j - i) to the scaled
  * scores; Falcon's (Falcon-RW) adds bf16(bf16(slope_h) j) to them before the
  * scale, so 1/sqrt(head_dim) of it reaches them (gpu/device.h). */
@@ -393,6 +394,7 @@ static gpu_attn_desc layer_attn(const tf_model *m, int l)
                         .alibi = falcon ? (float)(1.0 / sqrt((double)c->head_dim)) : alibi ? 1.0f : 0.0f,
                         .alibi_bf16 = falcon};
     if (c->query_pre_attn_scalar > 0.0f) ad.scale = (float)(1.0 / sqrt((double)c->query_pre_attn_scalar));
+    if (c->attn_mult > 0.0f) ad.scale = c->attn_mult; /* Granite's attention_multiplier, the scale itself */
     return ad;
 }
 
@@ -1012,12 +1014,15 @@ zo_status tf_logits(tf_model *m, gpu_stream_t s, float *host)
 
 static gpu_tensor F32(void *p) { return gpu_t(p, ZO_DTYPE_F32); }
 
-/* y[N, out] (row stride ldy) = x[N, in] W^T (+ b); W is [out, in]. */
+/* y[N, out] (row stride ldy) = alpha x[N, in] W^T (+ b); W is [out, in].
+ * alpha: Granite's residual_multiplier on a branch's last GEMM, its
+ * 1 / logits_scaling on the output layer, else 1 (a bias, which no layer
+ * with alpha != 1 has, is added as it is). */
 static zo_status linear_forward(gpu_stream_t s, gpu_tensor y, int64_t ldy, gpu_tensor x,
-                                gpu_tensor w, gpu_tensor b, int N, int out, int in)
+                                gpu_tensor w, gpu_tensor b, int N, int out, int in, float alpha)
 {
     zo_status st;
-    gpu_gemm_desc g = {.trans_b = 1, .m = N, .n = out, .k = in, .alpha = 1.0f, .beta = 0.0f,
+    gpu_gemm_desc g = {.trans_b = 1, .m = N, .n = out, .k = in, .alpha = alpha, .beta = 0.0f,
                        .a = x, .b = w, .c = y, .lda = in, .ldb = in, .ldc = ldy};
     if ((st = gpu_gemm(s, &g)) != ZO_OK) return st;
     if (b.data && (st = gpu_bias_forward(s, y, b, N, out, ldy)) != ZO_OK) return st;
@@ -1029,18 +1034,19 @@ static zo_status linear_forward(gpu_stream_t s, gpu_tensor y, int64_t ldy, gpu_t
  * be NULL (a frozen weight: no GEMM for its gradient). */
 /* A linear layer's backward: dW += dy^T x, db += the column sums of dy_bias
  * (the fp32 dy, where the GEMMs take its 16-bit copy dy), dx = dx_beta dx +
- * dy W. */
+ * dy W; with the forward's alpha both GEMMs times it (dW += alpha dy^T x,
+ * dx = dx_beta dx + alpha dy W). */
 static zo_status linear_backward(gpu_stream_t s, gpu_tensor dx, float dx_beta, gpu_tensor dw,
                                     gpu_tensor db, gpu_tensor dy_bias, gpu_tensor dy, gpu_tensor x,
-                                    gpu_tensor w, int N, int out, int in)
+                                    gpu_tensor w, int N, int out, int in, float alpha)
 {
     zo_status st;
-    gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = N, .alpha = 1.0f, .beta = 1.0f,
+    gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = N, .alpha = alpha, .beta = 1.0f,
                         .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in};
     if (dw.data && (st = gpu_gemm(s, &gw)) != ZO_OK) return st;
     if (db.data && (st = gpu_bias_backward(s, db, dy_bias, N, out, out)) != ZO_OK) return st;
     if (dx.data) {
-        gpu_gemm_desc gx = {.m = N, .n = in, .k = out, .alpha = 1.0f, .beta = dx_beta, .a = dy,
+        gpu_gemm_desc gx = {.m = N, .n = in, .k = out, .alpha = alpha, .beta = dx_beta, .a = dy,
                             .b = w, .c = dx, .lda = out, .ldb = in, .ldc = in};
         if ((st = gpu_gemm(s, &gx)) != ZO_OK) return st;
     }
@@ -1131,8 +1137,34 @@ static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int b
     return ZO_OK;
 }
 
+/* The factor on a layer's linear layer of weight `role`: Granite's
+ * residual_multiplier on the two that end a residual branch (the
+ * attention's output projection, the MLP's down projection), computed as
+ * their GEMMs' alpha, never folded into the stored weights (AdamW would then
+ * train a differently scaled parameter); 1 elsewhere. */
+static float branch_alpha(const tf_model *m, model_role role)
+{
+    const float r = m->cfg.resid_mult;
+    return r > 0.0f && (role == MODEL_ROLE_ATTN_OUT_W || role == MODEL_ROLE_MLP_DOWN_W) ? r : 1.0f;
+}
+
+/* The adapters' factor on stage's modules: (lora_alpha / r), times
+ * branch_alpha where the stage ends a residual branch (o, down). */
+static float stage_scale(const tf_model *m, tf_lora_stage stage)
+{
+    return m->lora_scale * (stage == TF_LORA_O     ? branch_alpha(m, MODEL_ROLE_ATTN_OUT_W)
+                            : stage == TF_LORA_DOWN ? branch_alpha(m, MODEL_ROLE_MLP_DOWN_W)
+                                                    : 1.0f);
+}
+
+/* The output layer's factor: 1 / logits_scaling (Granite), else 1. */
+static float head_alpha(const tf_model *m)
+{
+    return m->cfg.logit_div > 0.0f ? 1.0f / m->cfg.logit_div : 1.0f;
+}
+
 /* y[N, out] (row stride ldy) = x W^T (+ b) with the base weight `wrole`
- * and bias `brole`. */
+ * and bias `brole`, times branch_alpha. */
 static zo_status base_linear_forward(tf_model *m, gpu_stream_t s, const void *buf, int block,
                                      model_role wrole, model_role brole, gpu_tensor y, int64_t ldy,
                                      gpu_tensor x, int N, int out, int in)
@@ -1140,11 +1172,11 @@ static zo_status base_linear_forward(tf_model *m, gpu_stream_t s, const void *bu
     zo_status st;
     gpu_tensor w;
     if ((st = base_weight(m, s, buf, block, wrole, &w)) != ZO_OK) return st;
-    return linear_forward(s, y, ldy, x, w, bview(m, buf, block, brole), N, out, in);
+    return linear_forward(s, y, ldy, x, w, bview(m, buf, block, brole), N, out, in, branch_alpha(m, wrole));
 }
 
-/* linear_backward through a base weight; dw and db as linear_backward
- * (NULL with LoRA: the base is frozen). */
+/* linear_backward through a base weight (times branch_alpha); dw and db
+ * as linear_backward (NULL with LoRA: the base is frozen). */
 static zo_status base_linear_backward(tf_model *m, gpu_stream_t s, const void *buf, int block,
                                       model_role wrole, gpu_tensor dx, float dx_beta, gpu_tensor dw,
                                       gpu_tensor db, gpu_tensor dy_bias, gpu_tensor dy, gpu_tensor x,
@@ -1153,7 +1185,7 @@ static zo_status base_linear_backward(tf_model *m, gpu_stream_t s, const void *b
     zo_status st;
     gpu_tensor w;
     if ((st = base_weight(m, s, buf, block, wrole, &w)) != ZO_OK) return st;
-    return linear_backward(s, dx, dx_beta, dw, db, dy_bias, dy, x, w, N, out, in);
+    return linear_backward(s, dx, dx_beta, dw, db, dy_bias, dy, x, w, N, out, in, branch_alpha(m, wrole));
 }
 
 /* Slot sl's A [r, in] or B [out, r] in a layer block's adapter buffer. */
@@ -1178,33 +1210,34 @@ static zo_status gemm_operand(tf_model *m, gpu_stream_t s, gpu_tensor dy, int N,
 }
 
 /* One adapter on n rows: u [n, r] (row stride ldu) = x A^T, then
- * y[n, out] (row stride ldy) += (alpha / r) u B^T; y.data NULL: u only. */
+ * y[n, out] (row stride ldy) += sc u B^T (sc: stage_scale, (alpha / r)
+ * unless the module ends a Granite branch); y.data NULL: u only. */
 static zo_status adapter_forward(tf_model *m, gpu_stream_t s, gpu_tensor u, int ldu, gpu_tensor A, gpu_tensor B,
-                                 gpu_tensor x, gpu_tensor y, int64_t ldy, int n, int in, int out)
+                                 gpu_tensor x, gpu_tensor y, int64_t ldy, int n, int in, int out, float sc)
 {
     zo_status st;
     const int r = m->opts.lora.r;
     gpu_gemm_desc ga = {.trans_b = 1, .m = n, .n = r, .k = in, .alpha = 1.0f, .beta = 0.0f,
                         .a = x, .b = A, .c = u, .lda = in, .ldb = in, .ldc = ldu};
     if ((st = gpu_gemm(s, &ga)) != ZO_OK || !y.data) return st;
-    gpu_gemm_desc gb = {.trans_b = 1, .m = n, .n = out, .k = r, .alpha = m->lora_scale, .beta = 1.0f,
+    gpu_gemm_desc gb = {.trans_b = 1, .m = n, .n = out, .k = r, .alpha = sc, .beta = 1.0f,
                         .a = u, .b = B, .c = y, .lda = ldu, .ldb = r, .ldc = ldy};
     return gpu_gemm(s, &gb);
 }
 
 /* The backward of one adapter on n rows, given dy (row stride lddy), its
- * input x [n, in] and u: du = s dy B, dB += s dy^T u, dA += du^T x,
- * dx += du A. */
+ * input x [n, in] and u: du = sc dy B, dB += sc dy^T u, dA += du^T x,
+ * dx += du A (sc: the forward's). */
 static zo_status adapter_backward(tf_model *m, gpu_stream_t s, gpu_tensor u, int ldu, gpu_tensor A, gpu_tensor B,
                                   gpu_tensor dA, gpu_tensor dB, gpu_tensor dy, int64_t lddy, gpu_tensor x,
-                                  gpu_tensor dx, int n, int in, int out)
+                                  gpu_tensor dx, int n, int in, int out, float sc)
 {
     zo_status st;
     const int r = m->opts.lora.r;
     gpu_tensor du = F32(m->dlora);
-    gpu_gemm_desc g1 = {.m = n, .n = r, .k = out, .alpha = m->lora_scale, .beta = 0.0f,
+    gpu_gemm_desc g1 = {.m = n, .n = r, .k = out, .alpha = sc, .beta = 0.0f,
                         .a = dy, .b = B, .c = du, .lda = lddy, .ldb = r, .ldc = r};
-    gpu_gemm_desc g2 = {.trans_a = 1, .m = out, .n = r, .k = n, .alpha = m->lora_scale,
+    gpu_gemm_desc g2 = {.trans_a = 1, .m = out, .n = r, .k = n, .alpha = sc,
                         .beta = 1.0f, .a = dy, .b = u, .c = dB, .lda = lddy, .ldb = ldu, .ldc = r};
     gpu_gemm_desc g3 = {.trans_a = 1, .m = r, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
                         .a = du, .b = x, .c = dA, .lda = r, .ldb = in, .ldc = in};
@@ -1233,7 +1266,8 @@ static zo_status lora_forward(tf_model *m, gpu_stream_t s, int l, const tf_block
         gpu_tensor yc = y;
         if (y.data) yc.data = (char *)y.data + (size_t)sl->col * zo_dtype_size(y.dtype);
         if ((st = adapter_forward(m, s, u, ldu, lora_part(m, bb->params, sl, MODEL_LORA_A),
-                                  lora_part(m, bb->params, sl, MODEL_LORA_B), x, yc, ldy, N, sl->in, sl->out)) !=
+                                  lora_part(m, bb->params, sl, MODEL_LORA_B), x, yc, ldy, N, sl->in, sl->out,
+                                  stage_scale(m, stage))) !=
             ZO_OK)
             return st;
     }
@@ -1260,7 +1294,7 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
         if ((st = adapter_backward(m, s, u, ldu, lora_part(m, bb->params, sl, MODEL_LORA_A),
                                    lora_part(m, bb->params, sl, MODEL_LORA_B), lora_part(m, bb->grads, sl, MODEL_LORA_A),
                                    lora_part(m, bb->grads, sl, MODEL_LORA_B), dyc, lddy, x, dx, N, sl->in,
-                                   sl->out)) != ZO_OK)
+                                   sl->out, stage_scale(m, stage))) != ZO_OK)
             return st;
     }
     return ZO_OK;
@@ -1286,7 +1320,7 @@ static zo_status expert_lora_forward(tf_model *m, gpu_stream_t s, const tf_block
         if ((st = adapter_forward(m, s, gpu_t(m->eu, m->dtype), m->opts.lora.r,
                                   expert_lora_part(m, bb->params, j, e, MODEL_LORA_A),
                                   expert_lora_part(m, bb->params, j, e, MODEL_LORA_B), x, y, ldy, n, sl->in,
-                                  sl->out)) != ZO_OK)
+                                  sl->out, m->lora_scale)) != ZO_OK)
             return st;
     }
     return ZO_OK;
@@ -1306,10 +1340,11 @@ static zo_status expert_lora_backward(tf_model *m, gpu_stream_t s, const tf_bloc
         if (sl->stage != stage) continue;
         gpu_tensor A = expert_lora_part(m, bb->params, j, e, MODEL_LORA_A);
         gpu_tensor B = expert_lora_part(m, bb->params, j, e, MODEL_LORA_B);
-        if ((st = adapter_forward(m, s, u, r, A, B, x, gpu_t(NULL, m->dtype), 0, n, sl->in, sl->out)) != ZO_OK ||
+        if ((st = adapter_forward(m, s, u, r, A, B, x, gpu_t(NULL, m->dtype), 0, n, sl->in, sl->out,
+                                  m->lora_scale)) != ZO_OK ||
             (st = adapter_backward(m, s, u, r, A, B, expert_lora_part(m, bb->grads, j, e, MODEL_LORA_A),
                                    expert_lora_part(m, bb->grads, j, e, MODEL_LORA_B), dy, lddy, x, dx, n, sl->in,
-                                   sl->out)) != ZO_OK)
+                                   sl->out, m->lora_scale)) != ZO_OK)
             return st;
     }
     return ZO_OK;
@@ -1317,11 +1352,14 @@ static zo_status expert_lora_backward(tf_model *m, gpu_stream_t s, const tf_bloc
 
 /* ---- blocks ---------------------------------------------------------------------- */
 
-/* Gemma multiplies the embedding by sqrt(hidden), the factor rounded to the
- * model's dtype first (Hugging Face's normalizer is a tensor of that dtype:
- * bf16 rounds sqrt(3072) = 55.43 to 55.5) */
+/* The embeddings' factor (1: none). Gemma multiplies the embedding by
+ * sqrt(hidden), the factor rounded to the model's dtype first (Hugging
+ * Face's normalizer is a tensor of that dtype: bf16 rounds sqrt(3072) =
+ * 55.43 to 55.5); Granite by its embedding_multiplier, a Python float (the
+ * product taken in fp32, as PyTorch's tensor times a scalar). */
 static float embed_scale(const tf_model *m)
 {
+    if (!is_gemma(m)) return m->cfg.embed_mult > 0.0f ? m->cfg.embed_mult : 1.0f;
     float v = (float)sqrt((double)m->cfg.hidden);
     uint16_t b[2];
     zo_store_f32(b, m->dtype, 0, v);
@@ -1363,7 +1401,8 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     if (st == ZO_OK && c->embed_norm)
         st = norm_forward(m, s, res0, m->emb_mean, m->emb_rstd, out, bview(m, W, 0, MODEL_ROLE_EMB_NORM_W),
                           bview(m, W, 0, MODEL_ROLE_EMB_NORM_B), N);
-    return st != ZO_OK || !is_gemma(m) ? st : gpu_scale(s, res0, embed_scale(m), (size_t)N * c->hidden);
+    const float es = embed_scale(m);
+    return st != ZO_OK || es == 1.0f ? st : gpu_scale(s, res0, es, (size_t)N * c->hidden);
 }
 
 /* Layer l's rotation: longrope's factors of the batch's length, as Hugging
@@ -1417,8 +1456,9 @@ static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream
     const zo_model_config *c = &m->cfg;
     int N = m->b * m->t;
     if (has_lora(m)) return ZO_OK; /* the embedding is frozen: nothing to compute */
-    /* Gemma: the scale's gradient, in place (the embedding is the last block back) */
-    zo_status st = is_gemma(m) ? gpu_scale(s, F32(m->dres), embed_scale(m), (size_t)N * c->hidden) : ZO_OK;
+    /* Gemma's and Granite's factor: its gradient, in place (the embedding is the last block back) */
+    const float es = embed_scale(m);
+    zo_status st = es != 1.0f ? gpu_scale(s, F32(m->dres), es, (size_t)N * c->hidden) : ZO_OK;
     gpu_tensor dx = F32(m->dres);
     if (st == ZO_OK && c->embed_norm) { /* BLOOM: through the embedding norm, into dh */
         dx = F32(m->dh);
@@ -1967,7 +2007,7 @@ static zo_status plain_linear_backward(tf_model *m, int l, const tf_block_bufs *
     if ((st = gemm_operand(m, s, dy, N, out, &op)) != ZO_OK ||
         (st = base_weight(m, s, base_buf(m, bb), blk, role, &w)) != ZO_OK ||
         (st = linear_backward(s, F32(m->dh), 1.0f, base_grad(m, bb, blk, role, 0), gpu_t(NULL, m->dtype), dy, op,
-                              x, w, N, out, in)) != ZO_OK)
+                              x, w, N, out, in, 1.0f)) != ZO_OK)
         return st;
     return lora_backward(m, s, l, bb, stage, op, out, x, F32(m->dh));
 }
@@ -2439,7 +2479,7 @@ static zo_status head_generate(tf_model *m, const tf_block_bufs *bb, gpu_stream_
                            bview(m, W, blk, MODEL_ROLE_NORM_B), m->b)) != ZO_OK)
         return st;
     if ((st = linear_forward(s, F32(m->logits), c->vocab, lnf, w, bview(m, W, blk, MODEL_ROLE_LM_HEAD_B), m->b,
-                             c->vocab, c->hidden)) != ZO_OK)
+                             c->vocab, c->hidden, head_alpha(m))) != ZO_OK)
         return st;
     /* Gemma-2's final_logit_softcapping, as the loss sees the logits, on the
      * device: tf_logits downloads the model's logits */
@@ -2461,14 +2501,14 @@ static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t
                            bview(m, W, blk, MODEL_ROLE_NORM_W), bview(m, W, blk, MODEL_ROLE_NORM_B),
                            N)) != ZO_OK)
         return st;
-    /* logits[n, v] = lnf W^T (+ the output layer's bias), n tokens at a time
+    /* logits[n, v] = lnf W^T / logits_scaling (+ the output layer's bias), n tokens at a time
      * (the loss chunk's, or all) */
     gpu_tensor hb = bview(m, W, blk, MODEL_ROLE_LM_HEAD_B);
     size_t rows = loss_rows(m, (size_t)N), es = zo_dtype_size(m->dtype);
     for (size_t n0 = 0; n0 < (size_t)N; n0 += rows) {
         int n = (int)((size_t)N - n0 < rows ? (size_t)N - n0 : rows);
         gpu_tensor x = gpu_t((char *)m->lnf + n0 * (size_t)c->hidden * es, m->dtype);
-        if ((st = linear_forward(s, logits, c->vocab, x, w, hb, n, c->vocab, c->hidden)) != ZO_OK ||
+        if ((st = linear_forward(s, logits, c->vocab, x, w, hb, n, c->vocab, c->hidden, head_alpha(m))) != ZO_OK ||
             (st = gpu_cross_entropy_forward_cap(s, m->losses + n0, logits, m->targets + n0, n, c->vocab,
                                                 c->final_softcap)) != ZO_OK)
             return st;
@@ -2522,7 +2562,7 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
         /* the forward's logits, whole */
         if ((st = head_dlogits(m, s, dlogits, logits, db, m->targets, dloss, N)) != ZO_OK) return st;
         if ((st = linear_backward(s, F32(m->dh), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits, dlogits, lnf, w, N,
-                                  c->vocab, c->hidden)) != ZO_OK)
+                                  c->vocab, c->hidden, head_alpha(m))) != ZO_OK)
             return st;
     }
     /* in chunks: each chunk's logits again, its dlogits, and its share of
@@ -2530,10 +2570,10 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
     for (size_t n0 = 0; rows < (size_t)N && n0 < (size_t)N; n0 += rows) {
         int n = (int)((size_t)N - n0 < rows ? (size_t)N - n0 : rows);
         gpu_tensor x = gpu_t((char *)m->lnf + n0 * (size_t)c->hidden * es, m->dtype);
-        if ((st = linear_forward(s, logits, c->vocab, x, w, hb, n, c->vocab, c->hidden)) != ZO_OK ||
+        if ((st = linear_forward(s, logits, c->vocab, x, w, hb, n, c->vocab, c->hidden, head_alpha(m))) != ZO_OK ||
             (st = head_dlogits(m, s, dlogits, logits, db, m->targets + n0, dloss, n)) != ZO_OK ||
             (st = linear_backward(s, F32(m->dh + n0 * (size_t)c->hidden), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits,
-                                  dlogits, x, w, n, c->vocab, c->hidden)) != ZO_OK)
+                                  dlogits, x, w, n, c->vocab, c->hidden, head_alpha(m))) != ZO_OK)
             return st;
     }
     /* the residual gradient starts here: dres = norm_f backward */
