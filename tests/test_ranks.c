@@ -1972,6 +1972,17 @@ static const char qwen3_config[] =
     "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6, "
     "\"rope_theta\": 1000000.0, \"tie_word_embeddings\": true}";
 
+/* Granite 3.x: LLaMA layers, GQA, tied, with its four multipliers far from
+ * 1 (the embeddings times 12, scores times 1/64, each residual branch
+ * times 0.22 on o_proj's and down_proj's GEMMs and adapters, the logits
+ * divided by 8). */
+static const char granite_config[] =
+    "{\"model_type\": \"granite\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, "
+    "\"rope_theta\": 10000.0, \"embedding_multiplier\": 12.0, \"attention_multiplier\": 0.015625, "
+    "\"residual_multiplier\": 0.22, \"logits_scaling\": 8.0, \"tie_word_embeddings\": true}";
+
 /* Phi-3 (Phi-4-mini's kind): fused qkv_proj and gate_up_proj, GQA, half of
  * each head of 16 rotated, longrope over an original length (16) the
  * sequence (32) passes, a window (24) shorter than the sequence. */
@@ -2125,10 +2136,13 @@ static void family_rows(const char *name, const char *text)
     config = "config.json";
 }
 
+/* Qwen3's rows, then Granite's (a few seconds: it shares Qwen3's ctest
+ * entry) */
 static void test_family_qwen3(void **state)
 {
     (void)state;
     family_rows("qwen3", qwen3_config);
+    family_rows("granite", granite_config);
 }
 
 static void test_family_phi3(void **state)
