@@ -139,7 +139,7 @@ static size_t rot_row_ours(const model_tensor *t, size_t file_row)
     return file_row - r + ours;
 }
 
-/* Our row of a file row: 0 reordering for a tensor stored as ours. */
+/* Our row of a file row (the same row where the file holds our order). */
 static size_t row_ours(const model_tensor *t, size_t file_row)
 {
     return t->hf_head_rows ? head_row_ours(t, file_row) : t->hf_rot_pairs ? rot_row_ours(t, file_row) : file_row;

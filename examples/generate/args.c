@@ -14,9 +14,9 @@
 static const char HELP[] =
     "usage: generate --model CONFIG|DIR|PRESET (--prompt TEXT | --prompt-ids 1,2,3)... [options]\n"
     "\n"
-    "Generate text with a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2 or LLaMA-family model\n"
-    "(LLaMA, Mistral, Qwen2/3, Phi-3, Gemma, Gemma-2, Gemma-3; Mixtral, Qwen-MoE): each prompt is\n"
-    "read in one forward that fills a key/value cache on the device, then one token at a time is chosen\n"
+    "Generate text with a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2, GPT-J or LLaMA-family\n"
+    "model (LLaMA, Mistral, Qwen2/3, Phi-3, Gemma, Gemma-2, Gemma-3; Mixtral, Qwen-MoE): each prompt\n"
+    "is read in one forward that fills a key/value cache on the device, then one token at a time is chosen\n"
     "(greedy, or sampled) and fed back, until --max-new-tokens or the end-of-sequence token.\n"
     "The weights live where training puts them: resident on the device, streamed block by\n"
     "block from pinned host memory, or read from NVMe, so a model larger than the device's\n"
