@@ -253,6 +253,13 @@ static void test_gptj_presets(void **state)
                                            "j.json", &d),
                      ZO_OK);
     assert_int_equal(zo_model_rope_dim(&d), 24);
+    /* 30 of 44, where int(44 x (30 / 44)) in doubles is 29: still 30 */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gptj\", \"n_layer\": 2, \"n_embd\": 88, "
+                                           "\"n_head\": 2, \"n_positions\": 256, \"vocab_size\": 100, "
+                                           "\"rotary_dim\": 30}",
+                                           "j.json", &d),
+                     ZO_OK);
+    assert_int_equal(zo_model_rope_dim(&d), 30);
     static const char *const bad[] = {"23", "82"};
     for (int i = 0; i < 2; i++) {
         char json[256];
