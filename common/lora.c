@@ -7,7 +7,7 @@
 #include <strings.h>
 
 /* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2, Phi-3,
- * GPT-NeoX and OPT module names. */
+ * GPT-NeoX, OPT and GPT-J module names. */
 static const struct {
     const char *name;
     unsigned bits;
@@ -37,6 +37,8 @@ static const struct {
     {"out_proj", ZO_LORA_O}, /* OPT */
     {"fc1", ZO_LORA_UP},
     {"fc2", ZO_LORA_DOWN},
+    {"fc_in", ZO_LORA_UP}, /* GPT-J */
+    {"fc_out", ZO_LORA_DOWN},
     {"c_proj", ZO_LORA_O | ZO_LORA_DOWN},
     {"w1", ZO_LORA_GATE},
     {"w3", ZO_LORA_UP},
@@ -100,7 +102,8 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
                         "LoRA: %s has no gate projection (its MLP is %s: targets up, down)", cfg->name,
                         zo_model_qkv_grouped(cfg) ? "dense_h_to_4h and dense_4h_to_h"
                         : zo_model_opt(cfg) || zo_model_phi(cfg) ? "fc1 and fc2"
-                                                  : "c_fc and c_proj");
+                        : zo_model_gptj(cfg)                     ? "fc_in and fc_out"
+                                                                 : "c_fc and c_proj");
     return ZO_OK;
 }
 
@@ -175,12 +178,23 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "fc1", "mlp.fc1", h, f, 0, NULL},
         {ZO_LORA_DOWN, "fc2", "mlp.fc2", f, h, 0, NULL},
     };
+    /* GPT-J: q, k, v, out_proj under attn, the MLP's fc_in, fc_out */
+    const zo_lora_module gptj[] = {
+        {ZO_LORA_Q, "q_proj", "attn.q_proj", h, q, 0, NULL},
+        {ZO_LORA_K, "k_proj", "attn.k_proj", h, kv, 0, NULL},
+        {ZO_LORA_V, "v_proj", "attn.v_proj", h, kv, 0, NULL},
+        {ZO_LORA_O, "out_proj", "attn.out_proj", q, h, 0, NULL},
+        {ZO_LORA_UP, "fc_in", "mlp.fc_in", h, f, 0, NULL},
+        {ZO_LORA_DOWN, "fc_out", "mlp.fc_out", f, h, 0, NULL},
+    };
     int grouped = zo_model_qkv_grouped(c), is_opt = zo_model_opt(c), is_phi = zo_model_phi(c);
-    int gpt2 = c->arch == ZO_ARCH_GPT && !grouped && !is_opt && !is_phi;
+    int is_gptj = zo_model_gptj(c);
+    int gpt2 = c->arch == ZO_ARCH_GPT && !grouped && !is_opt && !is_phi && !is_gptj;
     int fused = !E && zo_model_fused_proj(c), n = 0;
     const zo_lora_module *all = grouped  ? neox
                                 : is_opt ? opt
                                 : is_phi ? phi
+                                : is_gptj ? gptj
                                 : gpt2   ? gpt
                                 : E      ? moe
                                 : fused  ? phi3
@@ -188,6 +202,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     size_t count = grouped  ? sizeof neox / sizeof neox[0]
                    : is_opt ? sizeof opt / sizeof opt[0]
                    : is_phi ? sizeof phi / sizeof phi[0]
+                   : is_gptj ? sizeof gptj / sizeof gptj[0]
                    : gpt2   ? sizeof gpt / sizeof gpt[0]
                    : E     ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
                    : fused ? sizeof phi3 / sizeof phi3[0]

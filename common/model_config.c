@@ -152,6 +152,19 @@
       .norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_partial = part, .act = "gelu_new", \
       .pos = ZO_POS_ROTARY, .layer_norms = 1, .parallel_block = 1}}
 
+/* GPT-J (config.json of EleutherAI/gpt-j-6b): LayerNorm with biases, q, k,
+ * v and out_proj without, fc_in and fc_out with (gelu_new), rotary on the
+ * first 64 dimensions of each head of 256, one norm before a parallel
+ * attention and MLP, untied lm_head with a bias; vocabulary 50400, 2048
+ * positions. */
+#define GPTJ(n, L, h, a, rd)                                                                \
+    {n, "",                                                                               \
+     {.name = n, .family = "gptj", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,       \
+      .n_heads = a, .n_kv_heads = a, .head_dim = (h) / (a), .ffn = 4 * (h), .vocab = 50400, \
+      .max_seq = 2048, .out_bias = 1, .attn_out_nobias = 1, .norm_bias = 1, .head_bias = 1, \
+      .norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_partial = (double)(rd) / ((h) / (a)), \
+      .act = "gelu_new", .pos = ZO_POS_ROTARY, .layer_norms = 1, .parallel_block = 1}}
+
 /* BLOOM (config.json of bigscience/bloom-*): LayerNorm with biases (on the
  * word embeddings too), query_key_value per head, 4h GELU (tanh form) MLP,
  * biases, ALiBi, tied; vocabulary 250880, trained at 2048 positions. */
@@ -215,6 +228,7 @@ static const zo_model_preset presets[] = {
     /* Phi-1 has Phi-1.5's shape */
     PHI("phi-1.5", "phi-1_5,phi-1", 24, 2048, 32, 8192, 0.5),
     PHI("phi-2", "", 32, 2560, 32, 10240, 0.4),
+    GPTJ("gpt-j-6b", 28, 4096, 16, 64),
     OPT("opt-125m", 12, 768, 12),
     OPT("opt-1.3b", 24, 2048, 32),
     OPT("opt-2.7b", 32, 2560, 32),
@@ -520,7 +534,7 @@ void zo_model_layer_params(const zo_model_config *c, int layer, zo_layer_params 
         o->tp_split += h * (q + k + v) + out * h;
         if (c->attn_bias) o->tp_split += q + k + v;
     }
-    if (c->out_bias) o->replicated += h; /* the attention output's bias */
+    if (c->out_bias && !c->attn_out_nobias) o->replicated += h; /* the attention output's bias */
     if (c->qk_norm) o->replicated += 2 * norm_params(c, (uint64_t)c->head_dim);
 
     /* MLP: GPT up/down, LLaMA gate/up/down; or the experts */
@@ -601,7 +615,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
      * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
      * norm for both */
-    int grouped = zo_model_qkv_grouped(c), bloom = zo_model_bloom(c), phi = zo_model_phi(c);
+    /* (Phi and GPT-J: one norm before a parallel attention and MLP, partial rotary) */
+    int grouped = zo_model_qkv_grouped(c), bloom = zo_model_bloom(c), phi = zo_model_phi(c) || zo_model_gptj(c);
     int rotary = c->arch == ZO_ARCH_LLAMA || (grouped && !bloom) || phi;
     char lacks[64];
     /* (DeepSeek-V2's and V3's latent attention and V3's router correction
@@ -1159,6 +1174,7 @@ int zo_model_qkv_grouped(const zo_model_config *c)
 }
 int zo_model_opt(const zo_model_config *c) { return !strcmp(c->family, "opt"); }
 int zo_model_phi(const zo_model_config *c) { return !strcmp(c->family, "phi"); }
+int zo_model_gptj(const zo_model_config *c) { return !strcmp(c->family, "gptj"); }
 
 int zo_model_rope_dim(const zo_model_config *c)
 {
@@ -1394,6 +1410,31 @@ static void parse_phi(hf *r, zo_model_config *c, const family *f)
     hf_attention_extent(r, c, f);
 }
 
+/* GPT-J: GPT-2's keys (n_embd, n_layer, n_head, n_inner null: 4 n_embd),
+ * LayerNorm, q, k, v and out_proj unbiased, fc_in and fc_out biased, one
+ * norm before a parallel attention and MLP, rotary on the first rotary_dim
+ * dimensions of each head (null: all of them), an untied output layer with
+ * a bias. The dropouts change nothing the runtime computes. */
+static void parse_gptj(hf *r, zo_model_config *c, const family *f)
+{
+    parse_gpt2(r, c, f);
+    c->pos = ZO_POS_ROTARY;
+    c->attn_bias = 0;
+    c->attn_out_nobias = c->head_bias = 1;
+    c->layer_norms = 1;
+    c->parallel_block = 1;
+    c->rope_theta = 10000.0f;
+    /* GPTJConfig's default activation_function is "gelu_new" (the tanh form) */
+    if (!c->act[0]) snprintf(c->act, sizeof c->act, "gelu_new");
+    if (r->st || c->n_heads < 1 || c->hidden % c->n_heads) return; /* (the shape check names it) */
+    int d = c->hidden / c->n_heads, rd = hf_int(r, "rotary_dim", d);
+    if (!r->st && (rd < 2 || rd > d || rd % 2))
+        hf_fail(r, ZO_ERR_FORMAT, "rotary_dim", "must be even and in [2, %d] (got %d)", d, rd);
+    /* the rotated part of each head as a fraction, which gives rd back */
+    c->rope_partial = rd == d ? 0.0 : (double)rd / d;
+    if (!r->st && rd != d && (int)(d * c->rope_partial) != rd) c->rope_partial = (rd + 0.5) / d;
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -1468,6 +1509,10 @@ static const family families[] = {
     {"phi", "PhiForCausalLM", parse_phi,
      "Phi-1/1.5/2: LayerNorm, biased q/k/v/dense and GELU MLP, partial rotary, one norm before a "
      "parallel attention and MLP, untied output layer with a bias", 0, 0, 0, NULL, 1},
+    {"gptj", "GPTJForCausalLM", parse_gptj,
+     "GPT-J: LayerNorm, unbiased q/k/v/out_proj, biased GELU MLP, rotary interleaved over the first "
+     "rotary_dim dimensions, one norm before a parallel attention and MLP, untied output layer with a "
+     "bias", 0, 0, 0, NULL, 1},
     /* recognised and refused */
     {"t5", "T5ForConditionalGeneration", NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
     {"mt5", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
@@ -1487,8 +1532,6 @@ static const family families[] = {
      "(block_sparse_moe.input_linear, output_linear)", 0, 0, 0, NULL, 0},
     {"phi3small", NULL, NULL, "Phi-3-small: block-sparse attention and its own MLP", 0, 0, 0,
      NULL, 0},
-    {"gptj", "GPTJForCausalLM", NULL, "GPT-J: a biased output layer", 0, 0, 0, NULL, 0},
-
     {"llama4", NULL, NULL, "multimodal with interleaved MoE layers", 0, 0, 0, NULL, 0},
     {"mllama", NULL, NULL, "multimodal (cross-attention layers)", 0, 0, 0, NULL, 0},
 };

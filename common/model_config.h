@@ -83,6 +83,8 @@ typedef struct zo_model_config {
     int tied_embeddings; /* output layer shares the input embedding */
     int attn_bias;     /* q/k/v projections carry biases (GPT-2, Qwen2) */
     int out_bias;      /* attention output and MLP projections carry biases (GPT) */
+    int attn_out_nobias; /* with out_bias: the MLP's projections only, the attention output has
+                            none (GPT-J: out_proj unbiased, fc_in and fc_out biased) */
     int norm_bias;     /* LayerNorm has a bias (GPT); RMSNorm has none */
     int head_bias;     /* the output layer has a bias over the vocabulary (Phi-1/2's lm_head.bias) */
     float norm_eps;
@@ -192,6 +194,12 @@ int zo_model_opt(const zo_model_config *c);
  * v separate and biased, partial rotary, one LayerNorm before a parallel
  * attention and MLP (fc1, fc2), a biased output layer. */
 int zo_model_phi(const zo_model_config *c);
+/* GPT-J: GPT layers as Linear weights under transformer.h, q, k and v
+ * separate and unbiased, out_proj unbiased, fc_in and fc_out biased, one
+ * LayerNorm before a parallel attention and MLP, rotary on the first
+ * rotary_dim dimensions of each head with its pairs interleaved in the file
+ * (model_tensor.hf_rot_pairs), a biased output layer. */
+int zo_model_gptj(const zo_model_config *c);
 /* Gemma-2's layers: a norm on the attention's and on the MLP's output
  * before each residual add (layer_norms 4 on a LLaMA layer). */
 int zo_model_post_norms(const zo_model_config *c);

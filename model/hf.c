@@ -21,7 +21,7 @@ const char *model_hf_dtype_name(zo_dtype dt)
 /* ---- config.json ------------------------------------------------------------------- */
 
 /* The family's model_type: the dense families the runtime builds (GPT-2,
- * GPT-NeoX, Falcon, OPT, BLOOM, Phi, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2, Granite); NULL for a mixture of
+ * GPT-NeoX, Falcon, OPT, BLOOM, Phi, GPT-J, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2, Granite); NULL for a mixture of
  * experts, whose router and expert keys this writer does not make. */
 static const char *model_type(const zo_model_config *c)
 {
@@ -32,6 +32,7 @@ static const char *model_type(const zo_model_config *c)
     if (zo_model_falcon(c)) return "falcon";
     if (zo_model_opt(c)) return "opt";
     if (zo_model_phi(c)) return "phi";
+    if (zo_model_gptj(c)) return "gptj";
     if (zo_model_bloom(c)) return "bloom";
     if (c->arch == ZO_ARCH_GPT) return "gpt2";
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
@@ -152,6 +153,21 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddBoolToObject(o, "do_layer_norm_before", 1);
         cJSON_AddBoolToObject(o, "enable_bias", c->attn_bias);
         cJSON_AddStringToObject(o, "activation_function", c->act[0] ? c->act : "relu");
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+    } else if (zo_model_gptj(c)) {
+        /* GPTJConfig's keys: GPT-2's, with rotary_dim (the rotated dimensions
+         * of each head) */
+        cJSON_AddItemToArray(arch, cJSON_CreateString("GPTJForCausalLM"));
+        cJSON_AddStringToObject(o, "model_type", type);
+        cJSON_AddNumberToObject(o, "n_layer", c->n_layers);
+        cJSON_AddNumberToObject(o, "n_embd", c->hidden);
+        cJSON_AddNumberToObject(o, "n_head", c->n_heads);
+        cJSON_AddNumberToObject(o, "n_inner", c->ffn);
+        cJSON_AddNumberToObject(o, "n_positions", c->max_seq);
+        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+        cJSON_AddNumberToObject(o, "rotary_dim", zo_model_rope_dim(c));
+        cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
+        cJSON_AddStringToObject(o, "activation_function", c->act[0] ? c->act : "gelu_new");
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else if (c->arch == ZO_ARCH_GPT) {
         cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));

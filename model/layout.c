@@ -247,6 +247,8 @@ static void embedding_block(builder *b)
     } else if (zo_model_opt(c)) { /* positions from row pos_offset (2) on */
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "model.decoder.embed_tokens.weight");
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq + c->pos_offset, h, "model.decoder.embed_positions.weight");
+    } else if (zo_model_gptj(c)) {
+        add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "transformer.wte.weight");
     } else if (c->arch == ZO_ARCH_GPT && !zo_model_phi(c)) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq, h, "wpe.weight");
@@ -271,7 +273,7 @@ static void gpt_layer(builder *b, int i)
     if (c->attn_bias)
         add(b, MODEL_ROLE_QKV_B, 0, q + 2 * kv, 0, "h.%d.attn.c_attn.bias", i);
     add(b, MODEL_ROLE_ATTN_OUT_W, 1, h, q, "h.%d.attn.c_proj.weight", i);
-    if (c->out_bias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "h.%d.attn.c_proj.bias", i);
+    if (c->out_bias && !c->attn_out_nobias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "h.%d.attn.c_proj.bias", i);
     add(b, MODEL_ROLE_LN2_W, 0, h, 0, "h.%d.ln_2.weight", i);
     if (c->norm_bias) add(b, MODEL_ROLE_LN2_B, 0, h, 0, "h.%d.ln_2.bias", i);
     add(b, MODEL_ROLE_MLP_UP_W, 1, f, h, "h.%d.mlp.c_fc.weight", i);
@@ -310,7 +312,7 @@ static void grouped_layer(builder *b, int i)
     if (c->attn_bias) add(b, MODEL_ROLE_QKV_B, 0, q + 2 * kv, 0, "%s.%d.%s.query_key_value.bias", p, i, att);
     for (int k = first; b->st == ZO_OK && k < l->n_tensors; k++) model_tensor_set_head_rows(&l->tensors[k], c);
     add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.%s.dense.weight", p, i, att);
-    if (c->out_bias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.%s.dense.bias", p, i, att);
+    if (c->out_bias && !c->attn_out_nobias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.%s.dense.bias", p, i, att);
     add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.dense_h_to_4h.weight", p, i);
     if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.dense_h_to_4h.bias", p, i);
     add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.dense_4h_to_h.weight", p, i);
@@ -350,7 +352,7 @@ static void opt_layer(builder *b, int i)
     add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.self_attn_layer_norm.bias", p, i);
     qkv_apart(b, p, i, 1, c->attn_bias);
     add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.out_proj.weight", p, i);
-    if (c->out_bias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.out_proj.bias", p, i);
+    if (c->out_bias && !c->attn_out_nobias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.out_proj.bias", p, i);
     add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.final_layer_norm.weight", p, i);
     add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.final_layer_norm.bias", p, i);
     add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.fc1.weight", p, i);
@@ -381,6 +383,32 @@ static void phi_layer(builder *b, int i)
     fuse_qkv(l, b->block);
 }
 
+/* Layer i of a GPT-J model: Phi's layer under transformer.h (ln_1, attn.*,
+ * mlp.fc_in, mlp.fc_out), q, k, v and out_proj without biases, fc_in and
+ * fc_out with; q_proj's and k_proj's rows interleave the rotated pairs of
+ * each head in the file (hf_rot_pairs). */
+static void gptj_layer(builder *b, int i)
+{
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
+    const int64_t h = c->hidden, f = c->ffn, q = (int64_t)c->n_heads * c->head_dim;
+    const int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
+    const char *p = "transformer.h";
+    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.ln_1.weight", p, i);
+    add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.ln_1.bias", p, i);
+    int first = l->n_tensors;
+    add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.attn.q_proj.weight", p, i);
+    add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.attn.k_proj.weight", p, i);
+    for (int k = first; b->st == ZO_OK && k < l->n_tensors; k++) model_tensor_set_rot_pairs(&l->tensors[k], c);
+    add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.attn.v_proj.weight", p, i);
+    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.attn.out_proj.weight", p, i);
+    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.fc_in.weight", p, i);
+    add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.fc_in.bias", p, i);
+    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.fc_out.weight", p, i);
+    add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.fc_out.bias", p, i);
+    fuse_qkv(l, b->block);
+}
+
 /* Layer i of a LLaMA-family model (the builder at its block): separate
  * q, k, v and an MLP or MoE block, with fused views over q/k/v and gate/up
  * (Phi-3: the fused tensors, with q, k, v, gate and up as views of them). */
@@ -401,7 +429,7 @@ static void llama_layer(builder *b, int i)
         add(b, MODEL_ROLE_QKV_W, 0, q + 2 * kv, h, "%s.%d.self_attn.qkv_proj.weight", p, i);
     qkv_apart(b, p, i, !fused, c->attn_bias);
     add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
-    if (c->out_bias)
+    if (c->out_bias && !c->attn_out_nobias)
         add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
     if (c->qk_norm) {
         add(b, MODEL_ROLE_Q_NORM_W, 0, c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, i);
@@ -452,7 +480,7 @@ static void head_block(builder *b)
         if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "embed_out.weight");
         if (c->head_bias) add(b, MODEL_ROLE_LM_HEAD_B, 0, v, 0, "embed_out.bias");
         return;
-    } else if (zo_model_falcon(c) || zo_model_bloom(c)) {
+    } else if (zo_model_falcon(c) || zo_model_bloom(c) || zo_model_gptj(c)) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "transformer.ln_f.weight");
         add(b, MODEL_ROLE_NORM_B, 0, h, 0, "transformer.ln_f.bias");
     } else if (zo_model_opt(c)) {
@@ -514,6 +542,7 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
         if (zo_model_qkv_grouped(&cfg)) grouped_layer(&b, i);
         else if (zo_model_opt(&cfg)) opt_layer(&b, i);
         else if (zo_model_phi(&cfg)) phi_layer(&b, i);
+        else if (zo_model_gptj(&cfg)) gptj_layer(&b, i);
         else if (cfg.arch == ZO_ARCH_GPT) gpt_layer(&b, i);
         else llama_layer(&b, i);
     }
@@ -552,6 +581,12 @@ void model_tensor_set_head_rows(model_tensor *t, const zo_model_config *c)
 {
     t->hf_head_rows = c->head_dim;
     t->hf_head_groups = c->n_kv_heads;
+}
+
+void model_tensor_set_rot_pairs(model_tensor *t, const zo_model_config *c)
+{
+    t->hf_rot_pairs = zo_model_rope_dim(c) / 2;
+    t->hf_rot_head = c->head_dim;
 }
 
 const model_tensor *model_layout_find(const model_layout *l, const char *name)

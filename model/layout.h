@@ -113,6 +113,12 @@ typedef struct model_tensor {
                                        * groups, heads of d = hf_head_rows rows); ours are
                                        * [all q | all k | all v]. 0: the same rows */
     int hf_head_groups;
+    int hf_rot_pairs, hf_rot_head;    /* GPT-J's q_proj and k_proj (and their lora_B): in each
+                                       * head of hf_rot_head rows, the file's rows 2i and 2i + 1
+                                       * (i < hf_rot_pairs) are the rotary pair ("rotate every
+                                       * two"); ours are rows i and hf_rot_pairs + i, as the
+                                       * rotate-half kernels pair them (q.k is unchanged when q
+                                       * and k are permuted alike). 0: the same rows */
     int lora;                         /* in a LoRA adapter layout (model/lora.h): MODEL_LORA_A
                                        * or MODEL_LORA_B, role then names the adapted weight;
                                        * 0 in a model's layout */
@@ -162,6 +168,9 @@ size_t model_layout_expert_stride(const model_layout *l);
  * lora_B) as grouped per kv head in the file: hf_head_rows, hf_head_groups
  * from c. */
 void model_tensor_set_head_rows(model_tensor *t, const zo_model_config *c);
+/* Marks t (GPT-J's q_proj or k_proj weight, or its lora_B) as holding its
+ * rotary pairs interleaved in the file: hf_rot_pairs, hf_rot_head from c. */
+void model_tensor_set_rot_pairs(model_tensor *t, const zo_model_config *c);
 
 /* The tensor with this name (our spelling; model_layout_match_hf in
  * safetensors.h accepts checkpoint spellings), or NULL. */

@@ -74,8 +74,8 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
     const char *prefix = zo_model_neox(&cfg)       ? "gpt_neox.layers"
                          : zo_model_opt(&cfg)      ? "model.decoder.layers"
                          : zo_model_phi(&cfg)      ? "model.layers"
-                         : cfg.mm_text             ? "model.language_model.layers" /* Gemma-3's */
-                         : cfg.arch == ZO_ARCH_GPT ? "transformer.h" /* GPT-2, Falcon */
+                         : cfg.mm_text             ? "model.language_model.layers" /* multimodal */
+                         : cfg.arch == ZO_ARCH_GPT ? "transformer.h" /* GPT-2, Falcon, GPT-J */
                                                    : "model.layers";
     int k = 0;
     for (int layer = 0; layer < cfg.n_layers; layer++) {
@@ -107,6 +107,10 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
                         /* GPT-NeoX's and Falcon's query_key_value: lora_B's rows as the weight's */
                         if (part == MODEL_LORA_B && zo_model_qkv_grouped(&cfg) && t->role == MODEL_ROLE_QKV_W)
                             model_tensor_set_head_rows(t, &cfg);
+                        /* GPT-J's q_proj and k_proj: lora_B's rotary pairs as the weight's */
+                        if (part == MODEL_LORA_B && zo_model_gptj(&cfg) &&
+                            (t->role == MODEL_ROLE_Q_W || t->role == MODEL_ROLE_K_W))
+                            model_tensor_set_rot_pairs(t, &cfg);
                         l->block_numel[blk] += t->numel;
                     }
             j = last;
@@ -171,11 +175,11 @@ static cJSON *config_json(const zo_model_config *cfg, const zo_lora_config *lc, 
     cJSON_AddNumberToObject(o, "lora_dropout", 0.0);
     cJSON_AddItemToObject(o, "target_modules", targets);
     cJSON_AddStringToObject(o, "bias", "none");
-    /* GPT-2's Conv1D weights are [in, out]; GPT-NeoX's, Falcon's, OPT's and
-     * Phi's Linear ones are not */
+    /* GPT-2's Conv1D weights are [in, out]; GPT-NeoX's, Falcon's, OPT's,
+     * Phi's and GPT-J's Linear ones are not */
     cJSON_AddBoolToObject(o, "fan_in_fan_out",
                           cfg->arch == ZO_ARCH_GPT && !zo_model_qkv_grouped(cfg) && !zo_model_opt(cfg) &&
-                              !zo_model_phi(cfg));
+                              !zo_model_phi(cfg) && !zo_model_gptj(cfg));
     cJSON_AddBoolToObject(o, "inference_mode", 1);
     cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     cJSON_AddNullToObject(o, "modules_to_save");

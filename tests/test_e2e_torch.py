@@ -5,8 +5,9 @@ For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
 tied head, Qwen3 with its RMSNorm on each q and k head, GPT-NeoX with its per-head interleaved
 query_key_value, partial rotary and parallel or sequential residual, Falcon multi-query with one
 norm, with grouped kv heads and two norms, or sequential, Falcon-RW with its ALiBi in bfloat16, OPT with its ReLU and its position table read
-from row 2, Phi-2's kind with its partial rotary and its biased output layer, Granite with its four multipliers), a small
-model with the family's real head size (GPT-2, OPT and Granite 64, Phi 80, the others 128) and sequences longer than two of the CPU attention's 48-row query
+from row 2, Phi-2's kind with its partial rotary and its biased output layer, GPT-J with its rotary pairs
+interleaved over part of each head, Granite with its four multipliers), a small model with the family's
+real head size (GPT-2, OPT, GPT-J and Granite 64, Phi 80, the others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
   full   `train` runs 3 AdamW steps (clipping, lr schedule, micro-batches as
@@ -65,7 +66,7 @@ Usage: test_e2e_torch.py --train PATH [--family NAME ...] [--workdir DIR] [--dev
 Exit: 0 every check held, 1 one did not (the first mismatches printed), 2 bad
 usage or train failed, 77 this python has no torch.
 (ctest runs one family per test through tests/run_python.sh, test_e2e_torch_*, or a few:
-test_e2e_torch_gpt2 runs GPT-2, OPT and Phi, test_e2e_torch_llama LLaMA and Granite.)
+test_e2e_torch_gpt2 runs GPT-2, OPT, Phi and GPT-J, test_e2e_torch_llama LLaMA and Granite.)
 """
 import argparse
 import array
@@ -337,6 +338,20 @@ FAMILIES = {
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,dense,fc1,fc2", lr=1e-2),
         qlora=True, loss_chunk=96),
+    # GPT-J (GPTJForCausalLM): 4 heads of 64 with rotary on the first 24 dimensions of each, its
+    # pairs interleaved (rotate_every_two: the runtime holds q_proj's and k_proj's rows reordered,
+    # so the file's order shows in every loss), q, k, v and out_proj unbiased, fc_in and fc_out
+    # biased, one LayerNorm before the parallel attention and MLP (gelu_new), lm_head untied and
+    # biased; GPTJConfig's keys; PEFT's module names; with QLoRA and its --merge folder
+    "gptj": dict(
+        seed=70,
+        config={"architectures": ["GPTJForCausalLM"], "model_type": "gptj", "n_layer": 2, "n_embd": 256,
+                "n_head": 4, "rotary_dim": 24, "n_inner": 512, "n_positions": 256, "vocab_size": 128,
+                "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,out_proj,fc_in,fc_out", lr=1e-2),
+        qlora=True, qlora_merge=True),
     # BLOOM (BloomForCausalLM): the word embeddings' LayerNorm, query_key_value per head, ALiBi
     # over 3 heads of 64 (not a power of two: the third head's slope is the extra one), biases,
     # GELU's tanh form, tied; BloomConfig's own keys (n_layer, n_head); with QLoRA
@@ -906,6 +921,14 @@ def neox_buffers(c):
     return out
 
 
+def gptj_buffers(c):
+    """The causal-mask buffers GPT-J's checkpoints hold beside the weights (attn.bias, attn.masked_bias
+    of each layer): train ignores them."""
+    P = c["n_positions"]
+    return [(f"transformer.h.{l}.attn.{n}", t) for l in range(c["n_layer"])
+            for n, t in (("bias", torch.ones(P, P).tril().view(1, 1, P, P)), ("masked_bias", torch.tensor(-1e9)))]
+
+
 def check_family(train, name, workdir):
     spec = FAMILIES[name]
     c, run, lora = spec["config"], spec["run"], spec["lora"]
@@ -923,7 +946,8 @@ def check_family(train, name, workdir):
     os.makedirs(os.path.join(d, "model"), exist_ok=True)
     with open(os.path.join(d, "model", "config.json"), "w") as f:
         json.dump(c, f, indent=1)
-    extra = mf.gpt2_buffers(c) if gpt else neox_buffers(c) if c["model_type"] == "gpt_neox" else []
+    extra = mf.gpt2_buffers(c) if gpt else neox_buffers(c) if c["model_type"] == "gpt_neox" else \
+        gptj_buffers(c) if c["model_type"] == "gptj" else []
     mf.write_safetensors(os.path.join(d, "model", "model.safetensors"), list(params.items()) + extra)
     write_tokens(os.path.join(d, "train.bin"), data)
     write_tokens(os.path.join(d, "eval.bin"), eval_data)
@@ -1054,7 +1078,7 @@ def check_family(train, name, workdir):
     check_folder(ck, c, params, mdir, eval_data, run, got_ev, "--merge", sharded=False)
     if spec.get("qlora"):
         check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d)
-    if c["model_type"] in ("gemma2", "gemma3_text"):
+    if c["model_type"] in ("gemma2", "gemma3_text") or spec.get("qlora_merge"):
         # QLoRA: the layers' linear weights in NF4, dequantized as they compute; its --merge folder
         # (the base dequantized on the host, the adapters merged) gives train's eval loss here
         qdir, qmdir = os.path.join(d, "qadapter"), os.path.join(d, "qmerged")

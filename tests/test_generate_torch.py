@@ -7,7 +7,8 @@ Qwen3, head size 128 with its q/k norms, GQA, tied, YaRN rope scaling; GPT-NeoX,
 16 rotary dimensions, parallel residual; Falcon, head size 64, multi-query with
 one norm, or grouped kv heads with two; OPT, head size 64, learned positions
 from row 2, ReLU; Phi, head size 80, 32 rotary dimensions, one norm, a biased
-output layer), a
+output layer; GPT-J, head size 64, 24 rotary dimensions interleaved in pairs, one
+norm, a biased output layer), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -50,7 +51,7 @@ Usage: test_generate_torch.py --generate PATH [--family NAME ...] [--workdir DIR
 Exit: 0 every check held, 1 one did not, 2 bad usage or generate failed where
 it should not, 77 this python has no torch.
 (ctest runs one family per test through tests/run_python.sh, test_generate_torch_*, or a
-few: test_generate_torch_gpt2 runs GPT-2, OPT and Phi.)
+few: test_generate_torch_gpt2 runs GPT-2, OPT, Phi and GPT-J.)
 """
 import argparse
 import json
@@ -240,6 +241,14 @@ FAMILIES["granite"] = dict(
                 eos_token_id=127, tie_word_embeddings=False),
     lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+# GPT-J: test_e2e_torch's model with 4 layers (4 heads of 64, 24 rotary dimensions interleaved in
+# pairs, one norm before the parallel attention and MLP, the biased lm_head); q, k, v apart (q's and
+# k's lora_B in the file's row order) with out_proj, fc_in and fc_out
+FAMILIES["gptj"] = dict(
+    seed=71,
+    config=dict(e2e.FAMILIES["gptj"]["config"], n_layer=4, n_positions=128, eos_token_id=127),
+    lora=dict(r=4, alpha=8.0, targets=["q", "k", "v", "o", "up", "down"],
+              peft=["q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out"]))
 
 # ---- the PyTorch side -------------------------------------------------------------------------
 

@@ -88,6 +88,11 @@ static void test_peft_counts(void **state)
     assert_int_equal(count("phi-2", 16, "all-linear"), 23592960);
     /* q and v apart: 32 x 8 x 2 x (2560 + 2560) */
     assert_int_equal(count("phi-2", 8, "q,v"), 2621440);
+    /* GPT-J-6B (h 4096, f 16384, 28 layers), PEFT's GPT-J modules q_proj,
+     * k_proj, v_proj, out_proj, fc_in, fc_out; r 16 on all six:
+     * 28 x 16 x (4 x (4096 + 4096) + 2 x (4096 + 16384)) */
+    assert_int_equal(count("gpt-j-6b", 16, "q_proj,k_proj,v_proj,out_proj,fc_in,fc_out"), 33030144);
+    assert_int_equal(count("gpt-j-6b", 16, "all-linear"), 33030144);
     /* Pythia-160M (GPT-NeoX: h 768, f 3072, 12 layers), PEFT's GPT-NeoX modules:
      * query_key_value [2304, 768] (its default target; q, v name it too), dense,
      * dense_h_to_4h, dense_4h_to_h; r 8 on query_key_value: 12 x 8 x 3072 */

@@ -35,7 +35,9 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
                                    "gemma-3-1b.json", "deepseek-moe-16b.json", "opt-125m.json", "opt-1.3b.json",
                                    "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json", "phi-2.json",
-                                   "granite-3.1-2b.json", "granite-3.1-8b.json"};
+                                   "granite-3.1-2b.json", "granite-3.1-8b.json", "gpt-j-6b.json",
+                                   "gemma-3-4b-it.json", "gemma-3-27b-it.json", "llava-1.5-7b-hf.json",
+                                   "mistral-small-3.1-24b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name, and what it lacks (DeepSeek-V2's and V3's
@@ -733,6 +735,97 @@ static void test_falcon_qkv_rows(void **state)
     }
 }
 
+/* GPT-J's q_proj and k_proj hold each head's rotary pairs interleaved (rows
+ * 2i, 2i + 1 of the head rotate together), ours as rotate-half pairs them
+ * (rows i, P + i, P the pairs): file row 2i of a head is our row i, 2i + 1
+ * our row P + i, rows past 2P stay, for the weights and q's and k's lora_B,
+ * and no other tensor (v_proj, lora_A) moves. Heads of 10 rows, 3 pairs (an
+ * odd count, so halves and pairs differ), two heads. Saved and loaded back,
+ * each buffer is the one saved; a nan at file row 3 of head 1 is named by
+ * its element as the file numbers it. */
+static void test_gptj_rot_rows(void **state)
+{
+    (void)state;
+    static const char *json = "{\"model_type\": \"gptj\", \"n_layer\": 1, \"n_embd\": 20, \"n_head\": 2, "
+                              "\"n_positions\": 16, \"vocab_size\": 8, \"rotary_dim\": 6}";
+    zo_model_config c;
+    if (zo_model_config_parse(json, "gptj.json", &c)) fail_msg("%s", zo_last_error());
+    model_layout l, ad;
+    if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+    zo_lora_config lc = {.r = 2, .alpha = 4.0f, .targets = ZO_LORA_ALL_LINEAR};
+    if (model_lora_layout_init(&ad, &c, &lc)) fail_msg("%s", zo_last_error());
+    /* our row of each file row of a head, by hand */
+    static const int ours[10] = {0, 3, 1, 4, 2, 5, 6, 7, 8, 9};
+    const size_t d = 10;
+    char dir[] = "/tmp/zo_gptj_XXXXXX", path[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    for (int pass = 0; pass < 2; pass++) { /* the model, then the adapters */
+        const model_layout *L = pass ? &ad : &l;
+        float **blocks = calloc((size_t)L->n_blocks, sizeof *blocks), **back = calloc((size_t)L->n_blocks, sizeof *back);
+        assert_non_null(blocks);
+        assert_non_null(back);
+        for (int b = 0; b < L->n_blocks; b++) {
+            blocks[b] = malloc((L->block_numel[b] + 1) * sizeof(float));
+            back[b] = calloc(L->block_numel[b] + 1, sizeof(float));
+            for (size_t i = 0; i < L->block_numel[b]; i++) blocks[b][i] = (float)(1000 * b + i);
+        }
+        if (model_save(path, L, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32)) fail_msg("%s", zo_last_error());
+        model_st_file f;
+        assert_int_equal(model_st_open(&f, path), ZO_OK);
+        int moved = 0;
+        size_t nan_at = 0, nan_elem = 0;
+        for (int i = 0; i < L->n_tensors; i++) {
+            const model_tensor *t = &L->tensors[i];
+            int rot = (strstr(t->name, "attn.q_proj") || strstr(t->name, "attn.k_proj")) &&
+                      (!pass || strstr(t->name, "lora_B"));
+            assert_int_equal(t->hf_rot_pairs, rot ? 3 : 0);
+            const model_st_tensor *st = model_st_find(&f, t->name);
+            assert_non_null(st);
+            float *got = malloc(t->numel * sizeof(float));
+            assert_int_equal(model_st_read(&f, st, got, ZO_DTYPE_F32, 0), ZO_OK);
+            size_t cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+            for (size_t R = 0; R < (size_t)t->shape[0]; R++) {
+                size_t row = rot ? R / d * d + (size_t)ours[R % d] : R;
+                for (size_t k = 0; k < cols; k++)
+                    if (got[R * cols + k] != blocks[t->block][t->offset + row * cols + k])
+                        fail_msg("%s: file row %zu col %zu is %g, want our row %zu's %g", t->name, R, k,
+                                 got[R * cols + k], row, blocks[t->block][t->offset + row * cols + k]);
+            }
+            if (rot && !pass && strstr(t->name, "k_proj")) {
+                nan_elem = (d + 3) * cols + 1;
+                nan_at = f.data_start + st->begin + nan_elem * sizeof(float);
+            }
+            moved += rot;
+            free(got);
+        }
+        assert_int_equal(moved, 2); /* q and k: the weights, or lora_B */
+        model_st_close(&f);
+        if (model_load_path(path, L, (void *const *)back, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL))
+            fail_msg("%s", zo_last_error());
+        for (int b = 0; b < L->n_blocks; b++) assert_memory_equal(back[b], blocks[b], L->block_numel[b] * sizeof(float));
+        if (!pass) {
+            FILE *fp = fopen(path, "r+b");
+            assert_non_null(fp);
+            const float nan = NAN;
+            assert_int_equal(fseek(fp, (long)nan_at, SEEK_SET), 0);
+            assert_int_equal(fwrite(&nan, sizeof nan, 1, fp), 1);
+            fclose(fp);
+            assert_int_equal(model_load_path(path, L, (void *const *)back, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL),
+                             ZO_ERR_FORMAT);
+            char want[64];
+            snprintf(want, sizeof want, "element %zu is nan", nan_elem);
+            if (!strstr(zo_last_error(), want)) fail_msg("want \"%s\": %s", want, zo_last_error());
+        }
+        for (int b = 0; b < L->n_blocks; b++) free(blocks[b]), free(back[b]);
+        free(blocks), free(back);
+        unlink(path);
+    }
+    rmdir(dir);
+    model_layout_free(&ad);
+    model_layout_free(&l);
+}
+
 /* Falcon-7B's first config (model_type RefinedWebModel, the old keys):
  * built as Falcon, multi-query, one norm, no projection biases; with
  * Falcon-RW's ALiBi the same tensors (no position table). */
@@ -1306,6 +1399,7 @@ int main(void)
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
         cmocka_unit_test(test_falcon_qkv_rows),
+        cmocka_unit_test(test_gptj_rot_rows),
         cmocka_unit_test(test_falcon_old_keys),
         cmocka_unit_test(test_longrope_other_family),
         cmocka_unit_test(test_yarn_config),

@@ -2082,12 +2082,14 @@ static void rope_grid(gpu_op_id op)
 {
     /* n rows of t positions, the first d of each of the first `heads` of
      * `width` heads ldh wide rotated (ldh 0: d; wider, a partial rotary
-     * size: Phi-4-mini's 96 of 128, Phi-3's 0.7 of 80) */
+     * size: Phi-4-mini's 96 of 128, Phi-3's 0.7 of 80, GPT-J-6B's 64 of
+     * 256 and 24 of 64) */
     static const int cfg[][7] = {
         /* n  t  heads width d   pos0 ldh */
         {1, 1, 1, 1, 2, 0, 0},   {6, 3, 2, 4, 8, 0, 0},     {10, 5, 3, 5, 64, 2, 0},   {7, 7, 2, 3, 80, 0, 0},
         {4, 4, 4, 6, 128, 9, 0}, {9, 3, 1, 2, 36, 1, 0},    {130, 130, 1, 1, 128, 0, 0},
         {6, 3, 3, 4, 2, 1, 4},   {5, 5, 4, 5, 96, 3, 128}, {7, 7, 3, 3, 56, 0, 80},
+        {4, 4, 2, 3, 64, 5, 256}, {50, 50, 4, 4, 24, 0, 64},
     };
     /* the head-stride rows (the last three) give the random stream back
      * when done, so that the ops after rope draw the inputs they drew
@@ -2126,12 +2128,12 @@ static void rope_grid(gpu_op_id op)
     /* a position a sequence (generation's batch, each sequence at its own
      * place in the cache: gpu_rope_forward_seq), drawn in [0, 4096): n
      * rows in sequences of t at head sizes 64, 80 and 128, whole heads and
-     * a partial rotary size with a head stride (96 of 128, 56 of 80), with
-     * theta's frequencies or given ones and a scale */
+     * a partial rotary size with a head stride (96 of 128, 56 of 80, 64 of
+     * 256), with theta's frequencies or given ones and a scale */
     static const int seq[][6] = {
         /* n  t  heads width d   ldh */
         {6, 1, 4, 4, 64, 0}, {12, 3, 3, 4, 80, 0}, {8, 2, 5, 6, 128, 0}, {4, 1, 6, 6, 128, 0},
-        {6, 2, 3, 4, 96, 128}, {5, 1, 4, 5, 56, 80},
+        {6, 2, 3, 4, 96, 128}, {5, 1, 4, 5, 56, 80}, {4, 1, 2, 2, 64, 256},
     };
     for (size_t s = 0; s < sizeof seq / sizeof *seq; s++)
         for (int t = 0; t < 3; t++) {

@@ -226,7 +226,8 @@ static const char *const optional_fields[] = {"training.recompute_layers", "trai
                                               "model.features.moe.aux_coef", "model.features.moe.aux_per_layer",
                                               "model.features.moe.seq_aux", "training.optim_dtype",
                                               "training.master", "training.loss_chunk",
-                                              "hardware.nvme_read_bw_busy", "model.features.head_bias"};
+                                              "hardware.nvme_read_bw_busy", "model.features.head_bias",
+                                              "model.features.attn_out_nobias"};
 
 static int is_optional(const char *name)
 {
@@ -238,7 +239,8 @@ static int is_optional(const char *name)
 /* Each field of a full plan, removed, is refused as missing, by its name (an
  * optional one reads as its default: every layer recomputed as
  * training.recompute says, gradients reduced in fp32, peers reached at
- * nvlink_bw, no bias on the output layer); an unknown field in any object is refused by its name. */
+ * nvlink_bw, no bias on the output layer, the attention output
+ * biased as out_bias says); an unknown field in any object is refused by its name. */
 static void test_required_and_unknown(void **state)
 {
     (void)state;
@@ -261,6 +263,7 @@ static void test_required_and_unknown(void **state)
             assert_int_equal(q->training.loss_chunk, 0);
             assert_true(q->hardware.nvme_read_bw_busy == 0); /* (0: nvme_read_bw applies) */
             assert_int_equal(q->model.head_bias, 0);
+            assert_int_equal(q->model.attn_out_nobias, 0);
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
             continue;
         }

@@ -60,6 +60,9 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     /* Phi-2: 2.78B with its bias vectors, the output layer's included
      * (test_planner_families) */
     {"phi-2", "phi-2.json", 2779683840ull},
+    /* GPT-J-6B: its biased MLP and output layer, no attention biases
+     * (test_planner_families) */
+    {"gpt-j-6b", "gpt-j-6b.json", 6050882784ull},
     /* BLOOM: the model cards' totals (test_planner_families) */
     {"bloom-560m", "bloom-560m.json", 559214592ull},
     {"bloom-7b1", "bloom-7b1.json", 7069016064ull},

@@ -82,6 +82,11 @@ static const struct {
      * fc2 10240 x 2560 + 2560 = 78,671,360) + embed_tokens 51200 x 2560 +
      * final_layernorm 2 x 2560 + lm_head 51200 x 2560 + its bias 51200 */
     {"phi-2.json", 2779683840ull, 0},
+    /* EleutherAI/gpt-j-6b's 6.05B, from the shapes: 28 layers x (ln_1 2 x 4096 +
+     * q, k, v, out_proj 4 x 4096^2 (no biases) + fc_in 4096 x 16384 + 16384 +
+     * fc_out 16384 x 4096 + 4096 = 201,355,264) + wte 50400 x 4096 + ln_f
+     * 2 x 4096 + lm_head 50400 x 4096 + its bias 50400 */
+    {"gpt-j-6b.json", 6050882784ull, 0},
     /* GPTNeoXForCausalLM counts in the Pythia suite's tables */
     {"pythia-160m.json", 162322944ull, 0},
     {"pythia-6.9b.json", 6857302016ull, 0},
@@ -206,6 +211,65 @@ static void test_phi_presets(void **state)
     zo_param_counts pc;
     zo_model_param_counts(&d, &pc);
     assert_int_equal(pc.head, 100 * 64 + 100);
+}
+
+/* The gpt-j-6b preset is EleutherAI/gpt-j-6b's config.json: every field
+ * that sizes or computes it (no attention biases, the MLP's and the output
+ * layer's, 64 of 256 dimensions rotated); GPTJConfig's defaults (no
+ * rotary_dim: the whole head; n_inner null: 4 n_embd; no
+ * activation_function: gelu_new) too. */
+static void test_gptj_presets(void **state)
+{
+    (void)state;
+    zo_model_config p, c;
+    assert_int_equal(zo_model_preset_find("gpt-j-6b", &p), ZO_OK);
+    load("gpt-j-6b.json", &c);
+    if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
+        p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
+        p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
+        p.attn_bias != c.attn_bias || p.out_bias != c.out_bias || p.attn_out_nobias != c.attn_out_nobias ||
+        p.norm_bias != c.norm_bias || p.head_bias != c.head_bias || p.norm_eps != c.norm_eps ||
+        p.rope_theta != c.rope_theta || p.rope_partial != c.rope_partial || strcmp(p.act, c.act) ||
+        p.pos != c.pos || p.layer_norms != c.layer_norms || p.parallel_block != c.parallel_block)
+        fail_msg("preset gpt-j-6b differs from gpt-j-6b.json");
+    assert_true(!c.attn_bias && c.out_bias && c.attn_out_nobias && c.head_bias && zo_model_rope_dim(&c) == 64 &&
+                c.ffn == 16384 && !c.tied_embeddings);
+    assert_int_equal(zo_model_config_runtime_check(&p), ZO_OK);
+    zo_model_config d;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gptj\", \"n_layer\": 2, \"n_embd\": 160, "
+                                           "\"n_head\": 2, \"n_positions\": 256, \"vocab_size\": 100}",
+                                           "j.json", &d),
+                     ZO_OK);
+    assert_true(d.rope_partial == 0.0 && zo_model_rope_dim(&d) == 80 && d.ffn == 640 && !strcmp(d.act, "gelu_new") &&
+                !d.tied_embeddings && d.head_bias && d.layer_norms == 1 && d.parallel_block);
+    /* a layer: ln_1, q, k, v, out_proj without biases, fc_in and fc_out with */
+    zo_layer_params lp;
+    zo_model_layer_params(&d, 0, &lp);
+    assert_int_equal(lp.total, 2 * 160 + 4 * 160 * 160 + 160 * 640 + 640 + 640 * 160 + 160);
+    /* rotary_dim 24 of 80: a share that gives 24 back; odd or past the head refused by name */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gptj\", \"n_layer\": 2, \"n_embd\": 160, "
+                                           "\"n_head\": 2, \"n_positions\": 256, \"vocab_size\": 100, "
+                                           "\"rotary_dim\": 24}",
+                                           "j.json", &d),
+                     ZO_OK);
+    assert_int_equal(zo_model_rope_dim(&d), 24);
+    /* 30 of 44, where int(44 x (30 / 44)) in doubles is 29: still 30 */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gptj\", \"n_layer\": 2, \"n_embd\": 88, "
+                                           "\"n_head\": 2, \"n_positions\": 256, \"vocab_size\": 100, "
+                                           "\"rotary_dim\": 30}",
+                                           "j.json", &d),
+                     ZO_OK);
+    assert_int_equal(zo_model_rope_dim(&d), 30);
+    static const char *const bad[] = {"23", "82"};
+    for (int i = 0; i < 2; i++) {
+        char json[256];
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"gptj\", \"n_layer\": 2, \"n_embd\": 160, \"n_head\": 2, "
+                 "\"n_positions\": 256, \"vocab_size\": 100, \"rotary_dim\": %s}",
+                 bad[i]);
+        assert_int_equal(zo_model_config_parse(json, "j.json", &d), ZO_ERR_FORMAT);
+        assert_non_null(strstr(zo_last_error(), "rotary_dim"));
+    }
 }
 
 /* Hugging Face's per-family defaults: an absent tie_word_embeddings is tied
@@ -341,7 +405,7 @@ static void test_refused(void **state)
     (void)state;
     /* recognised families that are not modelled */
     static const char *families[] = {"t5", "bert", "mamba", "rwkv", "jamba", "phimoe",
-                                     "gptj", "mllama", "qwen3_next"};
+                                     "mllama", "qwen3_next"};
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
         char json[256];
         snprintf(json, sizeof json, "{\"model_type\": \"%s\", " SHAPE "}", families[i]);
@@ -823,6 +887,7 @@ int main(void)
         cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
         cmocka_unit_test(test_qwen3_presets),
         cmocka_unit_test(test_phi_presets),
+        cmocka_unit_test(test_gptj_presets),
         cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
         cmocka_unit_test(test_nonsense_refused),
