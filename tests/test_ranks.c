@@ -2076,6 +2076,14 @@ static const char phi_config[] =
     "\"partial_rotary_factor\": 0.5, \"layer_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
     "\"tie_word_embeddings\": false}";
 
+/* GPT-J: rotary pairs interleaved over the first 8 of each head's 16 dims
+ * (q's and k's rows reordered at load), unbiased attention, a biased MLP
+ * and output layer, one norm before a parallel attention and MLP. */
+static const char gptj_config[] =
+    "{\"model_type\": \"gptj\", \"n_layer\": 4, \"n_embd\": 64, \"n_head\": 4, \"rotary_dim\": 8, "
+    "\"n_inner\": 128, \"vocab_size\": 256, \"n_positions\": 64, \"activation_function\": \"gelu_new\", "
+    "\"layer_norm_epsilon\": 1e-5, \"tie_word_embeddings\": false}";
+
 /* Qwen2 with YaRN: factor 4 over an original length of 16 that the sequence
  * (32) passes, the ramp between beta_fast 8 and beta_slow 1, q/k/v biases,
  * GQA. */
@@ -2175,9 +2183,9 @@ static void test_family_neox(void **state)
     family_rows("neox", neox_config);
 }
 
-/* Falcon's rows, then Falcon-RW's, OPT's, BLOOM's, Phi's and YaRN's (a few
- * seconds each: they share Falcon's ctest entry rather than start their
- * own) */
+/* Falcon's rows, then Falcon-RW's, OPT's, BLOOM's, Phi's, GPT-J's and
+ * YaRN's (a few seconds each: they share Falcon's ctest entry rather than
+ * start their own) */
 static void test_family_falcon(void **state)
 {
     (void)state;
@@ -2186,6 +2194,7 @@ static void test_family_falcon(void **state)
     family_rows("opt", opt_config);
     family_rows("bloom", bloom_config);
     family_rows("phi", phi_config);
+    family_rows("gptj", gptj_config);
     family_rows("qwen2_yarn", qwen2_yarn_config);
 }
 
