@@ -52,6 +52,139 @@ static const char *llama_class(const char *type)
     return "LlamaForCausalLM";
 }
 
+/* Each family's names for the keys every config has (NULL: it writes none):
+ * its class, the shape, the norm's epsilon, the rotary base and the
+ * activation with the value it means when the model has none of its own. */
+typedef struct hf_keys {
+    const char *type, *cls, *layers, *hidden, *ffn, *heads, *kv_heads, *vocab, *positions, *eps, *theta, *act,
+        *act_default;
+} hf_keys;
+
+static const hf_keys family_keys[] = {
+    {"gpt_neox", "GPTNeoXForCausalLM", "num_hidden_layers", "hidden_size", "intermediate_size",
+     "num_attention_heads", NULL, "vocab_size", "max_position_embeddings", "layer_norm_eps", "rotary_emb_base",
+     "hidden_act", "gelu"},
+    {"falcon", "FalconForCausalLM", "num_hidden_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+     "num_kv_heads", "vocab_size", "max_position_embeddings", "layer_norm_epsilon", "rope_theta", "activation",
+     "gelu"},
+    /* seq_length: BLOOM's training length */
+    {"bloom", "BloomForCausalLM", "n_layer", "hidden_size", NULL, "n_head", NULL, "vocab_size", "seq_length",
+     "layer_norm_epsilon", NULL, NULL, NULL},
+    {"phi", "PhiForCausalLM", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+     "num_key_value_heads", "vocab_size", "max_position_embeddings", "layer_norm_eps", "rope_theta", "hidden_act",
+     "gelu_new"},
+    {"opt", "OPTForCausalLM", "num_hidden_layers", "hidden_size", "ffn_dim", "num_attention_heads", NULL,
+     "vocab_size", "max_position_embeddings", NULL, NULL, "activation_function", "relu"},
+    {"gptj", "GPTJForCausalLM", "n_layer", "n_embd", "n_inner", "n_head", NULL, "vocab_size", "n_positions",
+     "layer_norm_epsilon", NULL, "activation_function", "gelu_new"},
+    {"gpt2", "GPT2LMHeadModel", "n_layer", "n_embd", "n_inner", "n_head", NULL, "vocab_size", "n_positions",
+     "layer_norm_epsilon", NULL, "activation_function", "gelu_new"},
+    /* the LLaMA family (the class llama_class's; the activation below) */
+    {"", NULL, "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+     "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", NULL, NULL},
+};
+
+/* The keys every family writes, under its names. */
+static void add_common(cJSON *o, cJSON *arch, const char *type, const zo_model_config *c)
+{
+    const hf_keys *k = &family_keys[sizeof family_keys / sizeof family_keys[0] - 1];
+    for (size_t i = 0; i + 1 < sizeof family_keys / sizeof family_keys[0]; i++)
+        if (!strcmp(type, family_keys[i].type)) k = &family_keys[i];
+    cJSON_AddItemToArray(arch, cJSON_CreateString(k->cls ? k->cls : llama_class(type)));
+    cJSON_AddStringToObject(o, "model_type", type);
+    const struct {
+        const char *key;
+        double v;
+    } shape[] = {{k->layers, c->n_layers}, {k->hidden, c->hidden},      {k->ffn, c->ffn},
+                 {k->heads, c->n_heads},   {k->kv_heads, c->n_kv_heads}, {k->vocab, c->vocab},
+                 {k->positions, c->max_seq}, {k->eps, c->norm_eps},    {k->theta, c->rope_theta}};
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
+        if (shape[i].key) cJSON_AddNumberToObject(o, shape[i].key, shape[i].v);
+    if (k->act) cJSON_AddStringToObject(o, k->act, c->act[0] ? c->act : k->act_default);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+}
+
+/* rope_scaling as Hugging Face's rope utilities read it (the LLaMA family,
+ * GPT-NeoX, Falcon and Phi take it). */
+static void add_rope_scaling(cJSON *o, const char *type, const zo_model_config *c)
+{
+    cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+    cJSON_AddStringToObject(rs, "rope_type", c->rope_scaling);
+    cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
+    if (!strcmp(c->rope_scaling, "llama3")) {
+        cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq_factor);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq_factor);
+    }
+    if (c->rope_original_max) cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max);
+    if (!strcmp(c->rope_scaling, "yarn")) {
+        cJSON_AddNumberToObject(rs, "beta_fast", c->rope_beta_fast);
+        cJSON_AddNumberToObject(rs, "beta_slow", c->rope_beta_slow);
+        cJSON_AddBoolToObject(rs, "truncate", c->rope_truncate);
+        if (c->rope_mscale > 0.0) cJSON_AddNumberToObject(rs, "mscale", c->rope_mscale);
+        if (c->rope_mscale_all_dim > 0.0) cJSON_AddNumberToObject(rs, "mscale_all_dim", c->rope_mscale_all_dim);
+        cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
+    }
+    if (!strcmp(c->rope_scaling, "longrope") && c->rope_n_factors > 0) {
+        cJSON_AddItemToObject(rs, "short_factor", cJSON_CreateFloatArray(c->rope_short_factor, c->rope_n_factors));
+        cJSON_AddItemToObject(rs, "long_factor", cJSON_CreateFloatArray(c->rope_long_factor, c->rope_n_factors));
+        cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
+        /* longrope reads its original length from the top level: Phi-3's
+         * always there, another family's only when it is not
+         * max_position_embeddings (its default there) */
+        if (!strcmp(type, "phi3") || c->rope_original_max != c->max_seq)
+            cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->rope_original_max);
+    }
+}
+
+/* The LLaMA family's own keys: the head size where it is not the
+ * default, the activation, the windows, Gemma's score scale and caps,
+ * Granite's multipliers. */
+static void add_llama_keys(cJSON *o, const char *type, const zo_model_config *c)
+{
+    int gemma3 = !strcmp(type, "gemma3_text"), gemma2 = gemma3 || !strcmp(type, "gemma2");
+    int gemma = zo_family_gemma(type), qwen3 = !strcmp(type, "qwen3");
+    /* Gemma's head_dim defaults to 256 and Qwen3's to 128, not hidden / heads */
+    if (gemma || qwen3 || c->head_dim * c->n_heads != c->hidden) cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    /* Gemma: Hugging Face reads hidden_activation (GELU's tanh form) */
+    cJSON_AddStringToObject(o, "hidden_act", gemma ? c->act : "silu");
+    if (gemma) cJSON_AddStringToObject(o, "hidden_activation", c->act);
+    if (!strcmp(type, "mistral") || !strcmp(type, "phi3")) {
+        if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+        else cJSON_AddNullToObject(o, "sliding_window");
+        /* Phi-4-mini's partial rotary size (Phi3Config's default: 1) */
+        if (!strcmp(type, "phi3") && c->rope_partial > 0.0)
+            cJSON_AddNumberToObject(o, "partial_rotary_factor", c->rope_partial);
+    } else if (!strcmp(type, "qwen2") || qwen3) {
+        cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
+        cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
+        cJSON_AddNumberToObject(o, "max_window_layers", c->sliding_window ? c->window_from_layer : c->n_layers);
+    } else if (gemma2) {
+        /* the window, which layers take it (layer_types, as new configs
+         * write them), the score scale and the caps (null: none) */
+        if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+        else cJSON_AddNullToObject(o, "sliding_window");
+        cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
+        for (int l = 0; lt && l < c->n_layers; l++)
+            cJSON_AddItemToArray(lt, cJSON_CreateString(zo_model_layer_sliding(c, l) ? "sliding_attention"
+                                                                                      : "full_attention"));
+        if (gemma3) cJSON_AddNumberToObject(o, "rope_local_base_freq", c->rope_local_theta);
+        cJSON_AddNumberToObject(o, "query_pre_attn_scalar", c->query_pre_attn_scalar);
+        const char *caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
+        const float capv[] = {c->attn_softcap, c->final_softcap};
+        for (int k = 0; k < 2; k++) {
+            if (capv[k] > 0.0f) cJSON_AddNumberToObject(o, caps[k], capv[k]);
+            else cJSON_AddNullToObject(o, caps[k]);
+        }
+    }
+    if (!strcmp(type, "granite")) {
+        /* the four multipliers (0 in the config: none, GraniteConfig's 1) */
+        const char *keys[] = {"embedding_multiplier", "attention_multiplier", "residual_multiplier",
+                              "logits_scaling"};
+        const float v[] = {c->embed_mult, c->attn_mult, c->resid_mult, c->logit_div};
+        for (int k = 0; k < 4; k++) cJSON_AddNumberToObject(o, keys[k], v[k] > 0.0f ? v[k] : 1.0f);
+    }
+}
+
 zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
 {
     const char *type = model_type(c);
@@ -65,208 +198,50 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_Delete(o);
         return zo_error(ZO_ERR_NOMEM, "config.json: out of host memory");
     }
+    add_common(o, arch, type, c);
     if (zo_model_neox(c)) {
-        /* GPTNeoXConfig's keys; rotary_pct 1 when every dimension rotates */
-        cJSON_AddItemToArray(arch, cJSON_CreateString("GPTNeoXForCausalLM"));
-        cJSON_AddStringToObject(o, "model_type", type);
-        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
-        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
-        cJSON_AddNumberToObject(o, "intermediate_size", c->ffn);
-        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
-        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
-        cJSON_AddNumberToObject(o, "layer_norm_eps", c->norm_eps);
-        cJSON_AddNumberToObject(o, "rotary_emb_base", c->rope_theta);
+        /* rotary_pct 1 when every dimension rotates */
         cJSON_AddNumberToObject(o, "rotary_pct", c->rope_partial > 0.0 ? c->rope_partial : 1.0);
         cJSON_AddBoolToObject(o, "use_parallel_residual", c->parallel_block);
-        cJSON_AddStringToObject(o, "hidden_act", c->act[0] ? c->act : "gelu");
         cJSON_AddBoolToObject(o, "attention_bias", 1);
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else if (zo_model_falcon(c)) {
-        /* FalconConfig's keys. The new decoder architecture where the shape
-         * needs it (two norms side by side, or kv heads neither 1 nor all);
-         * the file layout of query_key_value is the same either way (grouped
-         * per kv head), and so is the model. */
+        /* The new decoder architecture where the shape needs it (two norms
+         * side by side, or kv heads neither 1 nor all); the file layout of
+         * query_key_value is the same either way (grouped per kv head), and
+         * so is the model. */
         int new_arch = c->parallel_block && (c->layer_norms == 2 || (c->n_kv_heads != 1 && c->n_kv_heads != c->n_heads));
-        cJSON_AddItemToArray(arch, cJSON_CreateString("FalconForCausalLM"));
-        cJSON_AddStringToObject(o, "model_type", type);
-        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
-        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
-        cJSON_AddNumberToObject(o, "ffn_hidden_size", c->ffn);
-        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
-        cJSON_AddNumberToObject(o, "num_kv_heads", c->n_kv_heads);
         cJSON_AddBoolToObject(o, "new_decoder_architecture", new_arch);
         cJSON_AddBoolToObject(o, "multi_query", !new_arch && c->n_kv_heads == 1);
         cJSON_AddBoolToObject(o, "parallel_attn", c->parallel_block);
         if (new_arch) cJSON_AddNumberToObject(o, "num_ln_in_parallel_attn", c->layer_norms);
         cJSON_AddBoolToObject(o, "bias", c->attn_bias);
         cJSON_AddBoolToObject(o, "alibi", c->pos == ZO_POS_ALIBI);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
-        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
-        cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
-        cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
-        cJSON_AddStringToObject(o, "activation", c->act[0] ? c->act : "gelu");
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else if (zo_model_bloom(c)) {
-        /* BloomConfig's keys (n_layer, n_head); seq_length the training length */
-        cJSON_AddItemToArray(arch, cJSON_CreateString("BloomForCausalLM"));
-        cJSON_AddStringToObject(o, "model_type", type);
-        cJSON_AddNumberToObject(o, "n_layer", c->n_layers);
-        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
-        cJSON_AddNumberToObject(o, "n_head", c->n_heads);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
-        cJSON_AddNumberToObject(o, "seq_length", c->max_seq);
-        cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
         cJSON_AddBoolToObject(o, "apply_residual_connection_post_layernorm", 0);
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else if (zo_model_phi(c)) {
-        /* PhiConfig's keys: partial_rotary_factor 1 when every dimension
-         * rotates; the q/k LayerNorms off (the runtime has none) */
-        cJSON_AddItemToArray(arch, cJSON_CreateString("PhiForCausalLM"));
-        cJSON_AddStringToObject(o, "model_type", type);
-        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
-        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
-        cJSON_AddNumberToObject(o, "intermediate_size", c->ffn);
-        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
-        cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
-        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
-        cJSON_AddNumberToObject(o, "layer_norm_eps", c->norm_eps);
-        cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+        /* partial_rotary_factor 1 when every dimension rotates; the q/k
+         * LayerNorms off (the runtime has none) */
         cJSON_AddNumberToObject(o, "partial_rotary_factor", c->rope_partial > 0.0 ? c->rope_partial : 1.0);
-        cJSON_AddStringToObject(o, "hidden_act", c->act[0] ? c->act : "gelu_new");
         cJSON_AddBoolToObject(o, "qk_layernorm", 0);
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else if (zo_model_opt(c)) {
-        /* OPTConfig's keys: pre-norm layers, the embedding as wide as the
-         * layers (no projections), max_position_embeddings the positions
-         * (the table has 2 rows more) */
-        cJSON_AddItemToArray(arch, cJSON_CreateString("OPTForCausalLM"));
-        cJSON_AddStringToObject(o, "model_type", type);
-        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
-        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
+        /* pre-norm layers, the embedding as wide as the layers (no
+         * projections), max_position_embeddings the positions (the table
+         * has 2 rows more) */
         cJSON_AddNumberToObject(o, "word_embed_proj_dim", c->hidden);
-        cJSON_AddNumberToObject(o, "ffn_dim", c->ffn);
-        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
-        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
         cJSON_AddBoolToObject(o, "do_layer_norm_before", 1);
         cJSON_AddBoolToObject(o, "enable_bias", c->attn_bias);
-        cJSON_AddStringToObject(o, "activation_function", c->act[0] ? c->act : "relu");
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else if (zo_model_gptj(c)) {
-        /* GPTJConfig's keys: GPT-2's, with rotary_dim (the rotated dimensions
-         * of each head) */
-        cJSON_AddItemToArray(arch, cJSON_CreateString("GPTJForCausalLM"));
-        cJSON_AddStringToObject(o, "model_type", type);
-        cJSON_AddNumberToObject(o, "n_layer", c->n_layers);
-        cJSON_AddNumberToObject(o, "n_embd", c->hidden);
-        cJSON_AddNumberToObject(o, "n_head", c->n_heads);
-        cJSON_AddNumberToObject(o, "n_inner", c->ffn);
-        cJSON_AddNumberToObject(o, "n_positions", c->max_seq);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+        /* the rotated dimensions of each head */
         cJSON_AddNumberToObject(o, "rotary_dim", zo_model_rope_dim(c));
-        cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
-        cJSON_AddStringToObject(o, "activation_function", c->act[0] ? c->act : "gelu_new");
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else if (c->arch == ZO_ARCH_GPT) {
-        cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-        cJSON_AddStringToObject(o, "model_type", type);
-        cJSON_AddNumberToObject(o, "n_layer", c->n_layers);
-        cJSON_AddNumberToObject(o, "n_embd", c->hidden);
-        cJSON_AddNumberToObject(o, "n_head", c->n_heads);
-        cJSON_AddNumberToObject(o, "n_inner", c->ffn);
-        cJSON_AddNumberToObject(o, "n_positions", c->max_seq);
         cJSON_AddNumberToObject(o, "n_ctx", c->max_seq);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
-        cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
-        cJSON_AddStringToObject(o, "activation_function", c->act[0] ? c->act : "gelu_new");
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
     } else {
-        const char *cls = llama_class(type);
-        int gemma3 = !strcmp(type, "gemma3_text"), gemma2 = gemma3 || !strcmp(type, "gemma2");
-        int gemma = zo_family_gemma(type), qwen3 = !strcmp(type, "qwen3");
-        cJSON_AddItemToArray(arch, cJSON_CreateString(cls));
-        cJSON_AddStringToObject(o, "model_type", type);
-        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
-        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
-        cJSON_AddNumberToObject(o, "intermediate_size", c->ffn);
-        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
-        cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
-        /* Gemma's head_dim defaults to 256 and Qwen3's to 128, not hidden / heads */
-        if (gemma || qwen3 || c->head_dim * c->n_heads != c->hidden) cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
-        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
-        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
-        cJSON_AddNumberToObject(o, "rms_norm_eps", c->norm_eps);
-        cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
-        /* Gemma: Hugging Face reads hidden_activation (GELU's tanh form) */
-        cJSON_AddStringToObject(o, "hidden_act", gemma ? c->act : "silu");
-        if (gemma) cJSON_AddStringToObject(o, "hidden_activation", c->act);
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
-        if (!strcmp(type, "mistral") || !strcmp(type, "phi3")) {
-            if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
-            else cJSON_AddNullToObject(o, "sliding_window");
-            /* Phi-4-mini's partial rotary size (Phi3Config's default: 1) */
-            if (!strcmp(type, "phi3") && c->rope_partial > 0.0)
-                cJSON_AddNumberToObject(o, "partial_rotary_factor", c->rope_partial);
-        } else if (!strcmp(type, "qwen2") || qwen3) {
-            cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
-            cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
-            cJSON_AddNumberToObject(o, "max_window_layers", c->sliding_window ? c->window_from_layer : c->n_layers);
-        } else if (gemma2) {
-            /* the window, which layers take it (layer_types, as new configs
-             * write them), the score scale and the caps (null: none) */
-            if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
-            else cJSON_AddNullToObject(o, "sliding_window");
-            cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
-            for (int l = 0; lt && l < c->n_layers; l++)
-                cJSON_AddItemToArray(lt, cJSON_CreateString(zo_model_layer_sliding(c, l) ? "sliding_attention"
-                                                                                          : "full_attention"));
-            if (gemma3) cJSON_AddNumberToObject(o, "rope_local_base_freq", c->rope_local_theta);
-            cJSON_AddNumberToObject(o, "query_pre_attn_scalar", c->query_pre_attn_scalar);
-            const char *caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
-            const float capv[] = {c->attn_softcap, c->final_softcap};
-            for (int k = 0; k < 2; k++) {
-                if (capv[k] > 0.0f) cJSON_AddNumberToObject(o, caps[k], capv[k]);
-                else cJSON_AddNullToObject(o, caps[k]);
-            }
-        }
-        if (!strcmp(type, "granite")) {
-            /* the four multipliers (0 in the config: none, GraniteConfig's 1) */
-            const char *keys[] = {"embedding_multiplier", "attention_multiplier", "residual_multiplier",
-                                  "logits_scaling"};
-            const float v[] = {c->embed_mult, c->attn_mult, c->resid_mult, c->logit_div};
-            for (int k = 0; k < 4; k++) cJSON_AddNumberToObject(o, keys[k], v[k] > 0.0f ? v[k] : 1.0f);
-        }
-        if (c->rope_scaling[0]) {
-            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
-            cJSON_AddStringToObject(rs, "rope_type", c->rope_scaling);
-            cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
-            if (!strcmp(c->rope_scaling, "llama3")) {
-                cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq_factor);
-                cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq_factor);
-            }
-            if (c->rope_original_max) cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max);
-            if (!strcmp(c->rope_scaling, "yarn")) {
-                cJSON_AddNumberToObject(rs, "beta_fast", c->rope_beta_fast);
-                cJSON_AddNumberToObject(rs, "beta_slow", c->rope_beta_slow);
-                cJSON_AddBoolToObject(rs, "truncate", c->rope_truncate);
-                if (c->rope_mscale > 0.0) cJSON_AddNumberToObject(rs, "mscale", c->rope_mscale);
-                if (c->rope_mscale_all_dim > 0.0) cJSON_AddNumberToObject(rs, "mscale_all_dim", c->rope_mscale_all_dim);
-                cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
-            }
-            if (!strcmp(c->rope_scaling, "longrope") && c->rope_n_factors > 0) {
-                cJSON_AddItemToObject(rs, "short_factor", cJSON_CreateFloatArray(c->rope_short_factor, c->rope_n_factors));
-                cJSON_AddItemToObject(rs, "long_factor", cJSON_CreateFloatArray(c->rope_long_factor, c->rope_n_factors));
-                cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
-                /* longrope reads its original length from the top level:
-                 * Phi-3's always there, another family's only when it is not
-                 * max_position_embeddings (its default there) */
-                if (!strcmp(type, "phi3") || c->rope_original_max != c->max_seq)
-                    cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->rope_original_max);
-            }
-        }
+        add_llama_keys(o, type, c);
     }
+    /* GPT-J's rotary takes no scaling in Hugging Face's class */
+    if (c->rope_scaling[0] && c->pos != ZO_POS_ALIBI && !zo_model_gptj(c) &&
+        (c->arch == ZO_ARCH_LLAMA || zo_model_neox(c) || zo_model_falcon(c) || zo_model_phi(c)))
+        add_rope_scaling(o, type, c);
     cJSON_AddStringToObject(o, "torch_dtype", model_hf_dtype_name(dtype));
     *out = o;
     return ZO_OK;

@@ -905,6 +905,27 @@ static void test_hf_config_from_presets(void **state)
         assert_null(js);
         assert_non_null(strstr(zo_last_error(), "mixture of experts"));
     }
+    /* the rotary families past LLaMA keep a rope_scaling (linear, and
+     * dynamic with its original length) when their config is written from
+     * the shape */
+    static const char *const rotary[] = {"pythia-1.4b", "falcon-7b", "phi-2"};
+    for (size_t i = 0; i < sizeof rotary / sizeof rotary[0]; i++)
+        for (int kind = 0; kind < 2; kind++) {
+            zo_model_config c, back;
+            assert_int_equal(zo_model_preset_find(rotary[i], &c), ZO_OK);
+            snprintf(c.rope_scaling, sizeof c.rope_scaling, "%s", kind ? "dynamic" : "linear");
+            c.rope_factor = kind ? 4.0f : 2.0f;
+            c.rope_original_max = kind ? c.max_seq : 0;
+            cJSON *js = NULL;
+            assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+            char *text = cJSON_Print(js);
+            if (zo_model_config_parse(text, "written.json", &back) != ZO_OK)
+                fail_msg("%s: %s", rotary[i], zo_last_error());
+            assert_string_equal(back.rope_scaling, c.rope_scaling);
+            assert_true(back.rope_factor == c.rope_factor);
+            free(text);
+            cJSON_Delete(js);
+        }
 }
 
 /* A fixture config.json (tests/fixtures/hf-configs/NAME) into c. */
