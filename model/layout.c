@@ -321,91 +321,68 @@ static void grouped_layer(builder *b, int i)
 }
 
 /* Layer i's q, k and v apart under `p` (LLaMA's model.layers, OPT's
- * model.decoder.layers): their weights when `weights`, their biases when
- * `biases`, self_attn.{q,k,v}_proj. */
-static void qkv_apart(builder *b, const char *p, int i, int weights, int biases)
+ * model.decoder.layers) and `attn` (self_attn; GPT-J's attn): their weights
+ * when `weights`, their biases when `biases`, {attn}.{q,k,v}_proj; GPT-J's
+ * q_proj and k_proj interleave each head's rotated pairs in the file
+ * (hf_rot_pairs). */
+static void qkv_apart(builder *b, const char *p, const char *attn, int i, int weights, int biases)
 {
-    const zo_model_config *c = &b->l->cfg;
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
     const int64_t h = c->hidden, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
     if (weights) {
-        add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
-        add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
-        add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+        int first = l->n_tensors;
+        add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.%s.q_proj.weight", p, i, attn);
+        add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.%s.k_proj.weight", p, i, attn);
+        for (int k = first; zo_model_gptj(c) && b->st == ZO_OK && k < l->n_tensors; k++)
+            model_tensor_set_rot_pairs(&l->tensors[k], c);
+        add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.%s.v_proj.weight", p, i, attn);
     }
     if (biases) {
-        add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
-        add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
-        add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
+        add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.%s.q_proj.bias", p, i, attn);
+        add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.%s.k_proj.bias", p, i, attn);
+        add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.%s.v_proj.bias", p, i, attn);
     }
 }
 
-/* Layer i of an OPT model: GPT-2's layer as Linear weights under OPT's
- * names, q, k and v separate (biased where enable_bias, as are out_proj,
- * fc1 and fc2), with fused views over them. */
-static void opt_layer(builder *b, int i)
-{
-    model_layout *l = b->l;
-    const zo_model_config *c = &l->cfg;
-    const int64_t h = c->hidden, f = c->ffn, q = (int64_t)c->n_heads * c->head_dim;
-    const char *p = "model.decoder.layers";
-    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.self_attn_layer_norm.weight", p, i);
-    add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.self_attn_layer_norm.bias", p, i);
-    qkv_apart(b, p, i, 1, c->attn_bias);
-    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.out_proj.weight", p, i);
-    if (c->out_bias && !c->attn_out_nobias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.out_proj.bias", p, i);
-    add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.final_layer_norm.weight", p, i);
-    add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.final_layer_norm.bias", p, i);
-    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.fc1.weight", p, i);
-    if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.fc1.bias", p, i);
-    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.fc2.weight", p, i);
-    if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.fc2.bias", p, i);
-    fuse_qkv(l, b->block);
-}
+/* The names of GPT-2's layer stored as Linear weights with q, k and v
+ * apart: OPT's, Phi's, GPT-J's (ln2 NULL: one norm before a parallel
+ * attention and MLP). */
+typedef struct linear_gpt_names {
+    const char *prefix, *ln1, *ln2, *attn, *out, *up, *down;
+} linear_gpt_names;
 
-/* Layer i of a Phi model: GPT-2's layer as Linear weights under
- * model.layers, one input_layernorm for the parallel attention and MLP
- * (no ln2), q, k and v separate and biased, with fused views over them. */
-static void phi_layer(builder *b, int i)
-{
-    model_layout *l = b->l;
-    const zo_model_config *c = &l->cfg;
-    const int64_t h = c->hidden, f = c->ffn, q = (int64_t)c->n_heads * c->head_dim;
-    const char *p = "model.layers";
-    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
-    add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
-    qkv_apart(b, p, i, 1, 1);
-    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.dense.weight", p, i);
-    add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.dense.bias", p, i);
-    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.fc1.weight", p, i);
-    add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.fc1.bias", p, i);
-    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.fc2.weight", p, i);
-    add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.fc2.bias", p, i);
-    fuse_qkv(l, b->block);
-}
+static const linear_gpt_names opt_names = {"model.decoder.layers", "self_attn_layer_norm", "final_layer_norm",
+                                           "self_attn", "out_proj", "fc1", "fc2"};
+static const linear_gpt_names phi_names = {"model.layers", "input_layernorm", NULL, "self_attn", "dense",
+                                           "mlp.fc1", "mlp.fc2"};
+static const linear_gpt_names gptj_names = {"transformer.h", "ln_1", NULL, "attn", "out_proj", "mlp.fc_in",
+                                            "mlp.fc_out"};
 
-/* Layer i of a GPT-J model: Phi's layer under transformer.h (ln_1, attn.*,
- * mlp.fc_in, mlp.fc_out), q, k, v and out_proj without biases, fc_in and
- * fc_out with; q_proj's and k_proj's rows interleave the rotated pairs of
- * each head in the file (hf_rot_pairs). */
-static void gptj_layer(builder *b, int i)
+/* Layer i of an OPT, Phi or GPT-J model under its names: the norms, q, k
+ * and v (biased where attn_bias), the attention's output projection
+ * (biased where out_bias but attn_out_nobias: GPT-J's is not), the MLP's
+ * two (biased where out_bias), with fused views over q, k and v. */
+static void linear_gpt_layer(builder *b, int i, const linear_gpt_names *n)
 {
     model_layout *l = b->l;
     const zo_model_config *c = &l->cfg;
     const int64_t h = c->hidden, f = c->ffn, q = (int64_t)c->n_heads * c->head_dim;
-    const int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
-    const char *p = "transformer.h";
-    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.ln_1.weight", p, i);
-    add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.ln_1.bias", p, i);
-    int first = l->n_tensors;
-    add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.attn.q_proj.weight", p, i);
-    add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.attn.k_proj.weight", p, i);
-    for (int k = first; b->st == ZO_OK && k < l->n_tensors; k++) model_tensor_set_rot_pairs(&l->tensors[k], c);
-    add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.attn.v_proj.weight", p, i);
-    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.attn.out_proj.weight", p, i);
-    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.fc_in.weight", p, i);
-    add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.fc_in.bias", p, i);
-    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.fc_out.weight", p, i);
-    add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.fc_out.bias", p, i);
+    const char *p = n->prefix;
+    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.%s.weight", p, i, n->ln1);
+    add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.%s.bias", p, i, n->ln1);
+    qkv_apart(b, p, n->attn, i, 1, c->attn_bias);
+    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.%s.%s.weight", p, i, n->attn, n->out);
+    if (c->out_bias && !c->attn_out_nobias)
+        add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.%s.%s.bias", p, i, n->attn, n->out);
+    if (n->ln2) {
+        add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.%s.weight", p, i, n->ln2);
+        add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.%s.bias", p, i, n->ln2);
+    }
+    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.%s.weight", p, i, n->up);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.%s.bias", p, i, n->up);
+    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.%s.weight", p, i, n->down);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.%s.bias", p, i, n->down);
     fuse_qkv(l, b->block);
 }
 
@@ -427,7 +404,7 @@ static void llama_layer(builder *b, int i)
     const int fused = zo_model_fused_proj(c);
     if (fused) /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
         add(b, MODEL_ROLE_QKV_W, 0, q + 2 * kv, h, "%s.%d.self_attn.qkv_proj.weight", p, i);
-    qkv_apart(b, p, i, !fused, c->attn_bias);
+    qkv_apart(b, p, "self_attn", i, !fused, c->attn_bias);
     add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
     if (c->out_bias && !c->attn_out_nobias)
         add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
@@ -540,9 +517,9 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
         b.block = model_layout_layer_block(i);
         b.layer = i;
         if (zo_model_qkv_grouped(&cfg)) grouped_layer(&b, i);
-        else if (zo_model_opt(&cfg)) opt_layer(&b, i);
-        else if (zo_model_phi(&cfg)) phi_layer(&b, i);
-        else if (zo_model_gptj(&cfg)) gptj_layer(&b, i);
+        else if (zo_model_opt(&cfg)) linear_gpt_layer(&b, i, &opt_names);
+        else if (zo_model_phi(&cfg)) linear_gpt_layer(&b, i, &phi_names);
+        else if (zo_model_gptj(&cfg)) linear_gpt_layer(&b, i, &gptj_names);
         else if (cfg.arch == ZO_ARCH_GPT) gpt_layer(&b, i);
         else llama_layer(&b, i);
     }
