@@ -162,6 +162,10 @@ typedef struct zo_model_config {
     zo_moe moe;
 } zo_model_config;
 
+/* What memplan's reports say of a multimodal checkpoint's model (mm_text):
+ * its parameter count is the text model's, not the card's. */
+#define ZO_MM_TEXT_NOTE "the text model of a multimodal checkpoint: its vision tower neither counted nor trained"
+
 typedef struct zo_model_preset {
     const char *name;     /* "llama-2-13b" */
     const char *aliases;  /* comma-separated other accepted names */

@@ -118,9 +118,9 @@ static zo_status configure(const cli_flags *f, const generate_flags *gf, const z
 static void print_table(const zo_model_config *m, const plan_gen *g, const plan_gen_estimate *e)
 {
     char b1[32], b2[32], tg[128];
-    printf("\ngeneration: %s, %d sequence(s), a prompt of %d + %d new tokens = a context of %d, %s; "
+    printf("\ngeneration: %s%s%s%s, %d sequence(s), a prompt of %d + %d new tokens = a context of %d, %s; "
            "weights%s on %s%s",
-           m->name, g->batch, g->prompt, g->new_tokens, e->context, zo_dtype_name(g->dtype),
+           m->name, m->mm_text ? " (" : "", m->mm_text ? ZO_MM_TEXT_NOTE : "", m->mm_text ? ")" : "", g->batch, g->prompt, g->new_tokens, e->context, zo_dtype_name(g->dtype),
            g->method != ZO_PLAN_FULL ? " (the base)" : "", zo_plan_tier_name(g->params_on),
            g->params_on != ZO_PLAN_GPU ? " (streamed" : "");
     if (g->params_on != ZO_PLAN_GPU) printf(", prefetch %d)", g->prefetch_depth);

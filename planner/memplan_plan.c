@@ -276,8 +276,9 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
 {
     static const char *obj[] = {"step time", "GPU memory", "GPU-seconds per token"};
     char cnt[32];
-    fprintf(tab, "%s (%s params) on %s: %s%d x %s; seq %d%s, global batch %d; ranked by %s\n",
-            m->name, zo_format_count(zo_model_params(m), cnt, sizeof cnt), hw->name,
+    fprintf(tab, "%s (%s params%s%s) on %s: %s%d x %s; seq %d%s, global batch %d; ranked by %s\n",
+            m->name, zo_format_count(zo_model_params(m), cnt, sizeof cnt), m->mm_text ? ", " : "",
+            m->mm_text ? ZO_MM_TEXT_NOTE : "", hw->name,
             s->max_gpus ? "up to " : "", hw->gpus, hw->gpu, s->base.seq,
             s->base.seq_is_default ? " (default: the model's positions, at most 4096)" : "",
             s->global_batch, obj[s->objective]);

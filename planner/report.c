@@ -426,11 +426,13 @@ static void print_config(FILE *out, const zo_model_config *m, const plan_hw *hw,
     char cnt[32], fr[64];
     zo_param_counts pc;
     zo_model_param_counts(m, &pc);
-    char act[48] = "";
+    char act[128] = "";
     if (pc.experts) {
         char a[32];
         snprintf(act, sizeof act, ", %s active", zo_format_count(pc.active, a, sizeof a));
     }
+    if (m->mm_text) /* what a multimodal checkpoint's parameter count on its card includes */
+        snprintf(act + strlen(act), sizeof act - strlen(act), ", %s", ZO_MM_TEXT_NOTE);
     fprintf(out, "%s (%s params%s) on %s: %d x %s, %d per node\n", m->name,
             zo_format_count(e->params, cnt, sizeof cnt), act, hw->name, hw->gpus, hw->gpu,
             hw->gpus_per_node);

@@ -524,7 +524,8 @@ static void test_cli_refused(void **state)
 
 /* The defaults a user trips on: --seq is not Llama-3.1's 131072 positions
  * but at most 4096, and says so; a V100 gets fp16 (bf16 refused) and a
- * warning for FlashAttention. */
+ * warning for FlashAttention; a multimodal checkpoint is sized as its text
+ * model, and the reports say so. */
 static void test_cli_defaults(void **state)
 {
     (void)state;
@@ -550,6 +551,17 @@ static void test_cli_defaults(void **state)
     assert_non_null(strstr(out, "warning: V100-32GB has no FlashAttention"));
     assert_int_equal(run_memplan("estimate --model gpt2 --hw v100-32gb --no-flash-attn", out, sizeof out), 0);
     assert_null(strstr(out, "warning"));
+
+    /* a multimodal checkpoint: its text model's count (3.88B for gemma-3-4b,
+     * whose card says 4.3B with the vision tower), said so in each report */
+    static const char *const cmd[] = {"estimate", "plan", "generate"};
+    for (size_t i = 0; i < sizeof cmd / sizeof cmd[0]; i++) {
+        snprintf(args, sizeof args, "%s --model %s/hf-configs/gemma-3-4b-it.json --gpu-mem 24GiB", cmd[i],
+                 ZO_FIXTURES_DIR);
+        assert_true(run_memplan(args, out, sizeof out) <= 1);
+        assert_non_null(strstr(out, "the text model of a multimodal checkpoint: its vision tower neither counted"));
+        if (i < 2) assert_non_null(strstr(out, "(3.88B params, the text model"));
+    }
 }
 
 /* ---- a mixture of experts with expert parallelism ------------------------------------- */
