@@ -56,10 +56,12 @@
       .act = "silu", .embed_mult = 12.0f, .attn_mult = (float)(a) / (float)(h),          \
       .resid_mult = 0.22f, .logit_div = ls}}
 
-/* Cohere (config.json of CohereForAI/c4ai-command-r-v01, aya-23-8b): LLaMA
- * layers, SiLU, a LayerNorm without a bias (layer_norm_eps 1e-5) before a
- * parallel attention and MLP, rotary interleaved over the whole head, 8192
- * positions, vocabulary 256000, tied; the logits times `ls` (logit_scale). */
+/* Cohere (config.json of CohereForAI/c4ai-command-r-v01, aya-23-8b; not
+ * c4ai-command-r-plus, whose per-head q/k norms the runtime lacks and every
+ * preset is built): LLaMA layers, SiLU, a LayerNorm without a bias (layer_norm_eps
+ * 1e-5) before a parallel attention and MLP, rotary interleaved over the
+ * whole head, 8192 positions, vocabulary 256000, tied; the logits times `ls`
+ * (logit_scale). */
 #define COHERE(n, L, h, a, kv, f, theta, ls)                                              \
     {n, "",                                                                               \
      {.name = n, .family = "cohere", .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h,  \
@@ -549,7 +551,10 @@ void zo_model_layer_params(const zo_model_config *c, int layer, zo_layer_params 
         if (c->attn_bias) o->tp_split += q + k + v;
     }
     if (c->out_bias && !c->attn_out_nobias) o->replicated += h; /* the attention output's bias */
-    if (c->qk_norm) o->replicated += 2 * norm_params(c, (uint64_t)c->head_dim);
+    if (c->qk_norm && c->qk_norm_heads) /* one weight per head: split with the heads */
+        o->tp_split += norm_params(c, (uint64_t)(c->n_heads + c->n_kv_heads) * (uint64_t)c->head_dim);
+    else if (c->qk_norm)
+        o->replicated += 2 * norm_params(c, (uint64_t)c->head_dim);
 
     /* MLP: GPT up/down, LLaMA gate/up/down; or the experts */
     uint64_t mats = c->arch == ZO_ARCH_GPT ? 2 : 3;
@@ -658,6 +663,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
     else if (c->embed_norm && !bloom) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
+    else if (c->qk_norm_heads) snprintf(lacks, sizeof lacks, "q/k LayerNorms with a weight per head (use_qk_norm)");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
     char list[256];
@@ -1456,15 +1462,17 @@ static void parse_gptj(hf *r, zo_model_config *c, const family *f)
 /* Cohere (CohereConfig): LLaMA's keys, layer_norm_eps (1e-5), one
  * CohereLayerNorm (no bias) before a parallel attention and MLP, rotary
  * interleaved over the whole head, logits times logit_scale (default
- * 0.0625), tied by default. Refused by name as unmodelled size keys:
- * attention_bias (q, k, v and o biased, the MLP not: no field says that)
- * and use_qk_norm (command-r-plus: a LayerNorm over head_dim per head whose
- * weight is per head, where Qwen3's q/k norms share one). */
+ * 0.0625), tied by default. use_qk_norm (command-r-plus): a LayerNorm over
+ * head_dim on each q and k head whose weight is per head, where Qwen3's q/k
+ * norms share one (qk_norm_heads: sized, refused by the runtime).
+ * attention_bias true (q, k, v and o biased, the MLP not: no field says
+ * that) is refused by name as an unmodelled size key. */
 static void parse_cohere(hf *r, zo_model_config *c, const family *f)
 {
     parse_llama(r, c, f);
     c->norm_eps = hf_float(r, "layer_norm_eps", 1e-5f);
     c->layer_norm = 1;
+    c->qk_norm = c->qk_norm_heads = hf_bool(r, "use_qk_norm", 0);
     c->layer_norms = 1;
     c->parallel_block = 1;
     double ls = hf_double(r, "logit_scale", 0.0625);
@@ -1553,8 +1561,8 @@ static const family families[] = {
      "bias", 0, 0, 0, NULL, 1},
     {"cohere", "CohereForCausalLM", parse_cohere,
      "Cohere Command-R / Aya: LLaMA layers with a LayerNorm without a bias, one norm before a parallel "
-     "attention and MLP, rotary interleaved, the logits times logit_scale, tied (not use_qk_norm)", 1, 0, 0,
-     NULL, 1},
+     "attention and MLP, rotary interleaved, the logits times logit_scale, tied; use_qk_norm's q/k norms with a weight per head sized, not trained",
+     1, 0, 0, "use_qk_norm", 1},
     /* recognised and refused */
     {"cohere2", "Cohere2ForCausalLM", NULL,
      "Command-R7B / Command-A: Cohere layers with sliding-window layers and global layers without "

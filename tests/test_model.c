@@ -46,6 +46,7 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
 static const struct { const char *config, *family, *lacks; } not_built[] = {
     {"deepseek-v2-lite.json", "deepseek_v2", "latent attention (kv_lora_rank)"},
     {"deepseek-v3.json", "deepseek_v3", "latent attention (kv_lora_rank)"},
+    {"c4ai-command-r-plus.json", "cohere", "q/k LayerNorms with a weight per head (use_qk_norm)"},
 };
 
 /* Tensors tile each block exactly, in order, and sum to the config's count. */
@@ -1030,8 +1031,9 @@ static void test_gemma2_config(void **state)
 /* Cohere as CohereConfig reads it: c4ai-command-r-v01's and aya-23-8b's
  * shapes, one LayerNorm without a bias before a parallel attention and MLP,
  * logit_scale as the logits' divisor's inverse (absent: 0.0625), tied unless
- * said; logit_scale not a finite number > 0, use_qk_norm and attention_bias
- * refused by name; q_proj's and k_proj's rows (not v_proj's) carry the
+ * said; logit_scale not a finite number > 0 and attention_bias refused by
+ * name; command-r-plus's use_qk_norm (a weight per head) read and sized, the
+ * runtime refusing it by name; q_proj's and k_proj's rows (not v_proj's) carry the
  * interleaved rotary pairs over the whole head; each preset's config.json
  * read back alike; cohere2 refused by name, saying what it lacks. */
 static void test_cohere_config(void **state)
@@ -1060,7 +1062,6 @@ static void test_cohere_config(void **state)
         {CO ", \"logit_scale\": 0}", "logit_scale", ZO_ERR_FORMAT},
         {CO ", \"logit_scale\": -0.0625}", "logit_scale", ZO_ERR_FORMAT},
         {CO ", \"logit_scale\": 1e-300}", "logit_scale", ZO_ERR_FORMAT},
-        {CO ", \"use_qk_norm\": true}", "use_qk_norm", ZO_ERR_UNSUPPORTED},
         {CO ", \"attention_bias\": true}", "attention_bias", ZO_ERR_UNSUPPORTED},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -1070,6 +1071,14 @@ static void test_cohere_config(void **state)
         snprintf(want, sizeof want, "bad.json: field \"%s\"", bad[i].key);
         assert_non_null(strstr(zo_last_error(), want));
     }
+    load_hf_fixture("c4ai-command-r-plus.json", &c);
+    assert_true(c.qk_norm && c.qk_norm_heads && c.n_kv_heads == 8 && c.rope_theta == 7.5e7f);
+    /* 256000 x 12288 tied + 64 x (q, k, v, o + gate, up, down + input_layernorm + q_norm [96, 128]
+     * + k_norm [8, 128]) + the final norm, summed in Python from the shapes (published: 104B) */
+    assert_true(zo_model_params(&c) == 103810674688ull);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_ERR_UNSUPPORTED);
+    printf("  refused: %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), "use_qk_norm"));
     /* the layout: one norm a layer, no biases, q and k rows interleaved in the file */
     assert_int_equal(zo_model_config_parse(CO ", \"num_key_value_heads\": 1}", "gqa.json", &c), ZO_OK);
     model_layout l;
