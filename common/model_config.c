@@ -1561,7 +1561,8 @@ static const family families[] = {
      "bias", 0, 0, 0, NULL, 1},
     {"cohere", "CohereForCausalLM", parse_cohere,
      "Cohere Command-R / Aya: LLaMA layers with a LayerNorm without a bias, one norm before a parallel "
-     "attention and MLP, rotary interleaved, the logits times logit_scale, tied; use_qk_norm's q/k norms with a weight per head sized, not trained",
+     "attention and MLP, rotary interleaved, the logits times logit_scale, tied; use_qk_norm's q/k norms "
+     "with a weight per head sized, not trained",
      1, 0, 0, "use_qk_norm", 1},
     /* recognised and refused */
     {"cohere2", "Cohere2ForCausalLM", NULL,
