@@ -56,6 +56,20 @@
       .act = "silu", .embed_mult = 12.0f, .attn_mult = (float)(a) / (float)(h),          \
       .resid_mult = 0.22f, .logit_div = ls}}
 
+/* Cohere (config.json of CohereForAI/c4ai-command-r-v01, aya-23-8b; not
+ * c4ai-command-r-plus, whose per-head q/k norms the runtime lacks and every
+ * preset is built): LLaMA layers, SiLU, a LayerNorm without a bias (layer_norm_eps
+ * 1e-5) before a parallel attention and MLP, rotary interleaved over the
+ * whole head, 8192 positions, vocabulary 256000, tied; the logits times `ls`
+ * (logit_scale). */
+#define COHERE(n, L, h, a, kv, f, theta, ls)                                              \
+    {n, "",                                                                               \
+     {.name = n, .family = "cohere", .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h,  \
+      .n_heads = a, .n_kv_heads = kv, .head_dim = (h) / (a), .ffn = f, .vocab = 256000,  \
+      .max_seq = 8192, .tied_embeddings = 1, .norm_eps = 1e-5f, .rope_theta = theta,     \
+      .act = "silu", .layer_norm = 1, .layer_norms = 1, .parallel_block = 1,             \
+      .logit_div = 1.0f / (ls)}}
+
 /* Gemma (config.json of google/gemma-2b, gemma-7b): LLaMA layers with
  * GeGLU (tanh GELU), head_dim 256 whatever hidden / heads, RMSNorm times
  * (1 + w), the embedding times sqrt(hidden), tied; rms_norm_eps 1e-6, 8192
@@ -251,6 +265,8 @@ static const zo_model_preset presets[] = {
     GEMMA3("gemma-3-27b", 62, 5376, 32, 16, 128, 21504, 168, 262208, 131072, 1024, "linear", 8.0f),
     GRANITE("granite-3.1-2b", 40, 2048, 32, 8, 8192, 8.0f),
     GRANITE("granite-3.1-8b", 40, 4096, 32, 8, 12800, 16.0f),
+    COHERE("c4ai-command-r-v01", 40, 8192, 64, 64, 22528, 8e6f, 0.0625f),
+    COHERE("aya-23-8b", 32, 4096, 32, 8, 14336, 10000.0f, 0.125f),
     QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1),
     QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0),
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
@@ -535,7 +551,10 @@ void zo_model_layer_params(const zo_model_config *c, int layer, zo_layer_params 
         if (c->attn_bias) o->tp_split += q + k + v;
     }
     if (c->out_bias && !c->attn_out_nobias) o->replicated += h; /* the attention output's bias */
-    if (c->qk_norm) o->replicated += 2 * norm_params(c, (uint64_t)c->head_dim);
+    if (c->qk_norm && c->qk_norm_heads) /* one weight per head: split with the heads */
+        o->tp_split += norm_params(c, (uint64_t)(c->n_heads + c->n_kv_heads) * (uint64_t)c->head_dim);
+    else if (c->qk_norm)
+        o->replicated += 2 * norm_params(c, (uint64_t)c->head_dim);
 
     /* MLP: GPT up/down, LLaMA gate/up/down; or the experts */
     uint64_t mats = c->arch == ZO_ARCH_GPT ? 2 : 3;
@@ -633,15 +652,18 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
              !((bloom || zo_model_falcon(c)) && c->pos == ZO_POS_ALIBI))
         snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
     else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_post_norms(c) && gemma) &&
-             !((zo_model_falcon(c) || phi) && c->layer_norms == 1 && c->parallel_block))
+             !((zo_model_falcon(c) || phi || zo_model_cohere(c)) && c->layer_norms == 1 && c->parallel_block))
         snprintf(lacks, sizeof lacks, "its norms");
-    else if (c->parallel_block && !grouped && !phi) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (c->parallel_block && !grouped && !phi && !zo_model_cohere(c))
+        snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (c->layer_norm && !zo_model_cohere(c)) snprintf(lacks, sizeof lacks, "a LayerNorm on LLaMA layers");
     else if (zo_model_falcon(c) && !c->parallel_block && c->n_kv_heads != 1 && c->n_kv_heads != c->n_heads)
         /* FalconConfig has grouped kv heads only with the new decoder
          * architecture, whose attention and MLP are side by side */
         snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
     else if (c->embed_norm && !bloom) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
+    else if (c->qk_norm_heads) snprintf(lacks, sizeof lacks, "q/k LayerNorms with a weight per head (use_qk_norm)");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
     char list[256];
@@ -1175,6 +1197,8 @@ int zo_model_qkv_grouped(const zo_model_config *c)
 int zo_model_opt(const zo_model_config *c) { return !strcmp(c->family, "opt"); }
 int zo_model_phi(const zo_model_config *c) { return !strcmp(c->family, "phi"); }
 int zo_model_gptj(const zo_model_config *c) { return !strcmp(c->family, "gptj"); }
+int zo_model_cohere(const zo_model_config *c) { return !strcmp(c->family, "cohere"); }
+int zo_model_rot_interleaved(const zo_model_config *c) { return zo_model_gptj(c) || zo_model_cohere(c); }
 
 int zo_model_rope_dim(const zo_model_config *c)
 {
@@ -1435,6 +1459,28 @@ static void parse_gptj(hf *r, zo_model_config *c, const family *f)
     if (!r->st && rd != d && (int)(d * c->rope_partial) != rd) c->rope_partial = (rd + 0.5) / d;
 }
 
+/* Cohere (CohereConfig): LLaMA's keys, layer_norm_eps (1e-5), one
+ * CohereLayerNorm (no bias) before a parallel attention and MLP, rotary
+ * interleaved over the whole head, logits times logit_scale (default
+ * 0.0625), tied by default. use_qk_norm (command-r-plus): a LayerNorm over
+ * head_dim on each q and k head whose weight is per head, where Qwen3's q/k
+ * norms share one (qk_norm_heads: sized, refused by the runtime).
+ * attention_bias true (q, k, v and o biased, the MLP not: no field says
+ * that) is refused by name as an unmodelled size key. */
+static void parse_cohere(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->norm_eps = hf_float(r, "layer_norm_eps", 1e-5f);
+    c->layer_norm = 1;
+    c->qk_norm = c->qk_norm_heads = hf_bool(r, "use_qk_norm", 0);
+    c->layer_norms = 1;
+    c->parallel_block = 1;
+    double ls = hf_double(r, "logit_scale", 0.0625);
+    if (!r->st && !(ls > 0.0 && isfinite((float)(1.0 / ls)) && (float)ls > 0.0f))
+        hf_fail(r, ZO_ERR_FORMAT, "logit_scale", "must be finite and > 0 (got %g)", ls);
+    c->logit_div = (float)(1.0 / ls);
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -1513,7 +1559,15 @@ static const family families[] = {
      "GPT-J: LayerNorm, unbiased q/k/v/out_proj, biased GELU MLP, rotary interleaved over the first "
      "rotary_dim dimensions, one norm before a parallel attention and MLP, untied output layer with a "
      "bias", 0, 0, 0, NULL, 1},
+    {"cohere", "CohereForCausalLM", parse_cohere,
+     "Cohere Command-R / Aya: LLaMA layers with a LayerNorm without a bias, one norm before a parallel "
+     "attention and MLP, rotary interleaved, the logits times logit_scale, tied; use_qk_norm's q/k norms "
+     "with a weight per head sized, not trained",
+     1, 0, 0, "use_qk_norm", 1},
     /* recognised and refused */
+    {"cohere2", "Cohere2ForCausalLM", NULL,
+     "Command-R7B / Command-A: Cohere layers with sliding-window layers and global layers without "
+     "rotary positions, which memplan does not model", 0, 0, 0, NULL, 0},
     {"t5", "T5ForConditionalGeneration", NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
     {"mt5", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
     {"bart", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},

@@ -86,6 +86,8 @@ typedef struct zo_model_config {
     int attn_out_nobias; /* with out_bias: the MLP's projections only, the attention output has
                             none (GPT-J: out_proj unbiased, fc_in and fc_out biased) */
     int norm_bias;     /* LayerNorm has a bias (GPT); RMSNorm has none */
+    int layer_norm;    /* LayerNorm (the mean taken out) where the arch has RMSNorm: Cohere's
+                          CohereLayerNorm on LLaMA layers, without a bias (norm_bias 0) */
     int head_bias;     /* the output layer has a bias over the vocabulary (Phi-1/2's lm_head.bias) */
     float norm_eps;
     float rope_theta;  /* LLaMA only */
@@ -152,6 +154,9 @@ typedef struct zo_model_config {
                             runtime computes it for GPT-NeoX (use_parallel_residual) */
     int embed_norm;      /* BLOOM: a LayerNorm on the word embeddings */
     int qk_norm;         /* Qwen3: an RMSNorm over head_dim on q and on k */
+    int qk_norm_heads;   /* with qk_norm, Cohere's use_qk_norm (command-r-plus): LayerNorms whose
+                            weight is per head ([heads, head_dim] and [kv_heads, head_dim]), split
+                            with the heads; memplan sizes them, the runtime refuses them */
     int mm_text;         /* the text model of a multimodal checkpoint (Gemma-3 4b/12b/27b,
                             Mistral-Small-3.1, LLaVA as published: *ForConditionalGeneration):
                             config under text_config, tensors under language_model. (or
@@ -204,6 +209,15 @@ int zo_model_phi(const zo_model_config *c);
  * rotary_dim dimensions of each head with its pairs interleaved in the file
  * (model_tensor.hf_rot_pairs), a biased output layer. */
 int zo_model_gptj(const zo_model_config *c);
+/* Cohere (Command-R, Aya): LLaMA layers (SwiGLU, GQA) with a LayerNorm
+ * without a bias (layer_norm), one norm before a parallel attention and MLP,
+ * rotary over the whole head with its pairs interleaved in the file, the
+ * logits times logit_scale (logit_div its inverse), tied. */
+int zo_model_cohere(const zo_model_config *c);
+/* The families whose files interleave each head's rotary pairs (dims 2i,
+ * 2i + 1 turn together): GPT-J and Cohere. Their q and k rows are held in
+ * the kernels' halves order (model_tensor.hf_rot_pairs). */
+int zo_model_rot_interleaved(const zo_model_config *c);
 /* Gemma-2's layers: a norm on the attention's and on the MLP's output
  * before each residual add (layer_norms 4 on a LLaMA layer). */
 int zo_model_post_norms(const zo_model_config *c);

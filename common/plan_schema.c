@@ -90,6 +90,7 @@ static const field features_fields[] = {
     BOOL(M, qk_norm, F_SHAPE | F_COMPARE),
     BOOL(M, head_bias, F_SHAPE | F_COMPARE | F_OPTIONAL),
     BOOL(M, attn_out_nobias, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    BOOL(M, qk_norm_heads, F_SHAPE | F_COMPARE | F_OPTIONAL),
 };
 #undef M
 

@@ -26,7 +26,7 @@ const char *model_hf_dtype_name(zo_dtype dt)
 static const char *model_type(const zo_model_config *c)
 {
     static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
-                                      "granite"};
+                                      "granite", "cohere"};
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -46,7 +46,8 @@ static const char *llama_class(const char *type)
     static const char *const of[][2] = {
         {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
         {"phi3", "Phi3ForCausalLM"},       {"gemma", "GemmaForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
-        {"gemma3_text", "Gemma3ForCausalLM"}, {"granite", "GraniteForCausalLM"}};
+        {"gemma3_text", "Gemma3ForCausalLM"}, {"granite", "GraniteForCausalLM"},
+        {"cohere", "CohereForCausalLM"}};
     for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
         if (!strcmp(type, of[i][0])) return of[i][1];
     return "LlamaForCausalLM";
@@ -79,6 +80,9 @@ static const hf_keys family_keys[] = {
      "layer_norm_epsilon", NULL, "activation_function", "gelu_new"},
     {"gpt2", "GPT2LMHeadModel", "n_layer", "n_embd", "n_inner", "n_head", NULL, "vocab_size", "n_positions",
      "layer_norm_epsilon", NULL, "activation_function", "gelu_new"},
+    {"cohere", "CohereForCausalLM", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+     "num_key_value_heads", "vocab_size", "max_position_embeddings", "layer_norm_eps", "rope_theta", "hidden_act",
+     "silu"},
     /* the LLaMA family (the class llama_class's; the activation below) */
     {"", NULL, "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
      "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", NULL, NULL},
@@ -235,6 +239,12 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddNumberToObject(o, "rotary_dim", zo_model_rope_dim(c));
     } else if (c->arch == ZO_ARCH_GPT) {
         cJSON_AddNumberToObject(o, "n_ctx", c->max_seq);
+    } else if (zo_model_cohere(c)) {
+        /* the logits' factor (the output layer's alpha is its inverse's
+         * inverse); no biases; use_qk_norm where sized (memplan's, not trained) */
+        cJSON_AddNumberToObject(o, "logit_scale", c->logit_div > 0.0f ? 1.0 / c->logit_div : 1.0);
+        cJSON_AddBoolToObject(o, "attention_bias", 0);
+        cJSON_AddBoolToObject(o, "use_qk_norm", c->qk_norm);
     } else {
         add_llama_keys(o, type, c);
     }

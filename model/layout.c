@@ -323,8 +323,8 @@ static void grouped_layer(builder *b, int i)
 /* Layer i's q, k and v apart under `p` (LLaMA's model.layers, OPT's
  * model.decoder.layers) and `attn` (self_attn; GPT-J's attn): their weights
  * when `weights`, their biases when `biases`, {attn}.{q,k,v}_proj; GPT-J's
- * q_proj and k_proj interleave each head's rotated pairs in the file
- * (hf_rot_pairs). */
+ * and Cohere's q_proj and k_proj (weights and biases) interleave each head's
+ * rotated pairs in the file (hf_rot_pairs). */
 static void qkv_apart(builder *b, const char *p, const char *attn, int i, int weights, int biases)
 {
     model_layout *l = b->l;
@@ -334,13 +334,16 @@ static void qkv_apart(builder *b, const char *p, const char *attn, int i, int we
         int first = l->n_tensors;
         add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.%s.q_proj.weight", p, i, attn);
         add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.%s.k_proj.weight", p, i, attn);
-        for (int k = first; zo_model_gptj(c) && b->st == ZO_OK && k < l->n_tensors; k++)
+        for (int k = first; zo_model_rot_interleaved(c) && b->st == ZO_OK && k < l->n_tensors; k++)
             model_tensor_set_rot_pairs(&l->tensors[k], c);
         add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.%s.v_proj.weight", p, i, attn);
     }
     if (biases) {
+        int first = l->n_tensors;
         add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.%s.q_proj.bias", p, i, attn);
         add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.%s.k_proj.bias", p, i, attn);
+        for (int k = first; zo_model_rot_interleaved(c) && b->st == ZO_OK && k < l->n_tensors; k++)
+            model_tensor_set_rot_pairs(&l->tensors[k], c);
         add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.%s.v_proj.bias", p, i, attn);
     }
 }
@@ -415,10 +418,10 @@ static void llama_layer(builder *b, int i)
     if (zo_model_post_norms(c)) { /* Gemma-2: a norm after attention, then the MLP's pre-norm */
         add(b, MODEL_ROLE_POST_ATTN_NORM_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
         add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.pre_feedforward_layernorm.weight", p, i);
-    } else {
+    } else if (c->layer_norms != 1) { /* (Cohere: input_layernorm alone, before both) */
         add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
     }
-    if (c->norm_bias)
+    if (c->norm_bias && c->layer_norms != 1)
         add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);
     if (zo_model_layer_is_moe(c, i))
         moe_layer(b, i);

@@ -107,8 +107,8 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
                         /* GPT-NeoX's and Falcon's query_key_value: lora_B's rows as the weight's */
                         if (part == MODEL_LORA_B && zo_model_qkv_grouped(&cfg) && t->role == MODEL_ROLE_QKV_W)
                             model_tensor_set_head_rows(t, &cfg);
-                        /* GPT-J's q_proj and k_proj: lora_B's rotary pairs as the weight's */
-                        if (part == MODEL_LORA_B && zo_model_gptj(&cfg) &&
+                        /* GPT-J's and Cohere's q_proj and k_proj: lora_B's rotary pairs as the weight's */
+                        if (part == MODEL_LORA_B && zo_model_rot_interleaved(&cfg) &&
                             (t->role == MODEL_ROLE_Q_W || t->role == MODEL_ROLE_K_W))
                             model_tensor_set_rot_pairs(t, &cfg);
                         l->block_numel[blk] += t->numel;

@@ -476,6 +476,7 @@ static void apply_shape(const shape_flags *sf, int over_model, zo_model_config *
         m->tied_embeddings = gpt;
         m->attn_bias = m->out_bias = m->norm_bias = gpt;
         m->attn_out_nobias = 0; /* (GPT-J's unbiased attention output is its own) */
+        m->qk_norm_heads = 0;   /* (command-r-plus's per-head q/k norm weights too) */
         m->rope_theta = gpt ? 0 : 10000.0f;
         m->norm_eps = 1e-5f;
     }

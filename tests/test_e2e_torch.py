@@ -395,6 +395,22 @@ FAMILIES["granite"] = dict(
     run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
     lora=dict(r=8, alpha=16.0, targets="q_proj,v_proj,o_proj,gate_proj,down_proj", lr=2e-2),
     qlora=True, loss_chunk=96)
+# Cohere (CohereForCausalLM, Command-R's and Aya's kind): 4 heads of 64 over 2 kv heads, one LayerNorm
+# without a bias before the parallel attention and MLP, rotary over the whole head with its pairs
+# interleaved (the runtime holds q_proj's and k_proj's rows reordered, so the file's order shows in
+# every loss), tied, the logits times 0.25; CohereConfig's keys; LoRA on PEFT's seven modules; with
+# QLoRA and its --merge folder, and the loss in chunks of 96 of the 260 rows
+FAMILIES["cohere"] = dict(
+    seed=73,
+    config={"architectures": ["CohereForCausalLM"], "model_type": "cohere", "num_hidden_layers": 2,
+            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+            "hidden_act": "silu", "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
+            "attention_bias": False, "attention_dropout": 0.0, "use_qk_norm": False, "logit_scale": 0.25,
+            "tie_word_embeddings": True, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+    lora=dict(r=8, alpha=16.0, targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", lr=2e-2),
+    qlora=True, qlora_merge=True, loss_chunk=96)
 # DeepSeekMoE (DeepseekForCausalLM, trust_remote_code's modeling_deepseek.py): LLaMA attention, a dense
 # first layer (first_k_dense_replace 1, intermediate_size), then MoE layers: softmax gate, top 3 of 6 not
 # renormalized, two shared experts as one MLP of 2 x moe_intermediate_size with no gate; the balance
@@ -976,6 +992,8 @@ def check_family(train, name, workdir):
     if c["model_type"] == "granite":  # each multiplier at GraniteConfig's default
         variants["granite"] = {k: 1.0 for k in ("embedding_multiplier", "attention_multiplier",
                                                 "residual_multiplier", "logits_scaling")}
+    if c["model_type"] == "cohere":  # the logits unscaled
+        variants["cohere"] = {"logit_scale": 1.0}
     for key, other in variants.get(c["model_type"], {}).items():
         with torch.no_grad():
             changed = micro_loss(dict(c, **{key: other}), params, data, run, 0).item()

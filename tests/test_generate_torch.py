@@ -249,6 +249,15 @@ FAMILIES["gptj"] = dict(
     config=dict(e2e.FAMILIES["gptj"]["config"], n_layer=4, n_positions=128, eos_token_id=127),
     lora=dict(r=4, alpha=8.0, targets=["q", "k", "v", "o", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "out_proj", "fc_in", "fc_out"]))
+# Cohere (Command-R's and Aya's kind): test_e2e_torch's model with 4 layers (4 heads of 64 over 2 kv
+# heads, one LayerNorm without a bias before the parallel attention and MLP, rotary interleaved in
+# pairs, tied, the logits times 0.25); PEFT's seven modules (q's and k's lora_B in the file's row order)
+FAMILIES["cohere"] = dict(
+    seed=75,
+    config=dict(e2e.FAMILIES["cohere"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127),
+    lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
+              peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
 
 # ---- the PyTorch side -------------------------------------------------------------------------
 

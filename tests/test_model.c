@@ -37,7 +37,8 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json", "phi-2.json",
                                    "granite-3.1-2b.json", "granite-3.1-8b.json", "gpt-j-6b.json",
                                    "gemma-3-4b-it.json", "gemma-3-27b-it.json", "llava-1.5-7b-hf.json",
-                                   "mistral-small-3.1-24b.json"};
+                                   "mistral-small-3.1-24b.json", "c4ai-command-r-v01.json",
+                                   "aya-23-8b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name, and what it lacks (DeepSeek-V2's and V3's
@@ -45,6 +46,7 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
 static const struct { const char *config, *family, *lacks; } not_built[] = {
     {"deepseek-v2-lite.json", "deepseek_v2", "latent attention (kv_lora_rank)"},
     {"deepseek-v3.json", "deepseek_v3", "latent attention (kv_lora_rank)"},
+    {"c4ai-command-r-plus.json", "cohere", "q/k LayerNorms with a weight per head (use_qk_norm)"},
 };
 
 /* Tensors tile each block exactly, in order, and sum to the config's count. */
@@ -1026,6 +1028,85 @@ static void test_gemma2_config(void **state)
     }
 }
 
+/* Cohere as CohereConfig reads it: c4ai-command-r-v01's and aya-23-8b's
+ * shapes, one LayerNorm without a bias before a parallel attention and MLP,
+ * logit_scale as the logits' divisor's inverse (absent: 0.0625), tied unless
+ * said; logit_scale not a finite number > 0 and attention_bias refused by
+ * name; command-r-plus's use_qk_norm (a weight per head) read and sized, the
+ * runtime refusing it by name; q_proj's and k_proj's rows (not v_proj's) carry the
+ * interleaved rotary pairs over the whole head; each preset's config.json
+ * read back alike; cohere2 refused by name, saying what it lacks. */
+static void test_cohere_config(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    load_hf_fixture("c4ai-command-r-v01.json", &c);
+    assert_string_equal(c.family, "cohere");
+    assert_true(c.arch == ZO_ARCH_LLAMA && c.layer_norm && !c.norm_bias && c.layer_norms == 1 && c.parallel_block);
+    assert_true(c.n_kv_heads == 64 && c.head_dim == 128 && c.rope_theta == 8e6f && c.norm_eps == 1e-5f);
+    assert_true(c.logit_div == 16.0f && c.tied_embeddings && !c.attn_bias && !c.qk_norm);
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    load_hf_fixture("aya-23-8b.json", &c);
+    assert_true(c.logit_div == 8.0f && c.n_kv_heads == 8 && c.ffn == 14336);
+#define CO "{\"model_type\": \"cohere\", \"num_hidden_layers\": 2, \"hidden_size\": 64, " \
+           "\"num_attention_heads\": 2, \"intermediate_size\": 96, \"vocab_size\": 100"
+    assert_int_equal(zo_model_config_parse(CO "}", "defaults.json", &c), ZO_OK);
+    assert_true(c.logit_div == 16.0f && c.tied_embeddings && c.n_kv_heads == 2 && c.norm_eps == 1e-5f);
+    assert_int_equal(zo_model_config_parse(CO ", \"logit_scale\": 0.5, \"num_key_value_heads\": null}", "ls.json", &c),
+                     ZO_OK);
+    assert_true(c.logit_div == 2.0f && c.n_kv_heads == 2);
+    static const struct {
+        const char *json, *key;
+        zo_status code;
+    } bad[] = {
+        {CO ", \"logit_scale\": 0}", "logit_scale", ZO_ERR_FORMAT},
+        {CO ", \"logit_scale\": -0.0625}", "logit_scale", ZO_ERR_FORMAT},
+        {CO ", \"logit_scale\": 1e-300}", "logit_scale", ZO_ERR_FORMAT},
+        {CO ", \"attention_bias\": true}", "attention_bias", ZO_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(zo_model_config_parse(bad[i].json, "bad.json", &c), bad[i].code);
+        printf("  refused: %s\n", zo_last_error());
+        char want[64];
+        snprintf(want, sizeof want, "bad.json: field \"%s\"", bad[i].key);
+        assert_non_null(strstr(zo_last_error(), want));
+    }
+    load_hf_fixture("c4ai-command-r-plus.json", &c);
+    assert_true(c.qk_norm && c.qk_norm_heads && c.n_kv_heads == 8 && c.rope_theta == 7.5e7f);
+    /* 256000 x 12288 tied + 64 x (q, k, v, o + gate, up, down + input_layernorm + q_norm [96, 128]
+     * + k_norm [8, 128]) + the final norm, summed in Python from the shapes (published: 104B) */
+    assert_true(zo_model_params(&c) == 103810674688ull);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_ERR_UNSUPPORTED);
+    printf("  refused: %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), "use_qk_norm"));
+    /* the layout: one norm a layer, no biases, q and k rows interleaved in the file */
+    assert_int_equal(zo_model_config_parse(CO ", \"num_key_value_heads\": 1}", "gqa.json", &c), ZO_OK);
+    model_layout l;
+    if (model_layout_init(&l, &c) != ZO_OK) fail_msg("%s", zo_last_error());
+    const model_tensor *q = model_layout_find(&l, "model.layers.1.self_attn.q_proj.weight"),
+                       *k = model_layout_find(&l, "model.layers.1.self_attn.k_proj.weight"),
+                       *v = model_layout_find(&l, "model.layers.1.self_attn.v_proj.weight");
+    assert_true(q && k && v && q->hf_rot_pairs == 16 && q->hf_rot_head == 32 && k->hf_rot_pairs == 16);
+    assert_int_equal(v->hf_rot_pairs, 0);
+    assert_null(model_layout_find(&l, "model.layers.0.post_attention_layernorm.weight"));
+    assert_null(model_layout_find(&l, "model.layers.0.input_layernorm.bias"));
+    assert_null(model_layout_find(&l, "lm_head.weight"));
+    assert_non_null(model_layout_find(&l, "model.norm.weight"));
+    model_layout_free(&l);
+#undef CO
+    static const char *const presets[] = {"c4ai-command-r-v01", "aya-23-8b"};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        preset_round_trip(presets[i], &c, &back);
+        assert_string_equal(back.family, "cohere");
+        assert_true(back.logit_div == c.logit_div && back.layer_norm && back.layer_norms == 1 && back.parallel_block);
+        assert_true(back.rope_theta == c.rope_theta && back.norm_eps == c.norm_eps);
+        assert_true(back.tied_embeddings && zo_model_params(&back) == zo_model_params(&c));
+    }
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"cohere2\"}", "c2.json", &c), ZO_ERR_UNSUPPORTED);
+    printf("  refused: %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), "sliding-window"));
+}
+
 /* Granite as GraniteConfig reads it: granite-3.1-8b's and -2b's multipliers
  * (12, 1 / head_dim, 0.22, 16 and 8), the runtime's; absent, each 1;
  * refused naming the key when not a finite number > 0 (as a float too);
@@ -1417,6 +1498,7 @@ int main(void)
         cmocka_unit_test(test_gemma3_config),
         cmocka_unit_test(test_multimodal_text_config),
         cmocka_unit_test(test_granite_config),
+        cmocka_unit_test(test_cohere_config),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
         cmocka_unit_test(test_falcon_qkv_rows),

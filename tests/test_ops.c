@@ -1570,10 +1570,14 @@ static void layernorm_forward_case(int n, int cc, etype ty, int with_b)
     emit(&c);
 }
 
+/* with and without a bias (Cohere's LayerNorm has none, at hidden 4096 and
+ * 8192: the 2048 and 2056 rows' blocks) */
 static void layernorm_forward_vec_grid(void)
 {
     for (size_t s = 0; s < sizeof norm_vec_shapes / sizeof *norm_vec_shapes; s++)
-        for (int t = 0; t < 3; t++) layernorm_forward_case(norm_vec_shapes[s][0], norm_vec_shapes[s][1], storage[t], 1);
+        for (int t = 0; t < 3; t++)
+            for (int with_b = 1; with_b >= 0; with_b--)
+                layernorm_forward_case(norm_vec_shapes[s][0], norm_vec_shapes[s][1], storage[t], with_b);
 }
 
 static void parity_layernorm_forward(void)

@@ -227,7 +227,8 @@ static const char *const optional_fields[] = {"training.recompute_layers", "trai
                                               "model.features.moe.seq_aux", "training.optim_dtype",
                                               "training.master", "training.loss_chunk",
                                               "hardware.nvme_read_bw_busy", "model.features.head_bias",
-                                              "model.features.attn_out_nobias"};
+                                              "model.features.attn_out_nobias",
+                                              "model.features.qk_norm_heads"};
 
 static int is_optional(const char *name)
 {
@@ -264,6 +265,7 @@ static void test_required_and_unknown(void **state)
             assert_true(q->hardware.nvme_read_bw_busy == 0); /* (0: nvme_read_bw applies) */
             assert_int_equal(q->model.head_bias, 0);
             assert_int_equal(q->model.attn_out_nobias, 0);
+            assert_int_equal(q->model.qk_norm_heads, 0);
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
             continue;
         }

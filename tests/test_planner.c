@@ -78,6 +78,11 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
      * (tied: 49155 x h + 40 layers + the final norm; 2.53B and 8.17B as published) */
     {"granite-3.1-2b", "granite-3.1-2b.json", 2533531648ull},
     {"granite-3.1-8b", "granite-3.1-8b.json", 8170848256ull},
+    /* CohereForAI/c4ai-command-r-v01 and aya-23-8b, summed from the shapes in Python
+     * (tied: 256000 x h + layers of q, k, v, o, gate, up, down and one norm without a
+     * bias + the final norm; 35.0B and 8.03B as published) */
+    {"c4ai-command-r-v01", "c4ai-command-r-v01.json", 34980831232ull},
+    {"aya-23-8b", "aya-23-8b.json", 8028033024ull},
 };
 
 static void test_param_counts(void **state)

@@ -1983,6 +1983,15 @@ static const char granite_config[] =
     "\"rope_theta\": 10000.0, \"embedding_multiplier\": 12.0, \"attention_multiplier\": 0.015625, "
     "\"residual_multiplier\": 0.22, \"logits_scaling\": 8.0, \"tie_word_embeddings\": true}";
 
+/* Cohere (Command-R, Aya): LLaMA layers, GQA, one LayerNorm without a bias
+ * before a parallel attention and MLP, rotary interleaved in the file (q's
+ * and k's rows held reordered), tied, the logits times 0.25. */
+static const char cohere_config[] =
+    "{\"model_type\": \"cohere\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"layer_norm_eps\": 1e-5, "
+    "\"rope_theta\": 10000.0, \"logit_scale\": 0.25, \"use_qk_norm\": false, \"tie_word_embeddings\": true}";
+
 /* Phi-3 (Phi-4-mini's kind): fused qkv_proj and gate_up_proj, GQA, half of
  * each head of 16 rotated, longrope over an original length (16) the
  * sequence (32) passes, a window (24) shorter than the sequence. */
@@ -2144,13 +2153,14 @@ static void family_rows(const char *name, const char *text)
     config = "config.json";
 }
 
-/* Qwen3's rows, then Granite's (a few seconds: it shares Qwen3's ctest
- * entry) */
+/* Qwen3's rows, then Granite's and Cohere's (a few seconds each: they
+ * share Qwen3's ctest entry) */
 static void test_family_qwen3(void **state)
 {
     (void)state;
     family_rows("qwen3", qwen3_config);
     family_rows("granite", granite_config);
+    family_rows("cohere", cohere_config);
 }
 
 static void test_family_phi3(void **state)

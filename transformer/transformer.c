@@ -1493,12 +1493,15 @@ static zo_status norm_weight(tf_model *m, gpu_stream_t s, gpu_tensor *w)
     return norm_weight_n(m, s, w, (size_t)m->cfg.hidden);
 }
 
-/* Normalization of the architecture: LayerNorm (GPT) or RMSNorm. */
+/* LayerNorm: GPT's, and Cohere's on LLaMA layers (without a bias: b's data NULL) */
+static int layer_norm(const tf_model *m) { return is_gpt(m) || m->cfg.layer_norm; }
+
+/* Normalization of the architecture: LayerNorm (GPT, Cohere) or RMSNorm. */
 static zo_status norm_forward(tf_model *m, gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
                               gpu_tensor x, gpu_tensor w, gpu_tensor b, int N)
 {
     const zo_model_config *c = &m->cfg;
-    if (is_gpt(m)) return gpu_layernorm_forward(s, y, mean, rstd, x, w, b, N, c->hidden, c->norm_eps);
+    if (layer_norm(m)) return gpu_layernorm_forward(s, y, mean, rstd, x, w, b, N, c->hidden, c->norm_eps);
     zo_status st = norm_weight(m, s, &w);
     return st != ZO_OK ? st : gpu_rmsnorm_forward(s, y, rstd, x, w, N, c->hidden, c->norm_eps);
 }
@@ -1518,7 +1521,7 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dx, gpu_t
     const zo_model_config *c = &m->cfg;
     gpu_tensor dw = tf_view(m, grads, block, w_role), db = tf_view(m, grads, block, b_role);
     if (has_lora(m)) dw = db = gpu_t(NULL, ZO_DTYPE_F32);
-    if (is_gpt(m)) return gpu_layernorm_backward(s, dx, dw, db, dy, x, w, mean, rstd, N, c->hidden);
+    if (layer_norm(m)) return gpu_layernorm_backward(s, dx, dw, db, dy, x, w, mean, rstd, N, c->hidden);
     zo_status st = norm_weight(m, s, &w);
     return st != ZO_OK ? st : gpu_rmsnorm_backward(s, dx, dw, dy, x, w, rstd, N, c->hidden);
 }

@@ -25,8 +25,9 @@ _Static_assert((int)ZO_PLAN_SCHED_SERIAL == (int)OFFLOAD_SCHEDULE_SERIAL &&
 static const char HELP[] =
     "usage: train --model CONFIG|PRESET --data FILE [options]\n"
     "\n"
-    "Train or fine-tune a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2, GPT-J or LLaMA-family\n"
-    "transformer on a token file, or on text through the model's tokenizer.json (docs/finetune.md).\n"
+    "Train or fine-tune a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2, GPT-J, Cohere\n"
+    "(Command-R, Aya) or LLaMA-family transformer on a token file, or on text through the model's\n"
+    "tokenizer.json (docs/finetune.md).\n"
     "Batches are sequential: at step k, row i starts at token ((k*B + i) * S) mod (N - S - 1)\n"
     "(padded rows: row i is record (k*B + i) mod R).\n"
     "\n"
