@@ -160,6 +160,21 @@ static zo_status head_rows_from_file(const model_tensor *t, uint8_t *buf, size_t
     return ZO_OK;
 }
 
+/* Rows of a tensor read in the file's order put in ours (hf_rope_rows:
+ * DeepSeek-V2's rotary rows), through a copy of the tensor. */
+static zo_status rope_rows_from_file(const model_tensor *t, uint8_t *buf, size_t esz, const char *path)
+{
+    size_t rows = (size_t)t->shape[0], row = (t->ndim == 2 ? (size_t)t->shape[1] : 1) * esz;
+    uint8_t *file = malloc(rows * row);
+    if (!file)
+        return zo_error(ZO_ERR_NOMEM, "%s: tensor \"%s\": cannot allocate %zu bytes to reorder its rotary rows", path,
+                        t->name, rows * row);
+    memcpy(file, buf, rows * row);
+    for (size_t r = 0; r < rows; r++) memcpy(buf + r * row, file + model_tensor_rope_file_row(t, r) * row, row);
+    free(file);
+    return ZO_OK;
+}
+
 /* The first of n values of type dt that is inf or nan (exponent all ones),
  * n when none. */
 static size_t first_nonfinite(const void *p, zo_dtype dt, size_t n)
@@ -236,6 +251,7 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
                             f->path, s->name, at, (double)zo_load_f32(dst, dt, bad));
         }
         if (t->hf_head_rows && (st = head_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
+        if (t->hf_rope_rows && (st = rope_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
         rep->n_loaded++;
     }
     if (missing && !(flags & MODEL_LOAD_ALLOW_MISSING)) {
@@ -335,11 +351,14 @@ static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count
     const model_tensor *t = &x->l->tensors[x->first + index];
     size_t bsz = zo_dtype_size(x->buf_dt), fsz = zo_dtype_size(x->file_dt);
     const uint8_t *src = (const uint8_t *)x->blocks[t->block] + t->offset * bsz;
-    if (t->hf_head_rows) { /* GPT-NeoX's query_key_value: the file's rows from ours, row piece by piece */
+    if (t->hf_head_rows || t->hf_rope_rows) {
+        /* GPT-NeoX's query_key_value, DeepSeek-V2's rotary rows: the file's
+         * rows from ours, row piece by piece */
         uint64_t cols = t->ndim == 2 ? (uint64_t)t->shape[1] : 1;
         for (uint64_t e = first; e < first + count;) {
             uint64_t r = e / cols, c = e % cols, n = cols - c < first + count - e ? cols - c : first + count - e;
-            const uint8_t *s = src + ((uint64_t)head_row_ours(t, (size_t)r) * cols + c) * bsz;
+            size_t ours = t->hf_head_rows ? head_row_ours(t, (size_t)r) : model_tensor_rope_our_row(t, (size_t)r);
+            const uint8_t *s = src + ((uint64_t)ours * cols + c) * bsz;
             zo_status st = model_io_convert_rows((uint8_t *)dst + (e - first) * fsz, x->file_dt, s, x->buf_dt, 1,
                                                  (size_t)n, 0, 0);
             if (st != ZO_OK) return st;
@@ -402,7 +421,7 @@ zo_status model_save(const char *path, const model_layout *l, const void *const 
     size_t bsz = zo_dtype_size(buf_dt);
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
-        if (!t->hf_transposed && !t->hf_head_rows && buf_dt == file_dt)
+        if (!t->hf_transposed && !t->hf_head_rows && !t->hf_rope_rows && buf_dt == file_dt)
             e[i].data = (const uint8_t *)blocks[t->block] + t->offset * bsz;
     }
     save_ctx x = {.l = l, .blocks = blocks, .buf_dt = buf_dt, .file_dt = file_dt};
