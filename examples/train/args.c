@@ -26,6 +26,8 @@ static const char HELP[] =
     "usage: train --model CONFIG|PRESET --data FILE [options]\n"
     "\n"
     "Train or fine-tune a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2 or LLaMA-family transformer\n"
+    "(LLaMA, Mistral, Qwen2/3, Phi-3, Gemma, Gemma-2/3, Granite; Mixtral, Qwen-MoE, DeepSeekMoE; DeepSeek-V2's\n"
+    "latent attention fully fine-tuned, its LoRA not yet)\n"
     "on a token file, or on text through the model's tokenizer.json (docs/finetune.md). Batches are\n"
     "sequential: at step k, row i starts at token ((k*B + i) * S) mod (N - S - 1)\n"
     "(padded rows: row i is record (k*B + i) mod R).\n"
