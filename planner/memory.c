@@ -375,7 +375,7 @@ int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_
 
 /* A LoRA or QLoRA configuration: adapters the model has, on layers whose
  * linear weights the model knows (every projection of a GPT or LLaMA
- * layer; not latent attention or experts). */
+ * layer, latent attention's five, the experts'; not a router with a bias). */
 static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *m)
 {
     if (t->adapters_on < ZO_PLAN_GPU || t->adapters_on >= ZO_PLAN_TIERS)
@@ -397,9 +397,6 @@ static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *
         return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts with a router bias, whose adapters "
                                         "are not modelled (Mixtral-like, Qwen2-MoE and DeepSeekMoE layers are)",
                         flag, m->name);
-    if (m->mla.kv_rank)
-        return zo_error(ZO_ERR_INVALID, "%s: %s has latent attention, whose projections the "
-                                        "adapter targets do not name", flag, m->name);
     zo_status st = zo_lora_check(m, &t->lora);
     return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "%s", flag);
 }

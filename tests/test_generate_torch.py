@@ -189,14 +189,15 @@ FAMILIES["deepseek"] = dict(
 # key [k_pe | k_nope] and value [v | 0] as the attention reads them) with 4 layers and the prompts
 # plus new tokens past the original 64 positions; its q_lora_rank kind with DeepSeek-V2's head shape
 # and 6 layers (with 4, two weight slots of its fat layers pass the streamed runs' device memory).
-# No adapters: train and generate refuse LoRA on latent attention (not yet implemented)
+# Adapters on every linear layer but the router (latent attention's q_proj, kv_a_proj_with_mqa,
+# kv_b_proj, o_proj among them), resident, streamed and over an NF4 base
 FAMILIES["deepseek_v2"] = dict(
     seed=61, moe=True,
     config=dict(e2e.FAMILIES["deepseek_v2"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                 eos_token_id=127),
-    lora=None)
+    lora=dict(r=4, alpha=16.0, targets="all-linear"))
 FAMILIES["deepseek_v2_q"] = dict(
-    FAMILIES["deepseek_v2"], seed=58,
+    FAMILIES["deepseek_v2"], seed=58, lora=dict(r=4, alpha=16.0, targets="q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj"),
     config=dict(e2e.FAMILIES["deepseek_v2_q"]["config"], num_hidden_layers=6, max_position_embeddings=128,
                 eos_token_id=127))
 # Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000), layer 2

@@ -141,12 +141,19 @@ static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mo
             continue;
         }
         int ex = mods[j].experts > 0;
-        sl->stage = t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V) ? TF_LORA_QKV
+        /* latent attention's projections by their names (q_proj: QKV's, at column 0) */
+        const char *pn = mods[j].peft;
+        const int mla = is_mla(c) && !ex && (t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V));
+        sl->stage = mla && !strcmp(pn, "q_a_proj")             ? TF_LORA_MLA_QA
+                    : mla && !strcmp(pn, "q_b_proj")           ? TF_LORA_MLA_QB
+                    : mla && !strcmp(pn, "kv_a_proj_with_mqa") ? TF_LORA_MLA_KVA
+                    : mla && !strcmp(pn, "kv_b_proj")          ? TF_LORA_MLA_KVB
+                    : t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V) ? TF_LORA_QKV
                     : t == ZO_LORA_O                         ? TF_LORA_O
                     : t == ZO_LORA_GATE                      ? (ex ? TF_LORA_EXPERT_GATE : TF_LORA_GATE)
                     : t == ZO_LORA_UP                        ? (ex ? TF_LORA_EXPERT_UP : TF_LORA_UP)
                                                              : (ex ? TF_LORA_EXPERT_DOWN : TF_LORA_DOWN);
-        sl->col = t == ZO_LORA_K ? q : t == ZO_LORA_V ? q + kv : 0;
+        sl->col = mla ? 0 : t == ZO_LORA_K ? q : t == ZO_LORA_V ? q + kv : 0;
         sl->in = (int)mods[j].in;
         sl->out = (int)mods[j].out;
         size_t *pos = &at;
@@ -573,10 +580,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (recompute_ops(m) && m->opts.recompute_layers)
         return zo_error(ZO_ERR_INVALID, "tf_init: recompute by op with recompute_layers %d (the first K "
                         "layers are recomputed whole: recompute full)", m->opts.recompute_layers);
-    if (is_mla(cfg) && (recompute_ops(m) || m->opts.lora.r > 0))
-        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: latent attention (kv_lora_rank) is implemented "
-                        "for full training and generation without recompute by op (%s is not)", cfg->name,
-                        m->opts.lora.r > 0 ? "LoRA" : "recompute by op");
+    if (is_mla(cfg) && recompute_ops(m))
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: latent attention (kv_lora_rank) with recompute "
+                        "by op is not implemented (recompute full or none)", cfg->name);
     if (recompute_ops(m) && (m->opts.lora.r > 0 || cfg->moe.experts))
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: recompute by op is implemented for dense "
                         "layers without LoRA (recompute full or none)", cfg->name);
@@ -959,13 +965,17 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
                                       [TF_LORA_DOWN] = MODEL_ROLE_MLP_DOWN_W,
                                       [TF_LORA_EXPERT_GATE] = MODEL_ROLE_EXPERT_GATE_W,
                                       [TF_LORA_EXPERT_UP] = MODEL_ROLE_EXPERT_UP_W,
-                                      [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W};
+                                      [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W,
+                                      [TF_LORA_MLA_QA] = MODEL_ROLE_Q_A_W, [TF_LORA_MLA_QB] = MODEL_ROLE_Q_B_W,
+                                      [TF_LORA_MLA_KVA] = MODEL_ROLE_KV_A_W, [TF_LORA_MLA_KVB] = MODEL_ROLE_KV_B_W};
     const int r = m->opts.lora.r;
     int n;
     const tf_lora_slot *slots = layer_slots(m, model_layout_block_layer(block), &n);
     for (int j = 0; j < n; j++) {
         const tf_lora_slot *sl = &slots[j];
-        const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
+        /* (latent attention's q_proj: its own tensor, not a fused q|k|v) */
+        model_role rl = sl->stage == TF_LORA_QKV && is_mla(&m->cfg) ? MODEL_ROLE_Q_W : role[sl->stage];
+        const model_view *v = model_layout_view(&m->layout, block, rl);
         int experts = sl->e_stride ? m->layout.expert_count : 1; /* a routed expert's: each expert's */
         for (int e = 0; e < experts; e++) {
             const float *A = adapters + sl->a_off + (size_t)e * sl->e_stride; /* [r, in] */
@@ -2268,6 +2278,10 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
  * 0 and only its v columns feed o_proj), and RoPE turns the first `rope`
  * dims of each q and k head as LLaMA's rotate_half does. */
 
+/* The latent norms' eps: DeepseekV2RMSNorm's default, which q_a_layernorm
+ * and kv_a_layernorm are built with (not rms_norm_eps) */
+#define MLA_NORM_EPS 1e-6f
+
 /* Element `col` of row 0 of a [rows, ld] tensor of type dt as a tensor. */
 static gpu_tensor col_at(gpu_tensor t, size_t col)
 {
@@ -2294,19 +2308,24 @@ static zo_status mla_qkv_forward(tf_model *m, int l, const tf_block_bufs *bb, gp
     if (qr) {
         gpu_tensor qa = gpu_t(a->mla_qa, dt);
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_A_W, NO_BIAS, qa, qr, ln1, N, qr, h)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QA, ln1, qa, qr)) != ZO_OK ||
             (st = gpu_head_rmsnorm_forward(s, qa, qr, gpu_t(a->mla_qa_in, dt), a->mla_qa_rstd,
-                                           bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), N, 1, qr, c->norm_eps)) != ZO_OK ||
-            (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_B_W, NO_BIAS, qkv, ld, qa, N, H * d, qr)) != ZO_OK)
+                                           bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), N, 1, qr, MLA_NORM_EPS)) != ZO_OK ||
+            (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_B_W, NO_BIAS, qkv, ld, qa, N, H * d, qr)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QB, qa, qkv, ld)) != ZO_OK)
             return st;
-    } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_W, NO_BIAS, qkv, ld, ln1, N, H * d, h)) != ZO_OK) {
+    } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_W, NO_BIAS, qkv, ld, ln1, N, H * d, h)) != ZO_OK ||
+               (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK) {
         return st;
     }
     /* kva [N, rope + kv_rank]; c_kv out of its rows, normed in place */
     if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_A_W, NO_BIAS, kva, kaw, ln1, N, kaw, h)) != ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVA, ln1, kva, kaw)) != ZO_OK ||
         (st = gpu_head_copy(s, ckv, col_at(kva, rope), N, 1, kvr, kvr, kvr, kvr, kaw, kaw)) != ZO_OK ||
         (st = gpu_head_rmsnorm_forward(s, ckv, kvr, gpu_t(a->mla_ckv_in, dt), a->mla_ckv_rstd,
-                                       bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), N, 1, kvr, c->norm_eps)) != ZO_OK ||
-        (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_B_W, NO_BIAS, kv, kvw, ckv, N, kvw, kvr)) != ZO_OK)
+                                       bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), N, 1, kvr, MLA_NORM_EPS)) != ZO_OK ||
+        (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_B_W, NO_BIAS, kv, kvw, ckv, N, kvw, kvr)) != ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVB, ckv, kv, kvw)) != ZO_OK)
         return st;
     /* k = [k_pe (every head the same) | k_nope], v = [v | 0] */
     gpu_tensor k = col_at(qkv, (size_t)H * d), vv = col_at(qkv, 2 * (size_t)H * d);
@@ -2508,14 +2527,14 @@ static zo_status mla_qkv_backward(tf_model *m, int l, const tf_block_bufs *bb, g
     const int kaw = rope + kvr, kvw = H * (nope + v), qr = x->q_rank;
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
-    const void *W = base_buf(m, bb), *G = bb->grads;
+    const void *W = base_buf(m, bb), *G = has_lora(m) ? NULL : bb->grads; /* LoRA: the norms frozen */
     gpu_tensor dqkv = F32(m->dqkv), dh = F32(m->dh), dq = F32(m->datt); /* datt is free after the attention */
     gpu_tensor dkva = F32(m->mla_dkva), dkv = F32(m->mla_dkv), dckv = F32(m->mla_dckv);
     const linear_role qp = {MODEL_ROLE_Q_W, NO_BIAS, TF_LORA_QKV, H * d, h};
-    const linear_role qb = {MODEL_ROLE_Q_B_W, NO_BIAS, TF_LORA_QKV, H * d, qr};
-    const linear_role qa = {MODEL_ROLE_Q_A_W, NO_BIAS, TF_LORA_QKV, qr, h};
-    const linear_role kva = {MODEL_ROLE_KV_A_W, NO_BIAS, TF_LORA_QKV, kaw, h};
-    const linear_role kvb = {MODEL_ROLE_KV_B_W, NO_BIAS, TF_LORA_QKV, kvw, kvr};
+    const linear_role qb = {MODEL_ROLE_Q_B_W, NO_BIAS, TF_LORA_MLA_QB, H * d, qr};
+    const linear_role qa = {MODEL_ROLE_Q_A_W, NO_BIAS, TF_LORA_MLA_QA, qr, h};
+    const linear_role kva = {MODEL_ROLE_KV_A_W, NO_BIAS, TF_LORA_MLA_KVA, kaw, h};
+    const linear_role kvb = {MODEL_ROLE_KV_B_W, NO_BIAS, TF_LORA_MLA_KVB, kvw, kvr};
     /* q's gradient as its own rows [N, H d] */
     if ((st = gpu_head_copy(s, dq, dqkv, N, 1, H * d, H * d, H * d, H * d, ld, ld)) != ZO_OK) return st;
     if (qr) {

@@ -120,6 +120,13 @@ typedef enum tf_lora_stage {
     TF_LORA_EXPERT_GATE,
     TF_LORA_EXPERT_UP,
     TF_LORA_EXPERT_DOWN,
+    /* DeepSeek-V2's latent attention (its q_proj is TF_LORA_QKV's, into q's
+     * columns of the fused q|k|v): q_a_proj, q_b_proj, kv_a_proj_with_mqa,
+     * kv_b_proj */
+    TF_LORA_MLA_QA,
+    TF_LORA_MLA_QB,
+    TF_LORA_MLA_KVA,
+    TF_LORA_MLA_KVB,
     TF_LORA_NONE, /* a linear layer without adapters (the router) */
 } tf_lora_stage;
 
