@@ -1953,6 +1953,27 @@ static void scale_grid(gpu_op_id op)
     rng = saved;
 }
 
+/* DeepSeek-V2's latent attention as the runtime runs it: a kv head per
+ * query head, heads of qk_nope + qk_rope (192: DeepSeek-V2's 128 + 64, 8
+ * dimensions a lane on 24 of the CUDA kernel's 32 lanes; 96 and 48: the
+ * test models'), scaled by mscale^2 / sqrt(d) (yarn's factor 40 with
+ * mscale_all_dim 1: 1.874), the flash path and past 256 tokens the GEMM
+ * path; from their own stream, so the cases after them draw what they drew
+ * before. */
+#define MLA_SEED 0x510e527fade682d1ull
+static void mla_grid(gpu_op_id op)
+{
+    uint64_t saved = rng;
+    rng = MLA_SEED;
+    const float ms = 1.874f;
+    attention_case_sc(op, 1, 97, 2, 2, 192, 0, ms / sqrtf(192.0f), 0.0f, E_F32, E_F32);
+    attention_case_sc(op, 1, 70, 3, 3, 96, 0, ms / sqrtf(96.0f), 0.0f, E_F32, E_F32);
+    attention_case_sc(op, 2, 49, 4, 4, 48, 0, 1.0f / sqrtf(48.0f), 0.0f, E_F32, E_F32);
+    attention_case_sc(op, 1, 70, 2, 2, 192, 0, 1.0f / sqrtf(192.0f), 0.0f, E_BF16, E_BF16);
+    attention_case_sc(op, 1, 260, 2, 2, 192, 0, ms / sqrtf(192.0f), 0.0f, E_BF16, E_BF16);
+    rng = saved;
+}
+
 /* Sequences below, at and above the CPU's 48-row query blocks and the CUDA
  * tiles of 32 (t 130: three blocks, the last partial); head sizes 32, 64,
  * 80, 96, 128 and 36 (not a multiple of 16); GQA groups 1, 2, 4, 8. The
@@ -1996,6 +2017,7 @@ static void attention_grid(gpu_op_id op)
     alibi_grid(op);
     tc_grid(op);
     scale_grid(op);
+    mla_grid(op);
 }
 
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
@@ -2068,6 +2090,13 @@ static void parity_attention_cached(void)
     cached_case(2, 1, 97, 4, 1, 128, 40, -1, E_BF16, E_BF16);
     cached_case(1, 5, 40, 2, 1, 64, 0, -1, E_F32, E_BF16);
     cached_case(2, 3, 60, 2, 1, 256, 0, -1, E_BF16, E_BF16); /* head_dim 256 (Gemma) */
+    {   /* latent attention's (mla_grid's shapes, from its stream): a token, and a prompt's chunk */
+        uint64_t before = rng;
+        rng = MLA_SEED;
+        cached_case_sc(2, 1, 97, 2, 2, 192, 0, 1.874f / sqrtf(192.0f), 0.0f, -1, E_F32, E_F32);
+        cached_case_sc(1, 40, 120, 3, 3, 96, 0, 1.874f / sqrtf(96.0f), 0.0f, 50, E_BF16, E_BF16);
+        rng = before;
+    }
     /* soft-capped and scaled (Gemma-2), from their own stream as softcap_grid */
     uint64_t saved = rng;
     rng = SOFTCAP_SEED;
