@@ -43,6 +43,12 @@ static const struct {
     {"w1", ZO_LORA_GATE},
     {"w3", ZO_LORA_UP},
     {"w2", ZO_LORA_DOWN},
+    /* DeepSeek-V2's latent attention: q's projections, and the two that
+     * make its keys and values */
+    {"q_a_proj", ZO_LORA_Q},
+    {"q_b_proj", ZO_LORA_Q},
+    {"kv_a_proj_with_mqa", ZO_LORA_K | ZO_LORA_V},
+    {"kv_b_proj", ZO_LORA_K | ZO_LORA_V},
     {"all-linear", ZO_LORA_ALL_LINEAR},
 };
 
@@ -187,6 +193,35 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "fc_in", "mlp.fc_in", h, f, 0, NULL},
         {ZO_LORA_DOWN, "fc_out", "mlp.fc_out", f, h, 0, NULL},
     };
+    /* DeepSeek-V2's latent attention in place of q, k, v and o: q_proj, or
+     * q_a_proj and q_b_proj (q); kv_a_proj_with_mqa and kv_b_proj (k and v
+     * both: each feeds both); o_proj */
+    if (c->mla.kv_rank) {
+        const zo_mla *x = &c->mla;
+        const int64_t H = c->n_heads, dq = x->qk_nope + x->qk_rope, qr = x->q_rank;
+        const int64_t kaw = x->kv_rank + x->qk_rope, kvw = H * (x->qk_nope + x->v_dim), ow = H * x->v_dim;
+        zo_lora_module mla[ZO_LORA_MAX_MODULES];
+        size_t k = 0;
+        if (qr) {
+            mla[k++] = (zo_lora_module){ZO_LORA_Q, "q_a_proj", "self_attn.q_a_proj", h, qr, 0, NULL};
+            mla[k++] = (zo_lora_module){ZO_LORA_Q, "q_b_proj", "self_attn.q_b_proj", qr, H * dq, 0, NULL};
+        } else {
+            mla[k++] = (zo_lora_module){ZO_LORA_Q, "q_proj", "self_attn.q_proj", h, H * dq, 0, NULL};
+        }
+        mla[k++] = (zo_lora_module){ZO_LORA_K | ZO_LORA_V, "kv_a_proj_with_mqa", "self_attn.kv_a_proj_with_mqa", h, kaw,
+                                    0, NULL};
+        mla[k++] = (zo_lora_module){ZO_LORA_K | ZO_LORA_V, "kv_b_proj", "self_attn.kv_b_proj", x->kv_rank, kvw, 0, NULL};
+        mla[k++] = (zo_lora_module){ZO_LORA_O, "o_proj", "self_attn.o_proj", ow, h, 0, NULL};
+        /* then the MLP's: the MoE layer's (after moe[]'s four attention
+         * modules) or LLaMA's (after its four) */
+        const zo_lora_module *mlp = E ? moe + 4 : llama + 4;
+        size_t n_mlp = E ? sizeof moe / sizeof moe[0] - 4 - (fs ? 0 : 3) : 3;
+        for (size_t i = 0; i < n_mlp; i++) mla[k++] = mlp[i];
+        int n = 0;
+        for (size_t i = 0; i < k; i++)
+            if (targets & mla[i].targets) out[n++] = mla[i];
+        return n;
+    }
     int grouped = zo_model_qkv_grouped(c), is_opt = zo_model_opt(c), is_phi = zo_model_phi(c);
     int is_gptj = zo_model_gptj(c);
     int gpt2 = c->arch == ZO_ARCH_GPT && !grouped && !is_opt && !is_phi && !is_gptj;

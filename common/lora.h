@@ -49,7 +49,7 @@ enum {
     ZO_LORA_DOWN = 1u << 6,
 };
 #define ZO_LORA_ALL_LINEAR 0x7fu /* every projection the architecture has */
-#define ZO_LORA_MAX_MODULES 10   /* kinds of adapted linear layers per transformer layer */
+#define ZO_LORA_MAX_MODULES 12   /* kinds of adapted linear layers per transformer layer (DeepSeek-V2: 5 + 6) */
 
 typedef struct zo_lora_config {
     int r;            /* rank; 0: no LoRA */

@@ -640,9 +640,16 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     char lacks[64];
     /* (DeepSeek-V2's and V3's latent attention and V3's router correction
      * named first: their family is DeepSeekMoE's otherwise) */
-    if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention (kv_lora_rank)");
+    if (c->mla.kv_rank && c->mla.v_dim > c->mla.qk_nope + c->mla.qk_rope)
+        snprintf(lacks, sizeof lacks, "latent attention with v_head_dim past qk_nope + qk_rope");
     else if (c->moe.router_bias)
         snprintf(lacks, sizeof lacks, "a router score correction (topk_method noaux_tc)");
+    else if (c->moe_group_limited)
+        snprintf(lacks, sizeof lacks, "group-limited routing (topk_method group_limited_greedy)");
+    else if (c->moe_routed_scale != 0.0f)
+        snprintf(lacks, sizeof lacks, "routed_scaling_factor %g (only 1)", (double)c->moe_routed_scale);
+    else if (c->mla.kv_rank && c->attn_bias)
+        snprintf(lacks, sizeof lacks, "latent attention with biases (attention_bias)");
     else if (!known) snprintf(lacks, sizeof lacks, "its layers");
     else if (c->moe.experts && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
@@ -970,8 +977,8 @@ static double yarn_mscale(double s, double m) { return s <= 1.0 ? 1.0 : 0.1 * m 
  * max_position_embeddings; the factor is the config's, also where
  * max_position_embeddings / original differs from it (later transformers
  * keep it; some earlier ones derived it from that ratio). DeepSeek's other
- * use of mscale, in its latent attention's softmax scale, is not read: the
- * runtime does not run latent attention. */
+ * use of mscale_all_dim, its latent attention's softmax scale times
+ * mscale(factor, mscale_all_dim)^2, is the transformer's (layer_attn). */
 static void hf_yarn(hf *sub, zo_model_config *c)
 {
     c->rope_beta_fast = hf_double(sub, "beta_fast", 32.0);
@@ -1202,6 +1209,7 @@ int zo_model_rot_interleaved(const zo_model_config *c) { return zo_model_gptj(c)
 
 int zo_model_rope_dim(const zo_model_config *c)
 {
+    if (c->mla.kv_rank) return c->mla.qk_rope; /* latent attention: the rotary key's dims */
     return c->rope_partial > 0.0 ? (int)(c->head_dim * c->rope_partial) : c->head_dim;
 }
 
@@ -1295,6 +1303,9 @@ static void parse_deepseek(hf *r, zo_model_config *c, const family *f)
             hf_fail(r, ZO_ERR_UNSUPPORTED, "scoring_func", "only \"softmax\" is modelled");
         const cJSON *m = hf_item(r, "topk_method");
         c->moe.router_bias = v3 && (!m || (cJSON_IsString(m) && !strcmp(m->valuestring, "noaux_tc")));
+        c->moe_group_limited = !v3 && m && cJSON_IsString(m) && !strcmp(m->valuestring, "group_limited_greedy");
+        float rs = hf_float(r, "routed_scaling_factor", 1.0f);
+        c->moe_routed_scale = rs == 1.0f ? 0.0f : rs;
         if (hf_int(r, "moe_layer_freq", 1) != 1)
             hf_fail(r, ZO_ERR_UNSUPPORTED, "moe_layer_freq",
                     "MoE layers every n-th layer are not modelled (only 1)");
@@ -1534,7 +1545,7 @@ static const family families[] = {
      DS_KEYS, 1},
     {"deepseek_v2", "DeepseekV2ForCausalLM", parse_deepseek,
      "DeepSeek-V2: latent attention (MLA), dense first layers, shared + routed experts", 0, 0, 0,
-     DS_KEYS "," MLA_KEYS, 0},
+     DS_KEYS "," MLA_KEYS, 1},
     {"deepseek_v3", "DeepseekV3ForCausalLM", parse_deepseek,
      "DeepSeek-V3: V2 layers, a router score correction per expert (MTP modules not counted)",
      0, 0, 0, DS_KEYS "," MLA_KEYS ",num_nextn_predict_layers", 0},

@@ -165,6 +165,13 @@ typedef struct zo_model_config {
                             is the text model alone */
     zo_mla mla;
     zo_moe moe;
+    /* DeepSeek-V2's routing beyond the greedy top k, which changes no size
+     * (plans do not carry it; the runtime refuses it by name):
+     * moe_group_limited, topk_method "group_limited_greedy" (the top k
+     * within the best topk_group of n_group groups); moe_routed_scale,
+     * routed_scaling_factor on the routed experts' weights (0: 1) */
+    int moe_group_limited;
+    float moe_routed_scale;
 } zo_model_config;
 
 /* What memplan's reports say of a multimodal checkpoint's model (mm_text):

@@ -444,6 +444,12 @@ zo_status gpu_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
     RUN(CAST, .t = {dst, src}, .n = n);
 }
 
+zo_status gpu_head_copy(gpu_stream_t s, gpu_tensor y, gpu_tensor x, int n, int heads, int w, int fill,
+                        int64_t ldy, int64_t hsy, int64_t ldx, int64_t hsx)
+{
+    RUN(HEAD_COPY, .t = {y, x}, .i = {n, heads, w, fill, ldy, hsy, ldx, hsx});
+}
+
 zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
 {
     RUN(CHECK_FINITE, .t = {x}, .p = {flag}, .n = n);

@@ -429,6 +429,16 @@ zo_status gpu_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n);
 zo_status gpu_softcap(gpu_stream_t s, gpu_tensor x, float cap, size_t n);
 /* dst = src converted (round to nearest even); backward is the reverse cast. */
 zo_status gpu_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n);
+/* Heads moved between row layouts (latent attention's q|k|v, built from
+ * its projections, and their gradients back). In each of n rows, for head
+ * h < heads and j < w: y[r ldy + h hsy + j] = x[r ldx + h hsx + j] (hsx 0:
+ * one head of x to every head of y), and y[r ldy + h hsy + j] = 0 for
+ * w <= j < fill (a head's padding; fill w: none). With hsy 0 every head
+ * lands on the one head of y, which gets their sum (in fp32, in head
+ * order; fill must be w): the gradient of a broadcast head. y and x must
+ * not overlap; the rest of y is left as it was. */
+zo_status gpu_head_copy(gpu_stream_t s, gpu_tensor y, gpu_tensor x, int n, int heads, int w, int fill,
+                        int64_t ldy, int64_t hsy, int64_t ldx, int64_t hsx);
 /* *flag (device int32) |= 1 when any of x[0..n) is inf or nan. */
 zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n);
 /* *sum (device double) += sum of x[i]^2, accumulated in double in a fixed

@@ -684,6 +684,14 @@ static zo_status cpu_run_moe_scale_backward(cpu_scratch *ws, const gpu_op_args *
     return ZO_OK;
 }
 
+static zo_status cpu_run_head_copy(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    (void)ws;
+    cpu_head_copy(a->t[0], a->t[1], (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3], a->i[4], a->i[5],
+                  a->i[6], a->i[7], nt);
+    return ZO_OK;
+}
+
 static zo_status cpu_run_moe_gather(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     (void)ws;

@@ -60,6 +60,24 @@ static zo_status gpu_check_ld(const char *op, const gpu_op_args *a)
                     (long long)a->i[2], (long long)a->i[1]);
 }
 
+/* gpu_head_copy: w <= fill, each head's fill within hsy (w with hsy 0: the
+ * heads summed), strides not negative, the heads within a row of each side */
+static zo_status gpu_check_head_copy(const char *op, const gpu_op_args *a)
+{
+    int64_t heads = a->i[1], w = a->i[2], fill = a->i[3], ldy = a->i[4], hsy = a->i[5];
+    int64_t ldx = a->i[6], hsx = a->i[7];
+    if (hsy < 0 || hsx < 0)
+        return zo_error(ZO_ERR_INVALID, "%s: head strides hsy %lld, hsx %lld must not be negative", op,
+                        (long long)hsy, (long long)hsx);
+    if (fill < w || (hsy ? (heads > 1 && fill > hsy) : fill != w))
+        return zo_error(ZO_ERR_INVALID, "%s: fill %lld (w %lld, hsy %lld: w <= fill <= hsy, or fill w when "
+                        "hsy is 0)", op, (long long)fill, (long long)w, (long long)hsy);
+    if ((heads - 1) * hsy + fill > ldy || (heads - 1) * hsx + w > ldx)
+        return zo_error(ZO_ERR_INVALID, "%s: %lld heads overrun a row (ldy %lld, ldx %lld)", op, (long long)heads,
+                        (long long)ldy, (long long)ldx);
+    return ZO_OK;
+}
+
 /* heads of d in rows of ldx: the heads fit in a row */
 static zo_status gpu_check_heads(const char *op, const gpu_op_args *a)
 {

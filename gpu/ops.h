@@ -173,6 +173,10 @@ typedef struct gpu_op_slot {
     X(SCALE, scale, (GPU_N(n), GPU_T(0, x)), NULL)                                               \
     X(SOFTCAP, softcap, (GPU_N(n), GPU_T(0, x)), NULL)                                           \
     X(CAST, cast, (GPU_N(n), GPU_T(0, dst), GPU_T(1, src)), NULL)                                \
+    X(HEAD_COPY, head_copy,                                                                     \
+      (GPU_T(0, y), GPU_T(1, x), GPU_DIM(0, n), GPU_DIM(1, heads), GPU_DIM(2, w), GPU_DIM(3, fill), \
+       GPU_DIM(4, ldy), GPU_INT(5, hsy), GPU_DIM(6, ldx), GPU_INT(7, hsx)),                      \
+      gpu_check_head_copy)                                                                       \
     X(CHECK_FINITE, check_finite, (GPU_P(0, flag), GPU_N(n), GPU_T(0, x)), NULL)                 \
     X(SUM_SQUARES, sum_squares, (GPU_P(0, sum), GPU_N(n), GPU_T(0, x)), NULL)                    \
     X(NF4_DEQUANTIZE, nf4_dequantize, (GPU_N(n), GPU_T(0, out), GPU_P(0, nf4)), gpu_check_nf4)   \

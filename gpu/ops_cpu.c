@@ -1915,6 +1915,28 @@ void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
     }
 }
 
+void cpu_head_copy(gpu_tensor y, gpu_tensor x, int n, int heads, int w, int fill, int64_t ldy, int64_t hsy,
+                   int64_t ldx, int64_t hsx, int nt)
+{
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+    for (int r = 0; r < n; r++) {
+        size_t yr = (size_t)r * ldy, xr = (size_t)r * ldx;
+        if (!hsy) { /* the heads summed into one, in head order */
+            for (int j = 0; j < w; j++) {
+                float acc = 0.0f;
+                for (int h = 0; h < heads; h++) acc += zo_load_f32(x.data, x.dtype, xr + (size_t)h * hsx + j);
+                zo_store_f32(y.data, y.dtype, yr + j, acc);
+            }
+            continue;
+        }
+        for (int h = 0; h < heads; h++) {
+            size_t yo = yr + (size_t)h * hsy, xo = xr + (size_t)h * hsx;
+            for (int j = 0; j < w; j++) zo_store_f32(y.data, y.dtype, yo + j, zo_load_f32(x.data, x.dtype, xo + j));
+            for (int j = w; j < fill; j++) zo_store_f32(y.data, y.dtype, yo + j, 0.0f);
+        }
+    }
+}
+
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt)
 {
     int bad = 0;

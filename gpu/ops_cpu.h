@@ -143,6 +143,8 @@ void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt);
 void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt);
 void cpu_softcap(gpu_tensor x, float cap, size_t n, int nt);
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt);
+void cpu_head_copy(gpu_tensor y, gpu_tensor x, int n, int heads, int w, int fill, int64_t ldy, int64_t hsy,
+                   int64_t ldx, int64_t hsx, int nt);
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt);
 zo_status cpu_sum_squares(cpu_scratch *ws, double *sum, gpu_tensor x, size_t n, int nt);
 /* zo_nf4_dequantize (common/nf4.c, whose rounding the CUDA kernel matches) */

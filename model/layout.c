@@ -46,6 +46,12 @@ static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_NORM_B] = "norm_b",
     [MODEL_ROLE_LM_HEAD_W] = "lm_head_w",
     [MODEL_ROLE_LM_HEAD_B] = "lm_head_b",
+    [MODEL_ROLE_Q_A_W] = "q_a_w",
+    [MODEL_ROLE_Q_A_NORM_W] = "q_a_norm_w",
+    [MODEL_ROLE_Q_B_W] = "q_b_w",
+    [MODEL_ROLE_KV_A_W] = "kv_a_w",
+    [MODEL_ROLE_KV_A_NORM_W] = "kv_a_norm_w",
+    [MODEL_ROLE_KV_B_W] = "kv_b_w",
 };
 
 const char *model_role_name(model_role r)
@@ -389,6 +395,38 @@ static void linear_gpt_layer(builder *b, int i, const linear_gpt_names *n)
     fuse_qkv(l, b->block);
 }
 
+/* Layer i's latent attention (DeepSeek-V2, mla.kv_rank): q_proj, or
+ * q_a_proj, its norm and q_b_proj; kv_a_proj_with_mqa, its norm, kv_b_proj;
+ * o_proj. The rows that feed the rotary dims are permuted (hf_rope_rows):
+ * each q head's to its front, kv_a's rotary key before c_kv. */
+static void mla_attention(builder *b, int i)
+{
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
+    const zo_mla *x = &c->mla;
+    const int64_t h = c->hidden, H = c->n_heads, dq = x->qk_nope + x->qk_rope;
+    const char *p = "model.layers";
+    int first = l->n_tensors;
+    if (x->q_rank) {
+        add(b, MODEL_ROLE_Q_A_W, 0, x->q_rank, h, "%s.%d.self_attn.q_a_proj.weight", p, i);
+        add(b, MODEL_ROLE_Q_A_NORM_W, 0, x->q_rank, 0, "%s.%d.self_attn.q_a_layernorm.weight", p, i);
+        add(b, MODEL_ROLE_Q_B_W, 0, H * dq, x->q_rank, "%s.%d.self_attn.q_b_proj.weight", p, i);
+    } else {
+        add(b, MODEL_ROLE_Q_W, 0, H * dq, h, "%s.%d.self_attn.q_proj.weight", p, i);
+    }
+    add(b, MODEL_ROLE_KV_A_W, 0, x->kv_rank + x->qk_rope, h, "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, i);
+    add(b, MODEL_ROLE_KV_A_NORM_W, 0, x->kv_rank, 0, "%s.%d.self_attn.kv_a_layernorm.weight", p, i);
+    add(b, MODEL_ROLE_KV_B_W, 0, H * (x->qk_nope + x->v_dim), x->kv_rank, "%s.%d.self_attn.kv_b_proj.weight", p, i);
+    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, H * x->v_dim, "%s.%d.self_attn.o_proj.weight", p, i);
+    for (int k = first; b->st == ZO_OK && k < l->n_tensors; k++) {
+        model_tensor *t = &l->tensors[k];
+        if (t->role == MODEL_ROLE_Q_W || t->role == MODEL_ROLE_Q_B_W)
+            model_tensor_set_rope_rows(t, x->qk_rope, (int)dq);
+        else if (t->role == MODEL_ROLE_KV_A_W)
+            model_tensor_set_rope_rows(t, x->qk_rope, x->kv_rank + x->qk_rope);
+    }
+}
+
 /* Layer i of a LLaMA-family model (the builder at its block): separate
  * q, k, v and an MLP or MoE block, with fused views over q/k/v and gate/up
  * (Phi-3: the fused tensors, with q, k, v, gate and up as views of them). */
@@ -405,10 +443,14 @@ static void llama_layer(builder *b, int i)
     if (c->norm_bias)
         add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
     const int fused = zo_model_fused_proj(c);
-    if (fused) /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
+    if (c->mla.kv_rank)
+        mla_attention(b, i);
+    else if (fused) /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
         add(b, MODEL_ROLE_QKV_W, 0, q + 2 * kv, h, "%s.%d.self_attn.qkv_proj.weight", p, i);
-    qkv_apart(b, p, "self_attn", i, !fused, c->attn_bias);
-    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
+    if (!c->mla.kv_rank) {
+        qkv_apart(b, p, "self_attn", i, !fused, c->attn_bias);
+        add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
+    }
     if (c->out_bias && !c->attn_out_nobias)
         add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
     if (c->qk_norm) {
@@ -567,6 +609,30 @@ void model_tensor_set_rot_pairs(model_tensor *t, const zo_model_config *c)
 {
     t->hf_rot_pairs = zo_model_rope_dim(c) / 2;
     t->hf_rot_head = c->head_dim;
+}
+
+void model_tensor_set_rope_rows(model_tensor *t, int rope, int period)
+{
+    t->hf_rope_rows = rope;
+    t->hf_rope_period = period;
+}
+
+size_t model_tensor_rope_file_row(const model_tensor *t, size_t row)
+{
+    if (!t->hf_rope_rows) return row;
+    size_t P = (size_t)t->hf_rope_period, R = (size_t)t->hf_rope_rows, i = row % P, base = row - i;
+    if (i >= R) return base + i - R; /* the run's other rows, after our rotary ones */
+    size_t pair = i < R / 2 ? i : i - R / 2;
+    return base + (P - R) + 2 * pair + (i >= R / 2);
+}
+
+size_t model_tensor_rope_our_row(const model_tensor *t, size_t file_row)
+{
+    if (!t->hf_rope_rows) return file_row;
+    size_t P = (size_t)t->hf_rope_period, R = (size_t)t->hf_rope_rows, i = file_row % P, base = file_row - i;
+    if (i < P - R) return base + R + i;
+    size_t j = i - (P - R); /* rotary dim j of the file: pair j / 2, its (j % 2)-th */
+    return base + j / 2 + (j % 2) * (R / 2);
 }
 
 const model_tensor *model_layout_find(const model_layout *l, const char *name)

@@ -93,6 +93,17 @@ typedef enum model_role {
     MODEL_ROLE_EMB_NORM_B,       /* [h]        word_embeddings_layernorm.bias */
     /* a biased output layer (head_bias: Phi's) */
     MODEL_ROLE_LM_HEAD_B,        /* [vocab]    lm_head.bias */
+    /* DeepSeek-V2's latent attention (mla.kv_rank): q from Q_W (q_proj,
+     * [heads (nope + rope), h]) or through q's low rank (q_rank); keys and
+     * values from the latent c_kv and the one rotary key. Rows permuted
+     * from the file's (hf_rope_rows): each head's rotary dims first */
+    MODEL_ROLE_Q_A_W,            /* [q_rank, h]  self_attn.q_a_proj.weight */
+    MODEL_ROLE_Q_A_NORM_W,       /* [q_rank]     self_attn.q_a_layernorm.weight */
+    MODEL_ROLE_Q_B_W,            /* [heads (nope + rope), q_rank] self_attn.q_b_proj.weight */
+    MODEL_ROLE_KV_A_W,           /* [rope + kv_rank, h] self_attn.kv_a_proj_with_mqa.weight
+                                    (ours: the rotary key's rows, then c_kv's) */
+    MODEL_ROLE_KV_A_NORM_W,      /* [kv_rank]    self_attn.kv_a_layernorm.weight */
+    MODEL_ROLE_KV_B_W,           /* [heads (nope + v), kv_rank] self_attn.kv_b_proj.weight */
     MODEL_ROLE_COUNT,
 } model_role;
 
@@ -119,6 +130,13 @@ typedef struct model_tensor {
                                        * two"); ours are rows i and hf_rot_pairs + i, as the
                                        * rotate-half kernels pair them (q.k is unchanged when q
                                        * and k are permuted alike). 0: the same rows */
+    int hf_rope_rows;                 /* DeepSeek-V2's q_proj, q_b_proj, kv_a_proj_with_mqa (and
+                                       * their lora_B): in each run of hf_rope_period rows the
+                                       * file's last hf_rope_rows are rotary dims in interleaved
+                                       * pairs (2i, 2i + 1); ours put them first, de-interleaved
+                                       * (2i at i, 2i + 1 at hf_rope_rows / 2 + i), then the
+                                       * run's other rows in order. 0: the same rows */
+    int hf_rope_period;
     int lora;                         /* in a LoRA adapter layout (model/lora.h): MODEL_LORA_A
                                        * or MODEL_LORA_B, role then names the adapted weight;
                                        * 0 in a model's layout */
@@ -171,6 +189,14 @@ void model_tensor_set_head_rows(model_tensor *t, const zo_model_config *c);
 /* Marks t (GPT-J's q_proj or k_proj weight, or its lora_B) as holding its
  * rotary pairs interleaved in the file: hf_rot_pairs, hf_rot_head from c. */
 void model_tensor_set_rot_pairs(model_tensor *t, const zo_model_config *c);
+
+/* Marks t (a row range of DeepSeek-V2's latent attention, or its lora_B)
+ * as holding rotary rows to permute (hf_rope_rows, hf_rope_period). */
+void model_tensor_set_rope_rows(model_tensor *t, int rope, int period);
+/* With hf_rope_rows: the file's row of our row `row` of t, and ours of
+ * the file's row `file_row` (the identity without). */
+size_t model_tensor_rope_file_row(const model_tensor *t, size_t row);
+size_t model_tensor_rope_our_row(const model_tensor *t, size_t file_row);
 
 /* The tensor with this name (our spelling; model_layout_match_hf in
  * safetensors.h accepts checkpoint spellings), or NULL. */

@@ -18,6 +18,14 @@
  * the QKV view; Phi-3's gate_up_proj: the GATE_UP view). */
 static model_role role_of(const zo_lora_module *m)
 {
+    /* DeepSeek-V2's latent attention's projections, by their names */
+    static const struct {
+        const char *peft;
+        model_role role;
+    } mla[] = {{"q_a_proj", MODEL_ROLE_Q_A_W}, {"q_b_proj", MODEL_ROLE_Q_B_W},
+               {"kv_a_proj_with_mqa", MODEL_ROLE_KV_A_W}, {"kv_b_proj", MODEL_ROLE_KV_B_W}};
+    for (size_t i = 0; i < sizeof mla / sizeof mla[0]; i++)
+        if (!m->experts && !strcmp(m->peft, mla[i].peft)) return mla[i].role;
     if (m->experts)
         return m->targets == ZO_LORA_GATE ? MODEL_ROLE_EXPERT_GATE_W
                : m->targets == ZO_LORA_UP ? MODEL_ROLE_EXPERT_UP_W
@@ -111,6 +119,12 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
                         if (part == MODEL_LORA_B && zo_model_rot_interleaved(&cfg) &&
                             (t->role == MODEL_ROLE_Q_W || t->role == MODEL_ROLE_K_W))
                             model_tensor_set_rot_pairs(t, &cfg);
+                        /* DeepSeek-V2's: lora_B's rotary rows as the weight's */
+                        if (part == MODEL_LORA_B && cfg.mla.kv_rank &&
+                            (t->role == MODEL_ROLE_Q_W || t->role == MODEL_ROLE_Q_B_W))
+                            model_tensor_set_rope_rows(t, cfg.mla.qk_rope, cfg.mla.qk_nope + cfg.mla.qk_rope);
+                        if (part == MODEL_LORA_B && cfg.mla.kv_rank && t->role == MODEL_ROLE_KV_A_W)
+                            model_tensor_set_rope_rows(t, cfg.mla.qk_rope, cfg.mla.kv_rank + cfg.mla.qk_rope);
                         l->block_numel[blk] += t->numel;
                     }
             j = last;
@@ -233,14 +247,28 @@ static int entry_matches(const char *path, const char *entry)
  * "self_attn.q_proj" every layer's q_proj. A dotted entry naming the
  * module under a longer path ("model.layers.0.self_attn.q_proj", an MoE's
  * "experts.0.w1") adapts some layers or experts only: refused, as is one
- * reaching some of the modules of a target only (Qwen2-MoE's
- * "shared_expert.gate_proj": the routed experts' gate_proj too or
- * neither), the router of an MoE layer ("gate": block_sparse_moe.gate,
+ * reaching some of the modules of a target only, unless the list's other
+ * entries name the rest (Qwen2-MoE's "shared_expert.gate_proj": the
+ * routed experts' gate_proj too or neither; DeepSeek-V2's
+ * "kv_a_proj_with_mqa" with "kv_b_proj"), the router of an MoE layer ("gate": block_sparse_moe.gate,
  * mlp.gate; shared_expert_gate), which carries no adapters here, and one
  * matching nothing. A plain name of no module of this architecture goes by
  * its target name (gate_proj on GPT-2: zo_lora_check refuses it, naming
  * the target). */
-static zo_status module_bits(const char *path, const zo_model_config *cfg, const char *entry, unsigned *bits)
+/* Whether an entry of PEFT's list `list` reaches the module at `mpath`. */
+static int list_matches(const cJSON *list, const char *mpath)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list)
+    if (cJSON_IsString(e) && entry_matches(mpath, e->valuestring)) return 1;
+    return 0;
+}
+
+/* (`list`: the whole target_modules list, whose other entries may name the
+ * rest of a target's modules: DeepSeek-V2's q_a_proj with q_b_proj,
+ * kv_a_proj_with_mqa with kv_b_proj) */
+static zo_status module_bits(const char *path, const zo_model_config *cfg, const char *entry, const cJSON *list,
+                             unsigned *bits)
 {
     /* an MoE layer's modules, and a dense first layer's (DeepSeek's) */
     zo_lora_module mods[2 * ZO_LORA_MAX_MODULES];
@@ -255,7 +283,7 @@ static zo_status module_bits(const char *path, const zo_model_config *cfg, const
             deeper = 1;
     }
     for (int i = 0; i < n; i++)
-        if ((mods[i].targets & *bits) && !hit[i])
+        if ((mods[i].targets & *bits) && !hit[i] && !(!mods[i].experts && list_matches(list, mods[i].path)))
             return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"target_modules\": \"%s\" reaches some of the modules "
                             "this runtime adapts together only (not %s%s%s): name the module every layer's "
                             "experts and shared expert answer to (\"%s\")", path, entry,
@@ -406,7 +434,7 @@ static zo_status parse_targets(const char *path, const zo_model_config *cfg, con
         unsigned bits;
         if (!cJSON_IsString(e))
             return zo_error(ZO_ERR_FORMAT, "%s: \"target_modules\" holds something other than a name", path);
-        zo_status st = module_bits(path, cfg, e->valuestring, &bits);
+        zo_status st = module_bits(path, cfg, e->valuestring, tm, &bits);
         if (st != ZO_OK) return st;
         *out |= bits;
     }

@@ -179,7 +179,10 @@ static size_t rot_row_ours(const model_tensor *t, size_t file_row)
 /* Our row of a file row (the same row where the file holds our order). */
 static size_t row_ours(const model_tensor *t, size_t file_row)
 {
-    return t->hf_head_rows ? head_row_ours(t, file_row) : t->hf_rot_pairs ? rot_row_ours(t, file_row) : file_row;
+    return t->hf_head_rows   ? head_row_ours(t, file_row)
+           : t->hf_rot_pairs ? rot_row_ours(t, file_row)
+           : t->hf_rope_rows ? model_tensor_rope_our_row(t, file_row)
+                             : file_row;
 }
 
 /* Rows of a tensor read in the file's order put in ours, in place: each
@@ -198,6 +201,21 @@ static zo_status rot_rows_from_file(const model_tensor *t, uint8_t *buf, size_t 
         for (size_t r = 0; r < 2 * P; r++) memcpy(head + rot_row_ours(t, r) * row, tmp + r * row, row);
     }
     free(tmp);
+    return ZO_OK;
+}
+
+/* Rows of a tensor read in the file's order put in ours (hf_rope_rows:
+ * DeepSeek-V2's rotary rows), through a copy of the tensor. */
+static zo_status rope_rows_from_file(const model_tensor *t, uint8_t *buf, size_t esz, const char *path)
+{
+    size_t rows = (size_t)t->shape[0], row = (t->ndim == 2 ? (size_t)t->shape[1] : 1) * esz;
+    uint8_t *file = malloc(rows * row);
+    if (!file)
+        return zo_error(ZO_ERR_NOMEM, "%s: tensor \"%s\": cannot allocate %zu bytes to reorder its rotary rows", path,
+                        t->name, rows * row);
+    memcpy(file, buf, rows * row);
+    for (size_t r = 0; r < rows; r++) memcpy(buf + r * row, file + model_tensor_rope_file_row(t, r) * row, row);
+    free(file);
     return ZO_OK;
 }
 
@@ -278,6 +296,7 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
         }
         if (t->hf_head_rows && (st = head_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
         if (t->hf_rot_pairs && (st = rot_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
+        if (t->hf_rope_rows && (st = rope_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
         rep->n_loaded++;
     }
     if (missing && !(flags & MODEL_LOAD_ALLOW_MISSING)) {
@@ -377,9 +396,9 @@ static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count
     const model_tensor *t = &x->l->tensors[x->first + index];
     size_t bsz = zo_dtype_size(x->buf_dt), fsz = zo_dtype_size(x->file_dt);
     const uint8_t *src = (const uint8_t *)x->blocks[t->block] + t->offset * bsz;
-    if (t->hf_head_rows || t->hf_rot_pairs) {
-        /* GPT-NeoX's query_key_value, GPT-J's q_proj and k_proj: the file's rows from ours, row
-         * piece by piece */
+    if (t->hf_head_rows || t->hf_rot_pairs || t->hf_rope_rows) {
+        /* GPT-NeoX's query_key_value, GPT-J's q_proj and k_proj, DeepSeek-V2's
+         * rotary rows: the file's rows from ours, row piece by piece */
         uint64_t cols = t->ndim == 2 ? (uint64_t)t->shape[1] : 1;
         for (uint64_t e = first; e < first + count;) {
             uint64_t r = e / cols, c = e % cols, n = cols - c < first + count - e ? cols - c : first + count - e;
@@ -446,7 +465,7 @@ zo_status model_save(const char *path, const model_layout *l, const void *const 
     size_t bsz = zo_dtype_size(buf_dt);
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
-        if (!t->hf_transposed && !t->hf_head_rows && !t->hf_rot_pairs && buf_dt == file_dt)
+        if (!t->hf_transposed && !t->hf_head_rows && !t->hf_rot_pairs && !t->hf_rope_rows && buf_dt == file_dt)
             e[i].data = (const uint8_t *)blocks[t->block] + t->offset * bsz;
     }
     save_ctx x = {.l = l, .blocks = blocks, .buf_dt = buf_dt, .file_dt = file_dt};

@@ -459,6 +459,10 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     o->flops_token = 2 * a.wparams + 2 * s * (dqk + dv) * m->n_heads;
     o->attn_flops_token = 2 * s * (dqk + dv) * m->n_heads;
     double attn_f, attn_b, attn_rc, ew_f, ew_b, lf = 0, lb = 0, qf = 0, qb = 0;
+    /* (this runtime runs latent attention's values padded to the q/k heads:
+     * its core at qk_nope + qk_rope for both; the model's FLOPs above stay
+     * the model's) */
+    if (m->mla.kv_rank && t->runtime == PLAN_RUNTIME_ZOFFLOAD) dv = dqk;
     const double tc = attn_tc_share(m, t, c, dqk, dv);
     attn_core_time(t, c, heads, dqk, dv, tc >= 1.0, &attn_f, &attn_b, &attn_rc);
     if (tc > 0.0 && tc < 1.0) { /* some layers on each path: their mean */

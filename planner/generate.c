@@ -121,7 +121,9 @@ static void store(plan_gen_estimate *e, const char *name, const char *staging, c
  * activation [N k, expert_ffn], their tokens and weights), the weighted
  * activation, the shared gate, every layer's router statistics; with
  * adapters on the routed experts (expert_ad), one expert's A x. Gemma-2's
- * two output norms share one input and one 1/rms (nothing is kept). */
+ * two output norms share one input and one 1/rms (nothing is kept). Latent
+ * attention's q|k|v and output are heads of qk_nope + qk_rope (head_dim)
+ * with its own buffers beside them. */
 static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, int expert_ad,
                                 uint64_t wdq)
 {
@@ -156,6 +158,11 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         layers * K * N * fe * es,                               /* and activation */
         layers * K * N * 4, layers * K * N * 4,                 /* the pairs' tokens, weights */
         layers * (mo->shared_gate ? N * 4 : 0),                 /* the shared expert's gate */
+        /* latent attention: q_a's output, c_kv, the output narrowed to v, kv_a's and kv_b's outputs */
+        layers * N * (uint64_t)m->mla.q_rank * es, layers * N * (uint64_t)m->mla.kv_rank * es,
+        layers * (m->mla.kv_rank ? N * (uint64_t)m->n_heads * (uint64_t)m->mla.v_dim * es : 0),
+        layers * (m->mla.kv_rank ? N * (uint64_t)(m->mla.kv_rank + m->mla.qk_rope) * es : 0),
+        layers * (m->mla.kv_rank ? N * (uint64_t)m->n_heads * (uint64_t)(m->mla.qk_nope + m->mla.v_dim) * es : 0),
         (uint64_t)m->n_layers * 2 * E * 4,                      /* router statistics */
         E ? N * widest * es : 0,                                /* the weighted activation */
         K * N * h * es, K * N * h * es,                         /* the pairs' inputs, outputs */

@@ -158,6 +158,15 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
     uint64_t tp = (uint64_t)t->tp;
     uint64_t q, k, v, o;
     zo_model_attn_widths(m, &q, &k, &v, &o);
+    /* latent attention as this runtime keeps it (transformer.c): v padded to
+     * the q/k heads in its fused q|k|v, the attention's output at that width
+     * and narrowed to v for o_proj, and of kv_a's output only c_kv (its
+     * rotary key is in k) */
+    const int mla_here = m->mla.kv_rank && t->runtime == PLAN_RUNTIME_ZOFFLOAD;
+    if (mla_here) {
+        v = q;
+        o = q + o;
+    }
     uint64_t routed = moe ? round_u64((double)sb * plan_routed_rows(m, t)) : 0;
     uint64_t ep_rows = moe ? plan_ep_rows(m, t) : 0; /* the owner's rows (expert parallelism) */
     int norms = m->layer_norms ? m->layer_norms : 2;
@@ -185,7 +194,7 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
         case PLAN_W_SCORES: n = a * s * s * b; break;
         case PLAN_W_HEADS: n = a * sb; break;
         case PLAN_W_QLORA: n = sb * (uint64_t)m->mla.q_rank; break;
-        case PLAN_W_KVLORA: n = sb * (uint64_t)(m->mla.kv_rank + m->mla.qk_rope); break;
+        case PLAN_W_KVLORA: n = sb * (uint64_t)(m->mla.kv_rank + (mla_here ? 0 : m->mla.qk_rope)); break;
         case PLAN_W_NORMS: n = norms > 2 ? sb * (uint64_t)m->hidden * (uint64_t)(norms - 2) : 0; break;
         case PLAN_W_ROUTER: n = sb * (uint64_t)m->moe.experts; break;
         case PLAN_W_ROUTED: n = routed; break;
@@ -366,7 +375,7 @@ int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_
 
 /* A LoRA or QLoRA configuration: adapters the model has, on layers whose
  * linear weights the model knows (every projection of a GPT or LLaMA
- * layer; not latent attention or experts). */
+ * layer, latent attention's five, the experts'; not a router with a bias). */
 static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *m)
 {
     if (t->adapters_on < ZO_PLAN_GPU || t->adapters_on >= ZO_PLAN_TIERS)
@@ -388,9 +397,6 @@ static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *
         return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts with a router bias, whose adapters "
                                         "are not modelled (Mixtral-like, Qwen2-MoE and DeepSeekMoE layers are)",
                         flag, m->name);
-    if (m->mla.kv_rank)
-        return zo_error(ZO_ERR_INVALID, "%s: %s has latent attention, whose projections the "
-                                        "adapter targets do not name", flag, m->name);
     zo_status st = zo_lora_check(m, &t->lora);
     return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "%s", flag);
 }
@@ -1534,16 +1540,29 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
         uint64_t moe = routed * gated + (uint64_t)m->moe.shared_ffn * gated;
         if (moe > mlp) mlp = moe;
     }
-    uint64_t dgrad = 4 * sb * (2 * h + ceil_div(q + k + v + o + mlp, (uint64_t)t->tp));
+    /* latent attention as this runtime runs it (transformer.c): the q|k|v
+     * and the attention's output at heads of qk_nope + qk_rope (v padded),
+     * and its own fp32 gradients (kv_a's and kv_b's outputs, c_kv, q_a's,
+     * o_proj's input) and scratch (kv_a's and kv_b's outputs) */
+    uint64_t mla_grad = 0, mla_scratch = 0;
+    if (m->mla.kv_rank && t->runtime == PLAN_RUNTIME_ZOFFLOAD) {
+        const zo_mla *x = &m->mla;
+        uint64_t ka = (uint64_t)(x->kv_rank + x->qk_rope), kb = (uint64_t)m->n_heads * (uint64_t)(x->qk_nope + x->v_dim);
+        mla_grad = ka + kb + (uint64_t)x->kv_rank + (uint64_t)x->q_rank + o;
+        mla_scratch = ka + kb;
+        v = q;
+        o = q;
+    }
+    uint64_t dgrad = 4 * sb * (2 * h + ceil_div(q + k + v + o + mlp + mla_grad, (uint64_t)t->tp));
     add(e, "backward working set (fp32 activation gradients, scratch)", ZO_PLAN_GPU,
-        PLAN_ACTIVATIONS, dgrad + sb * h * s->wsz + 12 * sb);
+        PLAN_ACTIVATIONS, dgrad + sb * (h + mla_scratch) * s->wsz + 12 * sb);
     if (s->wsz < 4) {
         /* 16-bit weights: the widest activation gradient (a linear layer's
          * output, or the logits) rounded once for the GEMMs that read it */
         uint64_t widest = q + k + v;
         /* (expert parallelism: an expert's rows from every rank of the group) */
         uint64_t ep = s->sh.moe_layers && t->ep > 1 ? (uint64_t)t->ep : 1;
-        uint64_t cand[] = {(uint64_t)m->ffn, (uint64_t)m->moe.expert_ffn * ep, h * ep};
+        uint64_t cand[] = {(uint64_t)m->ffn, (uint64_t)m->moe.expert_ffn * ep, h * ep, (uint64_t)m->mla.q_rank};
         for (size_t i = 0; i < sizeof cand / sizeof *cand; i++) widest = cand[i] > widest ? cand[i] : widest;
         uint64_t bytes = sb * ceil_div(widest, (uint64_t)t->tp) * s->wsz;
         /* the logits' gradient: a chunk's with --loss-chunk */

@@ -301,10 +301,12 @@ typedef enum plan_act_width {
     PLAN_W_FFN,    /* s*b*ffn */
     PLAN_W_SCORES, /* heads*s*s*b: attention probabilities */
     PLAN_W_HEADS,  /* heads*s*b: per-row softmax statistics */
-    PLAN_W_V,      /* s*b*kv_heads*head_dim: the values (MLA: heads*v_dim) */
-    PLAN_W_O,      /* s*b*heads*head_dim: the output projection's input (MLA: heads*v_dim) */
+    PLAN_W_V,      /* s*b*kv_heads*head_dim: the values (MLA: heads*v_dim; this runtime's
+                      padded to heads*(qk_nope + qk_rope)) */
+    PLAN_W_O,      /* s*b*heads*head_dim: the output projection's input (MLA: heads*v_dim; this
+                      runtime's also the attention's output at heads*(qk_nope + qk_rope)) */
     PLAN_W_QLORA,  /* s*b*q_lora_rank (MLA) */
-    PLAN_W_KVLORA, /* s*b*(kv_lora_rank + qk_rope) (MLA) */
+    PLAN_W_KVLORA, /* s*b*(kv_lora_rank + qk_rope) (MLA; this runtime's kv_lora_rank) */
     PLAN_W_NORMS,  /* s*b*h*(norms per layer - 2): Gemma-2's extra norms */
     PLAN_W_ROUTER, /* s*b*experts: the router's logits or probabilities */
     PLAN_W_ROUTED,     /* s*b*plan_routed_rows: the (token, expert) pairs */

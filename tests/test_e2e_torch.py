@@ -58,6 +58,13 @@ the k-th and (k+1)-th probability above 1e-4), so a seed is never blamed on the 
          weight decay, their step count unmoved), and train must too; full and LoRA as above,
          and the optimizer on the device or half on NVMe gives the same run.
 
+DeepSeek-V2 (deepseek_v2, deepseek_v2_q): DeepSeekMoE's layers with latent attention, the float64
+model make_fixtures.mla_attention written from DeepseekV2Attention (q_proj or q_a/q_b through
+their norm, kv_a_proj_with_mqa's latent and its one rotary key, kv_b_proj, the rotary pairs
+interleaved as the checkpoint stores them, the softmax scale with yarn's mscale_all_dim): full
+fine-tuning as above, the saved folders read back by name in Hugging Face's row order; LoRA and
+QLoRA on latent attention's projections (and the experts') as for the other mixtures of experts.
+
 Losses agree to a relative 1e-4 (train in fp32, PyTorch in float64); the
 gradient norm, printed with 4 decimals, to 1e-4 relative plus the rounding.
 The expected values all come from the PyTorch run here.
@@ -438,6 +445,47 @@ FAMILIES["deepseek_tok"] = dict(
     # (at DeepSeekMoE's 3e-3 the reference's LoRA run meets a near tie of router probabilities, a
     # relative gap of 9.1e-5)
     lora=dict(FAMILIES["deepseek"]["lora"], lr=1e-3))
+# DeepSeek-V2 (DeepseekV2ForCausalLM, DeepSeek-V2-Lite's kind, small): DeepSeekMoE's layers (a dense
+# first layer, softmax routing "greedy" top 2 of 6 not renormalized, routed_scaling_factor 1, two shared
+# experts) with latent attention: q_lora_rank null (q_proj), 3 heads of qk_nope 64 + qk_rope 32 (the
+# rotary dims interleaved in pairs in the file), v_head_dim 64, kv_lora_rank 96; V2-Lite's yarn factor 40
+# over the 16 rotary pairs (an original 64 positions, the sequence 70) with mscale 0.5 (cos and sin
+# times mscale(40, 0.5) / mscale(40, 1) = 0.87) and mscale_all_dim 1 (the scores times
+# mscale(40, 1)^2 = 1.87 over sqrt(96)): V2-Lite's are both 0.707, which would leave cos and sin as
+# they are; the balance loss's alpha raised so that it counts. LoRA on every linear layer (PEFT's
+# names: q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj and the experts'), lora_B's rotary rows in the
+# file's order as the weights'.
+# (seed 71 was ill-conditioned for an fp32-against-float64 comparison: the reference's own weights
+# moved by a relative 1e-6 moved its step-2 gradient norm by 1.8e-3, and train's was 3.7e-4 off there
+# with steps 0 and 1 within 6e-6; at seed 75 the same perturbation moves it by 3.3e-5)
+FAMILIES["deepseek_v2"] = dict(
+    seed=75,
+    config={"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "num_hidden_layers": 3,
+            "hidden_size": 256, "num_attention_heads": 3, "num_key_value_heads": 3,
+            "q_lora_rank": None, "kv_lora_rank": 96, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+            "v_head_dim": 64, "intermediate_size": 160, "moe_intermediate_size": 48, "n_routed_experts": 6,
+            "n_shared_experts": 2, "num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+            "norm_topk_prob": False, "scoring_func": "softmax", "topk_method": "greedy", "n_group": None,
+            "topk_group": None, "routed_scaling_factor": 1.0, "aux_loss_alpha": 0.3, "seq_aux": True,
+            "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 64,
+                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.5, "mscale_all_dim": 1.0},
+            "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=70, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+    # every linear layer but the router: q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj, the experts'
+    # (at 3e-3 and 1e-3 the reference's LoRA replay met near ties of router probabilities, relative gaps
+    # of 2.7e-5 and 6.8e-5; at 5e-4 its smallest is 6.7e-4)
+    lora=dict(r=4, alpha=16.0, targets="all-linear", lr=5e-4))
+# DeepSeek-V2's own head shape (qk_nope 128, qk_rope 64, v 128) with q through its low rank
+# (q_lora_rank 48: q_a_proj, q_a_layernorm, q_b_proj), 2 heads, kv_lora_rank 64, no rope_scaling
+FAMILIES["deepseek_v2_q"] = dict(
+    FAMILIES["deepseek_v2"], seed=72,
+    config=dict(FAMILIES["deepseek_v2"]["config"], num_attention_heads=2, num_key_value_heads=2, q_lora_rank=48,
+                kv_lora_rank=64, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, rope_scaling=None),
+    run=dict(micro_batch=2, seq=70, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+    # latent attention's five projections by PEFT's names (q_a_proj, q_b_proj: its q) and the experts' down
+    lora=dict(r=4, alpha=16.0, targets="q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,down_proj", lr=3e-3))
 # Gemma-3 (text): Gemma-2's layers with an RMSNorm (1 + w) on each q and k head, no caps, 3 layers
 # with sliding_window_pattern 3 (layers 0 and 1 local: a window of 48 and base 10000; layer 2 global:
 # rope_theta 1e6 and a linear rope_scaling of 8, as gemma-3-4b's)
@@ -480,11 +528,16 @@ def sparse(name):
 # ---- the PyTorch side -----------------------------------------------------------------------
 
 def is_moe(c):
-    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek")
+    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2")
 
 
 def deepseek(c):
-    return c["model_type"] == "deepseek"
+    return c["model_type"] in ("deepseek", "deepseek_v2")
+
+
+def mla(c):
+    """DeepSeek-V2's latent attention (make_fixtures.mla_attention)."""
+    return "kv_lora_rank" in c
 
 
 def dense_layer(c, l):
@@ -519,7 +572,9 @@ def moe_params(c, g):
     MLP in every layer."""
     base = dict(c, model_type={"qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}.get(c["model_type"], "llama"))
     p = {k: v for k, v in mf.llama_params(base, g, std=1.0).items()
-         if ".mlp." not in k or dense_layer(c, int(k.split(".")[2]))}
+         if (".mlp." not in k or dense_layer(c, int(k.split(".")[2]))) and not (mla(c) and ".self_attn." in k)}
+    if mla(c):
+        mf.mla_params(c, g, p)
     h = c["hidden_size"]
     E, _, f, fs = moe_shape(c)
     pre, (wg, wu, wd) = moe_names(c)
@@ -614,7 +669,8 @@ def moe_mlp(c, p, m, x):
 def moe_forward(c, p, idx):
     """mf.llama_forward's layers with the MoE MLP; the logits and every layer's router logits."""
     nh = c["num_attention_heads"]
-    d, eps = mf.head_dim(c), c["rms_norm_eps"]
+    # (latent attention turns its qk_rope_head_dim dims in mf.mla_attention, not with these)
+    d, eps = c["qk_rope_head_dim"] if mla(c) else mf.head_dim(c), c["rms_norm_eps"]
     b, t = idx.shape
     inv_freq = mf.rope_inv_freq(c, d)
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
@@ -627,11 +683,14 @@ def moe_forward(c, p, idx):
     for l in range(c["num_hidden_layers"]):
         pre = f"model.layers.{l}."
         a = mf.rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-        q, k, v = mf.attention_qkv(c, p, pre, a, lin)
-        q = q * cos + mf.rotate_half(q) * sin
-        k = k * cos + mf.rotate_half(k) * sin
-        y = mf.causal_attention(q, k, v, None).transpose(1, 2).reshape(b, t, nh * d)
-        x = x + lin(y, pre + "self_attn.o_proj")
+        if mla(c):
+            x = x + mf.mla_attention(c, p, pre + "self_attn.", a)
+        else:
+            q, k, v = mf.attention_qkv(c, p, pre, a, lin)
+            q = q * cos + mf.rotate_half(q) * sin
+            k = k * cos + mf.rotate_half(k) * sin
+            y = mf.causal_attention(q, k, v, None).transpose(1, 2).reshape(b, t, nh * d)
+            x = x + lin(y, pre + "self_attn.o_proj")
         a = mf.rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
         if dense_layer(c, l):
             mlp = pre + "mlp."
@@ -1013,6 +1072,15 @@ def check_family(train, name, workdir):
                 changed = micro_loss(cc, params, data, run, 0).item()
                 ck.fact(f"with rope_scaling {what} the reference's loss moves ({given:.6f} -> {changed:.6f})",
                         abs(changed - given) > 10 * REL * given)
+    if mla(c) and rs.get("mscale_all_dim"):
+        # the softmax's mscale^2 counts (rope_scaling without mscale_all_dim, the rotary's factor kept)
+        other = {k: v for k, v in rs.items() if k != "mscale_all_dim"}
+        other["attention_factor"] = mf.rope_attention_scaling(c)
+        with torch.no_grad():
+            given = micro_loss(c, params, data, run, 0).item()
+            changed = micro_loss(dict(c, rope_scaling=other), params, data, run, 0).item()
+        ck.fact(f"without the softmax's mscale the reference's loss moves ({given:.6f} -> {changed:.6f})",
+                abs(changed - given) > 10 * REL * given)
     if deepseek(c):
         # the balance loss is in the gradient only: the first micro-batch's gradient norm moves without it
         def grad_norm(cc):
@@ -1067,6 +1135,8 @@ def check_family(train, name, workdir):
         # bf16 m and v (cpu_adam's encoding), the device's update as the host's
         bl = [run_train(train, d, run, ["--optimizer", opt, "--optim-dtype", "bf16"])[0] for opt in ("cpu", "gpu")]
         ck.fact(f"--optim-dtype bf16: the optimizer on the GPU as on the host ({bl[1]})", bl[0] == bl[1])
+    if lora is None:  # (latent attention: train refuses LoRA, by name)
+        return ck.failed
     if is_moe(c):
         return ck.failed + check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g)
 

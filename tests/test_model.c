@@ -38,16 +38,66 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "granite-3.1-2b.json", "granite-3.1-8b.json", "gpt-j-6b.json",
                                    "gemma-3-4b-it.json", "gemma-3-27b-it.json", "llava-1.5-7b-hf.json",
                                    "mistral-small-3.1-24b.json", "c4ai-command-r-v01.json",
-                                   "aya-23-8b.json"};
+                                   "aya-23-8b.json", "deepseek-v2-lite.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
- * `train`) refuses each by name, and what it lacks (DeepSeek-V2's and V3's
- * latent attention by its key). */
+ * `train`) refuses each by name, and what it lacks (DeepSeek-V2's
+ * group-limited routing, V3's router correction, by their keys). */
 static const struct { const char *config, *family, *lacks; } not_built[] = {
-    {"deepseek-v2-lite.json", "deepseek_v2", "latent attention (kv_lora_rank)"},
-    {"deepseek-v3.json", "deepseek_v3", "latent attention (kv_lora_rank)"},
+    {"deepseek-v2.json", "deepseek_v2", "group-limited routing (topk_method group_limited_greedy)"},
+    {"deepseek-v3.json", "deepseek_v3", "a router score correction (topk_method noaux_tc)"},
     {"c4ai-command-r-plus.json", "cohere", "q/k LayerNorms with a weight per head (use_qk_norm)"},
 };
+
+/* DeepSeek-V2-Lite's latent attention under its checkpoint's names and
+ * shapes, and the rows that feed its rotary dims moved to the front of
+ * each head, de-interleaved (the file's pair (2i, 2i + 1) at i and 32 + i
+ * of the 64), by hand from the config: q_proj's heads of 128 + 64 rows,
+ * kv_a_proj_with_mqa's 512 c_kv rows then 64 rotary ones. */
+static void test_layout_mla(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/hf-configs/deepseek-v2-lite.json", ZO_FIXTURES_DIR);
+    zo_model_config cfg;
+    if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &cfg), ZO_OK);
+    static const struct {
+        const char *name;
+        int64_t rows, cols;
+    } want[] = {
+        {"model.layers.0.self_attn.q_proj.weight", 16 * 192, 2048},
+        {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight", 576, 2048},
+        {"model.layers.0.self_attn.kv_a_layernorm.weight", 512, 0},
+        {"model.layers.0.self_attn.kv_b_proj.weight", 16 * 256, 512},
+        {"model.layers.26.self_attn.o_proj.weight", 2048, 16 * 128},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const model_tensor *t = model_layout_find(&l, want[i].name);
+        if (!t) fail_msg("%s missing", want[i].name);
+        assert_true(t->shape[0] == want[i].rows && t->shape[1] == want[i].cols);
+    }
+    assert_null(model_layout_find(&l, "model.layers.0.self_attn.q_a_proj.weight"));
+    const model_tensor *q = model_layout_find(&l, "model.layers.0.self_attn.q_proj.weight");
+    const model_tensor *kva = model_layout_find(&l, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight");
+    const model_tensor *kvb = model_layout_find(&l, "model.layers.0.self_attn.kv_b_proj.weight");
+    assert_int_equal(kvb->hf_rope_rows, 0);
+    /* (our row, the file's) */
+    static const size_t qrows[][2] = {{0, 128},   {1, 130},   {31, 190},  {32, 129},  {63, 191},
+                                      {64, 0},    {191, 127}, {192, 320}, {224, 321}, {256, 192},
+                                      {3071, 3007}};
+    for (size_t i = 0; i < sizeof qrows / sizeof qrows[0]; i++) {
+        assert_int_equal(model_tensor_rope_file_row(q, qrows[i][0]), qrows[i][1]);
+        assert_int_equal(model_tensor_rope_our_row(q, qrows[i][1]), qrows[i][0]);
+    }
+    static const size_t kvrows[][2] = {{0, 512}, {1, 514}, {32, 513}, {63, 575}, {64, 0}, {575, 511}};
+    for (size_t i = 0; i < sizeof kvrows / sizeof kvrows[0]; i++) {
+        assert_int_equal(model_tensor_rope_file_row(kva, kvrows[i][0]), kvrows[i][1]);
+        assert_int_equal(model_tensor_rope_our_row(kva, kvrows[i][1]), kvrows[i][0]);
+    }
+    model_layout_free(&l);
+}
 
 /* Tensors tile each block exactly, in order, and sum to the config's count. */
 static void check_layout(const zo_model_config *cfg)
@@ -1493,6 +1543,7 @@ int main(void)
         cmocka_unit_test(test_layout_limits),
         cmocka_unit_test(test_layout_views),
         cmocka_unit_test(test_layout_refuses_families),
+        cmocka_unit_test(test_layout_mla),
         cmocka_unit_test(test_hf_config_partial_rotary),
         cmocka_unit_test(test_gemma2_config),
         cmocka_unit_test(test_gemma3_config),

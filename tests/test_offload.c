@@ -1593,6 +1593,34 @@ static void test_memplan_agrees_gemma3(void **state)
     gemma_peaks_agree("gemma3_text");
 }
 
+/* DeepSeek-V2's latent attention (a dense model of its layers: 4 heads of
+ * qk_nope 32 + qk_rope 16, v 32, kv_lora_rank 64, with and without
+ * q_lora_rank 48): the peak bytes per tier against memplan's estimate,
+ * within 3%, resident and recomputed with the weights on the host. */
+static void test_memplan_agrees_mla(void **state)
+{
+    (void)state;
+    for (int q_rank = 0; q_rank <= 48; q_rank += 48)
+        for (int recompute = 0; recompute < 2; recompute++) {
+            run r = {.cfg = tiny_llama(4, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
+            snprintf(r.cfg.family, sizeof r.cfg.family, "deepseek_v2");
+            r.cfg.n_heads = r.cfg.n_kv_heads = 4;
+            r.cfg.mla = (zo_mla){.q_rank = q_rank, .kv_rank = 64, .qk_nope = 32, .qk_rope = 16, .v_dim = 32};
+            r.cfg.head_dim = 48;
+            /* (peaks_agree passes over what the runtime refuses: this it builds) */
+            if (zo_model_config_runtime_check(&r.cfg) != ZO_OK) fail_msg("%s", zo_last_error());
+            base_config(&r.oc);
+            r.oc.sub_group = 50000;
+            r.oc.params_on = recompute ? OFFLOAD_CPU : OFFLOAD_DEVICE;
+            r.oc.recompute = recompute;
+            r.oc.checkpoints_on = OFFLOAD_DEVICE;
+            char name[96];
+            snprintf(name, sizeof name, "latent attention, q_lora_rank %d, %s", q_rank,
+                     recompute ? "weights cpu, recompute" : "resident");
+            peaks_agree(name, &r);
+        }
+}
+
 /* Optimizer state on the device (wholly or in part) updates with
  * gpu_adam_update, cpu_adam's arithmetic, and its gradients are summed on the
  * device with the host's fp32 additions: bit-identical losses and norms
@@ -2205,6 +2233,7 @@ int main(void)
         cmocka_unit_test(test_memplan_agrees_gemma),
         cmocka_unit_test(test_memplan_agrees_gemma2),
         cmocka_unit_test(test_memplan_agrees_gemma3),
+        cmocka_unit_test(test_memplan_agrees_mla),
         cmocka_unit_test(test_device_optimizer),
         cmocka_unit_test(test_device_optimizer_resume),
         cmocka_unit_test(test_device_optimizer_state),

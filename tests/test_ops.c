@@ -1039,6 +1039,26 @@ static void ref_moe_scatter_add(const gpu_op_args *a, hostv *h)
         for (int j = 0; j < c; j++) h->T[0][(size_t)h->P[0][r] * a->i[2] + j] += h->T[1][(size_t)r * c + j];
 }
 
+/* t: y x; i: n heads w fill ldy hsy ldx hsx */
+static void ref_head_copy(const gpu_op_args *a, hostv *h)
+{
+    int64_t n = a->i[0], heads = a->i[1], w = a->i[2], fill = a->i[3], ldy = a->i[4], hsy = a->i[5];
+    int64_t ldx = a->i[6], hsx = a->i[7];
+    for (int64_t r = 0; r < n; r++) {
+        if (!hsy) {
+            for (int64_t j = 0; j < w; j++) {
+                double sum = 0.0;
+                for (int64_t g = 0; g < heads; g++) sum += h->T[1][r * ldx + g * hsx + j];
+                h->T[0][r * ldy + j] = sum;
+            }
+            continue;
+        }
+        for (int64_t g = 0; g < heads; g++)
+            for (int64_t j = 0; j < fill; j++)
+                h->T[0][r * ldy + g * hsy + j] = j < w ? h->T[1][r * ldx + g * hsx + j] : 0.0;
+    }
+}
+
 /* ---- backends ------------------------------------------------------------------------ */
 
 #define GUARD 64 /* bytes checked on both sides of every buffer */
@@ -1937,6 +1957,27 @@ static void scale_grid(gpu_op_id op)
     rng = saved;
 }
 
+/* DeepSeek-V2's latent attention as the runtime runs it: a kv head per
+ * query head, heads of qk_nope + qk_rope (192: DeepSeek-V2's 128 + 64, 8
+ * dimensions a lane on 24 of the CUDA kernel's 32 lanes; 96 and 48: the
+ * test models'), scaled by mscale^2 / sqrt(d) (yarn's factor 40 with
+ * mscale_all_dim 1: 1.874), the flash path and past 256 tokens the GEMM
+ * path; from their own stream, so the cases after them draw what they drew
+ * before. */
+#define MLA_SEED 0x510e527fade682d1ull
+static void mla_grid(gpu_op_id op)
+{
+    uint64_t saved = rng;
+    rng = MLA_SEED;
+    const float ms = 1.874f;
+    attention_case_sc(op, 1, 97, 2, 2, 192, 0, ms / sqrtf(192.0f), 0.0f, E_F32, E_F32);
+    attention_case_sc(op, 1, 70, 3, 3, 96, 0, ms / sqrtf(96.0f), 0.0f, E_F32, E_F32);
+    attention_case_sc(op, 2, 49, 4, 4, 48, 0, 1.0f / sqrtf(48.0f), 0.0f, E_F32, E_F32);
+    attention_case_sc(op, 1, 70, 2, 2, 192, 0, 1.0f / sqrtf(192.0f), 0.0f, E_BF16, E_BF16);
+    attention_case_sc(op, 1, 260, 2, 2, 192, 0, ms / sqrtf(192.0f), 0.0f, E_BF16, E_BF16);
+    rng = saved;
+}
+
 /* Sequences below, at and above the CPU's 48-row query blocks and the CUDA
  * tiles of 32 (t 130: three blocks, the last partial); head sizes 32, 64,
  * 80, 96, 128 and 36 (not a multiple of 16); GQA groups 1, 2, 4, 8. The
@@ -1980,6 +2021,7 @@ static void attention_grid(gpu_op_id op)
     alibi_grid(op);
     tc_grid(op);
     scale_grid(op);
+    mla_grid(op);
 }
 
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
@@ -2052,6 +2094,13 @@ static void parity_attention_cached(void)
     cached_case(2, 1, 97, 4, 1, 128, 40, -1, E_BF16, E_BF16);
     cached_case(1, 5, 40, 2, 1, 64, 0, -1, E_F32, E_BF16);
     cached_case(2, 3, 60, 2, 1, 256, 0, -1, E_BF16, E_BF16); /* head_dim 256 (Gemma) */
+    {   /* latent attention's (mla_grid's shapes, from its stream): a token, and a prompt's chunk */
+        uint64_t before = rng;
+        rng = MLA_SEED;
+        cached_case_sc(2, 1, 97, 2, 2, 192, 0, 1.874f / sqrtf(192.0f), 0.0f, -1, E_F32, E_F32);
+        cached_case_sc(1, 40, 120, 3, 3, 96, 0, 1.874f / sqrtf(96.0f), 0.0f, 50, E_BF16, E_BF16);
+        rng = before;
+    }
     /* soft-capped and scaled (Gemma-2), from their own stream as softcap_grid */
     uint64_t saved = rng;
     rng = SOFTCAP_SEED;
@@ -2993,6 +3042,54 @@ static void distinct_rows_prep(const pcase *c, hostv *h)
 
 /* (rows gathered or scattered, columns, rows of the other side) */
 static const int pack_shapes[][3] = {{1, 1, 1}, {5, 17, 9}, {64, 33, 300}, {300, 64, 300}};
+
+/* One gpu_head_copy case: x [n, ldx] of type tx into y [n, ldy] of type ty. */
+static void head_copy_case(const char *what, int n, int heads, int w, int fill, int64_t ldy, int64_t hsy,
+                           int64_t ldx, int64_t hsx, etype ty, etype tx)
+{
+    pcase q = new_case(GPU_OP_HEAD_COPY, "%s n %d heads %d w %d fill %d ldy %lld hsy %lld ldx %lld hsx %lld %s<-%s",
+                       what, n, heads, w, fill, (long long)ldy, (long long)hsy, (long long)ldx, (long long)hsx,
+                       ename(ty), ename(tx));
+    int64_t v[8] = {n, heads, w, fill, ldy, hsy, ldx, hsx};
+    memcpy(q.a.i, v, sizeof v);
+    int o = OUT_T(&q, 0, ty, (size_t)n * ldy);
+    if (hsy && ty == tx) q.buf[o].rtol = 1e-300; /* a copy: equal */
+    IN_T(&q, 1, tx, (size_t)n * ldx);
+    emit(&q);
+}
+
+/* Latent attention's layouts (DeepSeek-V2's nope 128, rope 64, v 128:
+ * heads of 192; V2-Lite's 16 heads; the test models' nope 32..128, rope
+ * 16..64, v 32..128), with odd widths around them: q or v into a padded
+ * q|k|v (k's rotary part at each head's front, its nope part after it),
+ * the rotary key broadcast to every head from the kv_a projection's row,
+ * the attention's output narrowed to v, and back: a gradient widened with
+ * zeros, the rotary key's gradient summed over the heads. */
+static void parity_head_copy(void)
+{
+    /* (heads, nope, rope, v) */
+    static const int mla[][4] = {{1, 32, 16, 32}, {3, 48, 16, 80}, {16, 128, 64, 128}, {5, 33, 17, 31},
+                                 {2, 64, 32, 96}};
+    static const int rows[] = {1, 7, 67};
+    for (size_t k = 0; k < sizeof mla / sizeof *mla; k++)
+        for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri++) {
+            int H = mla[k][0], nope = mla[k][1], rope = mla[k][2], v = mla[k][3], n = rows[ri];
+            int D = nope + rope > v ? nope + rope : v, kvr = 40 + (int)k; /* the latent's width */
+            int64_t qkv = 3LL * H * D, kvw = (int64_t)H * (nope + v);
+            etype t = storage[(k + ri) % 3];
+            head_copy_case("q into qkv", n, H, nope + rope, D, qkv, D, (int64_t)H * (nope + rope), nope + rope, t, t);
+            head_copy_case("k_pe broadcast", n, H, rope, rope, qkv, D, kvr + rope, 0, t, t);
+            head_copy_case("k_nope", n, H, nope, D - rope, qkv, D, kvw, nope + v, t, t);
+            head_copy_case("v padded", n, H, v, D, qkv, D, kvw, nope + v, t, t);
+            head_copy_case("output narrowed", n, H, v, v, (int64_t)H * v, v, (int64_t)H * D, D, t, t);
+            head_copy_case("gradient widened", n, H, v, D, (int64_t)H * D, D, (int64_t)H * v, v, E_F32, E_F32);
+            head_copy_case("k_pe gradient summed", n, H, rope, rope, kvr + rope, 0, qkv, D, E_F32, E_F32);
+            head_copy_case("k_pe gradient summed", n, H, rope, rope, kvr + rope, 0, qkv, D, t, E_F32);
+            head_copy_case("latent out of the row", n, 1, kvr, kvr, kvr, kvr, kvr + rope, kvr + rope, t, t);
+            head_copy_case("q cast", n, H, nope + rope, nope + rope, (int64_t)H * (nope + rope), nope + rope, qkv, D,
+                           E_F32, t);
+        }
+}
 
 static void parity_moe_gather(void)
 {

@@ -595,6 +595,20 @@ static void export_round_trip(fixture *fx, const char *cls, zo_model_config *bac
  * the split is checked row by row) and 10 AdamW steps against PyTorch; then
  * the Hugging Face folder written from it holds the same names and values,
  * with a config.json that reads back as the same model. */
+/* DeepSeek-V2's latent attention (make_fixtures.py tiny_deepseek_v2, its
+ * float64 DeepseekV2Attention with the interleaved rotary written out):
+ * q through q_lora_rank 24, kv_lora_rank 20, 3 heads of qk_nope 12 +
+ * qk_rope 8, v_head_dim 10 (padded to 20 here), dense layers, sequences of
+ * 56 past the CPU attention's 48-row query blocks: logits, loss and every
+ * gradient (loaded by name, the rotary rows permuted as the weights') against
+ * torch's, and 10 AdamW steps. */
+static void test_deepseek_v2_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_deepseek_v2");
+    run_training("tiny_deepseek_v2");
+}
+
 static void test_phi3_vs_torch(void **state)
 {
     (void)state;
@@ -1893,6 +1907,7 @@ int main(void)
         cmocka_unit_test(test_qwen2_vs_torch),
         cmocka_unit_test(test_qwen3_vs_torch),
         cmocka_unit_test(test_phi3_vs_torch),
+        cmocka_unit_test(test_deepseek_v2_vs_torch),
         cmocka_unit_test(test_phi3_longrope_vs_torch),
         cmocka_unit_test(test_phi3_partial_vs_torch),
         cmocka_unit_test(test_gemma_vs_torch),

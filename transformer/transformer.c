@@ -45,6 +45,11 @@ static int tf_geglu(const zo_model_config *c) { return zo_family_gemma(c->family
 /* the heads Qwen3's q/k norms normalise per token (0 without them) */
 static int qk_heads(const zo_model_config *c) { return c->qk_norm ? c->n_heads + c->n_kv_heads : 0; }
 static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
+/* DeepSeek-V2's latent attention: the fused attention runs over heads of
+ * head_dim = qk_nope + qk_rope for q, k and v alike (v zero-padded) */
+static int is_mla(const zo_model_config *c) { return c->mla.kv_rank > 0; }
+/* o_proj's input per token: heads x v_dim (latent attention), else q's width */
+static int o_width(const zo_model_config *c) { return is_mla(c) ? c->n_heads * c->mla.v_dim : q_width(c); }
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 /* The width of layer l's dense MLP activations: the MLP's, or in an MoE
  * layer the shared expert's (0: none) */
@@ -136,12 +141,19 @@ static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mo
             continue;
         }
         int ex = mods[j].experts > 0;
-        sl->stage = t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V) ? TF_LORA_QKV
+        /* latent attention's projections by their names (q_proj: QKV's, at column 0) */
+        const char *pn = mods[j].peft;
+        const int mla = is_mla(c) && !ex && (t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V));
+        sl->stage = mla && !strcmp(pn, "q_a_proj")             ? TF_LORA_MLA_QA
+                    : mla && !strcmp(pn, "q_b_proj")           ? TF_LORA_MLA_QB
+                    : mla && !strcmp(pn, "kv_a_proj_with_mqa") ? TF_LORA_MLA_KVA
+                    : mla && !strcmp(pn, "kv_b_proj")          ? TF_LORA_MLA_KVB
+                    : t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V) ? TF_LORA_QKV
                     : t == ZO_LORA_O                         ? TF_LORA_O
                     : t == ZO_LORA_GATE                      ? (ex ? TF_LORA_EXPERT_GATE : TF_LORA_GATE)
                     : t == ZO_LORA_UP                        ? (ex ? TF_LORA_EXPERT_UP : TF_LORA_UP)
                                                              : (ex ? TF_LORA_EXPERT_DOWN : TF_LORA_DOWN);
-        sl->col = t == ZO_LORA_K ? q : t == ZO_LORA_V ? q + kv : 0;
+        sl->col = mla ? 0 : t == ZO_LORA_K ? q : t == ZO_LORA_V ? q + kv : 0;
         sl->in = (int)mods[j].in;
         sl->out = (int)mods[j].out;
         size_t *pos = &at;
@@ -395,6 +407,13 @@ static gpu_attn_desc layer_attn(const tf_model *m, int l)
                         .alibi_bf16 = falcon};
     if (c->query_pre_attn_scalar > 0.0f) ad.scale = (float)(1.0 / sqrt((double)c->query_pre_attn_scalar));
     if (c->attn_mult > 0.0f) ad.scale = c->attn_mult; /* Granite's attention_multiplier, the scale itself */
+    /* latent attention: (qk_nope + qk_rope)^-0.5, the head size, times
+     * mscale^2 where rope_scaling gives mscale_all_dim (DeepSeek-V2's
+     * softmax_scale), mscale = 0.1 mscale_all_dim ln(factor) + 1 for factor > 1 */
+    if (is_mla(c) && c->rope_mscale_all_dim > 0.0 && c->rope_factor > 1.0f) {
+        double ms = 0.1 * c->rope_mscale_all_dim * log((double)c->rope_factor) + 1.0;
+        ad.scale = (float)(ms * ms / sqrt((double)c->head_dim));
+    }
     return ad;
 }
 
@@ -403,8 +422,10 @@ static gpu_attn_desc layer_attn(const tf_model *m, int l)
  * pairs, the hidden size) or the logits (of a chunk of `chunk` tokens). */
 static size_t widest_gradient(const zo_model_config *c, size_t N, size_t chunk)
 {
+    const zo_mla *x = &c->mla; /* latent attention's projections: q_a's, kv_a's, kv_b's */
     size_t w[] = {(size_t)qkv_width(c), widest_mlp(c), (size_t)c->hidden,
-                  (size_t)c->moe.experts + (size_t)c->moe.top_k * (size_t)c->hidden};
+                  (size_t)c->moe.experts + (size_t)c->moe.top_k * (size_t)c->hidden, (size_t)x->q_rank,
+                  (size_t)(x->kv_rank + x->qk_rope), (size_t)c->n_heads * (size_t)(x->qk_nope + x->v_dim)};
     size_t most = 0;
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) most = w[i] > most ? w[i] : most;
     /* the logits' gradient: the micro-batch's rows, or a loss chunk's */
@@ -477,6 +498,12 @@ static zo_status gen_alloc(tf_model *m)
         {(void **)&a->rstd1, L ? N * 4 : 0, "ln1 rstd"},
         {&a->qkv, L ? N * qkv_width(c) * es : 0, "qkv"},
         {&a->att, L ? N * q_width(c) * es : 0, "attention"},
+        {&a->mla_qa, L ? N * (size_t)c->mla.q_rank * es : 0, "latent attention q_a"},
+        {&a->mla_ckv, L ? N * (size_t)c->mla.kv_rank * es : 0, "latent attention c_kv"},
+        {&a->mla_attv, L && is_mla(c) ? N * o_width(c) * es : 0, "latent attention output (o_proj input)"},
+        {&m->mla_kva, L && is_mla(c) ? N * (size_t)(c->mla.kv_rank + c->mla.qk_rope) * es : 0, "latent attention kv_a"},
+        {&m->mla_kv, L && is_mla(c) ? N * (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * es : 0,
+         "latent attention kv_b"},
         {&a->x_mid, L && !parallel_residual(m) ? N * h * es : 0, "residual mid"},
         /* Gemma-2: one input and 1/rms for both output norms (nothing kept) */
         {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "post norm input"},
@@ -553,6 +580,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (recompute_ops(m) && m->opts.recompute_layers)
         return zo_error(ZO_ERR_INVALID, "tf_init: recompute by op with recompute_layers %d (the first K "
                         "layers are recomputed whole: recompute full)", m->opts.recompute_layers);
+    if (is_mla(cfg) && recompute_ops(m))
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: latent attention (kv_lora_rank) with recompute "
+                        "by op is not implemented (recompute full or none)", cfg->name);
     if (recompute_ops(m) && (m->opts.lora.r > 0 || cfg->moe.experts))
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: recompute by op is implemented for dense "
                         "layers without LoRA (recompute full or none)", cfg->name);
@@ -705,6 +735,13 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {(void **)&a->moe_idx, me * Mr * 4, "expert tokens"},
             {(void **)&a->moe_wp, me * Mr * 4, "expert token weights"},
             {(void **)&a->sgate, c->moe.shared_gate ? me * N * 4 : 0, "shared expert gate"},
+            {&a->mla_qa, N * (size_t)c->mla.q_rank * es, "latent attention q_a"},
+            {&a->mla_qa_in, N * (size_t)c->mla.q_rank * es, "latent attention q_a norm input"},
+            {(void **)&a->mla_qa_rstd, c->mla.q_rank ? N * 4 : 0, "latent attention q_a norm rstd"},
+            {&a->mla_ckv, N * (size_t)c->mla.kv_rank * es, "latent attention c_kv"},
+            {&a->mla_ckv_in, N * (size_t)c->mla.kv_rank * es, "latent attention c_kv norm input"},
+            {(void **)&a->mla_ckv_rstd, is_mla(c) ? N * 4 : 0, "latent attention c_kv norm rstd"},
+            {&a->mla_attv, is_mla(c) ? N * o_width(c) * es : 0, "latent attention output (o_proj input)"},
             {&a->ep_x, me * m->ep_rows * h * es, "expert parallel inputs"},
             {(void **)&a->ep_wp, me * m->ep_rows * 4, "expert parallel weights"},
             {(void **)&a->ep_idx, me * 2 * m->ep_rows * 4, "expert parallel order"},
@@ -736,6 +773,16 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->dres, N * h * 4, "residual gradient"},
         {(void **)&m->dh, N * h * 4, "norm gradient"},
         {(void **)&m->dqkv, N * qkv_width(c) * 4, "qkv gradient"},
+        {&m->mla_kva, is_mla(c) ? N * (size_t)(c->mla.kv_rank + c->mla.qk_rope) * es : 0, "latent attention kv_a"},
+        {&m->mla_kv, is_mla(c) ? N * (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * es : 0,
+         "latent attention kv_b"},
+        {(void **)&m->mla_dkva, is_mla(c) ? N * (size_t)(c->mla.kv_rank + c->mla.qk_rope) * 4 : 0,
+         "latent attention kv_a gradient"},
+        {(void **)&m->mla_dkv, is_mla(c) ? N * (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * 4 : 0,
+         "latent attention kv_b gradient"},
+        {(void **)&m->mla_dckv, N * (size_t)c->mla.kv_rank * 4, "latent attention c_kv gradient"},
+        {(void **)&m->mla_dqa, N * (size_t)c->mla.q_rank * 4, "latent attention q_a gradient"},
+        {(void **)&m->mla_dattv, is_mla(c) ? N * o_width(c) * 4 : 0, "latent attention output gradient"},
         {(void **)&m->datt, N * q_width(c) * 4, "attention gradient"},
         {(void **)&m->dff, wide * 4, "mlp gradient"},
         {(void **)&m->dff2, llama ? wide * 4 : 0, "mlp up gradient"},
@@ -818,7 +865,9 @@ void tf_free(tf_model *m)
                          a->fc,   a->up,     a->act,   a->lora_u,        a->router_logits,
                          a->router_w, a->efc, a->eup,  a->eact,          a->sgate,
                          a->moe_idx, a->moe_wp, a->ep_x,     a->ep_wp,         a->ep_idx,
-                         a->qkn,  a->qk_rstd, a->pa_in, a->pm_in, a->rstd3, a->rstd4};
+                         a->qkn,  a->qk_rstd, a->pa_in, a->pm_in, a->rstd3, a->rstd4,
+                         a->mla_qa, a->mla_qa_in, a->mla_qa_rstd, a->mla_ckv, a->mla_ckv_in, a->mla_ckv_rstd,
+                         a->mla_attv};
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
             free(a->ep_idx_h);
             free(a->ep_cnt);
@@ -831,7 +880,8 @@ void tf_free(tf_model *m)
                  m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
                  m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
-                 m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d};
+                 m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d,
+                 m->mla_kva, m->mla_kv, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa, m->mla_dattv};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     for (size_t l = 0; l < L; l++) {
         if (m->kcache) gpu_mem_free(d, m->kcache[l]);
@@ -915,13 +965,17 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
                                       [TF_LORA_DOWN] = MODEL_ROLE_MLP_DOWN_W,
                                       [TF_LORA_EXPERT_GATE] = MODEL_ROLE_EXPERT_GATE_W,
                                       [TF_LORA_EXPERT_UP] = MODEL_ROLE_EXPERT_UP_W,
-                                      [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W};
+                                      [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W,
+                                      [TF_LORA_MLA_QA] = MODEL_ROLE_Q_A_W, [TF_LORA_MLA_QB] = MODEL_ROLE_Q_B_W,
+                                      [TF_LORA_MLA_KVA] = MODEL_ROLE_KV_A_W, [TF_LORA_MLA_KVB] = MODEL_ROLE_KV_B_W};
     const int r = m->opts.lora.r;
     int n;
     const tf_lora_slot *slots = layer_slots(m, model_layout_block_layer(block), &n);
     for (int j = 0; j < n; j++) {
         const tf_lora_slot *sl = &slots[j];
-        const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
+        /* (latent attention's q_proj: its own tensor, not a fused q|k|v) */
+        model_role rl = sl->stage == TF_LORA_QKV && is_mla(&m->cfg) ? MODEL_ROLE_Q_W : role[sl->stage];
+        const model_view *v = model_layout_view(&m->layout, block, rl);
         int experts = sl->e_stride ? m->layout.expert_count : 1; /* a routed expert's: each expert's */
         for (int e = 0; e < experts; e++) {
             const float *A = adapters + sl->a_off + (size_t)e * sl->e_stride; /* [r, in] */
@@ -2216,6 +2270,82 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
                                  gpu_t(a->ln2, m->dtype), N, E, h);
 }
 
+/* ---- latent attention (DeepSeek-V2) -----------------------------------------------------
+ * Our rows (model/layout.c, permuted at load and save) put each q head's
+ * rotary dims first, de-interleaved (the file's pair (2i, 2i + 1) at i and
+ * rope / 2 + i), then its nope dims; kv_a_proj_with_mqa's rows the rotary
+ * key's, the same way, then c_kv's. The fused attention then runs over a
+ * q|k|v of H heads of d = nope + rope: each q head straight from its
+ * projection, k = [k_pe | k_nope] (the one rotary key in every head),
+ * v = [v | 0] (v_dim <= d; zero scores nothing, so the output's padding is
+ * 0 and only its v columns feed o_proj), and RoPE turns the first `rope`
+ * dims of each q and k head as LLaMA's rotate_half does. */
+
+/* The latent norms' eps: DeepseekV2RMSNorm's default, which q_a_layernorm
+ * and kv_a_layernorm are built with (not rms_norm_eps) */
+#define MLA_NORM_EPS 1e-6f
+
+/* Element `col` of row 0 of a [rows, ld] tensor of type dt as a tensor. */
+static gpu_tensor col_at(gpu_tensor t, size_t col)
+{
+    return gpu_t((char *)t.data + col * zo_dtype_size(t.dtype), t.dtype);
+}
+
+/* qkv [N, 3 H d] (row stride ld) of layer l from ln1 [N, h]: q =
+ * q_proj(ln1), or q_b_proj(norm(q_a_proj(ln1))) with q_rank; [k_pe | c_kv]
+ * = kv_a_proj_with_mqa(ln1), [k_nope | v] of each head = kv_b_proj(norm(c_kv)).
+ * Training keeps the norms' inputs and 1/rms (generation's acts have none). */
+static zo_status mla_qkv_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, gpu_tensor ln1,
+                                 gpu_tensor qkv)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    const zo_mla *x = &c->mla;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, H = c->n_heads, d = c->head_dim;
+    const int ld = qkv_width(c), rope = x->qk_rope, nope = x->qk_nope, v = x->v_dim, kvr = x->kv_rank;
+    const int kaw = rope + kvr, kvw = H * (nope + v), qr = x->q_rank;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = base_buf(m, bb);
+    gpu_tensor kva = gpu_t(m->mla_kva, dt), kv = gpu_t(m->mla_kv, dt), ckv = gpu_t(a->mla_ckv, dt);
+    if (qr) {
+        gpu_tensor qa = gpu_t(a->mla_qa, dt);
+        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_A_W, NO_BIAS, qa, qr, ln1, N, qr, h)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QA, ln1, qa, qr)) != ZO_OK ||
+            (st = gpu_head_rmsnorm_forward(s, qa, qr, gpu_t(a->mla_qa_in, dt), a->mla_qa_rstd,
+                                           bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), N, 1, qr, MLA_NORM_EPS)) != ZO_OK ||
+            (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_B_W, NO_BIAS, qkv, ld, qa, N, H * d, qr)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QB, qa, qkv, ld)) != ZO_OK)
+            return st;
+    } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_W, NO_BIAS, qkv, ld, ln1, N, H * d, h)) != ZO_OK ||
+               (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK) {
+        return st;
+    }
+    /* kva [N, rope + kv_rank]; c_kv out of its rows, normed in place */
+    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_A_W, NO_BIAS, kva, kaw, ln1, N, kaw, h)) != ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVA, ln1, kva, kaw)) != ZO_OK ||
+        (st = gpu_head_copy(s, ckv, col_at(kva, rope), N, 1, kvr, kvr, kvr, kvr, kaw, kaw)) != ZO_OK ||
+        (st = gpu_head_rmsnorm_forward(s, ckv, kvr, gpu_t(a->mla_ckv_in, dt), a->mla_ckv_rstd,
+                                       bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), N, 1, kvr, MLA_NORM_EPS)) != ZO_OK ||
+        (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_B_W, NO_BIAS, kv, kvw, ckv, N, kvw, kvr)) != ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVB, ckv, kv, kvw)) != ZO_OK)
+        return st;
+    /* k = [k_pe (every head the same) | k_nope], v = [v | 0] */
+    gpu_tensor k = col_at(qkv, (size_t)H * d), vv = col_at(qkv, 2 * (size_t)H * d);
+    if ((st = gpu_head_copy(s, k, kva, N, H, rope, rope, ld, d, kaw, 0)) != ZO_OK ||
+        (st = gpu_head_copy(s, col_at(k, rope), kv, N, H, nope, nope, ld, d, kvw, nope + v)) != ZO_OK)
+        return st;
+    return gpu_head_copy(s, vv, col_at(kv, nope), N, H, v, d, ld, d, kvw, nope + v);
+}
+
+/* The attention's output att [N, H d] narrowed to o_proj's input [N, H v]. */
+static zo_status mla_out_forward(tf_model *m, gpu_stream_t s, gpu_tensor attv, gpu_tensor att)
+{
+    const zo_model_config *c = &m->cfg;
+    const int H = c->n_heads, d = c->head_dim, v = c->mla.v_dim;
+    return gpu_head_copy(s, attv, att, m->b * m->t, H, v, v, (int64_t)H * v, v, (int64_t)H * d, d);
+}
+
 /* Forward of layer l. With `recompute`, stop once every activation the
  * backward reads is saved: the down projection and the residual add, whose
  * output (res[l+1]) backward does not read, are skipped and res[l+1] is not
@@ -2229,7 +2359,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     zo_status st;
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, f = c->ffn;
-    const int qw = q_width(c), ld = qkv_width(c);
+    const int ld = qkv_width(c);
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
     const void *W = base_buf(m, bb);
@@ -2253,11 +2383,14 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                                    bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK))
         return st;
     if (!kept) {
-        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, qkv, ld, ln1, N,
-                                      ld, h)) != ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK ||
-            (st = qk_norm_forward(m, s, a, W, blk, qkv)) != ZO_OK)
+        if (is_mla(c)) {
+            if ((st = mla_qkv_forward(m, l, bb, s, ln1, qkv)) != ZO_OK) return st;
+        } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, qkv, ld, ln1, N,
+                                             ld, h)) != ZO_OK ||
+                   (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK ||
+                   (st = qk_norm_forward(m, s, a, W, blk, qkv)) != ZO_OK) {
             return st;
+        }
         if (has_rope(m) && (st = rope_rows(m, l, s, qkv, ld)) != ZO_OK) return st;
         gpu_attn_desc ad = layer_attn(m, l);
         /* generation: the new keys and values into the caches, the queries against them */
@@ -2265,7 +2398,11 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                                                    gpu_t(m->vcache[l], dt), m->pos, m->opts.kv_len)
                             : gpu_attention_forward(s, &ad, att, a->lse, qkv);
         if (st != ZO_OK) return st;
+        if (is_mla(c) && (st = mla_out_forward(m, s, gpu_t(a->mla_attv, dt), att)) != ZO_OK) return st;
     }
+    /* o_proj's input: the attention's output (latent attention: its v columns) */
+    gpu_tensor oin = is_mla(c) ? gpu_t(a->mla_attv, dt) : att;
+    const int ow = o_width(c);
     /* x_mid = x + att Wo^T (+ bo); a parallel residual's out = x + att Wo^T (+ bo),
      * which backward does not read: a recompute takes only the adapters' A att
      * (as the down projection's below); Gemma-2: x + norm(att Wo^T), its input kept */
@@ -2274,8 +2411,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     } else {
         gpu_tensor o_out = post_norms(m) ? gpu_t(a->pa_in, dt) : tmp;
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, o_out, h,
-                                      att, N, h, qw)) != ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_O, att, o_out, h)) != ZO_OK)
+                                      oin, N, h, ow)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_O, oin, o_out, h)) != ZO_OK)
             return st;
         if (post_norms(m) &&
             (st = norm_forward(m, s, tmp, NULL, a->rstd3, o_out, bview(m, W, blk, MODEL_ROLE_POST_ATTN_NORM_W),
@@ -2380,12 +2517,63 @@ static zo_status post_norm_backward(tf_model *m, gpu_stream_t s, const void *G, 
     return st;
 }
 
+/* From dqkv (after RoPE's backward): the projections' backward, weights'
+ * gradients into the block's (none under LoRA, which latent attention does
+ * not take yet) and dh = d ln1. */
+static zo_status mla_qkv_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, gpu_tensor ln1)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    const zo_mla *x = &c->mla;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, H = c->n_heads, d = c->head_dim;
+    const int ld = qkv_width(c), rope = x->qk_rope, nope = x->qk_nope, v = x->v_dim, kvr = x->kv_rank;
+    const int kaw = rope + kvr, kvw = H * (nope + v), qr = x->q_rank;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = base_buf(m, bb), *G = has_lora(m) ? NULL : bb->grads; /* LoRA: the norms frozen */
+    gpu_tensor dqkv = F32(m->dqkv), dh = F32(m->dh), dq = F32(m->datt); /* datt is free after the attention */
+    gpu_tensor dkva = F32(m->mla_dkva), dkv = F32(m->mla_dkv), dckv = F32(m->mla_dckv);
+    const linear_role qp = {MODEL_ROLE_Q_W, NO_BIAS, TF_LORA_QKV, H * d, h};
+    const linear_role qb = {MODEL_ROLE_Q_B_W, NO_BIAS, TF_LORA_MLA_QB, H * d, qr};
+    const linear_role qa = {MODEL_ROLE_Q_A_W, NO_BIAS, TF_LORA_MLA_QA, qr, h};
+    const linear_role kva = {MODEL_ROLE_KV_A_W, NO_BIAS, TF_LORA_MLA_KVA, kaw, h};
+    const linear_role kvb = {MODEL_ROLE_KV_B_W, NO_BIAS, TF_LORA_MLA_KVB, kvw, kvr};
+    /* q's gradient as its own rows [N, H d] */
+    if ((st = gpu_head_copy(s, dq, dqkv, N, 1, H * d, H * d, H * d, H * d, ld, ld)) != ZO_OK) return st;
+    if (qr) {
+        gpu_tensor dqa = F32(m->mla_dqa);
+        if ((st = linear_role_backward(m, l, bb, s, qb, dqa, 0.0f, dq, gpu_t(a->mla_qa, dt))) != ZO_OK ||
+            (st = gpu_head_rmsnorm_backward(s, dqa, qr, tf_view(m, G, blk, MODEL_ROLE_Q_A_NORM_W),
+                                            gpu_t(a->mla_qa_in, dt), bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W),
+                                            a->mla_qa_rstd, N, 1, qr)) != ZO_OK ||
+            (st = linear_role_backward(m, l, bb, s, qa, dh, 0.0f, dqa, ln1)) != ZO_OK)
+            return st;
+    } else if ((st = linear_role_backward(m, l, bb, s, qp, dh, 0.0f, dq, ln1)) != ZO_OK) {
+        return st;
+    }
+    /* [dk_nope | dv] of each head, kv_b's backward into d c_kv, c_kv's norm's */
+    gpu_tensor dk = col_at(dqkv, (size_t)H * d);
+    if ((st = gpu_head_copy(s, dkv, col_at(dk, rope), N, H, nope, nope, kvw, nope + v, ld, d)) != ZO_OK ||
+        (st = gpu_head_copy(s, col_at(dkv, nope), col_at(dqkv, 2 * (size_t)H * d), N, H, v, v, kvw, nope + v, ld,
+                            d)) != ZO_OK ||
+        (st = linear_role_backward(m, l, bb, s, kvb, dckv, 0.0f, dkv, gpu_t(a->mla_ckv, dt))) != ZO_OK ||
+        (st = gpu_head_rmsnorm_backward(s, dckv, kvr, tf_view(m, G, blk, MODEL_ROLE_KV_A_NORM_W),
+                                        gpu_t(a->mla_ckv_in, dt), bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W),
+                                        a->mla_ckv_rstd, N, 1, kvr)) != ZO_OK)
+        return st;
+    /* d[k_pe | c_kv]: the rotary key's gradient summed over the heads */
+    if ((st = gpu_head_copy(s, dkva, dk, N, H, rope, rope, kaw, 0, ld, d)) != ZO_OK ||
+        (st = gpu_head_copy(s, col_at(dkva, rope), dckv, N, 1, kvr, kvr, kaw, kvr, kvr, kvr)) != ZO_OK)
+        return st;
+    return linear_role_backward(m, l, bb, s, kva, dh, 1.0f, dkva, ln1);
+}
+
 static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
 {
     zo_status st;
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, f = c->ffn;
-    const int qw = q_width(c), ld = qkv_width(c);
+    const int ld = qkv_width(c);
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
     const void *W = base_buf(m, bb);
@@ -2398,7 +2586,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     const linear_role down = {MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, TF_LORA_DOWN, h, f};
     const linear_role gate = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, TF_LORA_GATE, f, h};
     const linear_role up = {MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, TF_LORA_UP, f, h};
-    const linear_role out = {MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, TF_LORA_O, h, qw};
+    const linear_role out = {MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, TF_LORA_O, h, o_width(c)};
     const linear_role qkvp = {MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, TF_LORA_QKV, ld, h};
 
     if (is_moe(m, l)) {
@@ -2435,7 +2623,15 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if (post_norms(m) && /* Gemma-2: through the norm on the attention's output, into dh */
         (st = post_norm_backward(m, s, G, W, blk, MODEL_ROLE_POST_ATTN_NORM_W, a->pa_in, a->rstd3, &dout)) != ZO_OK)
         return st;
-    if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dout, att)) != ZO_OK) return st;
+    if (is_mla(c)) { /* o_proj's input is the output's v columns: their gradient widened with zeros */
+        gpu_tensor dattv = F32(m->mla_dattv);
+        const int H = c->n_heads, d = c->head_dim, v = c->mla.v_dim;
+        if ((st = linear_role_backward(m, l, bb, s, out, dattv, 0.0f, dout, gpu_t(a->mla_attv, dt))) != ZO_OK ||
+            (st = gpu_head_copy(s, datt, dattv, N, H, v, d, (int64_t)H * d, d, (int64_t)H * v, v)) != ZO_OK)
+            return st;
+    } else if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dout, att)) != ZO_OK) {
+        return st;
+    }
     /* one norm for both (Falcon-7B): the MLP's dh stays, the attention's adds to it */
     if (par && !one_norm(c) &&
         (st = norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x,
@@ -2445,9 +2641,12 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
     if (has_rope(m) && (st = rope_heads(m, l, s, dqkv, N, ld, 1)) != ZO_OK)
         return st;
-    if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
-        (st = linear_role_backward(m, l, bb, s, qkvp, dh, one_norm(c) ? 1.0f : 0.0f, dqkv, ln1)) != ZO_OK)
+    if (is_mla(c)) {
+        if ((st = mla_qkv_backward(m, l, bb, s, ln1)) != ZO_OK) return st;
+    } else if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
+               (st = linear_role_backward(m, l, bb, s, qkvp, dh, one_norm(c) ? 1.0f : 0.0f, dqkv, ln1)) != ZO_OK) {
         return st;
+    }
     /* dres (= d x) += norm1 backward */
     return norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
                          bview(m, W, blk, MODEL_ROLE_LN1_W), a->mean1, a->rstd1, N);
@@ -2764,7 +2963,8 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
         int is_norm = t->role == MODEL_ROLE_LN1_W || t->role == MODEL_ROLE_LN2_W ||
                       t->role == MODEL_ROLE_NORM_W || t->role == MODEL_ROLE_Q_NORM_W ||
                       t->role == MODEL_ROLE_K_NORM_W || t->role == MODEL_ROLE_POST_ATTN_NORM_W ||
-                      t->role == MODEL_ROLE_POST_MLP_NORM_W || t->role == MODEL_ROLE_EMB_NORM_W;
+                      t->role == MODEL_ROLE_POST_MLP_NORM_W || t->role == MODEL_ROLE_EMB_NORM_W ||
+                      t->role == MODEL_ROLE_Q_A_NORM_W || t->role == MODEL_ROLE_KV_A_NORM_W;
         /* a norm multiplies by 1, which Gemma stores as the offset 0 (GemmaRMSNorm's zeros) */
         float one = zo_family_gemma(l->cfg.family) ? 0.0f : 1.0f;
         if (t->ndim == 1) {

@@ -88,6 +88,13 @@ typedef struct tf_layer_acts {
     float *ep_wp;         /* [R] their weights, grouped the same */
     int32_t *ep_idx;      /* [2 R] device: grouped row i is arrival row ep_idx[i]; arrival row r is
                              grouped row ep_idx[R + r] (arrival: by source rank, then local expert) */
+    /* DeepSeek-V2's latent attention (mla.kv_rank; NULL otherwise) */
+    void *mla_qa, *mla_qa_in;   /* [N, q_rank] q_a_proj's output normed (q_b_proj's input), and
+                                   before its norm (NULL without q_rank) */
+    float *mla_qa_rstd;         /* [N] */
+    void *mla_ckv, *mla_ckv_in; /* [N, kv_rank] c_kv normed (kv_b_proj's input), and before its norm */
+    float *mla_ckv_rstd;        /* [N] */
+    void *mla_attv;             /* [N, heads v_dim] the attention's output narrowed to v (o_proj's input) */
     int32_t *ep_idx_h;    /* [2 ep_rows] host: the same */
     int *ep_cnt;          /* [ep El] host: rows from rank p for local expert j at [p El + j] */
     int *ep_off;          /* [El + 1] host: local expert j's grouped rows are ep_off[j] .. ep_off[j+1] */
@@ -113,6 +120,13 @@ typedef enum tf_lora_stage {
     TF_LORA_EXPERT_GATE,
     TF_LORA_EXPERT_UP,
     TF_LORA_EXPERT_DOWN,
+    /* DeepSeek-V2's latent attention (its q_proj is TF_LORA_QKV's, into q's
+     * columns of the fused q|k|v): q_a_proj, q_b_proj, kv_a_proj_with_mqa,
+     * kv_b_proj */
+    TF_LORA_MLA_QA,
+    TF_LORA_MLA_QB,
+    TF_LORA_MLA_KVA,
+    TF_LORA_MLA_KVB,
     TF_LORA_NONE, /* a linear layer without adapters (the router) */
 } tf_lora_stage;
 
@@ -218,6 +232,11 @@ typedef struct tf_model {
                             backward it holds dlogits (of the last chunk) */
     float *losses;       /* [N] fp32 */
     void *tmp;           /* [N, h] dtype scratch (projections before the residual add) */
+    /* latent attention (mla.kv_rank): kv_a_proj_with_mqa's output [N, rope + kv_rank] and
+     * kv_b_proj's [N, heads (nope + v)] (dtype scratch), and the fp32 gradients of those,
+     * of c_kv [N, kv_rank], of q_a's output [N, q_rank] and of o_proj's input [N, heads v] */
+    void *mla_kva, *mla_kv;
+    float *mla_dkva, *mla_dkv, *mla_dckv, *mla_dqa, *mla_dattv;
     float *dres;         /* [N, h] gradient of the residual stream */
     float *dh;           /* [N, h] gradient of a norm output */
     float *dqkv;         /* [N, (hq + 2 hkv) d] */

@@ -231,6 +231,8 @@ zo_status cuda_launch_add(cudaStream_t st, gpu_tensor y, gpu_tensor a, gpu_tenso
 zo_status cuda_launch_scale(cudaStream_t st, gpu_tensor x, float alpha, size_t n);
 zo_status cuda_launch_softcap(cudaStream_t st, gpu_tensor x, float cap, size_t n);
 zo_status cuda_launch_cast(cudaStream_t st, gpu_tensor dst, gpu_tensor src, size_t n);
+zo_status cuda_launch_head_copy(cudaStream_t st, gpu_tensor y, gpu_tensor x, int n, int heads, int w,
+                                int fill, int64_t ldy, int64_t hsy, int64_t ldx, int64_t hsx);
 
 /* reduce.cu */
 zo_status cuda_launch_check_finite(cudaStream_t st, int32_t *flag, gpu_tensor x, size_t n);

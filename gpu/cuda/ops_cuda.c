@@ -230,6 +230,12 @@ static zo_status cuda_run_cast(const cuda_exec *e, const gpu_op_args *a)
     return cuda_launch_cast(e->stream, a->t[0], a->t[1], a->n);
 }
 
+static zo_status cuda_run_head_copy(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_head_copy(e->stream, a->t[0], a->t[1], (int)a->i[0], (int)a->i[1], (int)a->i[2],
+                                 (int)a->i[3], a->i[4], a->i[5], a->i[6], a->i[7]);
+}
+
 static zo_status cuda_run_check_finite(const cuda_exec *e, const gpu_op_args *a)
 {
     return cuda_launch_check_finite(e->stream, a->p[0], a->t[0], a->n);

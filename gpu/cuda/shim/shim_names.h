@@ -45,6 +45,7 @@
 #define cuda_launch_scale shim_launch_scale
 #define cuda_launch_softcap shim_launch_softcap
 #define cuda_launch_cast shim_launch_cast
+#define cuda_launch_head_copy shim_launch_head_copy
 #define cuda_launch_check_finite shim_launch_check_finite
 #define cuda_launch_sum_squares shim_launch_sum_squares
 #define cuda_launch_nf4_dequantize shim_launch_nf4_dequantize
