@@ -214,7 +214,7 @@ int zo_model_phi(const zo_model_config *c);
  * separate and unbiased, out_proj unbiased, fc_in and fc_out biased, one
  * LayerNorm before a parallel attention and MLP, rotary on the first
  * rotary_dim dimensions of each head with its pairs interleaved in the file
- * (model_tensor.hf_rot_pairs), a biased output layer. */
+ * (model_tensor.hf_rope_rows), a biased output layer. */
 int zo_model_gptj(const zo_model_config *c);
 /* Cohere (Command-R, Aya): LLaMA layers (SwiGLU, GQA) with a LayerNorm
  * without a bias (layer_norm), one norm before a parallel attention and MLP,
@@ -223,7 +223,7 @@ int zo_model_gptj(const zo_model_config *c);
 int zo_model_cohere(const zo_model_config *c);
 /* The families whose files interleave each head's rotary pairs (dims 2i,
  * 2i + 1 turn together): GPT-J and Cohere. Their q and k rows are held in
- * the kernels' halves order (model_tensor.hf_rot_pairs). */
+ * the kernels' halves order (model_tensor.hf_rope_rows). */
 int zo_model_rot_interleaved(const zo_model_config *c);
 /* Gemma-2's layers: a norm on the attention's and on the MLP's output
  * before each residual add (layer_norms 4 on a LLaMA layer). */

@@ -330,7 +330,7 @@ static void grouped_layer(builder *b, int i)
  * model.decoder.layers) and `attn` (self_attn; GPT-J's attn): their weights
  * when `weights`, their biases when `biases`, {attn}.{q,k,v}_proj; GPT-J's
  * and Cohere's q_proj and k_proj (weights and biases) interleave each head's
- * rotated pairs in the file (hf_rot_pairs). */
+ * rotated pairs in the file (hf_rope_rows). */
 static void qkv_apart(builder *b, const char *p, const char *attn, int i, int weights, int biases)
 {
     model_layout *l = b->l;
@@ -421,9 +421,9 @@ static void mla_attention(builder *b, int i)
     for (int k = first; b->st == ZO_OK && k < l->n_tensors; k++) {
         model_tensor *t = &l->tensors[k];
         if (t->role == MODEL_ROLE_Q_W || t->role == MODEL_ROLE_Q_B_W)
-            model_tensor_set_rope_rows(t, x->qk_rope, (int)dq);
+            model_tensor_set_rope_rows(t, x->qk_rope, (int)dq, x->qk_nope);
         else if (t->role == MODEL_ROLE_KV_A_W)
-            model_tensor_set_rope_rows(t, x->qk_rope, x->kv_rank + x->qk_rope);
+            model_tensor_set_rope_rows(t, x->qk_rope, x->kv_rank + x->qk_rope, x->kv_rank);
     }
 }
 
@@ -607,31 +607,35 @@ void model_tensor_set_head_rows(model_tensor *t, const zo_model_config *c)
 
 void model_tensor_set_rot_pairs(model_tensor *t, const zo_model_config *c)
 {
-    t->hf_rot_pairs = zo_model_rope_dim(c) / 2;
-    t->hf_rot_head = c->head_dim;
+    model_tensor_set_rope_rows(t, zo_model_rope_dim(c), c->head_dim, 0);
 }
 
-void model_tensor_set_rope_rows(model_tensor *t, int rope, int period)
+void model_tensor_set_rope_rows(model_tensor *t, int rope, int period, int at)
 {
     t->hf_rope_rows = rope;
     t->hf_rope_period = period;
+    t->hf_rope_at = at;
 }
 
 size_t model_tensor_rope_file_row(const model_tensor *t, size_t row)
 {
     if (!t->hf_rope_rows) return row;
-    size_t P = (size_t)t->hf_rope_period, R = (size_t)t->hf_rope_rows, i = row % P, base = row - i;
-    if (i >= R) return base + i - R; /* the run's other rows, after our rotary ones */
+    size_t P = (size_t)t->hf_rope_period, R = (size_t)t->hf_rope_rows, A = (size_t)t->hf_rope_at;
+    size_t i = row % P, base = row - i;
+    if (i >= R) /* the run's other rows, after our rotary ones: around the file's rotary run */
+        return base + (i - R < A ? i - R : i);
     size_t pair = i < R / 2 ? i : i - R / 2;
-    return base + (P - R) + 2 * pair + (i >= R / 2);
+    return base + A + 2 * pair + (i >= R / 2);
 }
 
 size_t model_tensor_rope_our_row(const model_tensor *t, size_t file_row)
 {
     if (!t->hf_rope_rows) return file_row;
-    size_t P = (size_t)t->hf_rope_period, R = (size_t)t->hf_rope_rows, i = file_row % P, base = file_row - i;
-    if (i < P - R) return base + R + i;
-    size_t j = i - (P - R); /* rotary dim j of the file: pair j / 2, its (j % 2)-th */
+    size_t P = (size_t)t->hf_rope_period, R = (size_t)t->hf_rope_rows, A = (size_t)t->hf_rope_at;
+    size_t i = file_row % P, base = file_row - i;
+    if (i < A) return base + R + i;
+    if (i >= A + R) return base + i;
+    size_t j = i - A; /* rotary dim j of the file: pair j / 2, its (j % 2)-th */
     return base + j / 2 + (j % 2) * (R / 2);
 }
 

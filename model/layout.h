@@ -124,19 +124,16 @@ typedef struct model_tensor {
                                        * groups, heads of d = hf_head_rows rows); ours are
                                        * [all q | all k | all v]. 0: the same rows */
     int hf_head_groups;
-    int hf_rot_pairs, hf_rot_head;    /* GPT-J's q_proj and k_proj (and their lora_B): in each
-                                       * head of hf_rot_head rows, the file's rows 2i and 2i + 1
-                                       * (i < hf_rot_pairs) are the rotary pair ("rotate every
-                                       * two"); ours are rows i and hf_rot_pairs + i, as the
-                                       * rotate-half kernels pair them (q.k is unchanged when q
-                                       * and k are permuted alike). 0: the same rows */
-    int hf_rope_rows;                 /* DeepSeek-V2's q_proj, q_b_proj, kv_a_proj_with_mqa (and
-                                       * their lora_B): in each run of hf_rope_period rows the
-                                       * file's last hf_rope_rows are rotary dims in interleaved
-                                       * pairs (2i, 2i + 1); ours put them first, de-interleaved
-                                       * (2i at i, 2i + 1 at hf_rope_rows / 2 + i), then the
+    int hf_rope_rows, hf_rope_period, hf_rope_at; /* rotary rows stored in interleaved pairs
+                                       * ("rotate every two": GPT-J's and Cohere's q_proj and
+                                       * k_proj, DeepSeek-V2's q_proj, q_b_proj and
+                                       * kv_a_proj_with_mqa, and their lora_B): in each run of
+                                       * hf_rope_period rows (a head) the file's hf_rope_rows rows
+                                       * from hf_rope_at are the pairs (2i, 2i + 1); ours put them
+                                       * first, de-interleaved (2i at i, 2i + 1 at hf_rope_rows /
+                                       * 2 + i), as the rotate-half kernels pair them (q.k is
+                                       * unchanged when q and k are permuted alike), then the
                                        * run's other rows in order. 0: the same rows */
-    int hf_rope_period;
     int lora;                         /* in a LoRA adapter layout (model/lora.h): MODEL_LORA_A
                                        * or MODEL_LORA_B, role then names the adapted weight;
                                        * 0 in a model's layout */
@@ -186,13 +183,15 @@ size_t model_layout_expert_stride(const model_layout *l);
  * lora_B) as grouped per kv head in the file: hf_head_rows, hf_head_groups
  * from c. */
 void model_tensor_set_head_rows(model_tensor *t, const zo_model_config *c);
-/* Marks t (GPT-J's q_proj or k_proj weight, or its lora_B) as holding its
- * rotary pairs interleaved in the file: hf_rot_pairs, hf_rot_head from c. */
+/* Marks t (GPT-J's or Cohere's q_proj or k_proj weight, or its lora_B) as
+ * holding its rotary pairs interleaved at the start of each head in the
+ * file: model_tensor_set_rope_rows with c's rotary dims, head_dim, 0. */
 void model_tensor_set_rot_pairs(model_tensor *t, const zo_model_config *c);
 
-/* Marks t (a row range of DeepSeek-V2's latent attention, or its lora_B)
- * as holding rotary rows to permute (hf_rope_rows, hf_rope_period). */
-void model_tensor_set_rope_rows(model_tensor *t, int rope, int period);
+/* Marks t as holding `rope` rotary rows from row `at` of each run of
+ * `period` rows, interleaved in the file (hf_rope_rows; DeepSeek-V2's latent
+ * attention: the last rows of each head or of kv_a_proj_with_mqa). */
+void model_tensor_set_rope_rows(model_tensor *t, int rope, int period, int at);
 /* With hf_rope_rows: the file's row of our row `row` of t, and ours of
  * the file's row `file_row` (the identity without). */
 size_t model_tensor_rope_file_row(const model_tensor *t, size_t row);

@@ -122,9 +122,9 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
                         /* DeepSeek-V2's: lora_B's rotary rows as the weight's */
                         if (part == MODEL_LORA_B && cfg.mla.kv_rank &&
                             (t->role == MODEL_ROLE_Q_W || t->role == MODEL_ROLE_Q_B_W))
-                            model_tensor_set_rope_rows(t, cfg.mla.qk_rope, cfg.mla.qk_nope + cfg.mla.qk_rope);
+                            model_tensor_set_rope_rows(t, cfg.mla.qk_rope, cfg.mla.qk_nope + cfg.mla.qk_rope, cfg.mla.qk_nope);
                         if (part == MODEL_LORA_B && cfg.mla.kv_rank && t->role == MODEL_ROLE_KV_A_W)
-                            model_tensor_set_rope_rows(t, cfg.mla.qk_rope, cfg.mla.kv_rank + cfg.mla.qk_rope);
+                            model_tensor_set_rope_rows(t, cfg.mla.qk_rope, cfg.mla.kv_rank + cfg.mla.qk_rope, cfg.mla.kv_rank);
                         l->block_numel[blk] += t->numel;
                     }
             j = last;

@@ -166,46 +166,15 @@ static zo_status head_rows_from_file(const model_tensor *t, uint8_t *buf, size_t
     return ZO_OK;
 }
 
-/* A row of GPT-J's q_proj or k_proj (or its lora_B) as its file numbers it to
- * ours: in each head of d = hf_rot_head rows, the file's rotary pair rows
- * 2i, 2i + 1 (i < P = hf_rot_pairs) are our rows i, P + i; the rest stay. */
-static size_t rot_row_ours(const model_tensor *t, size_t file_row)
-{
-    size_t d = (size_t)t->hf_rot_head, P = (size_t)t->hf_rot_pairs, r = file_row % d;
-    size_t ours = r >= 2 * P ? r : r % 2 ? P + r / 2 : r / 2;
-    return file_row - r + ours;
-}
-
 /* Our row of a file row (the same row where the file holds our order). */
 static size_t row_ours(const model_tensor *t, size_t file_row)
 {
-    return t->hf_head_rows   ? head_row_ours(t, file_row)
-           : t->hf_rot_pairs ? rot_row_ours(t, file_row)
-           : t->hf_rope_rows ? model_tensor_rope_our_row(t, file_row)
-                             : file_row;
-}
-
-/* Rows of a tensor read in the file's order put in ours, in place: each
- * head's 2 P rotated rows through a copy of them. */
-static zo_status rot_rows_from_file(const model_tensor *t, uint8_t *buf, size_t esz, const char *path)
-{
-    size_t d = (size_t)t->hf_rot_head, P = (size_t)t->hf_rot_pairs;
-    size_t row = (t->ndim == 2 ? (size_t)t->shape[1] : 1) * esz; /* bytes of a row */
-    uint8_t *tmp = malloc(2 * P * row);
-    if (!tmp)
-        return zo_error(ZO_ERR_NOMEM, "%s: tensor \"%s\": cannot allocate %zu bytes for its rotated rows", path,
-                        t->name, 2 * P * row);
-    for (size_t h0 = 0; h0 < (size_t)t->shape[0]; h0 += d) {
-        uint8_t *head = buf + h0 * row;
-        memcpy(tmp, head, 2 * P * row);
-        for (size_t r = 0; r < 2 * P; r++) memcpy(head + rot_row_ours(t, r) * row, tmp + r * row, row);
-    }
-    free(tmp);
-    return ZO_OK;
+    return t->hf_head_rows ? head_row_ours(t, file_row) : model_tensor_rope_our_row(t, file_row);
 }
 
 /* Rows of a tensor read in the file's order put in ours (hf_rope_rows:
- * DeepSeek-V2's rotary rows), through a copy of the tensor. */
+ * GPT-J's, Cohere's and DeepSeek-V2's rotary rows), through a copy of the
+ * tensor. */
 static zo_status rope_rows_from_file(const model_tensor *t, uint8_t *buf, size_t esz, const char *path)
 {
     size_t rows = (size_t)t->shape[0], row = (t->ndim == 2 ? (size_t)t->shape[1] : 1) * esz;
@@ -295,7 +264,6 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
                             f->path, s->name, at, (double)zo_load_f32(dst, dt, bad));
         }
         if (t->hf_head_rows && (st = head_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
-        if (t->hf_rot_pairs && (st = rot_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
         if (t->hf_rope_rows && (st = rope_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
         rep->n_loaded++;
     }
@@ -396,7 +364,7 @@ static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count
     const model_tensor *t = &x->l->tensors[x->first + index];
     size_t bsz = zo_dtype_size(x->buf_dt), fsz = zo_dtype_size(x->file_dt);
     const uint8_t *src = (const uint8_t *)x->blocks[t->block] + t->offset * bsz;
-    if (t->hf_head_rows || t->hf_rot_pairs || t->hf_rope_rows) {
+    if (t->hf_head_rows || t->hf_rope_rows) {
         /* GPT-NeoX's query_key_value, GPT-J's q_proj and k_proj, DeepSeek-V2's
          * rotary rows: the file's rows from ours, row piece by piece */
         uint64_t cols = t->ndim == 2 ? (uint64_t)t->shape[1] : 1;
@@ -465,7 +433,7 @@ zo_status model_save(const char *path, const model_layout *l, const void *const 
     size_t bsz = zo_dtype_size(buf_dt);
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
-        if (!t->hf_transposed && !t->hf_head_rows && !t->hf_rot_pairs && !t->hf_rope_rows && buf_dt == file_dt)
+        if (!t->hf_transposed && !t->hf_head_rows && !t->hf_rope_rows && buf_dt == file_dt)
             e[i].data = (const uint8_t *)blocks[t->block] + t->offset * bsz;
     }
     save_ctx x = {.l = l, .blocks = blocks, .buf_dt = buf_dt, .file_dt = file_dt};

@@ -831,7 +831,8 @@ static void test_gptj_rot_rows(void **state)
             const model_tensor *t = &L->tensors[i];
             int rot = (strstr(t->name, "attn.q_proj") || strstr(t->name, "attn.k_proj")) &&
                       (!pass || strstr(t->name, "lora_B"));
-            assert_int_equal(t->hf_rot_pairs, rot ? 3 : 0);
+            assert_int_equal(t->hf_rope_rows, rot ? 6 : 0);
+            assert_int_equal(t->hf_rope_at, 0);
             const model_st_tensor *st = model_st_find(&f, t->name);
             assert_non_null(st);
             float *got = malloc(t->numel * sizeof(float));
@@ -1136,8 +1137,8 @@ static void test_cohere_config(void **state)
     const model_tensor *q = model_layout_find(&l, "model.layers.1.self_attn.q_proj.weight"),
                        *k = model_layout_find(&l, "model.layers.1.self_attn.k_proj.weight"),
                        *v = model_layout_find(&l, "model.layers.1.self_attn.v_proj.weight");
-    assert_true(q && k && v && q->hf_rot_pairs == 16 && q->hf_rot_head == 32 && k->hf_rot_pairs == 16);
-    assert_int_equal(v->hf_rot_pairs, 0);
+    assert_true(q && k && v && q->hf_rope_rows == 32 && q->hf_rope_period == 32 && k->hf_rope_rows == 32);
+    assert_int_equal(v->hf_rope_rows, 0);
     assert_null(model_layout_find(&l, "model.layers.0.post_attention_layernorm.weight"));
     assert_null(model_layout_find(&l, "model.layers.0.input_layernorm.bias"));
     assert_null(model_layout_find(&l, "lm_head.weight"));
