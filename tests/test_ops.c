@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/dtype.h" /* defines: zo_load_f32, zo_store_f32 */
 #include "gpu/device.h"
@@ -3140,13 +3141,16 @@ static void test_every_op(void **state)
     int failed = 0, total = 0;
     for (int id = 0; id < GPU_OP_COUNT; id++) {
         if (filter && !strstr(gpu_op_infos[id].name, filter)) continue;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         generators[id]();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
         if (op_cases[id] == 0) {
             printf("  %s: its generator made no case\n", gpu_op_infos[id].name);
             failed++;
         }
-        printf("  %-28s %4d cases %s\n", gpu_op_infos[id].name, op_cases[id],
-               op_failed[id] ? "FAILED" : "ok");
+        printf("  %-28s %4d cases %s %7.2f s\n", gpu_op_infos[id].name, op_cases[id],
+               op_failed[id] ? "FAILED" : "ok  ", (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec));
         failed += op_failed[id];
         total += op_cases[id];
     }
