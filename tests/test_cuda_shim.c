@@ -410,6 +410,72 @@ static void test_gemm_tiled(void **state)
     }
 }
 
+/* cuda_gemm_host, the shim's stand-in for cuBLASLt (what attention's GEMM
+ * path calls on the host), against gemm_tiled_kernel run as fibers: the
+ * same bits in every element of C, and the same untouched bytes outside
+ * it, over shapes on both sides of the kernel's 16-wide tiles, every
+ * transpose, the storage types' mixes, beta 0 (C holds nan, never read) and
+ * not, batches with padded strides, and operands holding -0, huge values
+ * (products overflowing to inf, inf - inf to nan) and subnormals. */
+static void test_gemm_host_bits(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {{1, 1, 1}, {15, 17, 16}, {16, 16, 17}, {33, 31, 47}, {40, 3, 64}, {5, 70, 15}};
+    static const zo_dtype types[][3] = {{ZO_DTYPE_F32, ZO_DTYPE_F32, ZO_DTYPE_F32},
+                                        {ZO_DTYPE_BF16, ZO_DTYPE_BF16, ZO_DTYPE_F32},
+                                        {ZO_DTYPE_F16, ZO_DTYPE_F16, ZO_DTYPE_F16},
+                                        {ZO_DTYPE_BF16, ZO_DTYPE_BF16, ZO_DTYPE_BF16},
+                                        {ZO_DTYPE_F32, ZO_DTYPE_BF16, ZO_DTYPE_F32}};
+    int cases = 0;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
+        for (size_t ty = 0; ty < sizeof types / sizeof *types; ty++)
+            for (int tr = 0; tr < 4; tr++)
+                for (int bt = 0; bt < 2; bt++) {
+                    gpu_gemm_desc d = {0};
+                    d.m = shapes[sh][0], d.n = shapes[sh][1], d.k = shapes[sh][2];
+                    d.trans_a = tr & 1, d.trans_b = tr >> 1;
+                    d.alpha = bt ? 0.75f : 1.25f, d.beta = bt ? -0.5f : 0.0f;
+                    d.lda = (d.trans_a ? d.m : d.k) + (int)(sh % 3);
+                    d.ldb = (d.trans_b ? d.k : d.n) + 1;
+                    d.ldc = d.n + 2;
+                    d.batch = bt ? 3 : 1;
+                    d.stride_a = (int64_t)(d.trans_a ? d.k : d.m) * d.lda + 3;
+                    d.stride_b = (int64_t)(d.trans_b ? d.n : d.k) * d.ldb;
+                    d.stride_c = (int64_t)d.m * d.ldc + 5;
+                    const int nb = d.batch;
+                    const size_t na = nb * d.stride_a, nbb = nb * d.stride_b, nc = nb * d.stride_c;
+                    float *a = frand_array(na, 2.0f), *b = frand_array(nbb, 2.0f), *c0 = frand_array(nc, 1.0f);
+                    a[0] = -0.0f, b[nbb - 1] = -0.0f;
+                    if (na > 7) a[7] = 1e-39f;          /* subnormal in fp32 */
+                    if (nbb > 5) b[5] = 3e38f, b[4] = -3e38f; /* inf in 16-bit types, overflowing products in fp32 */
+                    if (na > 9) a[9] = 2e38f;
+                    if (!bt)
+                        for (size_t i = 0; i < nc; i++) c0[i] = NAN;
+                    d.a = tensor_of(types[ty][0], a, na);
+                    d.b = tensor_of(types[ty][1], b, nbb);
+                    d.c = tensor_of(types[ty][2], c0, nc);
+                    const size_t cbytes = nc * zo_dtype_size(types[ty][2]);
+                    void *c_host = xmalloc(cbytes);
+                    memcpy(c_host, d.c.data, cbytes);
+                    assert_int_equal(shim_launch_gemm_tiled(NULL, &d), ZO_OK);
+                    gpu_gemm_desc h = d;
+                    h.c.data = c_host;
+                    assert_int_equal(shim_gemm_host(&h), ZO_OK);
+                    if (memcmp(c_host, d.c.data, cbytes) != 0) {
+                        size_t e = zo_dtype_size(types[ty][2]), i = 0;
+                        while (memcmp((char *)c_host + i * e, (char *)d.c.data + i * e, e) == 0) i++;
+                        fail_msg("m %d n %d k %d trans %d/%d types %d/%d/%d beta %g batch %d: element %zu "
+                                 "differs (host %g, kernel %g)", d.m, d.n, d.k, d.trans_a, d.trans_b,
+                                 types[ty][0], types[ty][1], types[ty][2], d.beta, d.batch, i,
+                                 zo_load_f32(c_host, types[ty][2], i), zo_load_f32(d.c.data, types[ty][2], i));
+                    }
+                    cases++;
+                    free(a), free(b), free(c0), free(c_host);
+                    free(d.a.data), free(d.b.data), free(d.c.data);
+                }
+    printf("  cuda_gemm_host against gemm_tiled_kernel: %d cases, the same bits\n", cases);
+}
+
 static void test_bias(void **state)
 {
     (void)state;
@@ -1003,6 +1069,7 @@ int main(void)
         cmocka_unit_test(test_warp_misuse),
         cmocka_unit_test(test_beside_cuda_backend),
         cmocka_unit_test(test_gemm_tiled),
+        cmocka_unit_test(test_gemm_host_bits),
         cmocka_unit_test(test_bias),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_rmsnorm),

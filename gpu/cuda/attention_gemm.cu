@@ -164,13 +164,19 @@ __global__ void attn_copy_rows_kernel(gpu_tensor dst, size_t ldd, gpu_tensor src
 
 /* ---- host side ------------------------------------------------------------------ */
 
-/* A GEMM on the stream: cuBLASLt where there is a handle, else the tiled kernel. */
+/* A GEMM on the stream: cuBLASLt where there is a handle, else the tiled
+ * kernel; in the host shim, which has no cuBLASLt, the tiled kernel's bits
+ * from a host loop (cuda_gemm_host: the kernel itself is checked through
+ * the GEMM op). */
 static zo_status gemm(const cuda_gemm_env *g, const gpu_gemm_desc *d)
 {
-#ifndef ZO_CUDA_SHIM
+#ifdef ZO_CUDA_SHIM
+    (void)g;
+    return cuda_gemm_host(d);
+#else
     if (g->lt) return cuda_gemm(g->stream, g->lt, g->pool, g->workspace, g->ws_bytes, d);
-#endif
     return cuda_launch_gemm_tiled(g->stream, d);
+#endif
 }
 
 /* C[m, n] (+)= alpha op(A) op(B), `batch` products; strides in elements. */

@@ -103,6 +103,15 @@ zo_status cuda_gemm(cudaStream_t st, cublasLtHandle_t lt, cudaMemPool_t pool, vo
                     size_t ws_bytes, const gpu_gemm_desc *d);
 #endif
 zo_status cuda_launch_gemm_tiled(cudaStream_t st, const gpu_gemm_desc *d);
+#ifdef ZO_CUDA_SHIM
+/* The shim's stand-in for cuBLASLt where a kernel family calls it (the
+ * attention's GEMM path): gemm_tiled_kernel's products bit for bit (each
+ * element's fp32 sum in the kernel's order, then alpha and beta as it
+ * applies them), as a host loop vectorized across columns instead of a
+ * launch of fibers (gpu/cuda/shim/gemm.cc; tests/test_cuda_shim.c checks
+ * the bits against the kernel). */
+zo_status cuda_gemm_host(const gpu_gemm_desc *d);
+#endif
 
 /* bias.cu */
 zo_status cuda_launch_bias_forward(cudaStream_t st, gpu_tensor y, gpu_tensor bias, int n, int c,

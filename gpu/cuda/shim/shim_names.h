@@ -16,6 +16,7 @@
 
 /* launchers (gpu/cuda/<family>.cu compiled for the host) */
 #define cuda_launch_gemm_tiled shim_launch_gemm_tiled
+#define cuda_gemm_host shim_gemm_host
 #define cuda_launch_bias_forward shim_launch_bias_forward
 #define cuda_launch_bias_backward shim_launch_bias_backward
 #define cuda_launch_layernorm_forward shim_launch_layernorm_forward
