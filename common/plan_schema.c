@@ -60,6 +60,8 @@ static const field model_fields[] = {
     STR(M, name, 0),
     {"params", F_U64, 0, 0, 1, P2(53), NULL, F_DERIVED},
     {"params_only", F_U64, offsetof(M, params_override), 0, 1, P2(53), NULL, F_SIZE_ONLY},
+    /* params counts a multimodal checkpoint's text model, its vision tower left out (mm_text) */
+    {"text_model_of_multimodal", F_BOOL, offsetof(M, mm_text), 0, 0, 1, NULL, F_OPTIONAL},
     STR(M, family, F_SHAPE),
     NAME(M, arch, arch_names, F_SHAPE | F_COMPARE),
     {"layers", F_INT, offsetof(M, n_layers), 0, 1, P2(20), NULL, F_SHAPE | F_COMPARE},

@@ -8,7 +8,8 @@
  * field is required except the objects "hardware" and "predicted" (each
  * present whole or absent), "training.lora" (present exactly when
  * "training.method" is lora or qlora) and, for a model known only by its
- * size ("model.params_only"), the model's shape (its "features" included).
+ * size ("model.params_only"), the model's shape (its "features" included),
+ * and the fields added after plans were written (absent: their default).
  * Unknown fields are refused by name; messages name the file and the field. */
 #ifndef ZO_COMMON_PLAN_SCHEMA_H
 #define ZO_COMMON_PLAN_SCHEMA_H

@@ -166,6 +166,7 @@ static cJSON *report_json(const zo_model_config *m, const plan_hw *hw, const pla
 {
     cJSON *o = cJSON_CreateObject(), *x;
     cJSON_AddStringToObject(o, "model", m->name);
+    cJSON_AddBoolToObject(o, "text_model_of_multimodal", m->mm_text); /* the plan schema's key */
     cJSON *hwo = cJSON_AddObjectToObject(o, "hardware");
     cJSON_AddStringToObject(hwo, "name", hw->name);
     cJSON_AddItemToObject(hwo, "basis", plan_hw_basis_json(hw, basis));

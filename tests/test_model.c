@@ -1002,6 +1002,37 @@ static void preset_round_trip(const char *name, zo_model_config *c, zo_model_con
     cJSON_Delete(js);
 }
 
+/* c is the same text model as want: family, shape, positions, norm eps,
+ * rotary bases and scaling, each layer's window, parameter count (a
+ * mismatch named by its field and both values). */
+static void assert_same_shape(const zo_model_config *c, const zo_model_config *want)
+{
+#define SAME(f)                                                                                        \
+    do {                                                                                               \
+        if (c->f != want->f)                                                                           \
+            fail_msg("%s: " #f " %g, want %s's %g", c->name, (double)c->f, want->name, (double)want->f); \
+    } while (0)
+    assert_string_equal(c->family, want->family);
+    SAME(n_layers);
+    SAME(hidden);
+    SAME(n_heads);
+    SAME(n_kv_heads);
+    SAME(head_dim);
+    SAME(ffn);
+    SAME(vocab);
+    SAME(max_seq);
+    SAME(tied_embeddings);
+    SAME(norm_eps);
+    SAME(rope_theta);
+    SAME(rope_local_theta);
+    SAME(rope_factor);
+    SAME(query_pre_attn_scalar);
+#undef SAME
+    assert_string_equal(c->rope_scaling, want->rope_scaling);
+    for (int l = 0; l < c->n_layers; l++) assert_int_equal(zo_model_layer_window(c, l), zo_model_layer_window(want, l));
+    assert_true(zo_model_params(c) == zo_model_params(want));
+}
+
 /* Gemma-2's attention keys as Hugging Face's Gemma2Config reads them: the
  * real configs (27b: heads of 128, query_pre_attn_scalar 144; caps 50 and
  * 30; a window of 4096 on the even layers), null caps and window (none),
@@ -1261,14 +1292,7 @@ static void test_gemma3_config(void **state)
         assert_int_equal(zo_model_preset_find(mm[i][0], &back), ZO_OK);
         assert_string_equal(c.family, "gemma3_text");
         assert_true(c.mm_text && !back.mm_text);
-        assert_true(c.n_layers == back.n_layers && c.hidden == back.hidden && c.n_heads == back.n_heads &&
-                    c.n_kv_heads == back.n_kv_heads && c.head_dim == back.head_dim && c.ffn == back.ffn &&
-                    c.vocab == back.vocab && c.max_seq == back.max_seq && c.tied_embeddings == back.tied_embeddings);
-        assert_true(c.query_pre_attn_scalar == back.query_pre_attn_scalar && c.rope_theta == back.rope_theta &&
-                    c.rope_local_theta == back.rope_local_theta && c.rope_factor == back.rope_factor);
-        assert_string_equal(c.rope_scaling, back.rope_scaling);
-        for (int l = 0; l < c.n_layers; l++) assert_int_equal(zo_model_layer_window(&c, l), zo_model_layer_window(&back, l));
-        assert_true(zo_model_params(&c) == zo_model_params(&back));
+        assert_same_shape(&c, &back);
         if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
     }
     /* its text_config missing or not an object, or wrong inside: named */
@@ -1312,11 +1336,7 @@ static void test_multimodal_text_config(void **state)
                      ZO_OK);
     assert_true(c.mm_text && !want.mm_text);
     assert_string_equal(c.family, "llama");
-    assert_true(c.n_layers == want.n_layers && c.hidden == want.hidden && c.n_heads == want.n_heads &&
-                c.n_kv_heads == want.n_kv_heads && c.head_dim == want.head_dim && c.ffn == want.ffn &&
-                c.vocab == want.vocab && c.max_seq == want.max_seq && c.tied_embeddings == want.tied_embeddings &&
-                c.norm_eps == want.norm_eps && c.rope_theta == want.rope_theta);
-    assert_true(zo_model_params(&c) == zo_model_params(&want));
+    assert_same_shape(&c, &want);
     if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
 
     /* Mistral-Small-3.1: its text_config taken out and read alone */

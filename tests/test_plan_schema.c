@@ -167,16 +167,19 @@ static void test_roundtrip(void **state)
     free(text);
 
     /* the families' features (experts, latent attention, positions, norms),
-     * from published config.json files */
+     * and a multimodal checkpoint's text model (its count without the
+     * vision tower), from published config.json files */
     static const char *configs[] = {"deepseek-v2-lite.json", "qwen1.5-moe-a2.7b.json",
                                     "deepseek-v3.json",      "gemma-2-2b.json",
                                     "falcon-7b.json",        "opt-125m.json",
-                                    "bloom-560m.json",       "qwen3-0.6b.json"};
+                                    "bloom-560m.json",       "qwen3-0.6b.json",
+                                    "gemma-3-4b-it.json"};
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         char path[512];
         zo_model_config m;
         snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, configs[i]);
         assert_int_equal(zo_model_config_load(path, &m), ZO_OK);
+        assert_int_equal(m.mm_text, !strcmp(configs[i], "gemma-3-4b-it.json"));
         zo_plan_defaults(p, &m);
         text = plan_text(p);
         assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
@@ -188,7 +191,8 @@ static void test_roundtrip(void **state)
         assert_true(q->model.pos == m.pos && q->model.pos_offset == m.pos_offset &&
                     q->model.layer_norms == m.layer_norms &&
                     q->model.parallel_block == m.parallel_block &&
-                    q->model.embed_norm == m.embed_norm && q->model.qk_norm == m.qk_norm);
+                    q->model.embed_norm == m.embed_norm && q->model.qk_norm == m.qk_norm &&
+                    q->model.mm_text == m.mm_text);
         assert_true(zo_model_params(&q->model) == zo_model_params(&m));
         assert_int_equal(zo_plan_check_run(q, &m, 1, "p.json"), ZO_OK);
         free(again);
@@ -228,7 +232,7 @@ static const char *const optional_fields[] = {"training.recompute_layers", "trai
                                               "training.master", "training.loss_chunk",
                                               "hardware.nvme_read_bw_busy", "model.features.head_bias",
                                               "model.features.attn_out_nobias",
-                                              "model.features.qk_norm_heads"};
+                                              "model.features.qk_norm_heads", "model.text_model_of_multimodal"};
 
 static int is_optional(const char *name)
 {
@@ -241,7 +245,7 @@ static int is_optional(const char *name)
  * optional one reads as its default: every layer recomputed as
  * training.recompute says, gradients reduced in fp32, peers reached at
  * nvlink_bw, no bias on the output layer, the attention output
- * biased as out_bias says); an unknown field in any object is refused by its name. */
+ * biased as out_bias says, a text model of its own); an unknown field in any object is refused by its name. */
 static void test_required_and_unknown(void **state)
 {
     (void)state;
@@ -266,6 +270,7 @@ static void test_required_and_unknown(void **state)
             assert_int_equal(q->model.head_bias, 0);
             assert_int_equal(q->model.attn_out_nobias, 0);
             assert_int_equal(q->model.qk_norm_heads, 0);
+            assert_int_equal(q->model.mm_text, 0);
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
             continue;
         }

@@ -19,7 +19,7 @@
 #include "planner/hardware.h"
 #include "planner/memory.h"
 #include "planner/planfile.h"
-#include "tests/support/run.h" /* defines: run_memplan */
+#include "tests/support/run.h" /* defines: run_memplan, run_memplan_json, run_json_num */
 
 static void load(const char *name, zo_model_config *c)
 {
@@ -522,6 +522,17 @@ static void test_cli_refused(void **state)
     }
 }
 
+/* text_model_of_multimodal of memplan `command`'s JSON: in the model object
+ * of estimate's report and of a plan, beside the model's name in
+ * generate's; the test fails when it is not a boolean. */
+static int json_text_model_of_multimodal(const cJSON *doc, const char *command)
+{
+    const cJSON *o = strcmp(command, "generate") ? cJSON_GetObjectItemCaseSensitive(doc, "model") : doc;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "text_model_of_multimodal");
+    if (!cJSON_IsBool(b)) fail_msg("memplan %s --json: no boolean text_model_of_multimodal", command);
+    return cJSON_IsTrue(b);
+}
+
 /* The defaults a user trips on: --seq is not Llama-3.1's 131072 positions
  * but at most 4096, and says so; a V100 gets fp16 (bf16 refused) and a
  * warning for FlashAttention; a multimodal checkpoint is sized as its text
@@ -553,14 +564,32 @@ static void test_cli_defaults(void **state)
     assert_null(strstr(out, "warning"));
 
     /* a multimodal checkpoint: its text model's count (3.88B for gemma-3-4b,
-     * whose card says 4.3B with the vision tower), said so in each report */
+     * whose card says 4.3B with the vision tower), said so in each report,
+     * and in its JSON (with the same exit status); a text model's JSON says
+     * false */
     static const char *const cmd[] = {"estimate", "plan", "generate"};
+    zo_model_config text;
+    load("gemma-3-4b-it.json", &text);
     for (size_t i = 0; i < sizeof cmd / sizeof cmd[0]; i++) {
         snprintf(args, sizeof args, "%s --model %s/hf-configs/gemma-3-4b-it.json --gpu-mem 24GiB", cmd[i],
                  ZO_FIXTURES_DIR);
-        assert_true(run_memplan(args, out, sizeof out) <= 1);
+        int rc = run_memplan(args, out, sizeof out);
+        assert_true(rc <= 1);
         assert_non_null(strstr(out, "the text model of a multimodal checkpoint: its vision tower neither counted"));
         if (i < 2) assert_non_null(strstr(out, "(3.88B params, the text model"));
+        cJSON *doc = run_memplan_json(args, rc);
+        assert_true(json_text_model_of_multimodal(doc, cmd[i]));
+        if (i < 2) assert_true(run_json_num(doc, "model", "params") == (double)zo_model_params(&text));
+        cJSON_Delete(doc);
+
+        snprintf(args, sizeof args, "%s --model %s/hf-configs/llama-3.1-8b.json --gpu-mem 24GiB", cmd[i],
+                 ZO_FIXTURES_DIR);
+        rc = run_memplan(args, out, sizeof out);
+        assert_true(rc <= 1);
+        assert_null(strstr(out, "multimodal"));
+        doc = run_memplan_json(args, rc);
+        assert_false(json_text_model_of_multimodal(doc, cmd[i]));
+        cJSON_Delete(doc);
     }
 }
 

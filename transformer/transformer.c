@@ -2285,6 +2285,36 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
  * and kv_a_layernorm are built with (not rms_norm_eps) */
 #define MLA_NORM_EPS 1e-6f
 
+/* The widths latent attention works in, its forward's and its backward's
+ * (mla_dims_of fills them from the model's config and batch). */
+typedef struct mla_dims {
+    int N;          /* tokens: batch x sequence */
+    int h;          /* hidden */
+    int H, d;       /* heads; a q and k head's width nope + rope (v's padded to it) */
+    int qw;         /* q's width H d (and k's, and padded v's) */
+    int ld;         /* qkv's row stride: q | k | v, 3 H d */
+    int rope, nope; /* a q and k head's rotary and other dims */
+    int v;          /* a v head's dims (at most d) */
+    int qr;         /* q_lora_rank (0: q projected from the hidden state) */
+    int kvr;        /* kv_lora_rank: c_kv's width */
+    int kaw;        /* kv_a_proj_with_mqa's rows [k_pe | c_kv]: rope + kvr */
+    int kvh, kvw;   /* kv_b_proj's rows [k_nope | v] of a head (nope + v), of all H */
+} mla_dims;
+
+static mla_dims mla_dims_of(const tf_model *m)
+{
+    const zo_model_config *c = &m->cfg;
+    const zo_mla *x = &c->mla;
+    mla_dims md = {.N = m->b * m->t, .h = c->hidden, .H = c->n_heads, .d = c->head_dim,
+                   .ld = qkv_width(c), .rope = x->qk_rope, .nope = x->qk_nope, .v = x->v_dim,
+                   .qr = x->q_rank, .kvr = x->kv_rank};
+    md.qw = md.H * md.d;
+    md.kaw = md.rope + md.kvr;
+    md.kvh = md.nope + md.v;
+    md.kvw = md.H * md.kvh;
+    return md;
+}
+
 /* Element `col` of row 0 of a [rows, ld] tensor of type dt as a tensor. */
 static gpu_tensor col_at(gpu_tensor t, size_t col)
 {
@@ -2299,43 +2329,49 @@ static zo_status mla_qkv_forward(tf_model *m, int l, const tf_block_bufs *bb, gp
                                  gpu_tensor qkv)
 {
     zo_status st;
-    const zo_model_config *c = &m->cfg;
-    const zo_mla *x = &c->mla;
-    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, H = c->n_heads, d = c->head_dim;
-    const int ld = qkv_width(c), rope = x->qk_rope, nope = x->qk_nope, v = x->v_dim, kvr = x->kv_rank;
-    const int kaw = rope + kvr, kvw = H * (nope + v), qr = x->q_rank;
+    const mla_dims md = mla_dims_of(m);
+    const int blk = model_layout_layer_block(l), N = md.N;
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
     const void *W = base_buf(m, bb);
     gpu_tensor kva = gpu_t(m->mla_kva, dt), kv = gpu_t(m->mla_kv, dt), ckv = gpu_t(a->mla_ckv, dt);
-    if (qr) {
+    if (md.qr) {
         gpu_tensor qa = gpu_t(a->mla_qa, dt);
-        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_A_W, NO_BIAS, qa, qr, ln1, N, qr, h)) != ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QA, ln1, qa, qr)) != ZO_OK ||
-            (st = gpu_head_rmsnorm_forward(s, qa, qr, gpu_t(a->mla_qa_in, dt), a->mla_qa_rstd,
-                                           bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), N, 1, qr, MLA_NORM_EPS)) != ZO_OK ||
-            (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_B_W, NO_BIAS, qkv, ld, qa, N, H * d, qr)) != ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QB, qa, qkv, ld)) != ZO_OK)
+        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_A_W, NO_BIAS, qa, md.qr, ln1, N, md.qr, md.h)) !=
+                ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QA, ln1, qa, md.qr)) != ZO_OK ||
+            (st = gpu_head_rmsnorm_forward(s, qa, md.qr, gpu_t(a->mla_qa_in, dt), a->mla_qa_rstd,
+                                           bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), N, 1, md.qr, MLA_NORM_EPS)) !=
+                ZO_OK ||
+            (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_B_W, NO_BIAS, qkv, md.ld, qa, N, md.qw, md.qr)) !=
+                ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QB, qa, qkv, md.ld)) != ZO_OK)
             return st;
-    } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_W, NO_BIAS, qkv, ld, ln1, N, H * d, h)) != ZO_OK ||
-               (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK) {
+    } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_W, NO_BIAS, qkv, md.ld, ln1, N, md.qw, md.h)) !=
+                   ZO_OK ||
+               (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, md.ld)) != ZO_OK) {
         return st;
     }
     /* kva [N, rope + kv_rank]; c_kv out of its rows, normed in place */
-    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_A_W, NO_BIAS, kva, kaw, ln1, N, kaw, h)) != ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVA, ln1, kva, kaw)) != ZO_OK ||
-        (st = gpu_head_copy(s, ckv, col_at(kva, rope), N, 1, kvr, kvr, kvr, kvr, kaw, kaw)) != ZO_OK ||
-        (st = gpu_head_rmsnorm_forward(s, ckv, kvr, gpu_t(a->mla_ckv_in, dt), a->mla_ckv_rstd,
-                                       bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), N, 1, kvr, MLA_NORM_EPS)) != ZO_OK ||
-        (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_B_W, NO_BIAS, kv, kvw, ckv, N, kvw, kvr)) != ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVB, ckv, kv, kvw)) != ZO_OK)
+    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_A_W, NO_BIAS, kva, md.kaw, ln1, N, md.kaw, md.h)) !=
+            ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVA, ln1, kva, md.kaw)) != ZO_OK ||
+        (st = gpu_head_copy(s, ckv, col_at(kva, md.rope), N, 1, md.kvr, md.kvr, md.kvr, md.kvr, md.kaw, md.kaw)) !=
+            ZO_OK ||
+        (st = gpu_head_rmsnorm_forward(s, ckv, md.kvr, gpu_t(a->mla_ckv_in, dt), a->mla_ckv_rstd,
+                                       bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), N, 1, md.kvr, MLA_NORM_EPS)) !=
+            ZO_OK ||
+        (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_B_W, NO_BIAS, kv, md.kvw, ckv, N, md.kvw, md.kvr)) !=
+            ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVB, ckv, kv, md.kvw)) != ZO_OK)
         return st;
     /* k = [k_pe (every head the same) | k_nope], v = [v | 0] */
-    gpu_tensor k = col_at(qkv, (size_t)H * d), vv = col_at(qkv, 2 * (size_t)H * d);
-    if ((st = gpu_head_copy(s, k, kva, N, H, rope, rope, ld, d, kaw, 0)) != ZO_OK ||
-        (st = gpu_head_copy(s, col_at(k, rope), kv, N, H, nope, nope, ld, d, kvw, nope + v)) != ZO_OK)
+    gpu_tensor k = col_at(qkv, (size_t)md.qw), vv = col_at(qkv, 2 * (size_t)md.qw);
+    if ((st = gpu_head_copy(s, k, kva, N, md.H, md.rope, md.rope, md.ld, md.d, md.kaw, 0)) != ZO_OK ||
+        (st = gpu_head_copy(s, col_at(k, md.rope), kv, N, md.H, md.nope, md.nope, md.ld, md.d, md.kvw, md.kvh)) !=
+            ZO_OK)
         return st;
-    return gpu_head_copy(s, vv, col_at(kv, nope), N, H, v, d, ld, d, kvw, nope + v);
+    return gpu_head_copy(s, vv, col_at(kv, md.nope), N, md.H, md.v, md.d, md.ld, md.d, md.kvw, md.kvh);
 }
 
 /* The attention's output att [N, H d] narrowed to o_proj's input [N, H v]. */
@@ -2523,47 +2559,45 @@ static zo_status post_norm_backward(tf_model *m, gpu_stream_t s, const void *G, 
 static zo_status mla_qkv_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, gpu_tensor ln1)
 {
     zo_status st;
-    const zo_model_config *c = &m->cfg;
-    const zo_mla *x = &c->mla;
-    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, H = c->n_heads, d = c->head_dim;
-    const int ld = qkv_width(c), rope = x->qk_rope, nope = x->qk_nope, v = x->v_dim, kvr = x->kv_rank;
-    const int kaw = rope + kvr, kvw = H * (nope + v), qr = x->q_rank;
+    const mla_dims md = mla_dims_of(m);
+    const int blk = model_layout_layer_block(l), N = md.N;
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
     const void *W = base_buf(m, bb), *G = has_lora(m) ? NULL : bb->grads; /* LoRA: the norms frozen */
     gpu_tensor dqkv = F32(m->dqkv), dh = F32(m->dh), dq = F32(m->datt); /* datt is free after the attention */
     gpu_tensor dkva = F32(m->mla_dkva), dkv = F32(m->mla_dkv), dckv = F32(m->mla_dckv);
-    const linear_role qp = {MODEL_ROLE_Q_W, NO_BIAS, TF_LORA_QKV, H * d, h};
-    const linear_role qb = {MODEL_ROLE_Q_B_W, NO_BIAS, TF_LORA_MLA_QB, H * d, qr};
-    const linear_role qa = {MODEL_ROLE_Q_A_W, NO_BIAS, TF_LORA_MLA_QA, qr, h};
-    const linear_role kva = {MODEL_ROLE_KV_A_W, NO_BIAS, TF_LORA_MLA_KVA, kaw, h};
-    const linear_role kvb = {MODEL_ROLE_KV_B_W, NO_BIAS, TF_LORA_MLA_KVB, kvw, kvr};
+    const linear_role qp = {MODEL_ROLE_Q_W, NO_BIAS, TF_LORA_QKV, md.qw, md.h};
+    const linear_role qb = {MODEL_ROLE_Q_B_W, NO_BIAS, TF_LORA_MLA_QB, md.qw, md.qr};
+    const linear_role qa = {MODEL_ROLE_Q_A_W, NO_BIAS, TF_LORA_MLA_QA, md.qr, md.h};
+    const linear_role kva = {MODEL_ROLE_KV_A_W, NO_BIAS, TF_LORA_MLA_KVA, md.kaw, md.h};
+    const linear_role kvb = {MODEL_ROLE_KV_B_W, NO_BIAS, TF_LORA_MLA_KVB, md.kvw, md.kvr};
     /* q's gradient as its own rows [N, H d] */
-    if ((st = gpu_head_copy(s, dq, dqkv, N, 1, H * d, H * d, H * d, H * d, ld, ld)) != ZO_OK) return st;
-    if (qr) {
+    if ((st = gpu_head_copy(s, dq, dqkv, N, 1, md.qw, md.qw, md.qw, md.qw, md.ld, md.ld)) != ZO_OK) return st;
+    if (md.qr) {
         gpu_tensor dqa = F32(m->mla_dqa);
         if ((st = linear_role_backward(m, l, bb, s, qb, dqa, 0.0f, dq, gpu_t(a->mla_qa, dt))) != ZO_OK ||
-            (st = gpu_head_rmsnorm_backward(s, dqa, qr, tf_view(m, G, blk, MODEL_ROLE_Q_A_NORM_W),
+            (st = gpu_head_rmsnorm_backward(s, dqa, md.qr, tf_view(m, G, blk, MODEL_ROLE_Q_A_NORM_W),
                                             gpu_t(a->mla_qa_in, dt), bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W),
-                                            a->mla_qa_rstd, N, 1, qr)) != ZO_OK ||
+                                            a->mla_qa_rstd, N, 1, md.qr)) != ZO_OK ||
             (st = linear_role_backward(m, l, bb, s, qa, dh, 0.0f, dqa, ln1)) != ZO_OK)
             return st;
     } else if ((st = linear_role_backward(m, l, bb, s, qp, dh, 0.0f, dq, ln1)) != ZO_OK) {
         return st;
     }
     /* [dk_nope | dv] of each head, kv_b's backward into d c_kv, c_kv's norm's */
-    gpu_tensor dk = col_at(dqkv, (size_t)H * d);
-    if ((st = gpu_head_copy(s, dkv, col_at(dk, rope), N, H, nope, nope, kvw, nope + v, ld, d)) != ZO_OK ||
-        (st = gpu_head_copy(s, col_at(dkv, nope), col_at(dqkv, 2 * (size_t)H * d), N, H, v, v, kvw, nope + v, ld,
-                            d)) != ZO_OK ||
+    gpu_tensor dk = col_at(dqkv, (size_t)md.qw), dv = col_at(dqkv, 2 * (size_t)md.qw);
+    if ((st = gpu_head_copy(s, dkv, col_at(dk, md.rope), N, md.H, md.nope, md.nope, md.kvw, md.kvh, md.ld, md.d)) !=
+            ZO_OK ||
+        (st = gpu_head_copy(s, col_at(dkv, md.nope), dv, N, md.H, md.v, md.v, md.kvw, md.kvh, md.ld, md.d)) != ZO_OK ||
         (st = linear_role_backward(m, l, bb, s, kvb, dckv, 0.0f, dkv, gpu_t(a->mla_ckv, dt))) != ZO_OK ||
-        (st = gpu_head_rmsnorm_backward(s, dckv, kvr, tf_view(m, G, blk, MODEL_ROLE_KV_A_NORM_W),
+        (st = gpu_head_rmsnorm_backward(s, dckv, md.kvr, tf_view(m, G, blk, MODEL_ROLE_KV_A_NORM_W),
                                         gpu_t(a->mla_ckv_in, dt), bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W),
-                                        a->mla_ckv_rstd, N, 1, kvr)) != ZO_OK)
+                                        a->mla_ckv_rstd, N, 1, md.kvr)) != ZO_OK)
         return st;
     /* d[k_pe | c_kv]: the rotary key's gradient summed over the heads */
-    if ((st = gpu_head_copy(s, dkva, dk, N, H, rope, rope, kaw, 0, ld, d)) != ZO_OK ||
-        (st = gpu_head_copy(s, col_at(dkva, rope), dckv, N, 1, kvr, kvr, kaw, kvr, kvr, kvr)) != ZO_OK)
+    if ((st = gpu_head_copy(s, dkva, dk, N, md.H, md.rope, md.rope, md.kaw, 0, md.ld, md.d)) != ZO_OK ||
+        (st = gpu_head_copy(s, col_at(dkva, md.rope), dckv, N, 1, md.kvr, md.kvr, md.kaw, md.kvr, md.kvr, md.kvr)) !=
+            ZO_OK)
         return st;
     return linear_role_backward(m, l, bb, s, kva, dh, 1.0f, dkva, ln1);
 }
