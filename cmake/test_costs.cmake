@@ -1,27 +1,37 @@
-# The longest tests' seconds (the sanitizer build's, the longer of the two,
-# from a clean-clone .ci/run on 2 cores) as their COST: ctest -j starts the
-# costliest first, so that a long test does not begin last and run alone
-# while the other core idles. Without this a clean build folder (no
-# Testing/Temporary/CTestCostData.txt yet) runs them in declaration order.
-# Refresh the figures when a test's time moves by much (docs/testing.md).
-# (Gemma-2's and Gemma-3's generate tests: Gemma's figure, the same shapes
-# and runs; not yet measured in a sanitizer build.)
-# Included at the end of each folder that adds tests: before CMake 3.28
-# set_tests_properties sees only the tests of the folder it runs in.
+# Per-test properties set after the tests exist (included at the end of each
+# folder that adds tests: before CMake 3.28 set_tests_properties sees only the
+# tests of the folder it runs in).
+#
+# COST: the tests' seconds (the sanitizer build's where it runs them, the
+# longer of the two; else the plain build's), from a run of each suite with
+# ctest -j2 on the 2-core machine, the machine otherwise idle (2026-11-27,
+# docs/testing.md): ctest -j starts the costliest first, so that a long test
+# does not begin last and run alone while the other core idles. Without this
+# a clean build folder (no Testing/Temporary/CTestCostData.txt yet) runs them
+# in declaration order. Refresh the figures when a test's time moves by much.
 set(zo_test_costs
-    test_transformer_torch 155 test_transformer 147
-    test_offload 114 test_ops 83 test_generate_torch_mixtral 71 test_generate_torch_qwen2_moe 68
-    test_generate_torch_qwen3_moe 51 test_generate_torch_gemma 45 test_generate_torch_phi3 35
-    test_generate_torch_gemma2 45 test_generate_torch_gemma3_text 45
-    test_generate_torch_qwen3 34 test_e2e_torch_qwen3_moe 16 test_generate_torch_gpt_neox 15
-    test_generate_torch_falcon_new 15 test_generate_torch_falcon 12
-    test_zero 57 test_ranks_moe_ep_zero_ckpt 57 test_ranks_moe_ep_gaps 44 test_ranks_moe_ep_zero 37 test_zero_mpi4 35 test_ranks_moe_ep 31
-    test_generate_torch_llama 30 test_offload_cuda_selfcheck 26 test_ranks_moe 23 test_install 23
-    test_generate_torch_gpt2 22 test_comm_fault 21 test_zero_mpi2 15 test_e2e_torch_mixtral_sparse 14
-    test_e2e_torch_qwen2_moe 13 test_ranks_matrix_full 11 test_ranks_matrix_qlora 11
-    test_ranks_matrix_lora 11 test_ranks_moe_ep_z3host 9 test_e2e_torch_qwen2_moe_sparse 9
-    test_gpu_check_fake_gpu 9 test_ranks_refusals 9 test_finetune_torch 8 test_ranks_moe_ep_ckpt 8
-    test_e2e_torch_llama 7 test_torch_side_by_side 7)
+    test_ops 227 test_offload 177 test_zero_mpi4 119 test_zero_mpi2 97 test_ranks_moe_ep_gaps 85
+    test_ranks_moe_ep_zero 71 test_ranks_moe_ep_zero_ckpt 70 test_zero 55 test_offload_cuda_selfcheck 43
+    test_ranks_moe_ep 41 test_ranks_family_falcon 40 test_ranks_moe 40 test_generate_torch_falcon_new 39
+    test_generate_torch_qwen3_moe 30 test_e2e_torch_falcon_seq 23 test_e2e_torch_qwen3_moe 23
+    test_e2e_torch_gemma3_text 23 test_e2e_torch_qwen2_moe_sparse 22 test_generate_torch_gpt2 21
+    test_generate_torch_llama 20 test_e2e_torch_llama 19 test_comm_fault 18 test_ranks_family_qwen3 17
+    test_ranks_moe_ep_qwen3 16 test_ranks_matrix_lora 15 test_ranks_moe_ep_z3host 15
+    test_ranks_matrix_qlora 15 test_ranks_matrix_full 15 test_generate_torch_gemma3_text 14
+    test_e2e_torch_qwen2 14 test_install 14 test_gpu_check_fake_gpu 14 test_generate_torch_gemma2 13
+    test_generate_torch_gemma 13 test_e2e_torch_gpt2 12 test_generate_torch_qwen2_moe 12 test_model 11
+    test_transformer_torch 11 test_generate_torch_mixtral 11 test_torch_side_by_side 10 test_tokenizer_js 10
+    test_generate_torch_qwen3 10 test_ranks_moe_ep_ckpt 9 test_e2e_torch_gemma2 9 test_ranks_moe_ep_nvme 8
+    test_gpu 8 test_planner_search 8 test_cpu_adam_state 8 test_gpu_gemm 8 test_e2e_torch_gemma 7
+    test_generate_torch_phi3 7 test_transformer 7 test_plan_schema 7 test_configure 7 test_e2e_torch_mistral 7
+    test_ranks_refusals 7 test_e2e_torch_phi3 7 test_ranks_moe_ep_qlora 7 test_e2e_torch_qwen3 6
+    test_offload_edges 6 test_e2e_torch_mixtral_sparse 6 test_ranks_searched_plans 6 test_planner_generate 6
+    test_ranks_family_gemma2 6 test_cuda_shim 6 test_finetune_torch 6 test_e2e_torch_qwen2_moe 6
+    test_ranks_family_gemma 5 test_ranks_family_phi3 5 test_e2e_torch_falcon_new 5 test_profile 5
+    test_ranks_family_gemma3 5 test_ranks_family_neox 5 test_generate_torch_falcon 5 test_e2e_torch_mixtral 4
+    test_nf4_torch 4 test_lora_torch 4 test_ranks_lora_three_ranks 4 test_cpu_adam 4 test_e2e_torch_gpt_neox 4
+    test_e2e_torch_falcon 4 test_ranks_moe_ep_capacity 4 test_generate_torch_gpt_neox 4
+    test_e2e_torch_gpt_neox_seq 3 test_finetune 3)
 list(LENGTH zo_test_costs zo_n)
 math(EXPR zo_last "${zo_n} - 1")
 foreach(i RANGE 0 ${zo_last} 2)
@@ -30,5 +40,46 @@ foreach(i RANGE 0 ${zo_last} 2)
   list(GET zo_test_costs ${j} zo_cost)
   if(TEST ${zo_name})
     set_tests_properties(${zo_name} PROPERTIES COST ${zo_cost})
+  endif()
+endforeach()
+
+# Label `repeat`: tests that run, at more families, shapes or ranks, code
+# paths which other tests run too. The sanitizer pass of scripts/test.sh
+# leaves them out (ctest -LE 'buildsystem|repeat'; ZO_SANITIZE_ALL=1 runs
+# them too) so that both passes fit the suite's 15 minutes on 2 cores; the
+# plain pass runs every test. Under the sanitizers stay: every C test
+# (test_transformer_torch's families, test_model's loaders, test_offload,
+# test_ops, ...), the PyTorch runs of one dense family and one of each
+# layer kind (test_e2e_torch_llama, _gpt2: GPT-2/OPT/Phi/GPT-J layers,
+# _qwen3_moe: experts and latent attention; test_generate_torch_llama;
+# fine-tuning, NF4, LoRA, the side by side), ZeRO in process on one rank
+# with train launched on several (test_zero) and train on several ranks for
+# every method, ZeRO stage and placement (test_ranks_matrix_*, searched
+# plans, three ranks, refusals) and expert parallelism (test_ranks_moe_ep and
+# its checkpoint, NVMe, QLoRA, capacity, clip and ZeRO-3 host rows). Left
+# out: the other families' PyTorch runs (the same loader, layers and train
+# with another config); ZeRO in process on two and four ranks (the
+# partitions, gathers and reductions train runs in test_ranks_matrix_*); the
+# family rows on two ranks; the longer expert-parallel matrices (ZeRO stages
+# by methods, checkpoints across them, uneven expert counts), which repeat
+# test_ranks_moe_ep's paths over more combinations; the CUDA test's
+# self-check without a GPU (the runtime on a second CPU device, which
+# test_offload runs); and the GPU script's checks with a fake GPU (shell
+# logic, the same in both builds).
+set(zo_test_repeats
+    test_zero_mpi2 test_zero_mpi4 test_gpu_check_fake_gpu test_ranks_moe test_ranks_moe_ep_gaps test_ranks_moe_ep_zero test_ranks_moe_ep_zero_ckpt
+    test_ranks_moe_ep_qwen3 test_ranks_family_qwen3 test_ranks_family_phi3 test_ranks_family_gemma
+    test_ranks_family_gemma2 test_ranks_family_gemma3 test_ranks_family_neox test_ranks_family_falcon
+    test_offload_cuda_selfcheck)
+foreach(family mistral qwen2 qwen3 phi3 gemma gemma2 gemma3_text gpt_neox gpt_neox_seq falcon falcon_new falcon_seq
+               mixtral qwen2_moe mixtral_sparse qwen2_moe_sparse)
+  list(APPEND zo_test_repeats test_e2e_torch_${family})
+endforeach()
+foreach(family gpt2 qwen3 phi3 gemma gemma2 gemma3_text gpt_neox falcon falcon_new mixtral qwen2_moe qwen3_moe)
+  list(APPEND zo_test_repeats test_generate_torch_${family})
+endforeach()
+foreach(zo_name IN LISTS zo_test_repeats)
+  if(TEST ${zo_name})
+    set_tests_properties(${zo_name} PROPERTIES LABELS repeat)
   endif()
 endforeach()
