@@ -205,14 +205,14 @@ static void granitemoe_experts(builder *b, int i)
 {
     const zo_model_config *c = &b->l->cfg;
     const int64_t h = c->hidden, fe = c->moe.expert_ffn, E = c->moe.experts;
-    const char *p = "model.layers.%d.block_sparse_moe.%s";
-    add(b, MODEL_ROLE_ROUTER_W, 0, E, h, p, i, "router.layer.weight");
+    add(b, MODEL_ROLE_ROUTER_W, 0, E, h, "model.layers.%d.block_sparse_moe.router.layer.weight", i);
     for (int e = b->l->expert_first; e < b->l->expert_first + b->l->expert_count; e++) {
         static const model_role roles[3] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W,
                                             MODEL_ROLE_EXPERT_DOWN_W};
         for (int k = 0; k < 3; k++) {
             int down = k == 2;
-            add(b, roles[k], 0, down ? h : fe, down ? fe : h, p, i, down ? "output_linear.weight" : "input_linear.weight");
+            add(b, roles[k], 0, down ? h : fe, down ? fe : h, "model.layers.%d.block_sparse_moe.%s.weight", i,
+                down ? "output_linear" : "input_linear");
             if (b->st != ZO_OK) return;
             model_tensor *t = &b->l->tensors[b->l->n_tensors - 1];
             t->hf_fused[0] = E;
