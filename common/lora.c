@@ -110,6 +110,11 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
                         : zo_model_opt(cfg) || zo_model_phi(cfg) ? "fc1 and fc2"
                         : zo_model_gptj(cfg)                     ? "fc_in and fc_out"
                                                                  : "c_fc and c_proj");
+    if (zo_model_granitemoe(cfg) && (lc->targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN)) && !all)
+        return zo_error(ZO_ERR_INVALID,
+                        "LoRA: %s (Granite-MoE) adapts the attention's projections only (targets q, k, v, o; "
+                        "all-linear is those): its experts (block_sparse_moe.input_linear, output_linear) are "
+                        "not Linear modules PEFT adapts", cfg->name);
     return ZO_OK;
 }
 

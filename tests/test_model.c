@@ -1268,7 +1268,7 @@ static void test_granite_config(void **state)
  * GraniteMoeConfig's defaults (8 experts, 2 a token, every head a kv head,
  * untied, multipliers 1, no balance loss unless output_router_logits, its
  * coefficient 0.001); its fused experts sliced to and from expert e's gate,
- * up and down. */
+ * up and down; LoRA on the attention only (an MLP target refused). */
 static void test_granitemoe_config(void **state)
 {
     (void)state;
@@ -1321,6 +1321,15 @@ static void test_granitemoe_config(void **state)
     }
     assert_int_equal(seen, 2 * 8 * 3);
     model_layout_free(&l);
+    /* LoRA: the attention's four (all-linear is those); an MLP target is refused, naming why */
+    zo_lora_config lc = {.r = 4, .alpha = 8.0f, .targets = ZO_LORA_ALL_LINEAR};
+    assert_int_equal(zo_lora_check(&back, &lc), ZO_OK);
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    assert_int_equal(zo_lora_layer_modules(&back, ZO_LORA_ALL_LINEAR, mods), 4);
+    lc.targets = ZO_LORA_Q | ZO_LORA_UP;
+    assert_int_equal(zo_lora_check(&back, &lc), ZO_ERR_INVALID);
+    printf("  refused: %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), "not Linear modules"));
 }
 
 /* Gemma-3's text model as Gemma3TextConfig reads it: gemma-3-1b's config
