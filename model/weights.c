@@ -464,10 +464,12 @@ static zo_status save_entries(const char *path, const model_layout *l, int first
         if (t->hf_fused[0]) {
             /* the slices in the range (its block's, around i) cover it whole */
             uint64_t got = 0, whole = (uint64_t)t->hf_fused[0] * (uint64_t)t->hf_fused[1] * (uint64_t)t->hf_fused[2];
-            int head = 0;
-            for (int j = 0; j < n; j++) {
+            int head = 0, j0 = i, j1 = i;
+            while (j0 > 0 && l->tensors[first + j0 - 1].block == t->block) j0--;
+            while (j1 + 1 < n && l->tensors[first + j1 + 1].block == t->block) j1++;
+            for (int j = j0; j <= j1; j++) {
                 const model_tensor *u = &l->tensors[first + j];
-                if (u->block != t->block || strcmp(u->name, t->name)) continue;
+                if (strcmp(u->name, t->name)) continue;
                 got += u->numel;
                 head |= !model_tensor_fused_rest(u);
             }

@@ -431,7 +431,7 @@ static int teardown_tmp(void **state)
 {
     (void)state;
     const char *names[] = {"u16.bin", "u32.bin", "odd.bin", "oov.bin", "text.txt", "text.bin",
-                           "short.bin", "empty.bin", "cut.bin"};
+                           "short.bin", "empty.bin", "cut.bin", "granitemoe.safetensors"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char p[512];
         snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
@@ -1320,6 +1320,64 @@ static void test_granitemoe_config(void **state)
         seen++;
     }
     assert_int_equal(seen, 2 * 8 * 3);
+    /* saved: the fused tensors [8, 192, 64] and [8, 64, 96] holding expert e's
+     * gate, up and down where the file has them (written here from plain
+     * index arithmetic); read back into a window of experts 2..5, each
+     * expert's slices as the whole layout's */
+    float **blocks = calloc((size_t)l.n_blocks, sizeof *blocks);
+    assert_non_null(blocks);
+    for (int b = 0; b < l.n_blocks; b++) {
+        blocks[b] = malloc((l.block_numel[b] + 1) * sizeof(float));
+        assert_non_null(blocks[b]);
+        for (size_t i = 0; i < l.block_numel[b]; i++) blocks[b][i] = (float)(100000 * b + i);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/granitemoe.safetensors", tmpdir);
+    if (model_save(path, &l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32)) fail_msg("%s", zo_last_error());
+    model_st_file sf;
+    assert_int_equal(model_st_open(&sf, path), ZO_OK);
+    const model_st_tensor *in = model_st_find(&sf, "model.layers.1.block_sparse_moe.input_linear.weight");
+    const model_st_tensor *out = model_st_find(&sf, "model.layers.1.block_sparse_moe.output_linear.weight");
+    assert_true(in && in->ndim == 3 && in->shape[0] == 8 && in->shape[1] == 2 * f && in->shape[2] == h);
+    assert_true(out && out->ndim == 3 && out->shape[0] == 8 && out->shape[1] == h && out->shape[2] == f);
+    assert_int_equal(sf.n_tensors, 2 * 9 + 3); /* 9 a layer (two norms, q, k, v, o, the router, the two fused); untied */
+    float *win = malloc((size_t)in->numel * 4), *wout = malloc((size_t)out->numel * 4);
+    assert_non_null(win);
+    assert_non_null(wout);
+    assert_int_equal(model_st_read(&sf, in, win, ZO_DTYPE_F32, 0), ZO_OK);
+    assert_int_equal(model_st_read(&sf, out, wout, ZO_DTYPE_F32, 0), ZO_OK);
+    const int blk = model_layout_layer_block(1);
+    const float *x0 = blocks[blk] + model_layout_view(&l, blk, MODEL_ROLE_EXPERT_GATE_W)->offset;
+    const size_t S = model_layout_expert_stride(&l);
+    for (size_t e = 0; e < 8; e++)
+        for (size_t r = 0; r < (size_t)(2 * f); r++)
+            for (size_t k = 0; k < (size_t)h; k++) /* gate rows, then up rows: both [f, h] from the expert's start */
+                if (win[(e * 2 * f + r) * h + k] != x0[e * S + r * h + k]) fail_msg("input_linear[%zu][%zu][%zu]", e, r, k);
+    for (size_t e = 0; e < 8; e++)
+        for (size_t i = 0; i < (size_t)(h * f); i++) /* down after gate and up */
+            if (wout[e * h * f + i] != x0[e * S + 2 * f * h + i]) fail_msg("output_linear[%zu] element %zu", e, i);
+    free(win);
+    free(wout);
+    model_st_close(&sf);
+    model_layout wl;
+    assert_int_equal(model_layout_init_experts(&wl, &back, 2, 4), ZO_OK);
+    float **wb = calloc((size_t)wl.n_blocks, sizeof *wb);
+    assert_non_null(wb);
+    for (int b = 0; b < wl.n_blocks; b++) assert_non_null(wb[b] = calloc(wl.block_numel[b] + 1, sizeof(float)));
+    if (model_load_path(path, &wl, (void *const *)wb, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL))
+        fail_msg("%s", zo_last_error());
+    const float *w0 = wb[blk] + model_layout_view(&wl, blk, MODEL_ROLE_EXPERT_GATE_W)->offset;
+    assert_memory_equal(w0, x0 + 2 * S, 4 * S * sizeof(float));
+    /* a window is saved whole only (the gather's job): refused, naming the tensor */
+    snprintf(path, sizeof path, "%s/window.safetensors", tmpdir);
+    assert_int_equal(model_save(path, &wl, (const void *const *)wb, ZO_DTYPE_F32, ZO_DTYPE_F32), ZO_ERR_INVALID);
+    printf("  refused: %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), "input_linear.weight\" is written whole only"));
+    for (int b = 0; b < wl.n_blocks; b++) free(wb[b]);
+    free(wb);
+    model_layout_free(&wl);
+    for (int b = 0; b < l.n_blocks; b++) free(blocks[b]);
+    free(blocks);
     model_layout_free(&l);
     /* LoRA: the attention's four (all-linear is those); an MLP target is refused, naming why */
     zo_lora_config lc = {.r = 4, .alpha = 8.0f, .targets = ZO_LORA_ALL_LINEAR};
