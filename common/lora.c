@@ -110,6 +110,11 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
                         : zo_model_opt(cfg) || zo_model_phi(cfg) ? "fc1 and fc2"
                         : zo_model_gptj(cfg)                     ? "fc_in and fc_out"
                                                                  : "c_fc and c_proj");
+    if (zo_model_granitemoe(cfg) && (lc->targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN)) && !all)
+        return zo_error(ZO_ERR_INVALID,
+                        "LoRA: %s (Granite-MoE) adapts the attention's projections only (targets q, k, v, o; "
+                        "all-linear is those): its experts (block_sparse_moe.input_linear, output_linear) are "
+                        "not Linear modules PEFT adapts", cfg->name);
     return ZO_OK;
 }
 
@@ -152,8 +157,12 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         llama[LLAMA_DOWN],
     };
     /* a mixture of experts: the attention's, then the routed experts' (each
-     * module once per expert), then the shared expert's */
-    const int mixtral = !strcmp(c->family, "mixtral");
+     * module once per expert), then the shared expert's. Granite-MoE's
+     * attention's only: its experts are not Linear modules (PEFT's LoRA
+     * refuses ParallelExperts) and its router (router.layer, a Linear that
+     * PEFT's "all-linear" would reach) carries no adapters here, as no
+     * MoE router does */
+    const int mixtral = !strcmp(c->family, "mixtral"), granite = zo_model_granitemoe(c);
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
     /* the shared expert's paths (Qwen2-MoE's mlp.shared_expert, DeepSeek's mlp.shared_experts) */
@@ -239,7 +248,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
                    : is_phi ? sizeof phi / sizeof phi[0]
                    : is_gptj ? sizeof gptj / sizeof gptj[0]
                    : gpt2   ? sizeof gpt / sizeof gpt[0]
-                   : E     ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
+                   : E     ? (granite ? 4 : sizeof moe / sizeof moe[0] - (fs ? 0 : 3))
                    : fused ? sizeof phi3 / sizeof phi3[0]
                            : sizeof llama / sizeof llama[0];
     for (size_t i = 0; i < count; i++)

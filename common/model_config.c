@@ -48,6 +48,21 @@
  * 131072 positions, vocabulary 49155, tied; the embeddings times 12, the
  * scores times 1 / head_dim, each residual branch times 0.22, the logits
  * over `ls` (none of which changes a size). */
+/* Granite-MoE 3.0 (config.json of ibm-granite/granite-3.0-1b-a400m-base,
+ * -3b-a800m-base): Granite's layers and multipliers (embeddings times 12,
+ * scores times 1/64, each residual branch times 0.22, the logits over 6)
+ * with an MoE MLP of E experts of 512 (8 a token, softmax over the chosen),
+ * GQA of 8 kv heads, rms_norm_eps 1e-6, rope_theta 1e4, 4096 positions,
+ * vocabulary 49155, tied; router_aux_loss_coef 0. */
+#define GRANITEMOE(n, L, h, a, E)                                                         \
+    {n, "",                                                                               \
+     {.name = n, .family = "granitemoe", .arch = ZO_ARCH_LLAMA, .n_layers = L,           \
+      .hidden = h, .n_heads = a, .n_kv_heads = 8, .head_dim = (h) / (a), .ffn = 512,     \
+      .vocab = 49155, .max_seq = 4096, .tied_embeddings = 1, .norm_eps = 1e-6f,          \
+      .rope_theta = 10000.0f, .act = "silu", .embed_mult = 12.0f,                        \
+      .attn_mult = (float)(a) / (float)(h), .resid_mult = 0.22f, .logit_div = 6.0f,      \
+      .moe = {.experts = E, .top_k = 8, .expert_ffn = 512, .norm_topk = 1}}}
+
 #define GRANITE(n, L, h, a, kv, f, ls)                                                    \
     {n, "",                                                                               \
      {.name = n, .family = "granite", .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h, \
@@ -265,6 +280,8 @@ static const zo_model_preset presets[] = {
     GEMMA3("gemma-3-27b", 62, 5376, 32, 16, 128, 21504, 168, 262208, 131072, 1024, "linear", 8.0f),
     GRANITE("granite-3.1-2b", 40, 2048, 32, 8, 8192, 8.0f),
     GRANITE("granite-3.1-8b", 40, 4096, 32, 8, 12800, 16.0f),
+    GRANITEMOE("granite-3.0-1b-a400m", 24, 1024, 16, 32),
+    GRANITEMOE("granite-3.0-3b-a800m", 32, 1536, 24, 40),
     COHERE("c4ai-command-r-v01", 40, 8192, 64, 64, 22528, 8e6f, 0.0625f),
     COHERE("aya-23-8b", 32, 4096, 32, 8, 14336, 10000.0f, 0.125f),
     QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1),
@@ -1179,7 +1196,7 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
         if (!r->st && !(c->rope_local_theta > 0.0f))
             hf_fail(r, ZO_ERR_FORMAT, "rope_local_base_freq", "must be > 0 (got %g)", c->rope_local_theta);
     }
-    if (!strcmp(f->type, "granite")) {
+    if (!strcmp(f->type, "granite") || !strcmp(f->type, "granitemoe")) {
         /* the embeddings, the score scale (in place of 1/sqrt(head_dim)), each
          * residual branch and the logits (divided): no size changes */
         c->embed_mult = hf_multiplier(r, "embedding_multiplier");
@@ -1205,6 +1222,7 @@ int zo_model_opt(const zo_model_config *c) { return !strcmp(c->family, "opt"); }
 int zo_model_phi(const zo_model_config *c) { return !strcmp(c->family, "phi"); }
 int zo_model_gptj(const zo_model_config *c) { return !strcmp(c->family, "gptj"); }
 int zo_model_cohere(const zo_model_config *c) { return !strcmp(c->family, "cohere"); }
+int zo_model_granitemoe(const zo_model_config *c) { return !strcmp(c->family, "granitemoe"); }
 int zo_model_rot_interleaved(const zo_model_config *c) { return zo_model_gptj(c) || zo_model_cohere(c); }
 
 int zo_model_rope_dim(const zo_model_config *c)
@@ -1225,6 +1243,14 @@ static void hf_router_training(hf *r, zo_model_config *c)
                 "router jitter is not modelled (only 0)");
 }
 
+/* Mixtral, and Granite-MoE (Granite's layers, whose multipliers parse_llama
+ * reads, with Mixtral's MoE MLP: num_local_experts experts of
+ * intermediate_size, their gate|up rows fused in input_linear and their
+ * down in output_linear (model/layout.c); num_experts_per_tok a token,
+ * weighted by a softmax over the chosen logits, which is the softmax
+ * renormalized over the chosen; the balance loss as Mixtral's). Their
+ * defaults: 8 experts, 2 a token; Mixtral 8 kv heads, Granite-MoE every
+ * head (the family table). */
 static void parse_mixtral(hf *r, zo_model_config *c, const family *f)
 {
     parse_llama(r, c, f);
@@ -1535,6 +1561,10 @@ static const family families[] = {
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
      "num_local_experts", 1},
+    {"granitemoe", "GraniteMoeForCausalLM", parse_mixtral,
+     "Granite-MoE (Granite 3.0/3.1 a400m, a800m): Granite's multipliers on Mixtral's MoE MLP, the "
+     "experts stored fused (block_sparse_moe.input_linear, output_linear)", 0, 0, 0,
+     "num_local_experts", 1},
     {"qwen2_moe", "Qwen2MoeForCausalLM", parse_qwen_moe,
      "Qwen1.5-MoE / Qwen2-MoE: Qwen2 attention, routed experts + a gated shared expert", 0, 16,
      0, MOE_KEYS ",shared_expert_intermediate_size", 1},
@@ -1592,9 +1622,6 @@ static const family families[] = {
     {"qwen3_next", NULL, NULL, "hybrid linear / full attention layers", 0, 0, 0, NULL, 0},
     {"phimoe", "PhiMoEForCausalLM", NULL,
      "Phi-3.5-MoE: LayerNorm, biased attention output and output layer", 0, 0, 0, NULL, 0},
-    {"granitemoe", "GraniteMoeForCausalLM", NULL,
-     "Granite-MoE: Granite's multipliers on mixture-of-experts layers whose experts are stored fused "
-     "(block_sparse_moe.input_linear, output_linear)", 0, 0, 0, NULL, 0},
     {"phi3small", NULL, NULL, "Phi-3-small: block-sparse attention and its own MLP", 0, 0, 0,
      NULL, 0},
     {"llama4", NULL, NULL, "multimodal with interleaved MoE layers", 0, 0, 0, NULL, 0},

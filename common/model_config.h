@@ -221,6 +221,9 @@ int zo_model_gptj(const zo_model_config *c);
  * rotary over the whole head with its pairs interleaved in the file, the
  * logits times logit_scale (logit_div its inverse), tied. */
 int zo_model_cohere(const zo_model_config *c);
+/* Granite-MoE: Granite's multipliers on Mixtral's MoE layers, its experts
+ * stored fused (model/layout.c). */
+int zo_model_granitemoe(const zo_model_config *c);
 /* The families whose files interleave each head's rotary pairs (dims 2i,
  * 2i + 1 turn together): GPT-J and Cohere. Their q and k rows are held in
  * the kernels' halves order (model_tensor.hf_rope_rows). */

@@ -380,14 +380,16 @@ static zo_status remove_other_form(const char *dir, int sharded)
 /* ---- the weights ------------------------------------------------------------------------ */
 
 /* Tensors into shards of at most max bytes each, in order (a tensor larger
- * than max alone): shard[i] = the first tensor of shard i, n shards. */
+ * than max alone; the slices of fused tensors, a run of them, together):
+ * shard[i] = the first tensor of shard i, n shards. */
 static int plan_shards(const model_layout *l, uint64_t es, uint64_t max, int *first)
 {
     int n = 0;
     uint64_t in = 0;
     for (int i = 0; i < l->n_tensors; i++) {
         uint64_t b = l->tensors[i].numel * es;
-        if (i == 0 || (in > 0 && in + b > max)) {
+        int inside = i > 0 && l->tensors[i].hf_fused[0] && l->tensors[i - 1].hf_fused[0];
+        if (i == 0 || (in > 0 && in + b > max && !inside)) {
             first[n++] = i;
             in = 0;
         }
@@ -410,7 +412,8 @@ static zo_status write_index(const model_hf_folder *f, const int *first, int n)
         for (int i = first[s]; i < first[s + 1]; i++) {
             char shard[64];
             snprintf(shard, sizeof shard, "model-%05d-of-%05d.safetensors", s + 1, n);
-            cJSON_AddStringToObject(map, f->l->tensors[i].name, shard);
+            if (!model_tensor_fused_rest(&f->l->tensors[i])) /* (a fused tensor: one name) */
+                cJSON_AddStringToObject(map, f->l->tensors[i].name, shard);
             total += f->l->tensors[i].numel * es;
         }
     cJSON_AddNumberToObject(meta, "total_size", (double)total);

@@ -195,6 +195,34 @@ static void llama_mlp(builder *b, int i)
     if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
 }
 
+/* Granite-MoE's router and experts (layer i): the file fuses each
+ * projection over the experts, input_linear [E, 2 fe, h] (expert e's gate
+ * rows, then its up rows: chunk(2) of its output, the first activated) and
+ * output_linear [E, h, fe]; ours are Mixtral's per-expert gate, up and down,
+ * each a contiguous slice of the fused tensor (hf_fused), read from it at
+ * load and written into it at save. */
+static void granitemoe_experts(builder *b, int i)
+{
+    const zo_model_config *c = &b->l->cfg;
+    const int64_t h = c->hidden, fe = c->moe.expert_ffn, E = c->moe.experts;
+    add(b, MODEL_ROLE_ROUTER_W, 0, E, h, "model.layers.%d.block_sparse_moe.router.layer.weight", i);
+    for (int e = b->l->expert_first; e < b->l->expert_first + b->l->expert_count; e++) {
+        static const model_role roles[3] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W,
+                                            MODEL_ROLE_EXPERT_DOWN_W};
+        for (int k = 0; k < 3; k++) {
+            int down = k == 2;
+            add(b, roles[k], 0, down ? h : fe, down ? fe : h, "model.layers.%d.block_sparse_moe.%s.weight", i,
+                down ? "output_linear" : "input_linear");
+            if (b->st != ZO_OK) return;
+            model_tensor *t = &b->l->tensors[b->l->n_tensors - 1];
+            t->hf_fused[0] = E;
+            t->hf_fused[1] = down ? h : 2 * fe;
+            t->hf_fused[2] = down ? fe : h;
+            t->hf_fused_at = (size_t)(e * t->hf_fused[1] * t->hf_fused[2] + (k == 1 ? fe * h : 0));
+        }
+    }
+}
+
 /* The MLP of an MoE layer (Mixtral's block_sparse_moe, Qwen2-MoE's and
  * DeepSeek's mlp): the router, the experts (gate, up, down each), the
  * shared expert(s) and Qwen2-MoE's gate on them. The EXPERT_* views are expert 0's. */
@@ -202,11 +230,16 @@ static void moe_layer(builder *b, int i)
 {
     const zo_model_config *c = &b->l->cfg;
     const int64_t h = c->hidden, fe = c->moe.expert_ffn, fs = c->moe.shared_ffn;
-    const int mixtral = !strcmp(c->family, "mixtral");
+    const int mixtral = !strcmp(c->family, "mixtral"), granite = zo_model_granitemoe(c);
     const char *p = "model.layers", *m = mixtral ? "block_sparse_moe" : "mlp";
-    add(b, MODEL_ROLE_ROUTER_W, 0, c->moe.experts, h, "%s.%d.%s.gate.weight", p, i, m);
     int first = b->l->n_tensors;
-    for (int e = b->l->expert_first; e < b->l->expert_first + b->l->expert_count; e++) {
+    if (granite) {
+        granitemoe_experts(b, i);
+    } else {
+        add(b, MODEL_ROLE_ROUTER_W, 0, c->moe.experts, h, "%s.%d.%s.gate.weight", p, i, m);
+        first = b->l->n_tensors;
+    }
+    for (int e = b->l->expert_first; !granite && e < b->l->expert_first + b->l->expert_count; e++) {
         add(b, MODEL_ROLE_EXPERT_GATE_W, 0, fe, h, "%s.%d.%s.experts.%d.%s.weight", p, i, m, e,
             mixtral ? "w1" : "gate_proj");
         add(b, MODEL_ROLE_EXPERT_UP_W, 0, fe, h, "%s.%d.%s.experts.%d.%s.weight", p, i, m, e,
@@ -215,6 +248,7 @@ static void moe_layer(builder *b, int i)
             mixtral ? "w2" : "down_proj");
     }
     if (b->st != ZO_OK) return;
+    if (granite) first++; /* (after the router) */
     /* the views are expert 0's (add left the last expert's) */
     for (int k = 0; k < 3; k++) {
         const model_tensor *t = &b->l->tensors[first + k];

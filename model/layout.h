@@ -76,7 +76,9 @@ typedef enum model_role {
      * 0's; expert e's are model_layout_expert_offset further), then
      * Qwen2-MoE's shared expert as the MLP_* roles (its width shared_ffn)
      * and its sigmoid gate */
-    MODEL_ROLE_ROUTER_W,      /* [experts, h] block_sparse_moe.gate.weight / mlp.gate.weight */
+    MODEL_ROLE_ROUTER_W,      /* [experts, h] block_sparse_moe.gate.weight / mlp.gate.weight
+                                 (Granite-MoE: block_sparse_moe.router.layer.weight; its
+                                 experts' slices of input_linear and output_linear: hf_fused) */
     MODEL_ROLE_EXPERT_GATE_W, /* [expert_ffn, h] experts.0.w1.weight / experts.0.gate_proj.weight */
     MODEL_ROLE_EXPERT_UP_W,   /* [expert_ffn, h] experts.0.w3.weight / experts.0.up_proj.weight */
     MODEL_ROLE_EXPERT_DOWN_W, /* [h, expert_ffn] experts.0.w2.weight / experts.0.down_proj.weight */
@@ -134,6 +136,14 @@ typedef struct model_tensor {
                                        * 2 + i), as the rotate-half kernels pair them (q.k is
                                        * unchanged when q and k are permuted alike), then the
                                        * run's other rows in order. 0: the same rows */
+    int64_t hf_fused[3];              /* a slice of a tensor that the file stores fused over the
+                                       * experts (Granite-MoE's input_linear [E, 2 ffn, h], whose
+                                       * rows [0, ffn) of expert e are its gate and [ffn, 2 ffn) its
+                                       * up, and output_linear [E, h, ffn]): that tensor's shape,
+                                       * every slice of it under its name; hf_fused_at its first
+                                       * element (each slice is a contiguous run of the file's).
+                                       * [0] 0: a tensor of its own */
+    size_t hf_fused_at;
     int lora;                         /* in a LoRA adapter layout (model/lora.h): MODEL_LORA_A
                                        * or MODEL_LORA_B, role then names the adapted weight;
                                        * 0 in a model's layout */
@@ -178,6 +188,10 @@ void model_layout_free(model_layout *l);
 /* Elements from expert e's tensor of an MoE role (EXPERT_*) to expert
  * e + 1's: the experts are laid out one after another, gate, up, down. */
 size_t model_layout_expert_stride(const model_layout *l);
+
+/* Whether t is a slice of a fused file tensor other than its first (its
+ * elements are written with the first's: the file holds one tensor). */
+static inline int model_tensor_fused_rest(const model_tensor *t) { return t->hf_fused[0] && t->hf_fused_at; }
 
 /* Marks t (GPT-NeoX's or Falcon's query_key_value weight or bias, or its
  * lora_B) as grouped per kv head in the file: hf_head_rows, hf_head_groups

@@ -291,7 +291,9 @@ static zo_status module_bits(const char *path, const zo_model_config *cfg, const
                             mods[i].experts ? mods[i].path : "", mods[i].peft);
     if (*bits) return ZO_OK;
     if (cfg->moe.experts) {
-        const char *router = !strcmp(cfg->family, "mixtral") ? "block_sparse_moe.gate" : "mlp.gate";
+        const char *router = !strcmp(cfg->family, "mixtral")  ? "block_sparse_moe.gate"
+                             : zo_model_granitemoe(cfg)          ? "block_sparse_moe.router.layer"
+                                                                 : "mlp.gate";
         if (entry_matches(router, entry) || entry_matches("mlp.shared_expert_gate", entry))
             return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"target_modules\": \"%s\" is the router of a "
                             "mixture-of-experts layer (%s, shared_expert_gate), which carries no adapters here: "

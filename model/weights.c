@@ -235,23 +235,39 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
         }
         const model_st_file *f = &c->files[e->file];
         const model_st_tensor *s = e->tensor;
-        /* the shape the checkpoint must have: Conv1D weights are [in, out] */
-        int64_t want[2] = {t->shape[0], t->shape[1]};
+        /* the shape the checkpoint must have: Conv1D weights are [in, out];
+         * a slice of a fused tensor the whole one's */
+        int64_t want[3] = {t->shape[0], t->shape[1], 0};
+        int want_ndim = t->ndim;
         if (t->hf_transposed) {
             want[0] = t->shape[1];
             want[1] = t->shape[0];
         }
-        int same = s->ndim == t->ndim;
-        for (int d = 0; same && d < t->ndim; d++) same = s->shape[d] == want[d];
+        if (t->hf_fused[0]) {
+            memcpy(want, t->hf_fused, sizeof want);
+            want_ndim = 3;
+        }
+        int same = s->ndim == want_ndim;
+        for (int d = 0; same && d < want_ndim; d++) same = s->shape[d] == want[d];
         if (!same) {
             char got_s[128], want_s[64];
             shape_str(got_s, sizeof got_s, s->ndim, s->shape);
-            shape_str(want_s, sizeof want_s, t->ndim, want);
+            shape_str(want_s, sizeof want_s, want_ndim, want);
             return zo_error(ZO_ERR_FORMAT,
                             "%s: tensor \"%s\": shape %s in the file, the model (%s) expects %s",
                             f->path, s->name, got_s, l->cfg.name, want_s);
         }
         uint8_t *dst = (uint8_t *)buf + t->offset * esz;
+        model_st_tensor part;
+        if (t->hf_fused[0]) { /* its run of the fused tensor's elements, read as a tensor */
+            part = *s;
+            part.begin = s->begin + t->hf_fused_at * s->elem_size;
+            part.end = part.begin + t->numel * s->elem_size;
+            part.ndim = 1;
+            part.shape[0] = (int64_t)t->numel;
+            part.numel = t->numel;
+            s = &part;
+        }
         zo_status st = model_st_read(f, s, dst, dt, t->hf_transposed);
         if (st) return st;
         /* inf or nan in a weight makes every loss nan: refused, named (before
@@ -260,6 +276,7 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
         if (bad < t->numel) {
             /* the element as the file numbers it ([in, out] for a Conv1D weight) */
             size_t in = (size_t)t->shape[1], at = t->hf_transposed ? (bad % in) * (size_t)t->shape[0] + bad / in : bad;
+            at += t->hf_fused_at;
             return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g: weights must be finite",
                             f->path, s->name, at, (double)zo_load_f32(dst, dt, bad));
         }
@@ -351,17 +368,40 @@ typedef struct stream_ctx stream_ctx;
 
 typedef struct save_ctx {
     const model_layout *l;
-    int first;              /* the tensor of entry 0 (a range of the layout's tensors) */
+    const int *tix;         /* [entries] the layout tensor of each entry (a fused one's first slice) */
     const void *const *blocks;
     zo_dtype buf_dt, file_dt;
     stream_ctx *stream;     /* model_save_streamed: blocks come through it */
 } save_ctx;
 
+/* Elements [first, first + count) of the fused tensor whose first slice is
+ * tensor i: its slices' parts in that range (every slice lies in i's block,
+ * after it). */
+static zo_status fused_fill(const save_ctx *x, int i, uint64_t first, uint64_t count, void *dst)
+{
+    const model_layout *l = x->l;
+    const model_tensor *t0 = &l->tensors[i];
+    size_t bsz = zo_dtype_size(x->buf_dt), fsz = zo_dtype_size(x->file_dt);
+    for (int j = i; j < l->n_tensors && l->tensors[j].block == t0->block; j++) {
+        const model_tensor *t = &l->tensors[j];
+        if (strcmp(t->name, t0->name)) continue;
+        uint64_t a = t->hf_fused_at > first ? t->hf_fused_at : first;
+        uint64_t b = t->hf_fused_at + t->numel < first + count ? t->hf_fused_at + t->numel : first + count;
+        if (a >= b) continue;
+        const uint8_t *src = (const uint8_t *)x->blocks[t->block] + (t->offset + (a - t->hf_fused_at)) * bsz;
+        zo_status st = model_io_convert_rows((uint8_t *)dst + (a - first) * fsz, x->file_dt, src, x->buf_dt, 1,
+                                             (size_t)(b - a), 0, 0);
+        if (st != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
 /* Elements [first, first + count) of tensor `index` in its file layout. */
 static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count, void *dst)
 {
     const save_ctx *x = vctx;
-    const model_tensor *t = &x->l->tensors[x->first + index];
+    const model_tensor *t = &x->l->tensors[x->tix[index]];
+    if (t->hf_fused[0]) return fused_fill(x, x->tix[index], first, count, dst);
     size_t bsz = zo_dtype_size(x->buf_dt), fsz = zo_dtype_size(x->file_dt);
     const uint8_t *src = (const uint8_t *)x->blocks[t->block] + t->offset * bsz;
     if (t->hf_head_rows || t->hf_rope_rows) {
@@ -402,23 +442,59 @@ typedef struct stream_ctx {
     int block;
 } stream_ctx;
 
-/* Entries of the layout's tensors [first, first + n) in its (block) order. */
-static model_st_entry *save_entries(const char *path, const model_layout *l, int first, int n, zo_dtype file_dt)
+/* Entries of the layout's tensors [first, first + n) in its (block) order,
+ * *count of them: a fused tensor's slices are one entry, at its first
+ * (*tix: each entry's tensor). A fused tensor must be whole in the range
+ * and the layout (no expert window). */
+static zo_status save_entries(const char *path, const model_layout *l, int first, int n, zo_dtype file_dt,
+                              model_st_entry **out, int **tix, int *count)
 {
     model_st_entry *e = calloc(n ? (size_t)n : 1, sizeof *e);
-    if (!e) {
-        zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d entries", path, n);
-        return NULL;
+    *out = NULL;
+    *tix = calloc(n ? (size_t)n : 1, sizeof **tix);
+    if (!e || !*tix) {
+        free(e);
+        free(*tix);
+        *tix = NULL;
+        return zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d entries", path, n);
     }
+    int k = 0;
     for (int i = 0; i < n; i++) {
         const model_tensor *t = &l->tensors[first + i];
-        e[i].name = t->name;
-        e[i].dtype = file_dt;
-        e[i].ndim = t->ndim;
-        e[i].shape[0] = t->hf_transposed ? t->shape[1] : t->shape[0];
-        e[i].shape[1] = t->hf_transposed ? t->shape[0] : t->shape[1];
+        if (t->hf_fused[0]) {
+            /* the slices in the range (its block's, around i) cover it whole */
+            uint64_t got = 0, whole = (uint64_t)t->hf_fused[0] * (uint64_t)t->hf_fused[1] * (uint64_t)t->hf_fused[2];
+            int head = 0, j0 = i, j1 = i;
+            while (j0 > 0 && l->tensors[first + j0 - 1].block == t->block) j0--;
+            while (j1 + 1 < n && l->tensors[first + j1 + 1].block == t->block) j1++;
+            for (int j = j0; j <= j1; j++) {
+                const model_tensor *u = &l->tensors[first + j];
+                if (strcmp(u->name, t->name)) continue;
+                got += u->numel;
+                head |= !model_tensor_fused_rest(u);
+            }
+            if (got != whole || !head) {
+                free(e);
+                free(*tix);
+                *tix = NULL;
+                return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\" is written whole only (every expert's "
+                                "slice, in one file)", path, t->name);
+            }
+            if (model_tensor_fused_rest(t)) continue;
+            e[k].ndim = 3;
+            memcpy(e[k].shape, t->hf_fused, sizeof t->hf_fused);
+        } else {
+            e[k].ndim = t->ndim;
+            e[k].shape[0] = t->hf_transposed ? t->shape[1] : t->shape[0];
+            e[k].shape[1] = t->hf_transposed ? t->shape[0] : t->shape[1];
+        }
+        e[k].name = t->name;
+        e[k].dtype = file_dt;
+        (*tix)[k++] = first + i;
     }
-    return e;
+    *count = k;
+    *out = e;
+    return ZO_OK;
 }
 
 zo_status model_save(const char *path, const model_layout *l, const void *const *blocks,
@@ -428,17 +504,20 @@ zo_status model_save(const char *path, const model_layout *l, const void *const 
         return zo_error(ZO_ERR_INVALID, "%s: bad dtype", path);
     for (int b = 0; b < l->n_blocks; b++)
         if (!blocks[b]) return zo_error(ZO_ERR_INVALID, "%s: block %d has no buffer", path, b);
-    model_st_entry *e = save_entries(path, l, 0, l->n_tensors, file_dt);
-    if (!e) return ZO_ERR_NOMEM;
+    model_st_entry *e;
+    int *tix, n;
+    zo_status st = save_entries(path, l, 0, l->n_tensors, file_dt, &e, &tix, &n);
+    if (st != ZO_OK) return st;
     size_t bsz = zo_dtype_size(buf_dt);
-    for (int i = 0; i < l->n_tensors; i++) {
-        const model_tensor *t = &l->tensors[i];
-        if (!t->hf_transposed && !t->hf_head_rows && !t->hf_rope_rows && buf_dt == file_dt)
+    for (int i = 0; i < n; i++) {
+        const model_tensor *t = &l->tensors[tix[i]];
+        if (!t->hf_transposed && !t->hf_head_rows && !t->hf_rope_rows && !t->hf_fused[0] && buf_dt == file_dt)
             e[i].data = (const uint8_t *)blocks[t->block] + t->offset * bsz;
     }
-    save_ctx x = {.l = l, .blocks = blocks, .buf_dt = buf_dt, .file_dt = file_dt};
-    zo_status st = model_st_write(path, e, l->n_tensors, save_fill, &x);
+    save_ctx x = {.l = l, .tix = tix, .blocks = blocks, .buf_dt = buf_dt, .file_dt = file_dt};
+    st = model_st_write(path, e, n, save_fill, &x);
     free(e);
+    free(tix);
     return st;
 }
 
@@ -446,7 +525,7 @@ static zo_status stream_fill(void *vctx, int index, uint64_t first, uint64_t cou
 {
     save_ctx *x = vctx;
     stream_ctx *sc = x->stream;
-    int b = x->l->tensors[x->first + index].block;
+    int b = x->l->tensors[x->tix[index]].block;
     if (sc->block != b) {
         zo_status st = sc->read(sc->ctx, b, sc->buf);
         sc->block = st == ZO_OK ? b : -1;
@@ -473,17 +552,20 @@ zo_status model_save_streamed_range(const char *path, const model_layout *l, int
     stream_ctx sc = {.read = read, .ctx = ctx, .buf = malloc(largest * sizeof(float)), .block = -1};
     /* every block is read into the one buffer: save_fill finds it there */
     const void **blocks = calloc((size_t)l->n_blocks, sizeof *blocks);
-    model_st_entry *e = save_entries(path, l, first, n, file_dt);
-    zo_status st = ZO_OK;
-    if (!sc.buf || !blocks || !e) {
+    model_st_entry *e = NULL;
+    int *tix = NULL, count = 0;
+    zo_status st = save_entries(path, l, first, n, file_dt, &e, &tix, &count);
+    if (st != ZO_OK) goto out_free;
+    if (!sc.buf || !blocks) {
         st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate a block of %zu floats", path, largest);
         goto out_free;
     }
     for (int b = 0; b < l->n_blocks; b++) blocks[b] = sc.buf;
-    save_ctx x = {.l = l, .first = first, .blocks = blocks, .buf_dt = ZO_DTYPE_F32, .file_dt = file_dt, .stream = &sc};
-    st = model_st_write(path, e, n, stream_fill, &x);
+    save_ctx x = {.l = l, .tix = tix, .blocks = blocks, .buf_dt = ZO_DTYPE_F32, .file_dt = file_dt, .stream = &sc};
+    st = model_st_write(path, e, count, stream_fill, &x);
 out_free:
     free(e);
+    free(tix);
     free(blocks);
     free(sc.buf);
     return st;

@@ -8,13 +8,13 @@ int cmd_models(void)
 {
     size_t n;
     const zo_model_preset *p = zo_model_presets(&n);
-    printf("%-16s %-6s %6s %7s %6s %5s %7s %7s %6s %18s\n", "name", "arch", "layers", "hidden",
+    printf("%-20s %-6s %6s %7s %6s %5s %7s %7s %6s %18s\n", "name", "arch", "layers", "hidden",
            "heads", "kv", "ffn", "vocab", "seq", "params");
     for (size_t i = 0; i < n; i++) {
         const zo_model_config *c = &p[i].cfg;
         char cnt[32];
         uint64_t np = zo_model_params(c);
-        printf("%-16s %-6s %6d %7d %6d %5d %7d %7d %6d %18llu (%s)\n", p[i].name,
+        printf("%-20s %-6s %6d %7d %6d %5d %7d %7d %6d %18llu (%s)\n", p[i].name,
                zo_arch_name(c->arch), c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->ffn,
                c->vocab, c->max_seq, (unsigned long long)np, zo_format_count(np, cnt, sizeof cnt));
     }

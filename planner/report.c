@@ -527,17 +527,19 @@ void plan_report_runtime_note(FILE *out, plan_runtime r)
 }
 
 /* LoRA / QLoRA: the adapters, what they train and where the base lives. */
-static void print_method(FILE *out, const plan_train *t, const plan_estimate *e, int moe)
+static void print_method(FILE *out, const plan_train *t, const plan_estimate *e, const zo_model_config *m)
 {
     char tg[64], tr[32], nf[32];
+    const int moe = m->moe.experts > 0, mlp = (t->lora.targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN)) != 0;
     fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, %s)\n",
             t->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", t->lora.r, (double)t->lora.alpha,
             zo_lora_targets_str(t->lora.targets, tg, sizeof tg),
             group_digits(e->trainable, tr, sizeof tr),
             100.0 * (double)e->trainable / (double)e->params,
-            moe && (t->lora.targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN))
-                ? "the MLP targets on every expert; the router not adapted"
-                : "as PEFT counts them");
+            moe && mlp && zo_model_granitemoe(m)
+                ? "the attention's targets: Granite-MoE's experts are not Linear modules PEFT adapts"
+            : moe && mlp ? "the MLP targets on every expert; the router not adapted"
+                         : "as PEFT counts them");
     if (t->method == ZO_PLAN_QLORA)
         fprintf(out, "    frozen base: the layers' linear weights in NF4 with double quantization "
                      "(%s), embeddings, head and norms in %s\n",
@@ -612,7 +614,7 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
 {
     print_config(out, m, hw, t, e);
     plan_report_runtime(out, m, e, t);
-    if (t->method != ZO_PLAN_FULL) print_method(out, t, e, m->moe.experts > 0);
+    if (t->method != ZO_PLAN_FULL) print_method(out, t, e, m);
     if (t->pp > 1)
         fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",
                 e->stage);

@@ -6,7 +6,8 @@ tied head, Qwen3 with its RMSNorm on each q and k head, GPT-NeoX with its per-he
 query_key_value, partial rotary and parallel or sequential residual, Falcon multi-query with one
 norm, with grouped kv heads and two norms, or sequential, Falcon-RW with its ALiBi in bfloat16, OPT with its ReLU and its position table read
 from row 2, Phi-2's kind with its partial rotary and its biased output layer, GPT-J with its rotary pairs
-interleaved over part of each head, Granite with its four multipliers), a small model with the family's
+interleaved over part of each head, Granite with its four multipliers, Granite-MoE with them on fused
+experts), a small model with the family's
 real head size (GPT-2, OPT, GPT-J and Granite 64, Phi 80, the others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
@@ -402,6 +403,24 @@ FAMILIES["granite"] = dict(
     run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
     lora=dict(r=8, alpha=16.0, targets="q_proj,v_proj,o_proj,gate_proj,down_proj", lr=2e-2),
     qlora=True, loss_chunk=96)
+# Granite-MoE (GraniteMoeForCausalLM, granite-3.0/3.1 a400m and a800m's kind): Granite's layers (heads of
+# 64, GQA, tied, the four multipliers far from 1) with Mixtral's routing over 4 experts, 2 a token, the
+# experts fused in the file (input_linear [E, 2 f, h]: each expert's gate rows then its up rows;
+# output_linear [E, h, f]) and the router a Linear of its own (router.layer); the balance loss on. LoRA
+# on the attention's projections (PEFT adapts no ParallelExperts: they are not Linear modules), o_proj
+# ending a branch, and QLoRA (every expert's base in NF4)
+FAMILIES["granitemoe"] = dict(
+    seed=67,
+    config={"architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe", "num_hidden_layers": 2,
+            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 96, "num_local_experts": 4, "num_experts_per_tok": 2,
+            "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False, "attention_dropout": 0.0,
+            "embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+            "logits_scaling": 8.0, "output_router_logits": True, "router_aux_loss_coef": 0.02,
+            "tie_word_embeddings": True, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=70, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+    lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,o_proj", lr=1e-2))
 # Cohere (CohereForCausalLM, Command-R's and Aya's kind): 4 heads of 64 over 2 kv heads, one LayerNorm
 # without a bias before the parallel attention and MLP, rotary over the whole head with its pairs
 # interleaved (the runtime holds q_proj's and k_proj's rows reordered, so the file's order shows in
@@ -528,7 +547,7 @@ def sparse(name):
 # ---- the PyTorch side -----------------------------------------------------------------------
 
 def is_moe(c):
-    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2")
+    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "granitemoe")
 
 
 def deepseek(c):
@@ -558,7 +577,7 @@ def moe_names(c):
 
 def moe_shape(c):
     """Experts, experts per token, an expert's width, the shared expert's (0: none)."""
-    if c["model_type"] == "mixtral":
+    if c["model_type"] in ("mixtral", "granitemoe"):
         return c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], 0
     if deepseek(c):
         f = c["moe_intermediate_size"]
@@ -570,6 +589,8 @@ def moe_shape(c):
 def moe_params(c, g):
     """A LLaMA model's attention (q/k/v biases for Qwen2-MoE, q/k norms for Qwen3-MoE) with an MoE
     MLP in every layer."""
+    if c["model_type"] == "granitemoe":  # the experts fused over the experts, as its checkpoints
+        return mf.granitemoe_params(c, g, std=1.0)
     base = dict(c, model_type={"qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}.get(c["model_type"], "llama"))
     p = {k: v for k, v in mf.llama_params(base, g, std=1.0).items()
          if (".mlp." not in k or dense_layer(c, int(k.split(".")[2]))) and not (mla(c) and ".self_attn." in k)}
@@ -666,8 +687,25 @@ def moe_mlp(c, p, m, x):
     return out.view(b, t, h), logits
 
 
+def note_routing(logits, sel, k):
+    """The smallest gap between a token's k-th and (k+1)-th router probability (MIN_GAP) and the
+    experts chosen (ROUTED) of one routing: logits [tokens, E], sel its top k."""
+    if k < logits.shape[1]:
+        with torch.no_grad():
+            top = torch.topk(torch.softmax(logits, dim=1), k + 1, dim=-1).values
+            MIN_GAP[0] = min(MIN_GAP[0], ((top[:, k - 1] - top[:, k]) / top[:, k - 1]).min().item())
+    if ROUTED[0] is not None:
+        ROUTED[0].append(len(set(sel.flatten().tolist())))
+
+
 def moe_forward(c, p, idx):
-    """mf.llama_forward's layers with the MoE MLP; the logits and every layer's router logits."""
+    """mf.llama_forward's layers with the MoE MLP; the logits and every layer's router logits.
+    Granite-MoE: make_fixtures' granitemoe_forward (its fused experts, its multipliers)."""
+    if c["model_type"] == "granitemoe":
+        routers = []
+        logits = mf.granitemoe_forward(c, p, idx, routers,
+                                       lambda r, sel: note_routing(r, sel, c["num_experts_per_tok"]))
+        return logits, routers
     nh = c["num_attention_heads"]
     # (latent attention turns its qk_rope_head_dim dims in mf.mla_attention, not with these)
     d, eps = c["qk_rope_head_dim"] if mla(c) else mf.head_dim(c), c["rms_norm_eps"]
@@ -1048,9 +1086,9 @@ def check_family(train, name, workdir):
                 "gemma3_text": {"rope_local_base_freq": c.get("rope_theta"), "rope_scaling": None}}
     if c["model_type"] in ("gpt_neox", "falcon") and c.get("rope_scaling"):
         variants[c["model_type"]] = {"rope_scaling": None}
-    if c["model_type"] == "granite":  # each multiplier at GraniteConfig's default
-        variants["granite"] = {k: 1.0 for k in ("embedding_multiplier", "attention_multiplier",
-                                                "residual_multiplier", "logits_scaling")}
+    if c["model_type"] in ("granite", "granitemoe"):  # each multiplier at GraniteConfig's default
+        variants[c["model_type"]] = {k: 1.0 for k in ("embedding_multiplier", "attention_multiplier",
+                                                      "residual_multiplier", "logits_scaling")}
     if c["model_type"] == "cohere":  # the logits unscaled
         variants["cohere"] = {"logit_scale": 1.0}
     for key, other in variants.get(c["model_type"], {}).items():
@@ -1094,6 +1132,12 @@ def check_family(train, name, workdir):
         ck.fact(f"the reference's expert choices clear of ties (smallest gap {MIN_GAP[0]:.1e} > {TIE_GAP:.0e})",
                 MIN_GAP[0] > TIE_GAP)
         check_untouched(ck, name, "tensors")
+    if c["model_type"] == "granitemoe":
+        # its experts are one tensor: PyTorch's AdamW steps an expert no token chose (decay), train
+        # leaves it (as an expert of its own): the data must route every forward to every expert
+        E = moe_shape(c)[0]
+        ck.fact(f"every training forward routes to all {E} experts in each layer ({TRAIN_ROUTED[0]})",
+                all(r == E for r in TRAIN_ROUTED[0]))
     sdir = os.path.join(d, "saved")
     shard = 4 * sum(v.numel() for v in params.values()) // 3  # below the model: shards and an index
     got_l, got_n, got_ev, t_train, cmd = run_train(train, d, run, ["--save", sdir, "--max-shard-size", str(shard)])

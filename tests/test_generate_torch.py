@@ -257,6 +257,16 @@ FAMILIES["granite"] = dict(
                 eos_token_id=127, tie_word_embeddings=False),
     lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+# Granite-MoE (granite-3.0/3.1 a400m and a800m's kind): test_e2e_torch's model with 4 layers and 8
+# experts of 64 (2 a token), its experts fused in the file, the multipliers on; its own lm_head as
+# Granite's here; LoRA on the attention's four projections (PEFT adapts no ParallelExperts), over
+# the resident, the streamed and an NF4 base (each expert's gate, up and down quantized apart, as
+# the runtime holds them)
+FAMILIES["granitemoe"] = dict(
+    seed=83, moe=True,
+    config=dict(e2e.FAMILIES["granitemoe"]["config"], num_hidden_layers=4, num_local_experts=8,
+                intermediate_size=64, max_position_embeddings=128, eos_token_id=127, tie_word_embeddings=False),
+    lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,o_proj"))
 # GPT-J: test_e2e_torch's model with 4 layers (4 heads of 64, 24 rotary dimensions interleaved in
 # pairs, one norm before the parallel attention and MLP, the biased lm_head); q, k, v apart (q's and
 # k's lora_B in the file's row order) with out_proj, fc_in and fc_out
@@ -446,13 +456,22 @@ def check_family(gen, name, workdir):
 
 def nf4_base(params):
     """The weights QLoRA computes with: every linear weight of the layers through the NF4 round
-    trip but an MoE layer's router and shared expert gate (kept in the model dtype)."""
+    trip but an MoE layer's router and shared expert gate (kept in the model dtype); Granite-MoE's
+    fused experts each expert's gate, up and down apart (the runtime's tensors), its router
+    (router.layer) kept."""
+    def nf4(w):
+        return mlf.nf4_dequantize(mlf.nf4_quantize(w.contiguous().reshape(-1).float()), w.numel()) \
+            .double().view(w.shape)
     p = dict(params)
     for k, w in params.items():
-        if k.startswith("model.layers.") and w.dim() == 2 and not k.endswith((".gate.weight",
-                                                                                ".shared_expert_gate.weight")):
-            p[k] = mlf.nf4_dequantize(mlf.nf4_quantize(w.contiguous().reshape(-1).float()), w.numel()) \
-                .double().view(w.shape)
+        if k.endswith(".input_linear.weight"):  # [E, 2 f, h]: each expert's gate rows, then its up rows
+            f = w.shape[1] // 2
+            p[k] = torch.stack([torch.cat([nf4(w[e, :f]), nf4(w[e, f:])]) for e in range(w.shape[0])])
+        elif k.endswith(".output_linear.weight"):  # [E, h, f]
+            p[k] = torch.stack([nf4(w[e]) for e in range(w.shape[0])])
+        elif k.startswith("model.layers.") and w.dim() == 2 and not k.endswith((".gate.weight", ".router.layer.weight",
+                                                                                  ".shared_expert_gate.weight")):
+            p[k] = nf4(w)
     return p
 
 

@@ -35,7 +35,8 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
                                    "gemma-3-1b.json", "deepseek-moe-16b.json", "opt-125m.json", "opt-1.3b.json",
                                    "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json", "phi-2.json",
-                                   "granite-3.1-2b.json", "granite-3.1-8b.json", "gpt-j-6b.json",
+                                   "granite-3.1-2b.json", "granite-3.1-8b.json", "granite-3.0-1b-a400m.json",
+                                   "granite-3.0-3b-a800m.json", "gpt-j-6b.json",
                                    "gemma-3-4b-it.json", "gemma-3-27b-it.json", "llava-1.5-7b-hf.json",
                                    "mistral-small-3.1-24b.json", "c4ai-command-r-v01.json",
                                    "aya-23-8b.json", "deepseek-v2-lite.json"};
@@ -117,7 +118,25 @@ static void check_layout(const zo_model_config *cfg)
         assert_int_equal(numel, t->numel);
         next[t->block] += t->numel;
         sum += t->numel;
-        assert_ptr_equal(model_layout_find(&l, t->name), t);
+        if (!t->hf_fused[0]) {
+            assert_ptr_equal(model_layout_find(&l, t->name), t);
+            continue;
+        }
+        /* a slice of a fused file tensor (Granite-MoE's experts): the name
+         * finds its first slice; the slices under the name tile the fused
+         * tensor, each its own run, in the block */
+        const model_tensor *f = model_layout_find(&l, t->name);
+        assert_true(f && f->hf_fused_at == 0 && f->block == t->block);
+        size_t whole = (size_t)(t->hf_fused[0] * t->hf_fused[1] * t->hf_fused[2]), covered = 0;
+        for (int j = 0; j < l.n_tensors; j++) {
+            const model_tensor *u = &l.tensors[j];
+            if (strcmp(u->name, t->name)) continue;
+            assert_int_equal(u->block, t->block);
+            covered += u->numel;
+            if (u != t)
+                assert_true(u->hf_fused_at + u->numel <= t->hf_fused_at || t->hf_fused_at + t->numel <= u->hf_fused_at);
+        }
+        assert_int_equal(covered, whole);
     }
     for (int b = 0; b < l.n_blocks; b++) assert_int_equal(next[b], l.block_numel[b]);
     free(next);
@@ -181,6 +200,11 @@ static void test_layout_moe(void **state)
         {"qwen1.5-moe-a2.7b.json", "model.layers.1.mlp.experts.0.gate_proj.weight", 1408, 2048},
         {"qwen1.5-moe-a2.7b.json", "model.layers.1.mlp.shared_expert.up_proj.weight", 5632, 2048},
         {"qwen1.5-moe-a2.7b.json", "model.layers.1.mlp.shared_expert_gate.weight", 1, 2048},
+        /* Granite-MoE: the router, and expert 0's gate and down, the first slices of the fused
+         * input_linear [32, 1024, 1024] and output_linear [32, 1024, 512] */
+        {"granite-3.0-1b-a400m.json", "model.layers.0.block_sparse_moe.router.layer.weight", 32, 1024},
+        {"granite-3.0-1b-a400m.json", "model.layers.23.block_sparse_moe.input_linear.weight", 512, 1024},
+        {"granite-3.0-1b-a400m.json", "model.layers.5.block_sparse_moe.output_linear.weight", 1024, 512},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char path[512];
@@ -407,7 +431,7 @@ static int teardown_tmp(void **state)
 {
     (void)state;
     const char *names[] = {"u16.bin", "u32.bin", "odd.bin", "oov.bin", "text.txt", "text.bin",
-                           "short.bin", "empty.bin", "cut.bin"};
+                           "short.bin", "empty.bin", "cut.bin", "granitemoe.safetensors"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char p[512];
         snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
@@ -1192,8 +1216,7 @@ static void test_cohere_config(void **state)
 /* Granite as GraniteConfig reads it: granite-3.1-8b's and -2b's multipliers
  * (12, 1 / head_dim, 0.22, 16 and 8), the runtime's; absent, each 1;
  * refused naming the key when not a finite number > 0 (as a float too);
- * each preset's config.json read back with the same four; Granite-MoE
- * refused by name, saying what it is. */
+ * each preset's config.json read back with the same four. */
 static void test_granite_config(void **state)
 {
     (void)state;
@@ -1237,10 +1260,134 @@ static void test_granite_config(void **state)
                     back.resid_mult == c.resid_mult && back.logit_div == c.logit_div);
         assert_true(back.tied_embeddings && zo_model_params(&back) == zo_model_params(&c));
     }
-    assert_int_equal(zo_model_config_parse("{\"model_type\": \"granitemoe\"}", "moe.json", &c), ZO_ERR_UNSUPPORTED);
+}
+
+/* Granite-MoE as GraniteMoeConfig reads it: granite-3.0-1b-a400m's and
+ * -3b-a800m's (32 and 40 experts of 512, 8 a token, renormalized; Granite's
+ * four multipliers; tied), the presets of the same; absent keys at
+ * GraniteMoeConfig's defaults (8 experts, 2 a token, every head a kv head,
+ * untied, multipliers 1, no balance loss unless output_router_logits, its
+ * coefficient 0.001); its fused experts sliced to and from expert e's gate,
+ * up and down; LoRA on the attention only (an MLP target refused). */
+static void test_granitemoe_config(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    static const struct {
+        const char *file, *preset;
+        int experts;
+    } pub[] = {{"granite-3.0-1b-a400m.json", "granite-3.0-1b-a400m", 32},
+               {"granite-3.0-3b-a800m.json", "granite-3.0-3b-a800m", 40}};
+    for (size_t i = 0; i < sizeof pub / sizeof pub[0]; i++) {
+        load_hf_fixture(pub[i].file, &c);
+        assert_string_equal(c.family, "granitemoe");
+        assert_true(c.moe.experts == pub[i].experts && c.moe.top_k == 8 && c.moe.expert_ffn == 512 &&
+                    c.ffn == 512 && c.moe.norm_topk && !c.moe.shared_ffn && !c.moe.aux_loss);
+        assert_true(c.embed_mult == 12.0f && c.attn_mult == 0.015625f && c.resid_mult == 0.22f && c.logit_div == 6.0f);
+        assert_true(c.tied_embeddings && c.n_kv_heads == 8 && c.head_dim == 64 && c.norm_eps == 1e-6f);
+        if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+        assert_int_equal(zo_model_preset_find(pub[i].preset, &back), ZO_OK);
+        assert_int_equal(zo_model_params(&back), zo_model_params(&c));
+        assert_true(back.moe.experts == c.moe.experts && back.moe.top_k == c.moe.top_k &&
+                    back.moe.norm_topk && back.resid_mult == c.resid_mult && back.logit_div == c.logit_div &&
+                    back.attn_mult == c.attn_mult && back.embed_mult == c.embed_mult &&
+                    !strcmp(back.family, "granitemoe"));
+    }
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"granitemoe\", \"num_hidden_layers\": 2, "
+                                           "\"hidden_size\": 64, \"num_attention_heads\": 2, "
+                                           "\"intermediate_size\": 96, \"vocab_size\": 100}",
+                                           "defaults.json", &back),
+                     ZO_OK);
+    assert_true(back.moe.experts == 8 && back.moe.top_k == 2 && back.moe.expert_ffn == 96 && back.n_kv_heads == 2);
+    assert_true(back.embed_mult == 1.0f && back.attn_mult == 1.0f && back.resid_mult == 1.0f && back.logit_div == 1.0f);
+    assert_true(!back.tied_embeddings && !back.moe.aux_loss && back.moe.aux_coef == 0.001f);
+    /* expert e's gate is rows [0, f) of input_linear[e], its up rows [f, 2f), its down output_linear[e] */
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &back), ZO_OK);
+    const int64_t h = 64, f = 96;
+    int seen = 0;
+    for (int i = 0; i < l.n_tensors; i++) {
+        const model_tensor *t = &l.tensors[i];
+        if (!t->hf_fused[0]) continue;
+        size_t e = (size_t)((t->offset - model_layout_view(&l, t->block, MODEL_ROLE_EXPERT_GATE_W)->offset) /
+                            model_layout_expert_stride(&l));
+        size_t at = t->role == MODEL_ROLE_EXPERT_GATE_W ? e * 2 * f * h
+                    : t->role == MODEL_ROLE_EXPERT_UP_W ? e * 2 * f * h + f * h
+                                                        : e * h * f;
+        assert_int_equal(t->hf_fused_at, at);
+        assert_int_equal(t->hf_fused[0], 8);
+        assert_int_equal(t->hf_fused[1], t->role == MODEL_ROLE_EXPERT_DOWN_W ? h : 2 * f);
+        seen++;
+    }
+    assert_int_equal(seen, 2 * 8 * 3);
+    /* saved: the fused tensors [8, 192, 64] and [8, 64, 96] holding expert e's
+     * gate, up and down where the file has them (written here from plain
+     * index arithmetic); read back into a window of experts 2..5, each
+     * expert's slices as the whole layout's */
+    float **blocks = calloc((size_t)l.n_blocks, sizeof *blocks);
+    assert_non_null(blocks);
+    for (int b = 0; b < l.n_blocks; b++) {
+        blocks[b] = malloc((l.block_numel[b] + 1) * sizeof(float));
+        assert_non_null(blocks[b]);
+        for (size_t i = 0; i < l.block_numel[b]; i++) blocks[b][i] = (float)(100000 * b + i);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/granitemoe.safetensors", tmpdir);
+    if (model_save(path, &l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32)) fail_msg("%s", zo_last_error());
+    model_st_file sf;
+    assert_int_equal(model_st_open(&sf, path), ZO_OK);
+    const model_st_tensor *in = model_st_find(&sf, "model.layers.1.block_sparse_moe.input_linear.weight");
+    const model_st_tensor *out = model_st_find(&sf, "model.layers.1.block_sparse_moe.output_linear.weight");
+    assert_true(in && in->ndim == 3 && in->shape[0] == 8 && in->shape[1] == 2 * f && in->shape[2] == h);
+    assert_true(out && out->ndim == 3 && out->shape[0] == 8 && out->shape[1] == h && out->shape[2] == f);
+    assert_int_equal(sf.n_tensors, 2 * 9 + 3); /* 9 a layer (two norms, q, k, v, o, the router, the two fused); untied */
+    float *win = malloc((size_t)in->numel * 4), *wout = malloc((size_t)out->numel * 4);
+    assert_non_null(win);
+    assert_non_null(wout);
+    assert_int_equal(model_st_read(&sf, in, win, ZO_DTYPE_F32, 0), ZO_OK);
+    assert_int_equal(model_st_read(&sf, out, wout, ZO_DTYPE_F32, 0), ZO_OK);
+    const int blk = model_layout_layer_block(1);
+    const float *x0 = blocks[blk] + model_layout_view(&l, blk, MODEL_ROLE_EXPERT_GATE_W)->offset;
+    const size_t S = model_layout_expert_stride(&l);
+    for (size_t e = 0; e < 8; e++)
+        for (size_t r = 0; r < (size_t)(2 * f); r++)
+            for (size_t k = 0; k < (size_t)h; k++) /* gate rows, then up rows: both [f, h] from the expert's start */
+                if (win[(e * 2 * f + r) * h + k] != x0[e * S + r * h + k]) fail_msg("input_linear[%zu][%zu][%zu]", e, r, k);
+    for (size_t e = 0; e < 8; e++)
+        for (size_t i = 0; i < (size_t)(h * f); i++) /* down after gate and up */
+            if (wout[e * h * f + i] != x0[e * S + 2 * f * h + i]) fail_msg("output_linear[%zu] element %zu", e, i);
+    free(win);
+    free(wout);
+    model_st_close(&sf);
+    model_layout wl;
+    assert_int_equal(model_layout_init_experts(&wl, &back, 2, 4), ZO_OK);
+    float **wb = calloc((size_t)wl.n_blocks, sizeof *wb);
+    assert_non_null(wb);
+    for (int b = 0; b < wl.n_blocks; b++) assert_non_null(wb[b] = calloc(wl.block_numel[b] + 1, sizeof(float)));
+    if (model_load_path(path, &wl, (void *const *)wb, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL))
+        fail_msg("%s", zo_last_error());
+    const float *w0 = wb[blk] + model_layout_view(&wl, blk, MODEL_ROLE_EXPERT_GATE_W)->offset;
+    assert_memory_equal(w0, x0 + 2 * S, 4 * S * sizeof(float));
+    /* a window is saved whole only (the gather's job): refused, naming the tensor */
+    snprintf(path, sizeof path, "%s/window.safetensors", tmpdir);
+    assert_int_equal(model_save(path, &wl, (const void *const *)wb, ZO_DTYPE_F32, ZO_DTYPE_F32), ZO_ERR_INVALID);
     printf("  refused: %s\n", zo_last_error());
-    assert_non_null(strstr(zo_last_error(), "Granite-MoE"));
-    assert_non_null(strstr(zo_last_error(), "mixture-of-experts"));
+    assert_non_null(strstr(zo_last_error(), "input_linear.weight\" is written whole only"));
+    for (int b = 0; b < wl.n_blocks; b++) free(wb[b]);
+    free(wb);
+    model_layout_free(&wl);
+    for (int b = 0; b < l.n_blocks; b++) free(blocks[b]);
+    free(blocks);
+    model_layout_free(&l);
+    /* LoRA: the attention's four (all-linear is those); an MLP target is refused, naming why */
+    zo_lora_config lc = {.r = 4, .alpha = 8.0f, .targets = ZO_LORA_ALL_LINEAR};
+    assert_int_equal(zo_lora_check(&back, &lc), ZO_OK);
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    assert_int_equal(zo_lora_layer_modules(&back, ZO_LORA_ALL_LINEAR, mods), 4);
+    lc.targets = ZO_LORA_Q | ZO_LORA_UP;
+    assert_int_equal(zo_lora_check(&back, &lc), ZO_ERR_INVALID);
+    printf("  refused: %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), "not Linear modules"));
 }
 
 /* Gemma-3's text model as Gemma3TextConfig reads it: gemma-3-1b's config
@@ -1570,6 +1717,7 @@ int main(void)
         cmocka_unit_test(test_gemma3_config),
         cmocka_unit_test(test_multimodal_text_config),
         cmocka_unit_test(test_granite_config),
+        cmocka_unit_test(test_granitemoe_config),
         cmocka_unit_test(test_cohere_config),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),

@@ -78,6 +78,12 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
      * (tied: 49155 x h + 40 layers + the final norm; 2.53B and 8.17B as published) */
     {"granite-3.1-2b", "granite-3.1-2b.json", 2533531648ull},
     {"granite-3.1-8b", "granite-3.1-8b.json", 8170848256ull},
+    /* ibm-granite/granite-3.0-1b-a400m-base and -3b-a800m-base, summed from the shapes in
+     * Python: tied 49155 x h + L layers of q [h, h], k and v [8 x 64, h], o [h, h], the router
+     * [E, h], input_linear [E, 1024, h], output_linear [E, h, 512] and two norms + the final
+     * norm (E 32, L 24, h 1024; E 40, L 32, h 1536); 1.33B and 3.3B as published */
+    {"granite-3.0-1b-a400m", "granite-3.0-1b-a400m.json", 1334628352ull},
+    {"granite-3.0-3b-a800m", "granite-3.0-3b-a800m.json", 3298793472ull},
     /* CohereForAI/c4ai-command-r-v01 and aya-23-8b, summed from the shapes in Python
      * (tied: 256000 x h + layers of q, k, v, o, gate, up, down and one norm without a
      * bias + the final norm; 35.0B and 8.03B as published) */

@@ -414,6 +414,16 @@ static const char mixtral_config[] =
     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64, "
     "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
     "\"max_position_embeddings\": 64, \"output_router_logits\": true, \"router_aux_loss_coef\": 0.02}";
+/* Granite-MoE-shaped (Mixtral's routing, Granite's multipliers far from
+ * 1, tied): its experts fused in the saved file (input_linear,
+ * output_linear), each rank's gathered into them and read back from them. */
+static const char granitemoe_config[] =
+    "{\"model_type\": \"granitemoe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64, "
+    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"embedding_multiplier\": 12.0, \"attention_multiplier\": 0.0625, "
+    "\"residual_multiplier\": 0.22, \"logits_scaling\": 8.0, \"tie_word_embeddings\": true, "
+    "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.02}";
 static const char qwen2_moe_config[] =
     "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
@@ -921,6 +931,19 @@ static void ep_run(int mdl, const char *place, int np, int ep, int zero, int cli
  * 1e-6 relative, every rank's peaks within 3% of memplan's plan, the
  * all-to-all bytes as check_ep_bytes says. Then what still does not run
  * with --ep 2, refused once, exit 2, in the table's or train's words. */
+/* ep_save's full fine-tuning folder for the Granite-MoE-shaped model: every
+ * rank's experts gathered into the fused tensors, bit for bit one rank's at
+ * --lr 0, loaded back (each rank reading its own experts' slices) with and
+ * without --ep. */
+static void ep_save_granitemoe(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/granitemoe.json", dir);
+    files_write_text(path, granitemoe_config);
+    config = strrchr(path, '/') + 1;
+    ep_save(0, 0, 0);
+}
+
 static void test_moe_ep(void **state)
 {
     (void)state;
@@ -946,6 +969,7 @@ static void test_moe_ep(void **state)
     config = strrchr(path, '/') + 1;
     ep_save(0, 0, 0);
     ep_save(1, 0, 0);
+    ep_save_granitemoe();
     config = "config.json";
     /* still refused, once, exit 2: the table's words, then train's */
     static const char *const refused[][2] = {

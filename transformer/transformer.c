@@ -1995,7 +1995,10 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     if (!recompute && (st = gpu_memset_async(s, m->tmp, 0, (size_t)N * h * zo_dtype_size(dt))) != ZO_OK) return st;
     /* the experts on their rows, one expert at a time (its weights may be
      * streamed apart: one visit each): fc, up, act [rows, fe], then each
-     * row's weighted output ey [rows, h] */
+     * row's weighted output ey [rows, h], times Granite-MoE's
+     * residual_multiplier (the down GEMM's alpha: the experts end the
+     * branch; it has no shared expert and no expert adapters) */
+    const float ralpha = branch_alpha(m, MODEL_ROLE_MLP_DOWN_W);
     for (int e = 0; e < El; e++) {
         int n = eoff[e + 1] - eoff[e];
         if (!n) continue;
@@ -2014,7 +2017,8 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
         if (recompute) continue;
         if ((st = gpu_moe_scale_forward(s, sx, acte, wp + eoff[e], n, fe, 1, 0)) != ZO_OK ||
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
-            (st = gemm_xwt(s, y, sx, w, n, h, fe, 0.0f)) != ZO_OK ||
+            (st = gpu_gemm(s, &(gpu_gemm_desc){.trans_b = 1, .m = n, .n = h, .k = fe, .alpha = ralpha, .a = sx,
+                                                .b = w, .c = y, .lda = fe, .ldb = fe, .ldc = h})) != ZO_OK ||
             (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_DOWN, e, sx, y, h, n)) != ZO_OK)
             return st;
     }
@@ -2154,6 +2158,10 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
      * their gradients (ex_g), weighted activations w act (sact), inputs
      * (ex_x), weights and weight gradients (ex_ds) */
     if (M && (st = gpu_moe_gather(s, dx, F32(m->dres), a->moe_idx, M, h)) != ZO_OK) return st;
+    /* Granite-MoE: the branch's output is residual_multiplier times the
+     * experts' (moe_forward), so is every gradient through it */
+    const float ralpha = branch_alpha(m, MODEL_ROLE_MLP_DOWN_W);
+    if (M && ralpha != 1.0f && (st = gpu_scale(s, dx, ralpha, (size_t)M * h)) != ZO_OK) return st;
     const int *eoff = ep ? a->ep_off : off, R = eoff[El];
     const float *wp = ep ? a->ep_wp : a->moe_wp;
     float *ex_ds = ep ? m->ep_w[1] : m->moe_dscale;
