@@ -274,6 +274,10 @@ FAMILIES["cohere"] = dict(
                 eos_token_id=127),
     lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+# command-r-plus's kind: the same with use_qk_norm (a LayerNorm on each q and k head, a weight row per
+# head)
+FAMILIES["cohere_qk"] = dict(
+    FAMILIES["cohere"], seed=79, config=dict(FAMILIES["cohere"]["config"], use_qk_norm=True))
 
 # ---- the PyTorch side -------------------------------------------------------------------------
 
@@ -446,10 +450,11 @@ def check_family(gen, name, workdir):
 
 def nf4_base(params):
     """The weights QLoRA computes with: every linear weight of the layers through the NF4 round
-    trip but an MoE layer's router and shared expert gate (kept in the model dtype)."""
+    trip but an MoE layer's router and shared expert gate (kept in the model dtype); Cohere's 2-D q/k
+    norm weights are norms, kept too."""
     p = dict(params)
     for k, w in params.items():
-        if k.startswith("model.layers.") and w.dim() == 2 and not k.endswith((".gate.weight",
+        if k.startswith("model.layers.") and w.dim() == 2 and not k.endswith(("norm.weight", ".gate.weight",
                                                                                 ".shared_expert_gate.weight")):
             p[k] = mlf.nf4_dequantize(mlf.nf4_quantize(w.contiguous().reshape(-1).float()), w.numel()) \
                 .double().view(w.shape)

@@ -2,8 +2,9 @@
  * Row statistics of the plain norms: one block per row, each thread taking
  * chunks of VEC columns (16-byte vector accesses where the row's tensors
  * are aligned; every pass one walk, row_map), sums in double (as the CPU reference sums in double)
- * combined by a block reduction in a fixed order. The per-head RMSNorm (rows
- * of 64 to 256): one warp per row, lanes striding over the columns.
+ * combined by a block reduction in a fixed order. The norms of each head
+ * (RMSNorm or LayerNorm without a bias, rows of 64 to 256, one weight or a
+ * row a head): one warp per row, lanes striding over the columns.
  * Parameter gradients (and the bias gradient of bias.cu, through
  * cuda_launch_column_sums): column sums over the rows cut into a fixed
  * number of chunks (a function of the shape), each chunk's sums (over a
