@@ -687,7 +687,6 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
     else if (c->embed_norm && !bloom) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
-    else if (c->qk_norm_heads) snprintf(lacks, sizeof lacks, "q/k LayerNorms with a weight per head (use_qk_norm)");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
     char list[256];
@@ -1501,7 +1500,7 @@ static void parse_gptj(hf *r, zo_model_config *c, const family *f)
  * interleaved over the whole head, logits times logit_scale (default
  * 0.0625), tied by default. use_qk_norm (command-r-plus): a LayerNorm over
  * head_dim on each q and k head whose weight is per head, where Qwen3's q/k
- * norms share one (qk_norm_heads: sized, refused by the runtime).
+ * norms share one (qk_norm_heads).
  * attention_bias true (q, k, v and o biased, the MLP not: no field says
  * that) is refused by name as an unmodelled size key. */
 static void parse_cohere(hf *r, zo_model_config *c, const family *f)
@@ -1602,8 +1601,8 @@ static const family families[] = {
      "bias", 0, 0, 0, NULL, 1},
     {"cohere", "CohereForCausalLM", parse_cohere,
      "Cohere Command-R / Aya: LLaMA layers with a LayerNorm without a bias, one norm before a parallel "
-     "attention and MLP, rotary interleaved, the logits times logit_scale, tied; use_qk_norm's q/k norms "
-     "with a weight per head sized, not trained",
+     "attention and MLP, rotary interleaved, the logits times logit_scale, tied; use_qk_norm's "
+     "LayerNorms over each q and k head with a weight per head",
      1, 0, 0, "use_qk_norm", 1},
     /* recognised and refused */
     {"cohere2", "Cohere2ForCausalLM", NULL,

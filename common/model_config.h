@@ -156,7 +156,7 @@ typedef struct zo_model_config {
     int qk_norm;         /* Qwen3: an RMSNorm over head_dim on q and on k */
     int qk_norm_heads;   /* with qk_norm, Cohere's use_qk_norm (command-r-plus): LayerNorms whose
                             weight is per head ([heads, head_dim] and [kv_heads, head_dim]), split
-                            with the heads; memplan sizes them, the runtime refuses them */
+                            with the heads */
     int mm_text;         /* the text model of a multimodal checkpoint (Gemma-3 4b/12b/27b,
                             Mistral-Small-3.1, LLaVA as published: *ForConditionalGeneration):
                             config under text_config, tensors under language_model. (or

@@ -295,17 +295,32 @@ zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu
     RUN(RMSNORM_BACKWARD, .t = {dx, dw, dy, x, w}, .p = {(void *)rstd}, .i = {n, c});
 }
 
+zo_status gpu_head_norm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd,
+                                gpu_tensor w, int64_t w_stride, int n, int heads, int d, float eps, int centered)
+{
+    RUN(HEAD_NORM_FORWARD, .t = {x, w, saved}, .p = {rstd}, .i = {n, heads, d, ldx, w_stride, centered},
+        .f = {eps});
+}
+
+zo_status gpu_head_norm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
+                                 gpu_tensor w, int64_t w_stride, const float *rstd, int n, int heads, int d,
+                                 int centered)
+{
+    RUN(HEAD_NORM_BACKWARD, .t = {dx, dw, saved, w}, .p = {(void *)rstd},
+        .i = {n, heads, d, ldx, w_stride, centered});
+}
+
 zo_status gpu_head_rmsnorm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_tensor saved,
                                    float *rstd, gpu_tensor w, int n, int heads, int d, float eps)
 {
-    RUN(HEAD_RMSNORM_FORWARD, .t = {x, w, saved}, .p = {rstd}, .i = {n, heads, d, ldx}, .f = {eps});
+    return gpu_head_norm_forward(s, x, ldx, saved, rstd, w, 0, n, heads, d, eps, 0);
 }
 
 zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw,
                                     gpu_tensor saved, gpu_tensor w, const float *rstd, int n,
                                     int heads, int d)
 {
-    RUN(HEAD_RMSNORM_BACKWARD, .t = {dx, dw, saved, w}, .p = {(void *)rstd}, .i = {n, heads, d, ldx});
+    return gpu_head_norm_backward(s, dx, ldx, dw, saved, w, 0, rstd, n, heads, d, 0);
 }
 
 zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,

@@ -214,15 +214,26 @@ zo_status gpu_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_ten
                               gpu_tensor w, int n, int c, float eps);
 zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
                                gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c);
-/* RMSNorm of each head (Qwen3's q_norm and k_norm), in place: in each of
- * n rows of x (row stride ldx >= heads * d) the first `heads` runs of d
- * elements are normalised one by one, x = x rstd w with one w [d] for every
- * head, rstd = 1/sqrt(mean over the head's d of x^2 + eps). rstd [n, heads]
- * fp32 and saved [n, heads * d] (x's heads before the norm, the backward's
- * input) are written when not NULL. Backward, in place: dx (row stride ldx)
- * holds the gradient of the norm's output on entry and that of its input on
- * exit; dw [d] += the weight's gradient summed over every row and head
- * (dw.data NULL: not computed). */
+/* A norm of each head, in place: in each of n rows of x (row stride ldx >=
+ * heads * d) the first `heads` runs of d elements are normalised one by
+ * one. RMSNorm (centered 0: Qwen3's q_norm and k_norm): x = x rstd w, rstd
+ * = 1/sqrt(mean over the head's d of x^2 + eps); LayerNorm without a bias
+ * (centered 1: Cohere's use_qk_norm): x = (x - mean) rstd w, rstd =
+ * 1/sqrt(mean of (x - mean)^2 + eps). The weight is one row [d] for every
+ * head (w_stride 0) or one row a head, [heads, d] (w_stride d). rstd [n,
+ * heads] fp32 and saved [n, heads * d] (the heads' inputs, less their mean
+ * when centered: the backward's input) are written when not NULL.
+ * Backward, in place: dx (row stride ldx) holds the gradient of the norm's
+ * output on entry and that of its input on exit; dw += the weight's
+ * gradient, summed over every row (and every head with one weight; dw.data
+ * NULL: not computed); w_stride and centered as the forward's. */
+zo_status gpu_head_norm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd,
+                                gpu_tensor w, int64_t w_stride, int n, int heads, int d, float eps, int centered);
+zo_status gpu_head_norm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
+                                 gpu_tensor w, int64_t w_stride, const float *rstd, int n, int heads, int d,
+                                 int centered);
+/* The RMSNorm of each head with one weight [d] (gpu_head_norm_* with
+ * w_stride 0, centered 0) */
 zo_status gpu_head_rmsnorm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_tensor saved,
                                    float *rstd, gpu_tensor w, int n, int heads, int d, float eps);
 zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw,

@@ -583,16 +583,16 @@ static zo_status cpu_run_rmsnorm_backward(cpu_scratch *ws, const gpu_op_args *a,
                                 (int)a->i[0], (int)a->i[1], nt);
 }
 
-static zo_status cpu_run_head_rmsnorm_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+static zo_status cpu_run_head_norm_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_head_rmsnorm_forward(ws, a->t[0], a->i[3], a->t[2], a->p[0], a->t[1], (int)a->i[0],
-                                    (int)a->i[1], (int)a->i[2], a->f[0], nt);
+    return cpu_head_norm_forward(ws, a->t[0], a->i[3], a->t[2], a->p[0], a->t[1], a->i[4], (int)a->i[0],
+                                 (int)a->i[1], (int)a->i[2], a->f[0], (int)a->i[5], nt);
 }
 
-static zo_status cpu_run_head_rmsnorm_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+static zo_status cpu_run_head_norm_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_head_rmsnorm_backward(ws, a->t[0], a->i[3], a->t[1], a->t[2], a->t[3], a->p[0],
-                                     (int)a->i[0], (int)a->i[1], (int)a->i[2], nt);
+    return cpu_head_norm_backward(ws, a->t[0], a->i[3], a->t[1], a->t[2], a->t[3], a->i[4], a->p[0],
+                                  (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[5], nt);
 }
 
 static zo_status cpu_run_attention_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)

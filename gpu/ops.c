@@ -79,11 +79,20 @@ static zo_status gpu_check_head_copy(const char *op, const gpu_op_args *a)
 }
 
 /* heads of d in rows of ldx: the heads fit in a row */
+/* rows hold the heads; the weight is one row shared (w_stride 0) or one a
+ * head (w_stride d); centered is a flag */
 static zo_status gpu_check_heads(const char *op, const gpu_op_args *a)
 {
-    if (a->i[3] >= a->i[1] * a->i[2]) return ZO_OK;
-    return zo_error(ZO_ERR_INVALID, "%s: %s %lld < heads*d %lld", op, slot_name(op, GPU_SLOT_INT, 3),
-                    (long long)a->i[3], (long long)(a->i[1] * a->i[2]));
+    if (a->i[3] < a->i[1] * a->i[2])
+        return zo_error(ZO_ERR_INVALID, "%s: %s %lld < heads*d %lld", op, slot_name(op, GPU_SLOT_INT, 3),
+                        (long long)a->i[3], (long long)(a->i[1] * a->i[2]));
+    if (a->i[4] != 0 && a->i[4] != a->i[2])
+        return zo_error(ZO_ERR_INVALID, "%s: %s %lld is neither 0 (one weight) nor d %lld (one a head)", op,
+                        slot_name(op, GPU_SLOT_INT, 4), (long long)a->i[4], (long long)a->i[2]);
+    if (a->i[5] != 0 && a->i[5] != 1)
+        return zo_error(ZO_ERR_INVALID, "%s: %s %lld must be 0 or 1", op, slot_name(op, GPU_SLOT_INT, 5),
+                        (long long)a->i[5]);
+    return ZO_OK;
 }
 
 static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)

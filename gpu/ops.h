@@ -119,13 +119,13 @@ typedef struct gpu_op_slot {
       (GPU_T(0, dx), GPU_TOPT(1, dw), GPU_T(2, dy), GPU_T(3, x), GPU_T(4, w), GPU_P(0, rstd),       \
        GPU_DIM(0, n), GPU_DIM(1, c)),                                                            \
       NULL)                                                                                      \
-    X(HEAD_RMSNORM_FORWARD, head_rmsnorm_forward,                                               \
+    X(HEAD_NORM_FORWARD, head_norm_forward,                                                     \
       (GPU_T(0, x), GPU_T(1, w), GPU_TOPT(2, saved), GPU_POPT(0, rstd), GPU_DIM(0, n),           \
-       GPU_DIM(1, heads), GPU_DIM(2, d), GPU_INT(3, ldx)),                                       \
+       GPU_DIM(1, heads), GPU_DIM(2, d), GPU_INT(3, ldx), GPU_INT(4, w_stride), GPU_INT(5, centered)), \
       gpu_check_heads)                                                                           \
-    X(HEAD_RMSNORM_BACKWARD, head_rmsnorm_backward,                                             \
+    X(HEAD_NORM_BACKWARD, head_norm_backward,                                                   \
       (GPU_T(0, dx), GPU_TOPT(1, dw), GPU_T(2, saved), GPU_T(3, w), GPU_P(0, rstd), GPU_DIM(0, n),  \
-       GPU_DIM(1, heads), GPU_DIM(2, d), GPU_INT(3, ldx)),                                       \
+       GPU_DIM(1, heads), GPU_DIM(2, d), GPU_INT(3, ldx), GPU_INT(4, w_stride), GPU_INT(5, centered)), \
       gpu_check_heads)                                                                           \
     X(ATTENTION_FORWARD, attention_forward, (GPU_T(0, out), GPU_T(1, qkv), GPU_P(0, lse)),      \
       gpu_check_attn)                                                                            \

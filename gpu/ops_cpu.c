@@ -806,9 +806,10 @@ zo_status cpu_layernorm_forward(cpu_scratch *ws, gpu_tensor y, float *mean, floa
 }
 
 /* The norms' parameter gradients: dw[j] += sum dy * xhat and db[j] += sum
- * dy over every (row r, head h), dy at r*ldy + h*c + j, x and the
- * statistics at (r*heads + h) (the plain norms: heads 1, ldy c; mean NULL:
- * RMSNorm; dw.data or db.data NULL: not computed). The rows go in
+ * dy over every (row r, head h), dy at r*ldy + h*c + j, x at (r*heads +
+ * h)*c + j, the statistics of column j at (r*heads + h)*(c/sd) + j/sd (a
+ * statistic every sd columns: sd c for the plain norms, heads 1, ldy c;
+ * mean NULL: RMSNorm; dw.data or db.data NULL: not computed). The rows go in
  * NORM_CHUNKS fixed chunks, each chunk's sums (per column block) in its own
  * partial, and the partials are added in chunk order: the same sums whatever
  * the thread count, and the work spread over chunks x column blocks. */
@@ -823,8 +824,9 @@ static size_t norm_part_bytes(gpu_tensor dw, gpu_tensor db, int c)
 
 /* part: norm_part_bytes(dw, db, c) of scratch */
 static void norm_param_grads(char *part, gpu_tensor dw, gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x,
-                             const float *mean, const float *rstd, int n, int heads, int c, int nt)
+                             const float *mean, const float *rstd, int n, int heads, int c, int sd, int nt)
 {
+    const int per = c / sd;
     if (!dw.data && !db.data) return;
     const int blocks = (c + COLS - 1) / COLS, chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
     float *pw = (float *)part, *pb = (float *)(part + (dw.data ? al64((size_t)NORM_CHUNKS * c * sizeof(float)) : 0));
@@ -836,12 +838,14 @@ static void norm_param_grads(char *part, gpu_tensor dw, gpu_tensor db, gpu_tenso
         for (int j = 0; j < wd; j++) aw[j] = ab[j] = 0.0f;
         for (int r = k * chunk; r < r1; r++)
             for (int h = 0; h < heads; h++) {
-                size_t ri = (size_t)r * heads + h;
+                size_t ri = (size_t)r * heads + h, si = ri * per;
                 load_row(g, dy, (size_t)r * (size_t)ldy + (size_t)h * c + j0, wd);
-                float m = mean ? mean[ri] : 0.0f;
                 if (dw.data) {
                     load_row(xr, x, ri * c + j0, wd);
-                    for (int j = 0; j < wd; j++) aw[j] += g[j] * (xr[j] - m) * rstd[ri];
+                    for (int j = 0; j < wd; j++) {
+                        size_t k = si + (size_t)(j0 + j) / sd;
+                        aw[j] += g[j] * (xr[j] - (mean ? mean[k] : 0.0f)) * rstd[k];
+                    }
                 }
                 for (int j = 0; j < wd; j++) ab[j] += g[j];
             }
@@ -917,7 +921,7 @@ static zo_status norm_backward(cpu_scratch *ws, const char *op, gpu_tensor dx, g
             store_row(dx, (size_t)r * c, o, c);
         }
     }
-    norm_param_grads(base + cb, dw, db, dy, c, x, mean, rstd, n, 1, c, nt);
+    norm_param_grads(base + cb, dw, db, dy, c, x, mean, rstd, n, 1, c, c, nt);
     return ZO_OK;
 }
 
@@ -971,30 +975,38 @@ zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gp
                          nt);
 }
 
-/* RMSNorm of each head (Qwen3's q/k norms), in place on rows of stride ldx:
- * row r's head j starts at r*ldx + j*d; saved and rstd get the input and
- * 1/rms of each (row, head) when given. */
-zo_status cpu_head_rmsnorm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, gpu_tensor saved,
-                                   float *rstd, gpu_tensor w, int n, int heads, int d, float eps,
-                                   int nt)
+/* The norm of each head (Qwen3's RMSNorms, Cohere's LayerNorms when
+ * centered), in place on rows of stride ldx: row r's head j starts at
+ * r*ldx + j*d and takes the weight at j*w_stride; saved and rstd get the
+ * input (less its mean when centered) and 1/rms of each (row, head) when
+ * given. */
+zo_status cpu_head_norm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd,
+                                gpu_tensor w, int64_t w_stride, int n, int heads, int d, float eps, int centered,
+                                int nt)
 {
-    const int team = cpu_team(nt);
+    const int team = cpu_team(nt), wrows = w_stride ? heads : 1;
     const size_t cb = (size_t)d * sizeof(float);
     char *base;
-    zo_status st = reserve_team(ws, "gpu_head_rmsnorm_forward", cb, cb, team, &base);
+    zo_status st = reserve_team(ws, "gpu_head_norm_forward", cb * wrows, cb, team, &base);
     if (st != ZO_OK) return st;
     float *wv = (float *)base;
-    load_row(wv, w, 0, d);
+    load_row(wv, w, 0, d * wrows);
 #pragma omp parallel num_threads(team)
     {
-        float *row = (float *)team_slice(base, cb, cb);
+        float *row = (float *)team_slice(base, cb * wrows, cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++)
             for (int j = 0; j < heads; j++) {
                 size_t off = (size_t)r * (size_t)ldx + (size_t)j * d, ri = (size_t)r * heads + j;
                 load_row(row, x, off, d);
+                if (centered) {
+                    double s = 0.0;
+                    for (int e = 0; e < d; e++) s += row[e];
+                    float m = (float)(s / d);
+                    for (int e = 0; e < d; e++) row[e] -= m;
+                }
                 if (saved.data) store_row(saved, ri * d, row, d);
-                float rs = rmsnorm_row(row, wv, d, eps);
+                float rs = rmsnorm_row(row, wv + (size_t)j * w_stride, d, eps);
                 store_row(x, off, row, d);
                 if (rstd) rstd[ri] = rs;
             }
@@ -1002,33 +1014,41 @@ zo_status cpu_head_rmsnorm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, g
     return ZO_OK;
 }
 
-zo_status cpu_head_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, int64_t ldx, gpu_tensor dw,
-                                    gpu_tensor saved, gpu_tensor w, const float *rstd, int n,
-                                    int heads, int d, int nt)
+zo_status cpu_head_norm_backward(cpu_scratch *ws, gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
+                                 gpu_tensor w, int64_t w_stride, const float *rstd, int n, int heads, int d,
+                                 int centered, int nt)
 {
-    const int team = cpu_team(nt);
-    const size_t cb = al64((size_t)d * sizeof(float));
+    const int team = cpu_team(nt), wrows = w_stride ? heads : 1;
+    const size_t cb = al64((size_t)d * sizeof(float)), wb = al64((size_t)d * wrows * sizeof(float));
     const gpu_tensor none = {NULL, ZO_DTYPE_F32};
-    const size_t part = norm_part_bytes(dw, none, d);
+    /* one weight: its gradient summed over the heads; one a head: the heads'
+     * columns side by side, a statistic every d */
+    const int gh = w_stride ? 1 : heads, gc = w_stride ? heads * d : d;
+    const size_t part = norm_part_bytes(dw, none, gc);
     char *base;
-    zo_status s = reserve_team(ws, "gpu_head_rmsnorm_backward", cb + part, 3 * cb, team, &base);
+    zo_status s = reserve_team(ws, "gpu_head_norm_backward", wb + part, 3 * cb, team, &base);
     if (s != ZO_OK) return s;
-    /* dw first, while dx still holds the output's gradient */
-    norm_param_grads(base + cb, dw, none, dx, ldx, saved, NULL, rstd, n, heads, d, nt);
+    /* dw first, while dx still holds the output's gradient; saved is the
+     * input less its mean, so the sums are RMSNorm's */
+    norm_param_grads(base + wb, dw, none, dx, ldx, saved, NULL, rstd, n, gh, gc, d, nt);
     float *wv = (float *)base;
-    load_row(wv, w, 0, d);
+    load_row(wv, w, 0, d * wrows);
 #pragma omp parallel num_threads(team)
     {
-        char *mine = team_slice(base, cb + part, 3 * cb);
+        char *mine = team_slice(base, wb + part, 3 * cb);
         float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++)
             for (int j = 0; j < heads; j++) {
                 size_t off = (size_t)r * (size_t)ldx + (size_t)j * d, ri = (size_t)r * heads + j;
+                const float *wj = wv + (size_t)j * w_stride;
                 load_row(g, dx, off, d);
                 load_row(xr, saved, ri * d, d);
                 memset(o, 0, (size_t)d * sizeof(float)); /* dx is written, not added to */
-                rmsnorm_dx_row(o, g, xr, wv, rstd[ri], d);
+                if (centered)
+                    layernorm_dx_row(o, g, xr, wj, 0.0f, rstd[ri], d);
+                else
+                    rmsnorm_dx_row(o, g, xr, wj, rstd[ri], d);
                 store_row(dx, off, o, d);
             }
     }

@@ -101,12 +101,12 @@ zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_te
 zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
                                gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c,
                                int nt);
-zo_status cpu_head_rmsnorm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, gpu_tensor saved,
-                                   float *rstd, gpu_tensor w, int n, int heads, int d, float eps,
-                                   int nt);
-zo_status cpu_head_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, int64_t ldx, gpu_tensor dw,
-                                    gpu_tensor saved, gpu_tensor w, const float *rstd, int n,
-                                    int heads, int d, int nt);
+zo_status cpu_head_norm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd,
+                                gpu_tensor w, int64_t w_stride, int n, int heads, int d, float eps, int centered,
+                                int nt);
+zo_status cpu_head_norm_backward(cpu_scratch *ws, gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
+                                 gpu_tensor w, int64_t w_stride, const float *rstd, int n, int heads, int d,
+                                 int centered, int nt);
 zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out,
                                 float *lse, gpu_tensor qkv, int nt);
 zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor dqkv,

@@ -241,7 +241,7 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddNumberToObject(o, "n_ctx", c->max_seq);
     } else if (zo_model_cohere(c)) {
         /* the logits' factor (the output layer's alpha is its inverse's
-         * inverse); no biases; use_qk_norm where sized (memplan's, not trained) */
+         * inverse); no biases; use_qk_norm (command-r-plus's per-head q/k norms) */
         cJSON_AddNumberToObject(o, "logit_scale", c->logit_div > 0.0f ? 1.0 / c->logit_div : 1.0);
         cJSON_AddBoolToObject(o, "attention_bias", 0);
         cJSON_AddBoolToObject(o, "use_qk_norm", c->qk_norm);

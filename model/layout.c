@@ -487,7 +487,15 @@ static void llama_layer(builder *b, int i)
     }
     if (c->out_bias && !c->attn_out_nobias)
         add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
-    if (c->qk_norm) {
+    if (c->qk_norm && c->qk_norm_heads) { /* Cohere's: a row a head, its columns q's and k's dims */
+        int first = l->n_tensors;
+        add(b, MODEL_ROLE_Q_NORM_W, 0, c->n_heads, c->head_dim, "%s.%d.self_attn.q_norm.weight", p, i);
+        add(b, MODEL_ROLE_K_NORM_W, 0, c->n_kv_heads, c->head_dim, "%s.%d.self_attn.k_norm.weight", p, i);
+        for (int k = first; zo_model_rot_interleaved(c) && b->st == ZO_OK && k < l->n_tensors; k++) {
+            model_tensor_set_rot_pairs(&l->tensors[k], c);
+            l->tensors[k].hf_rope_elems = 1;
+        }
+    } else if (c->qk_norm) {
         add(b, MODEL_ROLE_Q_NORM_W, 0, c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, i);
         add(b, MODEL_ROLE_K_NORM_W, 0, c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, i);
     }

@@ -83,7 +83,9 @@ typedef enum model_role {
     MODEL_ROLE_EXPERT_UP_W,   /* [expert_ffn, h] experts.0.w3.weight / experts.0.up_proj.weight */
     MODEL_ROLE_EXPERT_DOWN_W, /* [h, expert_ffn] experts.0.w2.weight / experts.0.down_proj.weight */
     MODEL_ROLE_SHARED_GATE_W, /* [1, h]       mlp.shared_expert_gate.weight */
-    /* Qwen3's RMSNorms over each head of q and of k (qk_norm) */
+    /* Qwen3's RMSNorms over each head of q and of k (qk_norm); Cohere's
+     * LayerNorms (use_qk_norm: qk_norm_heads) have a weight row per head,
+     * [n_heads, head_dim] and [n_kv_heads, head_dim] */
     MODEL_ROLE_Q_NORM_W,      /* [head_dim]   self_attn.q_norm.weight */
     MODEL_ROLE_K_NORM_W,      /* [head_dim]   self_attn.k_norm.weight */
     /* Gemma-2's norms of the attention's and the MLP's outputs (layer_norms
@@ -144,6 +146,10 @@ typedef struct model_tensor {
                                        * element (each slice is a contiguous run of the file's).
                                        * [0] 0: a tensor of its own */
     size_t hf_fused_at;
+    int hf_rope_elems;                /* with hf_rope_rows, the runs are of elements, not
+                                       * rows (rows of one element): Cohere's q_norm and
+                                       * k_norm weights [heads, head_dim] (use_qk_norm), whose
+                                       * columns follow q_proj's and k_proj's rows */
     int lora;                         /* in a LoRA adapter layout (model/lora.h): MODEL_LORA_A
                                        * or MODEL_LORA_B, role then names the adapted weight;
                                        * 0 in a model's layout */
@@ -231,7 +237,11 @@ const char *model_layout_block_name(const model_layout *l, int block, char *buf,
 const char *model_role_name(model_role r);
 
 /* Whether AdamW decays this tensor: 2-D weight matrices only (the
- * embeddings and linear weights), never norms or biases. */
-static inline int model_tensor_decays(const model_tensor *t) { return t->ndim == 2; }
+ * embeddings and linear weights), never norms (Cohere's q/k norm weights
+ * are 2-D, a row per head) or biases. */
+static inline int model_tensor_decays(const model_tensor *t)
+{
+    return t->ndim == 2 && t->role != MODEL_ROLE_Q_NORM_W && t->role != MODEL_ROLE_K_NORM_W;
+}
 
 #endif

@@ -177,7 +177,8 @@ static size_t row_ours(const model_tensor *t, size_t file_row)
  * tensor. */
 static zo_status rope_rows_from_file(const model_tensor *t, uint8_t *buf, size_t esz, const char *path)
 {
-    size_t rows = (size_t)t->shape[0], row = (t->ndim == 2 ? (size_t)t->shape[1] : 1) * esz;
+    size_t rows = t->hf_rope_elems ? t->numel : (size_t)t->shape[0];
+    size_t row = (t->ndim == 2 && !t->hf_rope_elems ? (size_t)t->shape[1] : 1) * esz;
     uint8_t *file = malloc(rows * row);
     if (!file)
         return zo_error(ZO_ERR_NOMEM, "%s: tensor \"%s\": cannot allocate %zu bytes to reorder its rotary rows", path,
@@ -407,7 +408,7 @@ static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count
     if (t->hf_head_rows || t->hf_rope_rows) {
         /* GPT-NeoX's query_key_value, GPT-J's q_proj and k_proj, DeepSeek-V2's
          * rotary rows: the file's rows from ours, row piece by piece */
-        uint64_t cols = t->ndim == 2 ? (uint64_t)t->shape[1] : 1;
+        uint64_t cols = t->ndim == 2 && !t->hf_rope_elems ? (uint64_t)t->shape[1] : 1;
         for (uint64_t e = first; e < first + count;) {
             uint64_t r = e / cols, c = e % cols, n = cols - c < first + count - e ? cols - c : first + count - e;
             const uint8_t *s = src + ((uint64_t)row_ours(t, (size_t)r) * cols + c) * bsz;

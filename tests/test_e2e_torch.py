@@ -7,7 +7,8 @@ query_key_value, partial rotary and parallel or sequential residual, Falcon mult
 norm, with grouped kv heads and two norms, or sequential, Falcon-RW with its ALiBi in bfloat16, OPT with its ReLU and its position table read
 from row 2, Phi-2's kind with its partial rotary and its biased output layer, GPT-J with its rotary pairs
 interleaved over part of each head, Granite with its four multipliers, Granite-MoE with them on fused
-experts), a small model with the family's
+experts, Cohere with its interleaved rotary and, as command-r-plus, its LayerNorm on each q and k head
+with a weight row per head), a small model with the family's
 real head size (GPT-2, OPT, GPT-J and Granite 64, Phi 80, the others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
@@ -74,7 +75,8 @@ Usage: test_e2e_torch.py --train PATH [--family NAME ...] [--workdir DIR] [--dev
 Exit: 0 every check held, 1 one did not (the first mismatches printed), 2 bad
 usage or train failed, 77 this python has no torch.
 (ctest runs one family per test through tests/run_python.sh, test_e2e_torch_*, or a few:
-test_e2e_torch_gpt2 runs GPT-2, OPT, Phi and GPT-J, test_e2e_torch_llama LLaMA and Granite.)
+test_e2e_torch_gpt2 runs GPT-2, OPT, Phi and GPT-J, test_e2e_torch_llama LLaMA, Granite, Cohere and
+Cohere with use_qk_norm.)
 """
 import argparse
 import array
@@ -437,6 +439,12 @@ FAMILIES["cohere"] = dict(
     run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
     lora=dict(r=8, alpha=16.0, targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", lr=2e-2),
     qlora=True, qlora_merge=True, loss_chunk=96)
+# command-r-plus's kind (use_qk_norm): Cohere's model with a LayerNorm over each q and k head (no
+# bias, layer_norm_eps) whose weight has a row per head, [4, 64] and [2, 64], each row its own, before
+# the rotation (the runtime holds their columns in q_proj's reordered row order); full, LoRA, QLoRA and
+# the saved folders as Cohere's
+FAMILIES["cohere_qk"] = dict(
+    FAMILIES["cohere"], seed=77, config=dict(FAMILIES["cohere"]["config"], use_qk_norm=True))
 # DeepSeekMoE (DeepseekForCausalLM, trust_remote_code's modeling_deepseek.py): LLaMA attention, a dense
 # first layer (first_k_dense_replace 1, intermediate_size), then MoE layers: softmax gate, top 3 of 6 not
 # renormalized, two shared experts as one MLP of 2 x moe_intermediate_size with no gate; the balance
@@ -833,9 +841,10 @@ def with_adapters(params, adapters, scale):
 
 
 def adamw(q, run):
-    """torch.optim.AdamW over the tensors of q as train's optimizer: decay on 2-D weights only."""
-    decay = [v for v in q.values() if v.dim() == 2]
-    no_decay = [v for v in q.values() if v.dim() != 2]
+    """torch.optim.AdamW over the tensors of q as train's optimizer: decay on 2-D weights only, never
+    a norm's (Cohere's q/k norm weights are 2-D, a row per head)."""
+    decay = [v for k, v in q.items() if v.dim() == 2 and not k.endswith("norm.weight")]
+    no_decay = [v for k, v in q.items() if v.dim() != 2 or k.endswith("norm.weight")]
     return torch.optim.AdamW([{"params": decay, "weight_decay": OPT["weight_decay"]},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=run["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
@@ -901,7 +910,7 @@ def merge_adapter(c, params, adapter_dir, want):
     merged = dict(params)
     seen = set()
     for name, w in params.items():
-        if w.dim() != 2 or any(name.startswith(e) for e in ("wte.", "wpe.", "model.embed_tokens.", "lm_head.",
+        if w.dim() != 2 or name.endswith("norm.weight") or any(name.startswith(e) for e in ("wte.", "wpe.", "model.embed_tokens.", "lm_head.",
                                                           "gpt_neox.embed_in.", "embed_out.",
                                                           "transformer.word_embeddings.",
                                                           "model.decoder.embed_")):
@@ -1089,8 +1098,10 @@ def check_family(train, name, workdir):
     if c["model_type"] in ("granite", "granitemoe"):  # each multiplier at GraniteConfig's default
         variants[c["model_type"]] = {k: 1.0 for k in ("embedding_multiplier", "attention_multiplier",
                                                       "residual_multiplier", "logits_scaling")}
-    if c["model_type"] == "cohere":  # the logits unscaled
+    if c["model_type"] == "cohere":  # the logits unscaled; the q/k norms left out
         variants["cohere"] = {"logit_scale": 1.0}
+        if c.get("use_qk_norm"):
+            variants["cohere"]["use_qk_norm"] = False
     for key, other in variants.get(c["model_type"], {}).items():
         with torch.no_grad():
             changed = micro_loss(dict(c, **{key: other}), params, data, run, 0).item()
@@ -1300,7 +1311,8 @@ def lora_modules(c, params, targets):
     """The modules (their weight's name less .weight) PEFT adapts for a --lora-targets list of its
     module names: those whose name ends with "." + an entry; "all-linear": every linear layer of the
     layers but an MoE router (this runtime's choice: the router is no target)."""
-    names = [k[:-len(".weight")] for k, v in params.items() if k.startswith("model.layers.") and v.dim() == 2]
+    names = [k[:-len(".weight")] for k, v in params.items()
+             if k.startswith("model.layers.") and v.dim() == 2 and not k.endswith("norm.weight")]
     if targets == "all-linear":
         return [m for m in names if not m.endswith((".gate", ".shared_expert_gate"))]
     return [m for m in names if any(m.endswith("." + t) for t in targets.split(","))]

@@ -284,6 +284,10 @@ FAMILIES["cohere"] = dict(
                 eos_token_id=127),
     lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+# command-r-plus's kind: the same with use_qk_norm (a LayerNorm on each q and k head, a weight row per
+# head)
+FAMILIES["cohere_qk"] = dict(
+    FAMILIES["cohere"], seed=79, config=dict(FAMILIES["cohere"]["config"], use_qk_norm=True))
 
 # ---- the PyTorch side -------------------------------------------------------------------------
 
@@ -458,7 +462,7 @@ def nf4_base(params):
     """The weights QLoRA computes with: every linear weight of the layers through the NF4 round
     trip but an MoE layer's router and shared expert gate (kept in the model dtype); Granite-MoE's
     fused experts each expert's gate, up and down apart (the runtime's tensors), its router
-    (router.layer) kept."""
+    (router.layer) kept; Cohere's 2-D q/k norm weights are norms, kept too."""
     def nf4(w):
         return mlf.nf4_dequantize(mlf.nf4_quantize(w.contiguous().reshape(-1).float()), w.numel()) \
             .double().view(w.shape)
@@ -469,7 +473,8 @@ def nf4_base(params):
             p[k] = torch.stack([torch.cat([nf4(w[e, :f]), nf4(w[e, f:])]) for e in range(w.shape[0])])
         elif k.endswith(".output_linear.weight"):  # [E, h, f]
             p[k] = torch.stack([nf4(w[e]) for e in range(w.shape[0])])
-        elif k.startswith("model.layers.") and w.dim() == 2 and not k.endswith((".gate.weight", ".router.layer.weight",
+        elif k.startswith("model.layers.") and w.dim() == 2 and not k.endswith(("norm.weight", ".gate.weight",
+                                                                                  ".router.layer.weight",
                                                                                   ".shared_expert_gate.weight")):
             p[k] = nf4(w)
     return p

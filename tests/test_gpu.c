@@ -446,6 +446,15 @@ static void test_errors(void **state)
                                               gpu_t(x, ZO_DTYPE_F32), 2, 2, 4, 1e-6f),
                      ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "ldx 7 < heads*d 8"));
+    /* a weight neither shared nor a row a head; a kind neither RMSNorm nor LayerNorm */
+    assert_int_equal(gpu_head_norm_forward(S, gpu_t(x, ZO_DTYPE_F32), 8, gpu_t(NULL, 0), NULL, gpu_t(x, ZO_DTYPE_F32),
+                                           3, 2, 2, 4, 1e-6f, 1),
+                     ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "w_stride 3 is neither 0"));
+    assert_int_equal(gpu_head_norm_backward(S, gpu_t(x, ZO_DTYPE_F32), 8, gpu_t(NULL, 0), gpu_t(x, ZO_DTYPE_F32),
+                                            gpu_t(x, ZO_DTYPE_F32), 4, lse, 2, 2, 4, 2),
+                     ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "centered 2 must be 0 or 1"));
     assert_int_equal(gpu_gelu_forward(NULL, gpu_t(x, 0), gpu_t(x, 0), 4, 0), ZO_ERR_INVALID);
     assert_int_equal(gpu_cast(S, gpu_t(x, (zo_dtype)9), gpu_t(x, 0), 4), ZO_ERR_INVALID);
     /* an id out of range is found while running: a sticky stream error */

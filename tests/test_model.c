@@ -39,7 +39,7 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "granite-3.0-3b-a800m.json", "gpt-j-6b.json",
                                    "gemma-3-4b-it.json", "gemma-3-27b-it.json", "llava-1.5-7b-hf.json",
                                    "mistral-small-3.1-24b.json", "c4ai-command-r-v01.json",
-                                   "aya-23-8b.json", "deepseek-v2-lite.json"};
+                                   "aya-23-8b.json", "deepseek-v2-lite.json", "c4ai-command-r-plus.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name, and what it lacks (DeepSeek-V2's
@@ -47,7 +47,6 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
 static const struct { const char *config, *family, *lacks; } not_built[] = {
     {"deepseek-v2.json", "deepseek_v2", "group-limited routing (topk_method group_limited_greedy)"},
     {"deepseek-v3.json", "deepseek_v3", "a router score correction (topk_method noaux_tc)"},
-    {"c4ai-command-r-plus.json", "cohere", "q/k LayerNorms with a weight per head (use_qk_norm)"},
 };
 
 /* DeepSeek-V2-Lite's latent attention under its checkpoint's names and
@@ -1138,8 +1137,8 @@ static void test_gemma2_config(void **state)
  * shapes, one LayerNorm without a bias before a parallel attention and MLP,
  * logit_scale as the logits' divisor's inverse (absent: 0.0625), tied unless
  * said; logit_scale not a finite number > 0 and attention_bias refused by
- * name; command-r-plus's use_qk_norm (a weight per head) read and sized, the
- * runtime refusing it by name; q_proj's and k_proj's rows (not v_proj's) carry the
+ * name; command-r-plus's use_qk_norm (a weight per head) read, sized and
+ * laid out (its norms' columns permuted as q's rows); q_proj's and k_proj's rows (not v_proj's) carry the
  * interleaved rotary pairs over the whole head; each preset's config.json
  * read back alike; cohere2 refused by name, saying what it lacks. */
 static void test_cohere_config(void **state)
@@ -1182,9 +1181,21 @@ static void test_cohere_config(void **state)
     /* 256000 x 12288 tied + 64 x (q, k, v, o + gate, up, down + input_layernorm + q_norm [96, 128]
      * + k_norm [8, 128]) + the final norm, summed in Python from the shapes (published: 104B) */
     assert_true(zo_model_params(&c) == 103810674688ull);
-    assert_int_equal(zo_model_config_runtime_check(&c), ZO_ERR_UNSUPPORTED);
-    printf("  refused: %s\n", zo_last_error());
-    assert_non_null(strstr(zo_last_error(), "use_qk_norm"));
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    /* its q/k norms in the layout: a row a head, the columns in q_proj's
+     * rows' order (the file's rotary pairs (2i, 2i + 1) at i and 64 + i) */
+    {
+        model_layout pl;
+        if (model_layout_init(&pl, &c) != ZO_OK) fail_msg("%s", zo_last_error());
+        const model_tensor *qn = model_layout_find(&pl, "model.layers.63.self_attn.q_norm.weight"),
+                           *kn = model_layout_find(&pl, "model.layers.0.self_attn.k_norm.weight");
+        assert_true(qn && kn && qn->ndim == 2 && qn->shape[0] == 96 && qn->shape[1] == 128);
+        assert_true(kn->ndim == 2 && kn->shape[0] == 8 && kn->shape[1] == 128);
+        assert_true(qn->hf_rope_elems && qn->hf_rope_rows == 128 && qn->hf_rope_period == 128 && kn->hf_rope_elems);
+        assert_int_equal(model_tensor_rope_our_row(qn, 128 + 3), 128 + 64 + 1);
+        assert_int_equal(model_tensor_rope_file_row(qn, 2 * 128 + 5), 2 * 128 + 10);
+        model_layout_free(&pl);
+    }
     /* the layout: one norm a layer, no biases, q and k rows interleaved in the file */
     assert_int_equal(zo_model_config_parse(CO ", \"num_key_value_heads\": 1}", "gqa.json", &c), ZO_OK);
     model_layout l;

@@ -2100,7 +2100,7 @@ static void test_memplan_agrees(void **state)
  * about a seventh of the device's bytes, and the peak still agrees with
  * memplan's (attn.q_norm / attn.k_norm inputs) within 3%: no recompute,
  * full, by op (which keeps them), and LoRA. head_dim 32 makes q (4 x 32)
- * wider than hidden 64. */
+ * wider than hidden 64. Cohere's use_qk_norm too (no recompute). */
 static void test_memplan_agrees_qwen3(void **state)
 {
     (void)state;
@@ -2117,6 +2117,17 @@ static void test_memplan_agrees_qwen3(void **state)
                                       "qwen3, 1024 tokens, recompute ops", "qwen3, 1024 tokens, lora"};
         peaks_agree(names[v], &r);
     }
+    /* Cohere's (use_qk_norm: LayerNorms, a weight row per head) keep the
+     * same: their inputs less the means, 1/std per head */
+    run r = {.dt = ZO_DTYPE_BF16, .B = 4, .T = 256, .steps = 1};
+    static const char co[] = "{\"model_type\": \"cohere\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+                             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+                             "\"vocab_size\": 128, \"max_position_embeddings\": 256, \"use_qk_norm\": true}";
+    assert_int_equal(zo_model_config_parse(co, "cohere_qk.json", &r.cfg), ZO_OK);
+    assert_true(r.cfg.qk_norm_heads);
+    base_config(&r.oc);
+    r.oc.sub_group = 50000;
+    peaks_agree("cohere use_qk_norm, 1024 tokens, recompute none", &r);
 }
 
 /* GPT-NeoX with its parallel residual (no x_mid kept, memplan's parallel

@@ -300,39 +300,50 @@ static void ref_rmsnorm_backward(const gpu_op_args *a, hostv *h)
     }
 }
 
-/* t: x w saved; p: rstd. Head j of row r at r*ldx + j*d, in place */
-static void ref_head_rmsnorm_forward(const gpu_op_args *a, hostv *h)
+/* t: x w saved; p: rstd. Head j of row r at r*ldx + j*d, in place, its
+ * weight at j*w_stride; centered: LayerNorm without a bias (saved is the
+ * input less its mean), else RMSNorm */
+static void ref_head_norm_forward(const gpu_op_args *a, hostv *h)
 {
-    int n = (int)a->i[0], heads = (int)a->i[1], d = (int)a->i[2];
+    int n = (int)a->i[0], heads = (int)a->i[1], d = (int)a->i[2], centered = (int)a->i[5];
     for (int r = 0; r < n; r++)
         for (int j = 0; j < heads; j++) {
             double *x = h->T[0] + (size_t)r * a->i[3] + (size_t)j * d;
+            const double *w = h->T[1] + (size_t)j * a->i[4];
             size_t ri = (size_t)r * heads + j;
-            double rs = row_rms_rstd(x, d, a->f[0]);
+            double m = 0.0, v = 0.0;
+            for (int e = 0; e < d && centered; e++) m += x[e];
+            m /= d;
+            for (int e = 0; e < d; e++) v += sq(x[e] - m);
+            double rs = 1.0 / sqrt(v / d + a->f[0]);
             if (h->P[0]) h->P[0][ri] = rs;
             for (int e = 0; e < d; e++) {
-                if (h->T[2]) h->T[2][ri * d + e] = x[e];
-                x[e] = x[e] * rs * h->T[1][e];
+                if (h->T[2]) h->T[2][ri * d + e] = x[e] - m;
+                x[e] = (x[e] - m) * rs * w[e];
             }
         }
 }
 
-/* t: dx dw saved w; p: rstd. dx holds dy on entry (in place) */
-static void ref_head_rmsnorm_backward(const gpu_op_args *a, hostv *h)
+/* t: dx dw saved w; p: rstd. dx holds dy on entry (in place); y = xh w with
+ * xh = saved * rstd, so dw += dy xh and dx = rstd (g - mean(g) - xh
+ * mean(g xh)), g = dy w (mean(g) only when centered: LayerNorm) */
+static void ref_head_norm_backward(const gpu_op_args *a, hostv *h)
 {
-    int n = (int)a->i[0], heads = (int)a->i[1], d = (int)a->i[2];
+    int n = (int)a->i[0], heads = (int)a->i[1], d = (int)a->i[2], centered = (int)a->i[5];
     for (int r = 0; r < n; r++)
         for (int j = 0; j < heads; j++) {
             double *dy = h->T[0] + (size_t)r * a->i[3] + (size_t)j * d;
-            size_t ri = (size_t)r * heads + j;
-            const double *x = h->T[2] + ri * d, *w = h->T[3];
-            double rs = h->P[0][ri], mgx = 0.0;
+            size_t ri = (size_t)r * heads + j, wo = (size_t)j * a->i[4];
+            const double *x = h->T[2] + ri * d, *w = h->T[3] + wo;
+            double rs = h->P[0][ri], mg = 0.0, mgx = 0.0;
             for (int e = 0; e < d; e++) {
-                mgx += dy[e] * w[e] * x[e];
-                if (h->T[1]) h->T[1][e] += dy[e] * x[e] * rs;
+                mg += dy[e] * w[e];
+                mgx += dy[e] * w[e] * x[e] * rs;
+                if (h->T[1]) h->T[1][wo + e] += dy[e] * x[e] * rs;
             }
+            mg = centered ? mg / d : 0.0;
             mgx /= d;
-            for (int e = 0; e < d; e++) dy[e] = rs * (dy[e] * w[e] - x[e] * rs * rs * mgx);
+            for (int e = 0; e < d; e++) dy[e] = rs * (dy[e] * w[e] - mg - x[e] * rs * mgx);
         }
 }
 
@@ -1724,11 +1735,12 @@ static void rmsnorm_backward_case(int n, int cc, etype ty, int with_dw)
 
 static void parity_rmsnorm_backward(void) { norm_backward_cases(rmsnorm_backward_case, 1); }
 
-/* Qwen3's q/k norms: n rows, the first `heads` of `width` heads of d
- * normalised (ld = width * d), at head sizes 64 and 128 among odd ones */
+/* The q/k norms: n rows, the first `heads` of `width` heads of d
+ * normalised (ld = width * d), at head sizes 64, 80 and 128 among odd ones */
 static const int head_norm_cfg[][4] = {
     /* n  heads width d */
     {1, 1, 1, 1}, {3, 2, 3, 31}, {5, 4, 4, 33}, {7, 3, 5, 64}, {50, 16, 32, 128}, {33, 8, 16, 128}, {2, 1, 1, 300},
+    {9, 6, 7, 80},
 };
 
 /* Against the weight gradient's row chunks (32 on the CPU; on CUDA of at
@@ -1740,24 +1752,42 @@ static const int head_norm_chunk_cfg[][4] = {
     {13, 5, 6, 80}, {69, 3, 4, 80}, {131, 2, 2, 64}, {64, 2, 3, 128},
 };
 
-/* the forward's rstd of each saved head (t[2]) */
+/* The norm's kinds: Qwen3's RMSNorm with one weight, Cohere's LayerNorm
+ * with a weight per head (use_qk_norm), and the other two pairings */
+enum { HN_KINDS = 4 };
+static int hn_centered(int kind) { return kind == 1 || kind == 2; }
+static int hn_per_head(int kind) { return kind == 1 || kind == 3; }
+static const char *hn_name(int kind)
+{
+    static const char *n[] = {"", " layernorm, weight per head", " layernorm", " weight per head"};
+    return n[kind];
+}
+
+/* the forward's saved heads (t[2]: less their mean when centered, i[5])
+ * and their rstd */
 static void head_norm_prep(const pcase *c, hostv *h)
 {
     int rows = (int)(c->a.i[0] * c->a.i[1]), d = (int)c->a.i[2];
-    for (int r = 0; r < rows; r++) h->P[0][r] = row_rms_rstd(h->T[2] + (size_t)r * d, d, 1e-6);
+    for (int r = 0; r < rows; r++) {
+        double *x = h->T[2] + (size_t)r * d, m = 0.0;
+        for (int e = 0; e < d && c->a.i[5]; e++) m += x[e];
+        for (int e = 0; e < d && c->a.i[5]; e++) x[e] -= m / d;
+        h->P[0][r] = row_rms_rstd(x, d, 1e-6);
+    }
 }
 
 /* g: n heads width d */
-static void head_norm_forward_cases(const int *g)
+static void head_norm_forward_cases(const int *g, int kind, int types)
 {
-    for (int t = 0; t < 3; t++)
+    for (int t = 0; t < types; t++)
         for (int keep = 0; keep < 2; keep++) {
             int64_t ld = (int64_t)g[2] * g[3];
-            pcase c = new_case(GPU_OP_HEAD_RMSNORM_FORWARD, "n %d heads %d of %d d %d %s%s", g[0], g[1], g[2], g[3],
-                               ename(storage[t]), keep ? "" : " nothing kept");
+            pcase c = new_case(GPU_OP_HEAD_NORM_FORWARD, "n %d heads %d of %d d %d %s%s%s", g[0], g[1], g[2], g[3],
+                               ename(storage[t]), keep ? "" : " nothing kept", hn_name(kind));
             c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[3], c.a.i[3] = ld, c.a.f[0] = 1e-6f;
+            c.a.i[4] = hn_per_head(kind) ? g[3] : 0, c.a.i[5] = hn_centered(kind);
             OUT_T(&c, 0, storage[t], (size_t)g[0] * ld);
-            IN_T(&c, 1, storage[t], g[3]);
+            IN_T(&c, 1, storage[t], (size_t)g[3] * (hn_per_head(kind) ? g[1] : 1));
             if (keep) {
                 OUT_T(&c, 2, storage[t], (size_t)g[0] * g[1] * g[3]);
                 OUT_P(&c, 0, E_F32, (size_t)g[0] * g[1]);
@@ -1766,47 +1796,60 @@ static void head_norm_forward_cases(const int *g)
         }
 }
 
-static void parity_head_rmsnorm_forward(void)
+/* Every storage type for the shared RMSNorm and Cohere's kind, one (the
+ * first) for the other two */
+static int hn_types(int kind) { return kind < 2 ? 3 : 1; }
+
+static void parity_head_norm_forward(void)
 {
-    for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++) head_norm_forward_cases(head_norm_cfg[s]);
+    for (int k = 0; k < HN_KINDS; k++)
+        for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
+            head_norm_forward_cases(head_norm_cfg[s], k, hn_types(k));
     uint64_t saved = rng;
     rng = NORM_CHUNK_SEED;
-    for (size_t s = 0; s < sizeof head_norm_chunk_cfg / sizeof *head_norm_chunk_cfg; s++)
-        head_norm_forward_cases(head_norm_chunk_cfg[s]);
+    for (int k = 0; k < 2; k++)
+        for (size_t s = 0; s < sizeof head_norm_chunk_cfg / sizeof *head_norm_chunk_cfg; s++)
+            head_norm_forward_cases(head_norm_chunk_cfg[s], k, 3);
     rng = saved;
 }
 
 /* g: n heads width d; t 0-2: every value in storage[t]; 3: the
  * transformer's, an fp32 gradient beside bf16 saved values and weights; 4:
  * the same with LoRA (frozen norms: no dw) */
-static void head_norm_backward_case(const int *g, int t)
+static void head_norm_backward_case(const int *g, int t, int kind)
 {
     int64_t ld = (int64_t)g[2] * g[3];
     etype ty = t < 3 ? storage[t] : E_BF16, tdx = t < 3 ? ty : E_F32;
-    pcase c = new_case(GPU_OP_HEAD_RMSNORM_BACKWARD, "n %d heads %d of %d d %d %s dx %s%s", g[0], g[1], g[2], g[3],
-                       ename(ty), ename(tdx), t == 4 ? " no dw" : "");
+    size_t nw = (size_t)g[3] * (hn_per_head(kind) ? g[1] : 1);
+    pcase c = new_case(GPU_OP_HEAD_NORM_BACKWARD, "n %d heads %d of %d d %d %s dx %s%s%s", g[0], g[1], g[2], g[3],
+                       ename(ty), ename(tdx), t == 4 ? " no dw" : "", hn_name(kind));
     c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[3], c.a.i[3] = ld;
+    c.a.i[4] = hn_per_head(kind) ? g[3] : 0, c.a.i[5] = hn_centered(kind);
     int dx = OUT_T(&c, 0, tdx, (size_t)g[0] * ld);
     /* dx is written, not added to: with d 1 it is the cancellation of two
      * terms of order 1 (x / |x| does not move), measured against them */
     c.buf[dx].floor = 1.0;
-    if (t < 4) OUT_T(&c, 1, t < 3 ? ty : E_F32, g[3]);
+    if (t < 4) OUT_T(&c, 1, t < 3 ? ty : E_F32, nw);
     IN_T(&c, 2, ty, (size_t)g[0] * g[1] * g[3]);
-    IN_T(&c, 3, ty, g[3]);
+    IN_T(&c, 3, ty, nw);
     add_buf(&c, 'p', 0, E_F32, (size_t)g[0] * g[1], FILL_NONE, 0, 0, 0);
     c.prep = head_norm_prep;
     emit(&c);
 }
 
-static void parity_head_rmsnorm_backward(void)
+static void parity_head_norm_backward(void)
 {
-    for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
-        for (int t = 0; t < 4; t++) head_norm_backward_case(head_norm_cfg[s], t);
+    for (int k = 0; k < HN_KINDS; k++)
+        for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
+            for (int t = 0; t < (k < 2 ? 4 : 1); t++) head_norm_backward_case(head_norm_cfg[s], t, k);
     uint64_t saved = rng;
     rng = NORM_CHUNK_SEED;
-    for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++) head_norm_backward_case(head_norm_cfg[s], 4);
-    for (size_t s = 0; s < sizeof head_norm_chunk_cfg / sizeof *head_norm_chunk_cfg; s++)
-        for (int t = 0; t < 5; t++) head_norm_backward_case(head_norm_chunk_cfg[s], t);
+    for (int k = 0; k < 2; k++) {
+        for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
+            head_norm_backward_case(head_norm_cfg[s], 4, k);
+        for (size_t s = 0; s < sizeof head_norm_chunk_cfg / sizeof *head_norm_chunk_cfg; s++)
+            for (int t = 0; t < 5; t++) head_norm_backward_case(head_norm_chunk_cfg[s], t, k);
+    }
     rng = saved;
 }
 

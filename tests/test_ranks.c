@@ -2009,12 +2009,14 @@ static const char granite_config[] =
 
 /* Cohere (Command-R, Aya): LLaMA layers, GQA, one LayerNorm without a bias
  * before a parallel attention and MLP, rotary interleaved in the file (q's
- * and k's rows held reordered), tied, the logits times 0.25. */
+ * and k's rows held reordered), tied, the logits times 0.25; with
+ * command-r-plus's use_qk_norm (a LayerNorm on each q and k head, a weight
+ * row per head). */
 static const char cohere_config[] =
     "{\"model_type\": \"cohere\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
     "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"layer_norm_eps\": 1e-5, "
-    "\"rope_theta\": 10000.0, \"logit_scale\": 0.25, \"use_qk_norm\": false, \"tie_word_embeddings\": true}";
+    "\"rope_theta\": 10000.0, \"logit_scale\": 0.25, \"use_qk_norm\": true, \"tie_word_embeddings\": true}";
 
 /* Phi-3 (Phi-4-mini's kind): fused qkv_proj and gate_up_proj, GQA, half of
  * each head of 16 rotated, longrope over an original length (16) the

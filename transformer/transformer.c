@@ -98,12 +98,13 @@ static zo_status act_alloc(tf_model *m, const act_req *r, size_t n)
 
 /* QLoRA stores a tensor in NF4: the linear weights of the layers but an
  * MoE layer's router and shared expert gate, which choose and weigh the
- * experts (kept in the model dtype, as memplan sizes them). */
+ * experts (kept in the model dtype, as memplan sizes them), and Cohere's
+ * q/k norm weights (2-D, a row per head, but norms). */
 static int frozen_is_nf4(const tf_model *m, const model_tensor *t)
 {
     return m->opts.lora.nf4 && t->block != MODEL_BLOCK_EMBED &&
            t->block != model_layout_head_block(&m->layout) && t->ndim == 2 && t->role != MODEL_ROLE_ROUTER_W &&
-           t->role != MODEL_ROLE_SHARED_GATE_W;
+           t->role != MODEL_ROLE_SHARED_GATE_W && t->role != MODEL_ROLE_Q_NORM_W && t->role != MODEL_ROLE_K_NORM_W;
 }
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -1590,10 +1591,17 @@ static void qk_norm_k_saved(const tf_model *m, const tf_layer_acts *a, gpu_tenso
     *rk = a->qk_rstd ? a->qk_rstd + N * (size_t)m->cfg.n_heads : NULL;
 }
 
-/* Qwen3's q and k norms, in place on qkv's heads (row stride qkv_width):
- * each query head by q_norm, each key head by k_norm, before RoPE. Training
- * keeps their inputs and 1/rms (a->qkn, a->qk_rstd) for the backward;
- * generation keeps neither (its acts have none). */
+/* The q/k norms' kind: Cohere's (use_qk_norm) are LayerNorms without a
+ * bias with a weight row per head, Qwen3's and Gemma-3's RMSNorms with one
+ * weight */
+static int64_t qk_norm_w_stride(const zo_model_config *c) { return c->qk_norm_heads ? c->head_dim : 0; }
+static int qk_norm_centered(const zo_model_config *c) { return c->layer_norm; }
+
+/* The q and k norms, in place on qkv's heads (row stride qkv_width): each
+ * query head by q_norm, each key head by k_norm, before RoPE. Training
+ * keeps their inputs (less their means when centered) and 1/rms (a->qkn,
+ * a->qk_rstd) for the backward; generation keeps neither (its acts have
+ * none). */
 static zo_status qk_norm_forward(tf_model *m, gpu_stream_t s, const tf_layer_acts *a, const void *W, int blk,
                                  gpu_tensor qkv)
 {
@@ -1606,12 +1614,15 @@ static zo_status qk_norm_forward(tf_model *m, gpu_stream_t s, const tf_layer_act
     qk_norm_k_saved(m, a, &sk, &rk);
     /* Gemma-3's multiply by 1 + w */
     gpu_tensor wq = bview(m, W, blk, MODEL_ROLE_Q_NORM_W), wk = bview(m, W, blk, MODEL_ROLE_K_NORM_W);
+    const int64_t ws = qk_norm_w_stride(c);
+    const int ctr = qk_norm_centered(c);
     zo_status st = norm_weight_n(m, s, &wq, (size_t)d);
     if (st == ZO_OK)
-        st = gpu_head_rmsnorm_forward(s, qkv, ld, gpu_t(a->qkn, m->dtype), a->qk_rstd, wq, (int)N, c->n_heads, d,
-                                      c->norm_eps);
+        st = gpu_head_norm_forward(s, qkv, ld, gpu_t(a->qkn, m->dtype), a->qk_rstd, wq, ws, (int)N, c->n_heads, d,
+                                   c->norm_eps, ctr);
     if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)d);
-    return st != ZO_OK ? st : gpu_head_rmsnorm_forward(s, k, ld, sk, rk, wk, (int)N, c->n_kv_heads, d, c->norm_eps);
+    return st != ZO_OK ? st
+                       : gpu_head_norm_forward(s, k, ld, sk, rk, wk, ws, (int)N, c->n_kv_heads, d, c->norm_eps, ctr);
 }
 
 /* Their backward, in place on dqkv's q and k heads (the gradient of the
@@ -1630,11 +1641,15 @@ static zo_status qk_norm_backward(tf_model *m, gpu_stream_t s, const tf_layer_ac
     float *rk;
     qk_norm_k_saved(m, a, &sk, &rk);
     gpu_tensor wq = bview(m, W, blk, MODEL_ROLE_Q_NORM_W), wk = bview(m, W, blk, MODEL_ROLE_K_NORM_W);
+    const int64_t ws = qk_norm_w_stride(c);
+    const int ctr = qk_norm_centered(c);
     zo_status st = norm_weight_n(m, s, &wq, (size_t)d);
     if (st == ZO_OK)
-        st = gpu_head_rmsnorm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), wq, a->qk_rstd, (int)N, c->n_heads, d);
+        st = gpu_head_norm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), wq, ws, a->qk_rstd, (int)N, c->n_heads,
+                                    d, ctr);
     if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)d);
-    return st != ZO_OK ? st : gpu_head_rmsnorm_backward(s, dk, ld, dwk, sk, wk, rk, (int)N, c->n_kv_heads, d);
+    return st != ZO_OK ? st
+                       : gpu_head_norm_backward(s, dk, ld, dwk, sk, wk, ws, rk, (int)N, c->n_kv_heads, d, ctr);
 }
 
 /* ---- mixture of experts ----------------------------------------------------------------

@@ -144,12 +144,19 @@ zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, void *scratch, size_t sc
 zo_status cuda_launch_column_sums(cudaStream_t st, void *scratch, size_t scratch_bytes, gpu_tensor dw,
                                   gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x, const float *mean,
                                   const float *rstd, int n, int heads, int c);
-zo_status cuda_launch_head_rmsnorm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx,
-                                           gpu_tensor saved, float *rstd, gpu_tensor w, int n,
-                                           int heads, int d, float eps);
-zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
-                                            gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
-                                            gpu_tensor w, const float *rstd, int n, int heads, int d);
+/* the same with a statistic every sd columns (sd divides c): column j of
+ * head-row ri takes mean and rstd at ri*(c/sd) + j/sd (the per-head
+ * weights of gpu_head_norm_backward, heads side by side) */
+zo_status cuda_launch_column_sums_sd(cudaStream_t st, void *scratch, size_t scratch_bytes, gpu_tensor dw,
+                                     gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x, const float *mean,
+                                     const float *rstd, int n, int heads, int c, int sd);
+zo_status cuda_launch_head_norm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd,
+                                        gpu_tensor w, int64_t w_stride, int n, int heads, int d, float eps,
+                                        int centered);
+zo_status cuda_launch_head_norm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes, gpu_tensor dx,
+                                         int64_t ldx, gpu_tensor dw, gpu_tensor saved, gpu_tensor w,
+                                         int64_t w_stride, const float *rstd, int n, int heads, int d,
+                                         int centered);
 
 /* attention.cu: head dims up to CUDA_ATTN_MAX_D */
 #define CUDA_ATTN_MAX_D 256

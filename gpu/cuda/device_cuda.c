@@ -490,7 +490,7 @@ static zo_status stream_workspace(cuda_stream *cs, gpu_op_id id)
     if (cs->workspace || (id != GPU_OP_GEMM && id != GPU_OP_EMBEDDING_BACKWARD &&
                           id != GPU_OP_ATTENTION_FORWARD && id != GPU_OP_ATTENTION_BACKWARD &&
                           id != GPU_OP_LAYERNORM_BACKWARD && id != GPU_OP_RMSNORM_BACKWARD &&
-                          id != GPU_OP_HEAD_RMSNORM_BACKWARD))
+                          id != GPU_OP_HEAD_NORM_BACKWARD))
         return ZO_OK;
     return CU(cudaMalloc(&cs->workspace, CUDA_LT_WORKSPACE));
 }

@@ -2,8 +2,9 @@
  * Row statistics of the plain norms: one block per row, each thread taking
  * chunks of VEC columns (16-byte vector accesses where the row's tensors
  * are aligned; every pass one walk, row_map), sums in double (as the CPU reference sums in double)
- * combined by a block reduction in a fixed order. The per-head RMSNorm (rows
- * of 64 to 256): one warp per row, lanes striding over the columns.
+ * combined by a block reduction in a fixed order. The norms of each head
+ * (RMSNorm or LayerNorm without a bias, rows of 64 to 256, one weight or a
+ * row a head): one warp per row, lanes striding over the columns.
  * Parameter gradients (and the bias gradient of bias.cu, through
  * cuda_launch_column_sums): column sums over the rows cut into a fixed
  * number of chunks (a function of the shape), each chunk's sums (over a
@@ -138,39 +139,51 @@ __global__ void layernorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_t
     });
 }
 
-/* One warp's row of c: y[yo..] = x[xo..] * rstd * w (y may be x), rstd =
- * 1/sqrt(mean(x^2) + eps) returned; x's values copied to saved[so..] when
- * saved.data is not NULL */
-__device__ __forceinline__ float rmsnorm_warp_row(gpu_tensor y, size_t yo, gpu_tensor x, size_t xo, gpu_tensor saved,
-                                                 size_t so, gpu_tensor w, int c, float eps, int lane)
+/* One warp's row of c: y[yo..] = (x[xo..] - mean) * rstd * w[wo..] (y may be
+ * x), rstd = 1/sqrt(mean((x - mean)^2) + eps) returned; mean is the row's
+ * when centered (LayerNorm without a bias), else 0 (RMSNorm); x - mean
+ * copied to saved[so..] when saved.data is not NULL */
+__device__ __forceinline__ float head_norm_warp_row(gpu_tensor y, size_t yo, gpu_tensor x, size_t xo, gpu_tensor saved,
+                                                   size_t so, gpu_tensor w, size_t wo, int c, float eps, int centered,
+                                                   int lane)
 {
+    float mu = 0.0f;
+    if (centered) {
+        double s = 0.0;
+        for (int j = lane; j < c; j += WARP) s += tload(x, xo + j);
+        mu = (float)(warp_sum_d(s) / c);
+    }
     double ss = 0.0;
     for (int j = lane; j < c; j += WARP) {
-        float v = tload(x, xo + j);
+        float v = tload(x, xo + j) - mu;
         ss += (double)v * v;
     }
     float rs = (float)(1.0 / sqrt(warp_sum_d(ss) / c + (double)eps));
     for (int j = lane; j < c; j += WARP) {
-        float v = tload(x, xo + j);
+        float v = tload(x, xo + j) - mu;
         if (saved.data) tstore(saved, so + j, v);
-        tstore(y, yo + j, v * rs * tload(w, j));
+        tstore(y, yo + j, v * rs * tload(w, wo + j));
     }
     return rs;
 }
 
-/* One warp's row of c: dx[dxo..] (+)= rstd * (dy*w - x*rstd * mean(dy*w * x*rstd)),
- * added to dx when add, else written (dx may then be dy: in place) */
-__device__ __forceinline__ void rmsnorm_warp_dx(gpu_tensor dx, size_t dxo, gpu_tensor dy, size_t dyo, gpu_tensor x,
-                                               size_t xo, gpu_tensor w, float rs, int c, int add, int lane)
+/* One warp's row of c, x the saved input (less its mean when centered):
+ * dx[dxo..] = rstd * (dxh - mean(dxh) - xh * mean(dxh * xh)), dxh = dy*w[wo..],
+ * xh = x*rstd, the mean(dxh) term only when centered; in place (dx may be dy) */
+__device__ __forceinline__ void head_norm_warp_dx(gpu_tensor dx, size_t dxo, gpu_tensor dy, size_t dyo, gpu_tensor x,
+                                                 size_t xo, gpu_tensor w, size_t wo, float rs, int c, int centered,
+                                                 int lane)
 {
-    double s2 = 0.0;
-    for (int j = lane; j < c; j += WARP)
-        s2 += (double)(tload(dy, dyo + j) * tload(w, j)) * (tload(x, xo + j) * rs);
-    float m2 = (float)(warp_sum_d(s2) / c);
+    double s1 = 0.0, s2 = 0.0;
     for (int j = lane; j < c; j += WARP) {
-        float dxh = tload(dy, dyo + j) * tload(w, j), xv = tload(x, xo + j);
-        float g = rs * (dxh - xv * rs * m2);
-        tstore(dx, dxo + j, add ? tload(dx, dxo + j) + g : g);
+        float dxh = __fmul_rn(tload(dy, dyo + j), tload(w, wo + j));
+        s1 += dxh;
+        s2 += (double)dxh * (tload(x, xo + j) * rs);
+    }
+    float m1 = centered ? (float)(warp_sum_d(s1) / c) : 0.0f, m2 = (float)(warp_sum_d(s2) / c);
+    for (int j = lane; j < c; j += WARP) {
+        float dxh = __fmul_rn(tload(dy, dyo + j), tload(w, wo + j)), xv = tload(x, xo + j);
+        tstore(dx, dxo + j, rs * (dxh - m1 - xv * rs * m2));
     }
 }
 
@@ -234,7 +247,7 @@ __global__ void rmsnorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_ten
  * 2048, dy fp32, x bf16: 100.7 MB), the partials (chunks x c fp32) out. */
 __global__ void norm_param_partials_kernel(float *pw, float *pb, gpu_tensor dy, int64_t ldy, gpu_tensor x,
                                            const float *mean, const float *rstd, int n, int heads, int c,
-                                           int chunk)
+                                           int sd, int chunk)
 {
     __shared__ float sp[2][ROWG][COLS * VEC];
     int j0 = (blockIdx.x * COLS + threadIdx.x) * VEC;
@@ -251,11 +264,19 @@ __global__ void norm_param_partials_kernel(float *pw, float *pb, gpu_tensor dy, 
                 bool vec = m == VEC && tvec_ok(dy, o) && (!pw || tvec_ok(x, xo));
                 float g[VEC], xv[VEC];
                 tloadv(dy, o, g, m, vec);
-                if (pw) {
+                if (pw && sd == c) {
                     tloadv(x, xo, xv, m, vec);
                     float mu = mean ? mean[ri] : 0.0f, rs = rstd[ri];
                     ZO_UNROLL
                     for (int k = 0; k < VEC; k++) aw[k] += g[k] * (xv[k] - mu) * rs;
+                } else if (pw) { /* a statistic every sd columns */
+                    tloadv(x, xo, xv, m, vec);
+                    size_t si = ri * (size_t)(c / sd);
+                    ZO_UNROLL
+                    for (int k = 0; k < VEC; k++) {
+                        size_t q = si + (size_t)(j0 + (k < m ? k : 0)) / sd;
+                        aw[k] += g[k] * (xv[k] - (mean ? mean[q] : 0.0f)) * rstd[q];
+                    }
                 }
                 ZO_UNROLL
                 for (int k = 0; k < VEC; k++) ab[k] += g[k];
@@ -301,29 +322,31 @@ __device__ __forceinline__ size_t head_offset(long long ri, int heads, int64_t l
     return (size_t)(ri / heads) * (size_t)ld + (size_t)(ri % heads) * d;
 }
 
-/* RMSNorm of each head, in place: one warp per (row, head); row r's head h
- * starts at r*ldx + h*d; saved [n*heads, d] and rstd [n*heads] when given */
-__global__ void head_rmsnorm_forward_kernel(gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd,
-                                            gpu_tensor w, int n, int heads, int d, float eps)
+/* The norm of each head, in place: one warp per (row, head); row r's head h
+ * starts at r*ldx + h*d, its weight at h*w_stride; saved [n*heads, d] and
+ * rstd [n*heads] when given */
+__global__ void head_norm_forward_kernel(gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd, gpu_tensor w,
+                                         int64_t w_stride, int n, int heads, int d, float eps, int centered)
 {
     int lane = threadIdx.x % WARP;
     long long ri = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     if (ri >= (long long)n * heads) return;
-    size_t off = head_offset(ri, heads, ldx, d);
-    float rs = rmsnorm_warp_row(x, off, x, off, saved, (size_t)ri * d, w, d, eps, lane);
+    size_t off = head_offset(ri, heads, ldx, d), wo = (size_t)(ri % heads) * (size_t)w_stride;
+    float rs = head_norm_warp_row(x, off, x, off, saved, (size_t)ri * d, w, wo, d, eps, centered, lane);
     if (lane == 0 && rstd) rstd[ri] = rs;
 }
 
-/* dx = rstd * (dy*w - x*rstd * mean(dy*w * x*rstd)), in place (dx holds dy);
- * one warp per (row, head), x the saved input */
-__global__ void head_rmsnorm_backward_dx_kernel(gpu_tensor dx, int64_t ldx, gpu_tensor x, gpu_tensor w,
-                                                const float *rstd, int n, int heads, int d)
+/* the input's gradient in place (dx holds dy); one warp per (row, head), x
+ * the saved input */
+__global__ void head_norm_backward_dx_kernel(gpu_tensor dx, int64_t ldx, gpu_tensor x, gpu_tensor w,
+                                             int64_t w_stride, const float *rstd, int n, int heads, int d,
+                                             int centered)
 {
     int lane = threadIdx.x % WARP;
     long long ri = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     if (ri >= (long long)n * heads) return;
-    size_t off = head_offset(ri, heads, ldx, d);
-    rmsnorm_warp_dx(dx, off, dx, off, x, (size_t)ri * d, w, rstd[ri], d, 0, lane);
+    size_t off = head_offset(ri, heads, ldx, d), wo = (size_t)(ri % heads) * (size_t)w_stride;
+    head_norm_warp_dx(dx, off, dx, off, x, (size_t)ri * d, w, wo, rstd[ri], d, centered, lane);
 }
 
 static unsigned row_blocks(long long n) { return (unsigned)((n + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
@@ -346,6 +369,15 @@ extern "C" zo_status cuda_launch_column_sums(cudaStream_t st, void *scratch, siz
                                              gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x,
                                              const float *mean, const float *rstd, int n, int heads, int c)
 {
+    return cuda_launch_column_sums_sd(st, scratch, scratch_bytes, dw, db, dy, ldy, x, mean, rstd, n, heads, c, c);
+}
+
+/* The same with a statistic every sd columns (sd divides c): those of
+ * column j of head-row ri at ri*(c/sd) + j/sd (sd c: one a head-row) */
+extern "C" zo_status cuda_launch_column_sums_sd(cudaStream_t st, void *scratch, size_t scratch_bytes, gpu_tensor dw,
+                                                gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x,
+                                                const float *mean, const float *rstd, int n, int heads, int c, int sd)
+{
     if (!dw.data && !db.data) return ZO_OK;
     size_t per = (size_t)c * sizeof(float) * ((dw.data != NULL) + (db.data != NULL)); /* one chunk's */
     size_t fit = scratch_bytes / per;
@@ -364,7 +396,7 @@ extern "C" zo_status cuda_launch_column_sums(cudaStream_t st, void *scratch, siz
     float *pw = dw.data ? (float *)scratch : NULL;
     float *pb = db.data ? (float *)scratch + (dw.data ? (size_t)chunks * c : 0) : NULL;
     dim3 grid(col_blocks, (unsigned)chunks), block(COLS, ROWG);
-    ZO_LAUNCH(norm_param_partials_kernel, grid, block, 0, st, pw, pb, dy, ldy, x, mean, rstd, n, heads, c, chunk);
+    ZO_LAUNCH(norm_param_partials_kernel, grid, block, 0, st, pw, pb, dy, ldy, x, mean, rstd, n, heads, c, sd, chunk);
     zo_status s = cuda_launch_check("norm_param_partials_kernel");
     if (s != ZO_OK) return s;
     ZO_LAUNCH(norm_param_sum_kernel, (c + 255) / 256, 256, 0, st, dw, db, pw, pb, (int)chunks, c);
@@ -414,24 +446,31 @@ extern "C" zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, void *scratch
     return cuda_launch_column_sums(st, scratch, scratch_bytes, dw, none, dy, c, x, NULL, rstd, n, 1, c);
 }
 
-extern "C" zo_status cuda_launch_head_rmsnorm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx,
-                                                      gpu_tensor saved, float *rstd, gpu_tensor w,
-                                                      int n, int heads, int d, float eps)
+extern "C" zo_status cuda_launch_head_norm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx, gpu_tensor saved,
+                                                   float *rstd, gpu_tensor w, int64_t w_stride, int n, int heads,
+                                                   int d, float eps, int centered)
 {
-    ZO_LAUNCH(head_rmsnorm_forward_kernel, row_blocks((long long)n * heads), ROWS_PER_BLOCK * WARP, 0, st, x, ldx,
-              saved, rstd, w, n, heads, d, eps);
-    return cuda_launch_check("head_rmsnorm_forward_kernel");
+    ZO_LAUNCH(head_norm_forward_kernel, row_blocks((long long)n * heads), ROWS_PER_BLOCK * WARP, 0, st, x, ldx,
+              saved, rstd, w, w_stride, n, heads, d, eps, centered);
+    return cuda_launch_check("head_norm_forward_kernel");
 }
 
-extern "C" zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
-                                                       gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
-                                                       gpu_tensor w, const float *rstd, int n, int heads, int d)
+extern "C" zo_status cuda_launch_head_norm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
+                                                    gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
+                                                    gpu_tensor w, int64_t w_stride, const float *rstd, int n,
+                                                    int heads, int d, int centered)
 {
-    /* the weight's gradient first, while dx still holds the output's */
+    /* the weight's gradient first, while dx still holds the output's (saved
+     * is the input less its mean: RMSNorm's sums); one weight: summed over
+     * the heads; one a head: the heads' columns side by side, a statistic
+     * every d */
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
-    zo_status s = cuda_launch_column_sums(st, scratch, scratch_bytes, dw, none, dx, ldx, saved, NULL, rstd, n, heads, d);
+    zo_status s = w_stride ? cuda_launch_column_sums_sd(st, scratch, scratch_bytes, dw, none, dx, ldx, saved, NULL,
+                                                        rstd, n, 1, heads * d, d)
+                           : cuda_launch_column_sums(st, scratch, scratch_bytes, dw, none, dx, ldx, saved, NULL,
+                                                     rstd, n, heads, d);
     if (s != ZO_OK) return s;
-    ZO_LAUNCH(head_rmsnorm_backward_dx_kernel, row_blocks((long long)n * heads), ROWS_PER_BLOCK * WARP, 0, st, dx,
-              ldx, saved, w, rstd, n, heads, d);
-    return cuda_launch_check("head_rmsnorm_backward_dx_kernel");
+    ZO_LAUNCH(head_norm_backward_dx_kernel, row_blocks((long long)n * heads), ROWS_PER_BLOCK * WARP, 0, st, dx,
+              ldx, saved, w, w_stride, rstd, n, heads, d, centered);
+    return cuda_launch_check("head_norm_backward_dx_kernel");
 }

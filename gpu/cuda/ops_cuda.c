@@ -55,16 +55,17 @@ static zo_status cuda_run_rmsnorm_backward(const cuda_exec *e, const gpu_op_args
                                         a->p[0], (int)a->i[0], (int)a->i[1]);
 }
 
-static zo_status cuda_run_head_rmsnorm_forward(const cuda_exec *e, const gpu_op_args *a)
+static zo_status cuda_run_head_norm_forward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_head_rmsnorm_forward(e->stream, a->t[0], a->i[3], a->t[2], a->p[0], a->t[1],
-                                            (int)a->i[0], (int)a->i[1], (int)a->i[2], a->f[0]);
+    return cuda_launch_head_norm_forward(e->stream, a->t[0], a->i[3], a->t[2], a->p[0], a->t[1], a->i[4],
+                                         (int)a->i[0], (int)a->i[1], (int)a->i[2], a->f[0], (int)a->i[5]);
 }
 
-static zo_status cuda_run_head_rmsnorm_backward(const cuda_exec *e, const gpu_op_args *a)
+static zo_status cuda_run_head_norm_backward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_head_rmsnorm_backward(e->stream, e->workspace, e->ws_bytes, a->t[0], a->i[3], a->t[1], a->t[2], a->t[3],
-                                             a->p[0], (int)a->i[0], (int)a->i[1], (int)a->i[2]);
+    return cuda_launch_head_norm_backward(e->stream, e->workspace, e->ws_bytes, a->t[0], a->i[3], a->t[1], a->t[2],
+                                          a->t[3], a->i[4], a->p[0], (int)a->i[0], (int)a->i[1], (int)a->i[2],
+                                          (int)a->i[5]);
 }
 
 /* Which kernels run attention over qkv of this shape (*path: CUDA_ATTN_FLASH,
