@@ -3477,16 +3477,16 @@ int main(void)
         }
         shim_max_t = (int)v;
     }
-    static backend cpu = {"cpu", &cpu_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 0, NULL};
-    static backend cuda = {"cuda", &cuda_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 1, NULL};
+    static backend cpu = {"cpu", &cpu_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 0, NULL, 0, 0};
+    static backend cuda = {"cuda", &cuda_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 1, NULL, 0, 0};
     if (!open_device(&cpu_dev, "cpu")) return 1;
     backends[n_backends++] = &cpu;
 #ifdef ZO_HAVE_CUDA_SHIM
     static backend sh = {"cuda-shim", NULL, host_alloc, free, host_copy, host_copy, shim_run, 0, 0, 0, NULL, 1, 0};
     static backend shg = {"cuda-shim-gemm", NULL, host_alloc, free, host_copy, host_copy, shim_gemm_run,
-                          0, 0, 0, takes_gemm_attention};
+                          0, 0, 0, takes_gemm_attention, 0, 0};
     static backend shs = {"cuda-shim-gemm-small", NULL, host_alloc, free, host_copy, host_copy,
-                          shim_gemm_small_run, 0, 0, 0, takes_gemm_attention};
+                          shim_gemm_small_run, 0, 0, 0, takes_gemm_attention, 0, 0};
     static backend sht = {"cuda-shim-tc", NULL, host_alloc, free, host_copy, host_copy, shim_tc_run,
                           0, 0, 0, takes_tc_attention, 1, 0};
     if (shim_exec_init(&shim) != ZO_OK || shim_exec_init(&shim_gemm) != ZO_OK || shim_exec_init(&shim_tc) != ZO_OK)
