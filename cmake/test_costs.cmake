@@ -46,8 +46,9 @@ endforeach()
 # Label `repeat`: tests that run, at more families, shapes or ranks, code
 # paths which other tests run too. The sanitizer pass of scripts/test.sh
 # leaves them out (ctest -LE 'buildsystem|repeat'; ZO_SANITIZE_ALL=1 runs
-# them too) so that both passes fit the suite's 15 minutes on 2 cores; the
-# plain pass runs every test. Under the sanitizers stay: every C test
+# them too), toward the suite's 15 minutes on 2 cores (both passes: 23.5
+# minutes before, 17.7 after; docs/testing.md); the plain pass runs every
+# test. Under the sanitizers stay: every C test
 # (test_transformer_torch's families, test_model's loaders, test_offload,
 # test_ops, ...), the PyTorch runs of one dense family and one of each
 # layer kind (test_e2e_torch_llama, _gpt2: GPT-2/OPT/Phi/GPT-J layers,

@@ -26,8 +26,8 @@ cd build-asan
 # label buildsystem (test_configure, test_install): cmake and the installed
 # package, the same in both builds; the plain pass ran them. Label repeat:
 # tests that repeat other tests' code paths at more families, shapes or
-# ranks (cmake/test_costs.cmake says which and why), left out here so that
-# both passes fit 15 minutes on 2 cores; ZO_SANITIZE_ALL=1 runs them too.
+# ranks (cmake/test_costs.cmake says which and why), left out here to keep
+# both passes near the 15 minutes on 2 cores; ZO_SANITIZE_ALL=1 runs them too.
 skip='buildsystem|repeat'
 if [ "${ZO_SANITIZE_ALL:-0}" = 1 ]; then
   skip='buildsystem'
