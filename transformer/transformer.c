@@ -2363,8 +2363,8 @@ static zo_status mla_qkv_forward(tf_model *m, int l, const tf_block_bufs *bb, gp
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_A_W, NO_BIAS, qa, md.qr, ln1, N, md.qr, md.h)) !=
                 ZO_OK ||
             (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QA, ln1, qa, md.qr)) != ZO_OK ||
-            (st = gpu_head_rmsnorm_forward(s, qa, md.qr, gpu_t(a->mla_qa_in, dt), a->mla_qa_rstd,
-                                           bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), N, 1, md.qr, MLA_NORM_EPS)) !=
+            (st = gpu_head_norm_forward(s, qa, md.qr, gpu_t(a->mla_qa_in, dt), a->mla_qa_rstd,
+                                        bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), 0, N, 1, md.qr, MLA_NORM_EPS, 0)) !=
                 ZO_OK ||
             (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_B_W, NO_BIAS, qkv, md.ld, qa, N, md.qw, md.qr)) !=
                 ZO_OK ||
@@ -2381,8 +2381,8 @@ static zo_status mla_qkv_forward(tf_model *m, int l, const tf_block_bufs *bb, gp
         (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVA, ln1, kva, md.kaw)) != ZO_OK ||
         (st = gpu_head_copy(s, ckv, col_at(kva, md.rope), N, 1, md.kvr, md.kvr, md.kvr, md.kvr, md.kaw, md.kaw)) !=
             ZO_OK ||
-        (st = gpu_head_rmsnorm_forward(s, ckv, md.kvr, gpu_t(a->mla_ckv_in, dt), a->mla_ckv_rstd,
-                                       bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), N, 1, md.kvr, MLA_NORM_EPS)) !=
+        (st = gpu_head_norm_forward(s, ckv, md.kvr, gpu_t(a->mla_ckv_in, dt), a->mla_ckv_rstd,
+                                    bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), 0, N, 1, md.kvr, MLA_NORM_EPS, 0)) !=
             ZO_OK ||
         (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_B_W, NO_BIAS, kv, md.kvw, ckv, N, md.kvw, md.kvr)) !=
             ZO_OK ||
@@ -2599,9 +2599,9 @@ static zo_status mla_qkv_backward(tf_model *m, int l, const tf_block_bufs *bb, g
     if (md.qr) {
         gpu_tensor dqa = F32(m->mla_dqa);
         if ((st = linear_role_backward(m, l, bb, s, qb, dqa, 0.0f, dq, gpu_t(a->mla_qa, dt))) != ZO_OK ||
-            (st = gpu_head_rmsnorm_backward(s, dqa, md.qr, tf_view(m, G, blk, MODEL_ROLE_Q_A_NORM_W),
-                                            gpu_t(a->mla_qa_in, dt), bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W),
-                                            a->mla_qa_rstd, N, 1, md.qr)) != ZO_OK ||
+            (st = gpu_head_norm_backward(s, dqa, md.qr, tf_view(m, G, blk, MODEL_ROLE_Q_A_NORM_W),
+                                         gpu_t(a->mla_qa_in, dt), bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), 0,
+                                         a->mla_qa_rstd, N, 1, md.qr, 0)) != ZO_OK ||
             (st = linear_role_backward(m, l, bb, s, qa, dh, 0.0f, dqa, ln1)) != ZO_OK)
             return st;
     } else if ((st = linear_role_backward(m, l, bb, s, qp, dh, 0.0f, dq, ln1)) != ZO_OK) {
@@ -2613,9 +2613,9 @@ static zo_status mla_qkv_backward(tf_model *m, int l, const tf_block_bufs *bb, g
             ZO_OK ||
         (st = gpu_head_copy(s, col_at(dkv, md.nope), dv, N, md.H, md.v, md.v, md.kvw, md.kvh, md.ld, md.d)) != ZO_OK ||
         (st = linear_role_backward(m, l, bb, s, kvb, dckv, 0.0f, dkv, gpu_t(a->mla_ckv, dt))) != ZO_OK ||
-        (st = gpu_head_rmsnorm_backward(s, dckv, md.kvr, tf_view(m, G, blk, MODEL_ROLE_KV_A_NORM_W),
-                                        gpu_t(a->mla_ckv_in, dt), bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W),
-                                        a->mla_ckv_rstd, N, 1, md.kvr)) != ZO_OK)
+        (st = gpu_head_norm_backward(s, dckv, md.kvr, tf_view(m, G, blk, MODEL_ROLE_KV_A_NORM_W),
+                                     gpu_t(a->mla_ckv_in, dt), bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), 0,
+                                     a->mla_ckv_rstd, N, 1, md.kvr, 0)) != ZO_OK)
         return st;
     /* d[k_pe | c_kv]: the rotary key's gradient summed over the heads */
     if ((st = gpu_head_copy(s, dkva, dk, N, md.H, md.rope, md.rope, md.kaw, 0, md.ld, md.d)) != ZO_OK ||
