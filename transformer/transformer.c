@@ -2293,6 +2293,14 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
                                  gpu_t(a->ln2, m->dtype), N, E, h);
 }
 
+/* One linear layer of layer l: its weight and bias roles, the adapters'
+ * stage, and its shape [out, in]. */
+typedef struct linear_role {
+    model_role w, b;
+    tf_lora_stage stage;
+    int out, in;
+} linear_role;
+
 /* ---- latent attention (DeepSeek-V2) -----------------------------------------------------
  * Our rows (model/layout.c, permuted at load and save) put each q head's
  * rotary dims first, de-interleaved (the file's pair (2i, 2i + 1) at i and
@@ -2344,6 +2352,57 @@ static gpu_tensor col_at(gpu_tensor t, size_t col)
     return gpu_t((char *)t.data + col * zo_dtype_size(t.dtype), t.dtype);
 }
 
+/* One latent chain of layer l: a down projection a of the hidden state,
+ * whose last r = b.in columns are the latent c, c's RMSNorm in place, and
+ * the up projection b of c. q's with q_rank (q_a_proj, q_a_layernorm,
+ * q_b_proj: c is all of a's output) and kv's (kv_a_proj_with_mqa,
+ * kv_a_layernorm, kv_b_proj: c is a's output after k_pe, copied out). */
+typedef struct mla_latent {
+    linear_role a, b;  /* [a.out, h], [b.out, r] */
+    model_role norm_w; /* the norm's weight [r] */
+    gpu_tensor a_out;  /* a's output [N, a.out]; c itself when a.out is r */
+    gpu_tensor c;      /* [N, r]: normed, b's input (kept for the backward) */
+    gpu_tensor c_in;   /* the norm's input [N, r] and its 1/rms [N] (training) */
+    float *rstd;
+} mla_latent;
+
+static mla_latent mla_latent_of(const tf_model *m, int l, const mla_dims *md, int kv)
+{
+    const tf_layer_acts *a = &m->acts[l];
+    const zo_dtype dt = m->dtype;
+    if (kv)
+        return (mla_latent){.a = {MODEL_ROLE_KV_A_W, NO_BIAS, TF_LORA_MLA_KVA, md->kaw, md->h},
+                            .b = {MODEL_ROLE_KV_B_W, NO_BIAS, TF_LORA_MLA_KVB, md->kvw, md->kvr},
+                            .norm_w = MODEL_ROLE_KV_A_NORM_W, .a_out = gpu_t(m->mla_kva, dt),
+                            .c = gpu_t(a->mla_ckv, dt), .c_in = gpu_t(a->mla_ckv_in, dt), .rstd = a->mla_ckv_rstd};
+    return (mla_latent){.a = {MODEL_ROLE_Q_A_W, NO_BIAS, TF_LORA_MLA_QA, md->qr, md->h},
+                        .b = {MODEL_ROLE_Q_B_W, NO_BIAS, TF_LORA_MLA_QB, md->qw, md->qr},
+                        .norm_w = MODEL_ROLE_Q_A_NORM_W, .a_out = gpu_t(a->mla_qa, dt), .c = gpu_t(a->mla_qa, dt),
+                        .c_in = gpu_t(a->mla_qa_in, dt), .rstd = a->mla_qa_rstd};
+}
+
+/* y [N, b.out] (row stride ldy) = b(norm(c)), c the last r columns of
+ * a(ln1) [N, h], base and adapters. */
+static zo_status mla_latent_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
+                                    const mla_latent *p, gpu_tensor ln1, gpu_tensor y, int64_t ldy)
+{
+    zo_status st;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, r = p->b.in;
+    const void *W = base_buf(m, bb);
+    if ((st = base_linear_forward(m, s, W, blk, p->a.w, p->a.b, p->a_out, p->a.out, ln1, N, p->a.out, p->a.in)) !=
+            ZO_OK ||
+        (st = lora_forward(m, s, l, bb, p->a.stage, ln1, p->a_out, p->a.out)) != ZO_OK)
+        return st;
+    if (p->a.out > r && (st = gpu_head_copy(s, p->c, col_at(p->a_out, (size_t)(p->a.out - r)), N, 1, r, r, r, r,
+                                            p->a.out, p->a.out)) != ZO_OK)
+        return st;
+    if ((st = gpu_head_norm_forward(s, p->c, r, p->c_in, p->rstd, bview(m, W, blk, p->norm_w), 0, N, 1, r,
+                                    MLA_NORM_EPS, 0)) != ZO_OK ||
+        (st = base_linear_forward(m, s, W, blk, p->b.w, p->b.b, y, ldy, p->c, N, p->b.out, r)) != ZO_OK)
+        return st;
+    return lora_forward(m, s, l, bb, p->b.stage, p->c, y, ldy);
+}
+
 /* qkv [N, 3 H d] (row stride ld) of layer l from ln1 [N, h]: q =
  * q_proj(ln1), or q_b_proj(norm(q_a_proj(ln1))) with q_rank; [k_pe | c_kv]
  * = kv_a_proj_with_mqa(ln1), [k_nope | v] of each head = kv_b_proj(norm(c_kv)).
@@ -2355,39 +2414,17 @@ static zo_status mla_qkv_forward(tf_model *m, int l, const tf_block_bufs *bb, gp
     const mla_dims md = mla_dims_of(m);
     const int blk = model_layout_layer_block(l), N = md.N;
     const zo_dtype dt = m->dtype;
-    tf_layer_acts *a = &m->acts[l];
-    const void *W = base_buf(m, bb);
-    gpu_tensor kva = gpu_t(m->mla_kva, dt), kv = gpu_t(m->mla_kv, dt), ckv = gpu_t(a->mla_ckv, dt);
+    const mla_latent q = mla_latent_of(m, l, &md, 0), kvl = mla_latent_of(m, l, &md, 1);
+    gpu_tensor kva = kvl.a_out, kv = gpu_t(m->mla_kv, dt);
     if (md.qr) {
-        gpu_tensor qa = gpu_t(a->mla_qa, dt);
-        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_A_W, NO_BIAS, qa, md.qr, ln1, N, md.qr, md.h)) !=
-                ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QA, ln1, qa, md.qr)) != ZO_OK ||
-            (st = gpu_head_norm_forward(s, qa, md.qr, gpu_t(a->mla_qa_in, dt), a->mla_qa_rstd,
-                                        bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), 0, N, 1, md.qr, MLA_NORM_EPS, 0)) !=
-                ZO_OK ||
-            (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_B_W, NO_BIAS, qkv, md.ld, qa, N, md.qw, md.qr)) !=
-                ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QB, qa, qkv, md.ld)) != ZO_OK)
-            return st;
-    } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_W, NO_BIAS, qkv, md.ld, ln1, N, md.qw, md.h)) !=
-                   ZO_OK ||
+        if ((st = mla_latent_forward(m, l, bb, s, &q, ln1, qkv, md.ld)) != ZO_OK) return st;
+    } else if ((st = base_linear_forward(m, s, base_buf(m, bb), blk, MODEL_ROLE_Q_W, NO_BIAS, qkv, md.ld, ln1, N,
+                                         md.qw, md.h)) != ZO_OK ||
                (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, md.ld)) != ZO_OK) {
         return st;
     }
-    /* kva [N, rope + kv_rank]; c_kv out of its rows, normed in place */
-    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_A_W, NO_BIAS, kva, md.kaw, ln1, N, md.kaw, md.h)) !=
-            ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVA, ln1, kva, md.kaw)) != ZO_OK ||
-        (st = gpu_head_copy(s, ckv, col_at(kva, md.rope), N, 1, md.kvr, md.kvr, md.kvr, md.kvr, md.kaw, md.kaw)) !=
-            ZO_OK ||
-        (st = gpu_head_norm_forward(s, ckv, md.kvr, gpu_t(a->mla_ckv_in, dt), a->mla_ckv_rstd,
-                                    bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), 0, N, 1, md.kvr, MLA_NORM_EPS, 0)) !=
-            ZO_OK ||
-        (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_B_W, NO_BIAS, kv, md.kvw, ckv, N, md.kvw, md.kvr)) !=
-            ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVB, ckv, kv, md.kvw)) != ZO_OK)
-        return st;
+    /* kva [N, rope + kv_rank]; c_kv out of its rows, normed; kv [N, H (nope + v)] */
+    if ((st = mla_latent_forward(m, l, bb, s, &kvl, ln1, kv, md.kvw)) != ZO_OK) return st;
     /* k = [k_pe (every head the same) | k_nope], v = [v | 0] */
     gpu_tensor k = col_at(qkv, (size_t)md.qw), vv = col_at(qkv, 2 * (size_t)md.qw);
     if ((st = gpu_head_copy(s, k, kva, N, md.H, md.rope, md.rope, md.ld, md.d, md.kaw, 0)) != ZO_OK ||
@@ -2534,14 +2571,6 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
 }
 
 /* On entry dres = dL/d(res[l+1]); on exit dL/d(res[l]). */
-/* One linear layer of layer l in the backward: its weight and bias roles,
- * the adapters' stage, and its shape [out, in]. */
-typedef struct linear_role {
-    model_role w, b;
-    tf_lora_stage stage;
-    int out, in;
-} linear_role;
-
 /* The backward of linear layer `lr` in layer l, base and adapters, from dy
  * (fp32 [N, out], rounded once for the GEMMs) and the saved input x:
  * dx = dx_beta dx + dy W (+ the adapters' share). */
@@ -2576,6 +2605,27 @@ static zo_status post_norm_backward(tf_model *m, gpu_stream_t s, const void *G, 
     return st;
 }
 
+/* mla_latent_forward's backward from dy [N, b.out] (fp32): b's, into dc
+ * [N, r], the norm's in place, then a's from da [N, a.out] (dc itself when
+ * a.out is r; else dc goes into its last r columns, the caller having
+ * written the others) into dh = dh_beta dh + d ln1. */
+static zo_status mla_latent_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
+                                     const mla_latent *p, gpu_tensor dy, gpu_tensor dc, gpu_tensor da,
+                                     gpu_tensor ln1, gpu_tensor dh, float dh_beta)
+{
+    zo_status st;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, r = p->b.in;
+    const void *W = base_buf(m, bb), *G = has_lora(m) ? NULL : bb->grads; /* LoRA: the norms frozen */
+    if ((st = linear_role_backward(m, l, bb, s, p->b, dc, 0.0f, dy, p->c)) != ZO_OK ||
+        (st = gpu_head_norm_backward(s, dc, r, tf_view(m, G, blk, p->norm_w), p->c_in, bview(m, W, blk, p->norm_w),
+                                     0, p->rstd, N, 1, r, 0)) != ZO_OK)
+        return st;
+    if (p->a.out > r && (st = gpu_head_copy(s, col_at(da, (size_t)(p->a.out - r)), dc, N, 1, r, r, p->a.out, r,
+                                            r, r)) != ZO_OK)
+        return st;
+    return linear_role_backward(m, l, bb, s, p->a, dh, dh_beta, da, ln1);
+}
+
 /* From dqkv (after RoPE's backward): the projections' backward, weights'
  * gradients into the block's (none under LoRA, which latent attention does
  * not take yet) and dh = d ln1. */
@@ -2583,46 +2633,29 @@ static zo_status mla_qkv_backward(tf_model *m, int l, const tf_block_bufs *bb, g
 {
     zo_status st;
     const mla_dims md = mla_dims_of(m);
-    const int blk = model_layout_layer_block(l), N = md.N;
-    const zo_dtype dt = m->dtype;
-    tf_layer_acts *a = &m->acts[l];
-    const void *W = base_buf(m, bb), *G = has_lora(m) ? NULL : bb->grads; /* LoRA: the norms frozen */
+    const int N = md.N;
     gpu_tensor dqkv = F32(m->dqkv), dh = F32(m->dh), dq = F32(m->datt); /* datt is free after the attention */
     gpu_tensor dkva = F32(m->mla_dkva), dkv = F32(m->mla_dkv), dckv = F32(m->mla_dckv);
     const linear_role qp = {MODEL_ROLE_Q_W, NO_BIAS, TF_LORA_QKV, md.qw, md.h};
-    const linear_role qb = {MODEL_ROLE_Q_B_W, NO_BIAS, TF_LORA_MLA_QB, md.qw, md.qr};
-    const linear_role qa = {MODEL_ROLE_Q_A_W, NO_BIAS, TF_LORA_MLA_QA, md.qr, md.h};
-    const linear_role kva = {MODEL_ROLE_KV_A_W, NO_BIAS, TF_LORA_MLA_KVA, md.kaw, md.h};
-    const linear_role kvb = {MODEL_ROLE_KV_B_W, NO_BIAS, TF_LORA_MLA_KVB, md.kvw, md.kvr};
+    const mla_latent q = mla_latent_of(m, l, &md, 0), kvl = mla_latent_of(m, l, &md, 1);
     /* q's gradient as its own rows [N, H d] */
     if ((st = gpu_head_copy(s, dq, dqkv, N, 1, md.qw, md.qw, md.qw, md.qw, md.ld, md.ld)) != ZO_OK) return st;
     if (md.qr) {
         gpu_tensor dqa = F32(m->mla_dqa);
-        if ((st = linear_role_backward(m, l, bb, s, qb, dqa, 0.0f, dq, gpu_t(a->mla_qa, dt))) != ZO_OK ||
-            (st = gpu_head_norm_backward(s, dqa, md.qr, tf_view(m, G, blk, MODEL_ROLE_Q_A_NORM_W),
-                                         gpu_t(a->mla_qa_in, dt), bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), 0,
-                                         a->mla_qa_rstd, N, 1, md.qr, 0)) != ZO_OK ||
-            (st = linear_role_backward(m, l, bb, s, qa, dh, 0.0f, dqa, ln1)) != ZO_OK)
-            return st;
+        if ((st = mla_latent_backward(m, l, bb, s, &q, dq, dqa, dqa, ln1, dh, 0.0f)) != ZO_OK) return st;
     } else if ((st = linear_role_backward(m, l, bb, s, qp, dh, 0.0f, dq, ln1)) != ZO_OK) {
         return st;
     }
-    /* [dk_nope | dv] of each head, kv_b's backward into d c_kv, c_kv's norm's */
+    /* [dk_nope | dv] of each head (kv_b's dy); d[k_pe | c_kv]: the rotary
+     * key's gradient summed over the heads, then d c_kv from kv_b's and
+     * the norm's backward */
     gpu_tensor dk = col_at(dqkv, (size_t)md.qw), dv = col_at(dqkv, 2 * (size_t)md.qw);
     if ((st = gpu_head_copy(s, dkv, col_at(dk, md.rope), N, md.H, md.nope, md.nope, md.kvw, md.kvh, md.ld, md.d)) !=
             ZO_OK ||
         (st = gpu_head_copy(s, col_at(dkv, md.nope), dv, N, md.H, md.v, md.v, md.kvw, md.kvh, md.ld, md.d)) != ZO_OK ||
-        (st = linear_role_backward(m, l, bb, s, kvb, dckv, 0.0f, dkv, gpu_t(a->mla_ckv, dt))) != ZO_OK ||
-        (st = gpu_head_norm_backward(s, dckv, md.kvr, tf_view(m, G, blk, MODEL_ROLE_KV_A_NORM_W),
-                                     gpu_t(a->mla_ckv_in, dt), bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), 0,
-                                     a->mla_ckv_rstd, N, 1, md.kvr, 0)) != ZO_OK)
+        (st = gpu_head_copy(s, dkva, dk, N, md.H, md.rope, md.rope, md.kaw, 0, md.ld, md.d)) != ZO_OK)
         return st;
-    /* d[k_pe | c_kv]: the rotary key's gradient summed over the heads */
-    if ((st = gpu_head_copy(s, dkva, dk, N, md.H, md.rope, md.rope, md.kaw, 0, md.ld, md.d)) != ZO_OK ||
-        (st = gpu_head_copy(s, col_at(dkva, md.rope), dckv, N, 1, md.kvr, md.kvr, md.kaw, md.kvr, md.kvr, md.kvr)) !=
-            ZO_OK)
-        return st;
-    return linear_role_backward(m, l, bb, s, kva, dh, 1.0f, dkva, ln1);
+    return mla_latent_backward(m, l, bb, s, &kvl, dkv, dckv, dkva, ln1, dh, 1.0f);
 }
 
 static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
