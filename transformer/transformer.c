@@ -1751,16 +1751,18 @@ static zo_status base_xwt(tf_model *m, gpu_stream_t s, const tf_block_bufs *bb, 
     return gemm_xwt(s, y, x, w, N, out, in, beta);
 }
 
-/* dx[n, in] (+)= dy[n, out] W (W [out, in]) and dW += dy^T x: beta for dx */
+/* dx[n, in] (+)= alpha dy[n, out] W (W [out, in]) and dW += alpha dy^T x:
+ * beta for dx; alpha the forward's (Granite-MoE's residual_multiplier on
+ * the experts' down projection), else 1 */
 static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor dw, gpu_tensor dy,
-                           gpu_tensor x, gpu_tensor w, int n, int out, int in)
+                           gpu_tensor x, gpu_tensor w, int n, int out, int in, float alpha)
 {
     zo_status st;
-    gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
+    gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = alpha, .beta = 1.0f,
                         .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in};
     if (dw.data && (st = gpu_gemm(s, &gw)) != ZO_OK) return st;
     if (!dx.data) return ZO_OK;
-    gpu_gemm_desc gx = {.m = n, .n = in, .k = out, .alpha = 1.0f, .beta = beta, .a = dy, .b = w,
+    gpu_gemm_desc gx = {.m = n, .n = in, .k = out, .alpha = alpha, .beta = beta, .a = dy, .b = w,
                         .c = dx, .lda = out, .ldb = in, .ldc = in};
     return gpu_gemm(s, &gx);
 }
@@ -2126,13 +2128,13 @@ static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs 
     return plain_linear_backward(m, l, bb, s, MODEL_ROLE_SHARED_GATE_W, TF_LORA_NONE, F32(m->dz), ln2, N, 1, h);
 }
 
-/* dW += dy^T x over an expert's n rows: with expert parallelism one GEMM
+/* dW += alpha dy^T x over an expert's n rows: with expert parallelism one GEMM
  * per source rank's rows (grouped rows: by expert, then source rank), so
  * that an expert's gradient adds each rank's tokens' share in rank order,
  * as one rank's gradient accumulation adds its micro-batches'; returns dw
  * emptied for gemm_back when it did (nothing else to add). */
 static zo_status ep_weight_grad(tf_model *m, const tf_layer_acts *a, int e, gpu_stream_t s, gpu_tensor *dw,
-                                gpu_tensor dy, gpu_tensor x, int out, int in)
+                                gpu_tensor dy, gpu_tensor x, int out, int in, float alpha)
 {
     if (m->ep_size <= 1 || !dw->data) return ZO_OK;
     const int El = m->layout.expert_count;
@@ -2140,7 +2142,7 @@ static zo_status ep_weight_grad(tf_model *m, const tf_layer_acts *a, int e, gpu_
     for (int p = 0, at = 0; p < m->ep_size; p++) {
         int n = a->ep_cnt[(size_t)p * El + e];
         if (!n) continue;
-        gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
+        gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = alpha, .beta = 1.0f,
                             .a = rows_at(dy, at, out), .b = rows_at(x, at, in), .c = *dw, .lda = out, .ldb = in,
                             .ldc = in};
         if ((st = gpu_gemm(s, &gw)) != ZO_OK) return st;
@@ -2174,9 +2176,11 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
      * (ex_x), weights and weight gradients (ex_ds) */
     if (M && (st = gpu_moe_gather(s, dx, F32(m->dres), a->moe_idx, M, h)) != ZO_OK) return st;
     /* Granite-MoE: the branch's output is residual_multiplier times the
-     * experts' (moe_forward), so is every gradient through it */
+     * experts' (moe_forward's down GEMM alpha), so is every gradient
+     * through it: the down projection's backward GEMMs take it as their
+     * alpha (dWdown and g below; the gate's and up's gradients and the
+     * pairs' weight gradients follow from g) */
     const float ralpha = branch_alpha(m, MODEL_ROLE_MLP_DOWN_W);
-    if (M && ralpha != 1.0f && (st = gpu_scale(s, dx, ralpha, (size_t)M * h)) != ZO_OK) return st;
     const int *eoff = ep ? a->ep_off : off, R = eoff[El];
     const float *wp = ep ? a->ep_wp : a->moe_wp;
     float *ex_ds = ep ? m->ep_w[1] : m->moe_dscale;
@@ -2199,12 +2203,12 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
         gpu_tensor g = rows_at(dff, o, fe), gu = rows_at(dup, o, fe), x = rows_at(sact, o, fe);
         gpu_tensor dxe = rows_at(ex_g, o, h), xe = rows_at(ex_x, o, h);
         const void *ew;
-        /* g = dg Wdown [n, fe]; dWdown += dg^T (w act) */
+        /* g = ralpha dg Wdown [n, fe]; dWdown += ralpha dg^T (w act) */
         gpu_tensor dw = base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e);
         if ((st = expert_begin(bb, e, s, &ew)) != ZO_OK || (st = gemm_operand(m, s, dxe, n, h, &op)) != ZO_OK ||
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
-            (st = ep_weight_grad(m, a, e, s, &dw, op, x, h, fe)) != ZO_OK ||
-            (st = gemm_back(s, g, 0.0f, dw, op, x, w, n, h, fe)) != ZO_OK ||
+            (st = ep_weight_grad(m, a, e, s, &dw, op, x, h, fe, ralpha)) != ZO_OK ||
+            (st = gemm_back(s, g, 0.0f, dw, op, x, w, n, h, fe, ralpha)) != ZO_OK ||
             (st = expert_lora_backward(m, s, bb, TF_LORA_EXPERT_DOWN, e, op, h, x, g, n)) != ZO_OK)
             return st;
         /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
@@ -2219,8 +2223,8 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
             gpu_tensor dwk = base_grad(m, bb, blk, r[k], e);
             if ((st = gemm_operand(m, s, d[k], n, fe, &op)) != ZO_OK ||
                 (st = expert_weight(m, s, bb, blk, r[k], e, ew, &w)) != ZO_OK ||
-                (st = ep_weight_grad(m, a, e, s, &dwk, op, xe, fe, h)) != ZO_OK ||
-                (st = gemm_back(s, dxe, (float)k, dwk, op, xe, w, n, fe, h)) != ZO_OK ||
+                (st = ep_weight_grad(m, a, e, s, &dwk, op, xe, fe, h, 1.0f)) != ZO_OK ||
+                (st = gemm_back(s, dxe, (float)k, dwk, op, xe, w, n, fe, h, 1.0f)) != ZO_OK ||
                 (st = expert_lora_backward(m, s, bb, ls[k], e, op, fe, xe, dxe, n)) != ZO_OK)
                 return st;
         }
