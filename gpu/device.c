@@ -310,19 +310,6 @@ zo_status gpu_head_norm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu
         .i = {n, heads, d, ldx, w_stride, centered});
 }
 
-zo_status gpu_head_rmsnorm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_tensor saved,
-                                   float *rstd, gpu_tensor w, int n, int heads, int d, float eps)
-{
-    return gpu_head_norm_forward(s, x, ldx, saved, rstd, w, 0, n, heads, d, eps, 0);
-}
-
-zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw,
-                                    gpu_tensor saved, gpu_tensor w, const float *rstd, int n,
-                                    int heads, int d)
-{
-    return gpu_head_norm_backward(s, dx, ldx, dw, saved, w, 0, rstd, n, heads, d, 0);
-}
-
 zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
                                 float *lse, gpu_tensor qkv)
 {

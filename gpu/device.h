@@ -232,13 +232,6 @@ zo_status gpu_head_norm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_t
 zo_status gpu_head_norm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
                                  gpu_tensor w, int64_t w_stride, const float *rstd, int n, int heads, int d,
                                  int centered);
-/* The RMSNorm of each head with one weight [d] (gpu_head_norm_* with
- * w_stride 0, centered 0) */
-zo_status gpu_head_rmsnorm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_tensor saved,
-                                   float *rstd, gpu_tensor w, int n, int heads, int d, float eps);
-zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw,
-                                    gpu_tensor saved, gpu_tensor w, const float *rstd, int n,
-                                    int heads, int d);
 
 /* ---- ops: attention ----------------------------------------------------------
  * Causal self-attention, memory-efficient: no [t,t] matrix is kept; forward

@@ -975,11 +975,54 @@ zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gp
                          nt);
 }
 
+/* Chan et al.'s merge of two partial (count, mean, M2) of disjoint
+ * columns, M2 the sum of squared deviations from their mean: b into a */
+static void moments_merge(double *na, double *ma, double *qa, double nb, double mb, double qb)
+{
+    if (nb == 0.0) return;
+    double n = *na + nb, dl = mb - *ma;
+    *ma += dl * (nb / n);
+    *qa += qb + dl * dl * (*na * nb / n);
+    *na = n;
+}
+
+#define MOMENT_LANES 8 /* running partials of row_moments */
+
+/* The mean and M2 of row[0..c) in one walk: MOMENT_LANES partials, lane l
+ * taking columns l, l + MOMENT_LANES, ... by Welford's update (the lanes
+ * side by side, so that they vectorize), merged pairwise in a fixed order */
+static void row_moments(const float *row, int c, double *mean, double *m2)
+{
+    double n[MOMENT_LANES], mu[MOMENT_LANES] = {0}, q[MOMENT_LANES] = {0};
+    const int full = c / MOMENT_LANES, tail = c % MOMENT_LANES;
+    for (int k = 0; k < full; k++) {
+        const float *v = row + (size_t)k * MOMENT_LANES;
+        const double inv = 1.0 / (k + 1);
+        for (int l = 0; l < MOMENT_LANES; l++) {
+            double dl = v[l] - mu[l];
+            mu[l] += dl * inv;
+            q[l] += dl * (v[l] - mu[l]);
+        }
+    }
+    for (int l = 0; l < MOMENT_LANES; l++) n[l] = full;
+    for (int l = 0; l < tail; l++) {
+        double v = row[(size_t)full * MOMENT_LANES + l], dl = v - mu[l];
+        n[l] += 1.0;
+        mu[l] += dl / n[l];
+        q[l] += dl * (v - mu[l]);
+    }
+    for (int w = 1; w < MOMENT_LANES; w *= 2)
+        for (int l = 0; l + w < MOMENT_LANES; l += 2 * w) moments_merge(&n[l], &mu[l], &q[l], n[l + w], mu[l + w], q[l + w]);
+    *mean = mu[0];
+    *m2 = q[0];
+}
+
 /* The norm of each head (Qwen3's RMSNorms, Cohere's LayerNorms when
  * centered), in place on rows of stride ldx: row r's head j starts at
  * r*ldx + j*d and takes the weight at j*w_stride; saved and rstd get the
  * input (less its mean when centered) and 1/rms of each (row, head) when
- * given. */
+ * given. Centered, the mean and the squares come from one walk of the
+ * head (row_moments), then one writes the output. */
 zo_status cpu_head_norm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd,
                                 gpu_tensor w, int64_t w_stride, int n, int heads, int d, float eps, int centered,
                                 int nt)
@@ -987,26 +1030,34 @@ zo_status cpu_head_norm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, gpu_
     const int team = cpu_team(nt), wrows = w_stride ? heads : 1;
     const size_t cb = (size_t)d * sizeof(float);
     char *base;
-    zo_status st = reserve_team(ws, "gpu_head_norm_forward", cb * wrows, cb, team, &base);
+    zo_status st = reserve_team(ws, "gpu_head_norm_forward", cb * wrows, 2 * cb, team, &base);
     if (st != ZO_OK) return st;
     float *wv = (float *)base;
     load_row(wv, w, 0, d * wrows);
 #pragma omp parallel num_threads(team)
     {
-        float *row = (float *)team_slice(base, cb * wrows, cb);
+        float *row = (float *)team_slice(base, cb * wrows, 2 * cb), *xc = row + d;
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++)
             for (int j = 0; j < heads; j++) {
                 size_t off = (size_t)r * (size_t)ldx + (size_t)j * d, ri = (size_t)r * heads + j;
+                const float *wj = wv + (size_t)j * w_stride;
+                float rs;
                 load_row(row, x, off, d);
                 if (centered) {
-                    double s = 0.0;
-                    for (int e = 0; e < d; e++) s += row[e];
-                    float m = (float)(s / d);
-                    for (int e = 0; e < d; e++) row[e] -= m;
+                    double mean, m2;
+                    row_moments(row, d, &mean, &m2);
+                    const float m = (float)mean;
+                    rs = (float)(1.0 / sqrt(m2 / d + (double)eps));
+                    for (int e = 0; e < d; e++) {
+                        xc[e] = row[e] - m;
+                        row[e] = xc[e] * rs * wj[e];
+                    }
+                    if (saved.data) store_row(saved, ri * d, xc, d);
+                } else {
+                    if (saved.data) store_row(saved, ri * d, row, d);
+                    rs = rmsnorm_row(row, wj, d, eps);
                 }
-                if (saved.data) store_row(saved, ri * d, row, d);
-                float rs = rmsnorm_row(row, wv + (size_t)j * w_stride, d, eps);
                 store_row(x, off, row, d);
                 if (rstd) rstd[ri] = rs;
             }

@@ -442,8 +442,8 @@ static void test_errors(void **state)
     assert_int_equal(gpu_attention_forward(S, &ad, gpu_t(x, ZO_DTYPE_F32), lse, gpu_t(x, ZO_DTYPE_F32)), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "hkv"));
     /* heads that do not fit in a row: named with the row stride */
-    assert_int_equal(gpu_head_rmsnorm_forward(S, gpu_t(x, ZO_DTYPE_F32), 7, gpu_t(NULL, 0), NULL,
-                                              gpu_t(x, ZO_DTYPE_F32), 2, 2, 4, 1e-6f),
+    assert_int_equal(gpu_head_norm_forward(S, gpu_t(x, ZO_DTYPE_F32), 7, gpu_t(NULL, 0), NULL,
+                                           gpu_t(x, ZO_DTYPE_F32), 0, 2, 2, 4, 1e-6f, 0),
                      ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "ldx 7 < heads*d 8"));
     /* a weight neither shared nor a row a head; a kind neither RMSNorm nor LayerNorm */

@@ -1776,17 +1776,20 @@ static void head_norm_prep(const pcase *c, hostv *h)
     }
 }
 
-/* g: n heads width d */
-static void head_norm_forward_cases(const int *g, int kind, int types)
+/* g: n heads width d; the inputs in [at - 1, at + 1) */
+static void head_norm_forward_cases(const int *g, int kind, int types, double at)
 {
     for (int t = 0; t < types; t++)
         for (int keep = 0; keep < 2; keep++) {
             int64_t ld = (int64_t)g[2] * g[3];
             pcase c = new_case(GPU_OP_HEAD_NORM_FORWARD, "n %d heads %d of %d d %d %s%s%s", g[0], g[1], g[2], g[3],
                                ename(storage[t]), keep ? "" : " nothing kept", hn_name(kind));
+            if (at != 0.0)
+                snprintf(c.label + strlen(c.label), sizeof c.label - strlen(c.label), ", inputs about %g", at);
             c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[3], c.a.i[3] = ld, c.a.f[0] = 1e-6f;
             c.a.i[4] = hn_per_head(kind) ? g[3] : 0, c.a.i[5] = hn_centered(kind);
-            OUT_T(&c, 0, storage[t], (size_t)g[0] * ld);
+            int x = OUT_T(&c, 0, storage[t], (size_t)g[0] * ld);
+            c.buf[x].lo = at - 1.0, c.buf[x].hi = at + 1.0;
             IN_T(&c, 1, storage[t], (size_t)g[3] * (hn_per_head(kind) ? g[1] : 1));
             if (keep) {
                 OUT_T(&c, 2, storage[t], (size_t)g[0] * g[1] * g[3]);
@@ -1804,12 +1807,19 @@ static void parity_head_norm_forward(void)
 {
     for (int k = 0; k < HN_KINDS; k++)
         for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
-            head_norm_forward_cases(head_norm_cfg[s], k, hn_types(k));
+            head_norm_forward_cases(head_norm_cfg[s], k, hn_types(k), 0.0);
     uint64_t saved = rng;
     rng = NORM_CHUNK_SEED;
     for (int k = 0; k < 2; k++)
         for (size_t s = 0; s < sizeof head_norm_chunk_cfg / sizeof *head_norm_chunk_cfg; s++)
-            head_norm_forward_cases(head_norm_chunk_cfg[s], k, 3);
+            head_norm_forward_cases(head_norm_chunk_cfg[s], k, 3, 0.0);
+    /* the LayerNorm kinds on fp32 inputs whose mean is 64 times their
+     * spread: the variance must not cancel away (E[x^2] - E[x]^2 summed in
+     * fp32 loses it to ~1e-3; 64 keeps the mean's own fp32 rounding, which
+     * the output inherits, below the tolerance) */
+    for (int k = 1; k <= 2; k++)
+        for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
+            head_norm_forward_cases(head_norm_cfg[s], k, 1, 64.0);
     rng = saved;
 }
 

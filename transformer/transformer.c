@@ -1751,16 +1751,18 @@ static zo_status base_xwt(tf_model *m, gpu_stream_t s, const tf_block_bufs *bb, 
     return gemm_xwt(s, y, x, w, N, out, in, beta);
 }
 
-/* dx[n, in] (+)= dy[n, out] W (W [out, in]) and dW += dy^T x: beta for dx */
+/* dx[n, in] (+)= alpha dy[n, out] W (W [out, in]) and dW += alpha dy^T x:
+ * beta for dx; alpha the forward's (Granite-MoE's residual_multiplier on
+ * the experts' down projection), else 1 */
 static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor dw, gpu_tensor dy,
-                           gpu_tensor x, gpu_tensor w, int n, int out, int in)
+                           gpu_tensor x, gpu_tensor w, int n, int out, int in, float alpha)
 {
     zo_status st;
-    gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
+    gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = alpha, .beta = 1.0f,
                         .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in};
     if (dw.data && (st = gpu_gemm(s, &gw)) != ZO_OK) return st;
     if (!dx.data) return ZO_OK;
-    gpu_gemm_desc gx = {.m = n, .n = in, .k = out, .alpha = 1.0f, .beta = beta, .a = dy, .b = w,
+    gpu_gemm_desc gx = {.m = n, .n = in, .k = out, .alpha = alpha, .beta = beta, .a = dy, .b = w,
                         .c = dx, .lda = out, .ldb = in, .ldc = in};
     return gpu_gemm(s, &gx);
 }
@@ -2126,13 +2128,13 @@ static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs 
     return plain_linear_backward(m, l, bb, s, MODEL_ROLE_SHARED_GATE_W, TF_LORA_NONE, F32(m->dz), ln2, N, 1, h);
 }
 
-/* dW += dy^T x over an expert's n rows: with expert parallelism one GEMM
+/* dW += alpha dy^T x over an expert's n rows: with expert parallelism one GEMM
  * per source rank's rows (grouped rows: by expert, then source rank), so
  * that an expert's gradient adds each rank's tokens' share in rank order,
  * as one rank's gradient accumulation adds its micro-batches'; returns dw
  * emptied for gemm_back when it did (nothing else to add). */
 static zo_status ep_weight_grad(tf_model *m, const tf_layer_acts *a, int e, gpu_stream_t s, gpu_tensor *dw,
-                                gpu_tensor dy, gpu_tensor x, int out, int in)
+                                gpu_tensor dy, gpu_tensor x, int out, int in, float alpha)
 {
     if (m->ep_size <= 1 || !dw->data) return ZO_OK;
     const int El = m->layout.expert_count;
@@ -2140,7 +2142,7 @@ static zo_status ep_weight_grad(tf_model *m, const tf_layer_acts *a, int e, gpu_
     for (int p = 0, at = 0; p < m->ep_size; p++) {
         int n = a->ep_cnt[(size_t)p * El + e];
         if (!n) continue;
-        gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
+        gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = alpha, .beta = 1.0f,
                             .a = rows_at(dy, at, out), .b = rows_at(x, at, in), .c = *dw, .lda = out, .ldb = in,
                             .ldc = in};
         if ((st = gpu_gemm(s, &gw)) != ZO_OK) return st;
@@ -2174,9 +2176,11 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
      * (ex_x), weights and weight gradients (ex_ds) */
     if (M && (st = gpu_moe_gather(s, dx, F32(m->dres), a->moe_idx, M, h)) != ZO_OK) return st;
     /* Granite-MoE: the branch's output is residual_multiplier times the
-     * experts' (moe_forward), so is every gradient through it */
+     * experts' (moe_forward's down GEMM alpha), so is every gradient
+     * through it: the down projection's backward GEMMs take it as their
+     * alpha (dWdown and g below; the gate's and up's gradients and the
+     * pairs' weight gradients follow from g) */
     const float ralpha = branch_alpha(m, MODEL_ROLE_MLP_DOWN_W);
-    if (M && ralpha != 1.0f && (st = gpu_scale(s, dx, ralpha, (size_t)M * h)) != ZO_OK) return st;
     const int *eoff = ep ? a->ep_off : off, R = eoff[El];
     const float *wp = ep ? a->ep_wp : a->moe_wp;
     float *ex_ds = ep ? m->ep_w[1] : m->moe_dscale;
@@ -2199,12 +2203,12 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
         gpu_tensor g = rows_at(dff, o, fe), gu = rows_at(dup, o, fe), x = rows_at(sact, o, fe);
         gpu_tensor dxe = rows_at(ex_g, o, h), xe = rows_at(ex_x, o, h);
         const void *ew;
-        /* g = dg Wdown [n, fe]; dWdown += dg^T (w act) */
+        /* g = ralpha dg Wdown [n, fe]; dWdown += ralpha dg^T (w act) */
         gpu_tensor dw = base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e);
         if ((st = expert_begin(bb, e, s, &ew)) != ZO_OK || (st = gemm_operand(m, s, dxe, n, h, &op)) != ZO_OK ||
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
-            (st = ep_weight_grad(m, a, e, s, &dw, op, x, h, fe)) != ZO_OK ||
-            (st = gemm_back(s, g, 0.0f, dw, op, x, w, n, h, fe)) != ZO_OK ||
+            (st = ep_weight_grad(m, a, e, s, &dw, op, x, h, fe, ralpha)) != ZO_OK ||
+            (st = gemm_back(s, g, 0.0f, dw, op, x, w, n, h, fe, ralpha)) != ZO_OK ||
             (st = expert_lora_backward(m, s, bb, TF_LORA_EXPERT_DOWN, e, op, h, x, g, n)) != ZO_OK)
             return st;
         /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
@@ -2219,8 +2223,8 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
             gpu_tensor dwk = base_grad(m, bb, blk, r[k], e);
             if ((st = gemm_operand(m, s, d[k], n, fe, &op)) != ZO_OK ||
                 (st = expert_weight(m, s, bb, blk, r[k], e, ew, &w)) != ZO_OK ||
-                (st = ep_weight_grad(m, a, e, s, &dwk, op, xe, fe, h)) != ZO_OK ||
-                (st = gemm_back(s, dxe, (float)k, dwk, op, xe, w, n, fe, h)) != ZO_OK ||
+                (st = ep_weight_grad(m, a, e, s, &dwk, op, xe, fe, h, 1.0f)) != ZO_OK ||
+                (st = gemm_back(s, dxe, (float)k, dwk, op, xe, w, n, fe, h, 1.0f)) != ZO_OK ||
                 (st = expert_lora_backward(m, s, bb, ls[k], e, op, fe, xe, dxe, n)) != ZO_OK)
                 return st;
         }
@@ -2293,6 +2297,14 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
                                  gpu_t(a->ln2, m->dtype), N, E, h);
 }
 
+/* One linear layer of layer l: its weight and bias roles, the adapters'
+ * stage, and its shape [out, in]. */
+typedef struct linear_role {
+    model_role w, b;
+    tf_lora_stage stage;
+    int out, in;
+} linear_role;
+
 /* ---- latent attention (DeepSeek-V2) -----------------------------------------------------
  * Our rows (model/layout.c, permuted at load and save) put each q head's
  * rotary dims first, de-interleaved (the file's pair (2i, 2i + 1) at i and
@@ -2344,6 +2356,57 @@ static gpu_tensor col_at(gpu_tensor t, size_t col)
     return gpu_t((char *)t.data + col * zo_dtype_size(t.dtype), t.dtype);
 }
 
+/* One latent chain of layer l: a down projection a of the hidden state,
+ * whose last r = b.in columns are the latent c, c's RMSNorm in place, and
+ * the up projection b of c. q's with q_rank (q_a_proj, q_a_layernorm,
+ * q_b_proj: c is all of a's output) and kv's (kv_a_proj_with_mqa,
+ * kv_a_layernorm, kv_b_proj: c is a's output after k_pe, copied out). */
+typedef struct mla_latent {
+    linear_role a, b;  /* [a.out, h], [b.out, r] */
+    model_role norm_w; /* the norm's weight [r] */
+    gpu_tensor a_out;  /* a's output [N, a.out]; c itself when a.out is r */
+    gpu_tensor c;      /* [N, r]: normed, b's input (kept for the backward) */
+    gpu_tensor c_in;   /* the norm's input [N, r] and its 1/rms [N] (training) */
+    float *rstd;
+} mla_latent;
+
+static mla_latent mla_latent_of(const tf_model *m, int l, const mla_dims *md, int kv)
+{
+    const tf_layer_acts *a = &m->acts[l];
+    const zo_dtype dt = m->dtype;
+    if (kv)
+        return (mla_latent){.a = {MODEL_ROLE_KV_A_W, NO_BIAS, TF_LORA_MLA_KVA, md->kaw, md->h},
+                            .b = {MODEL_ROLE_KV_B_W, NO_BIAS, TF_LORA_MLA_KVB, md->kvw, md->kvr},
+                            .norm_w = MODEL_ROLE_KV_A_NORM_W, .a_out = gpu_t(m->mla_kva, dt),
+                            .c = gpu_t(a->mla_ckv, dt), .c_in = gpu_t(a->mla_ckv_in, dt), .rstd = a->mla_ckv_rstd};
+    return (mla_latent){.a = {MODEL_ROLE_Q_A_W, NO_BIAS, TF_LORA_MLA_QA, md->qr, md->h},
+                        .b = {MODEL_ROLE_Q_B_W, NO_BIAS, TF_LORA_MLA_QB, md->qw, md->qr},
+                        .norm_w = MODEL_ROLE_Q_A_NORM_W, .a_out = gpu_t(a->mla_qa, dt), .c = gpu_t(a->mla_qa, dt),
+                        .c_in = gpu_t(a->mla_qa_in, dt), .rstd = a->mla_qa_rstd};
+}
+
+/* y [N, b.out] (row stride ldy) = b(norm(c)), c the last r columns of
+ * a(ln1) [N, h], base and adapters. */
+static zo_status mla_latent_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
+                                    const mla_latent *p, gpu_tensor ln1, gpu_tensor y, int64_t ldy)
+{
+    zo_status st;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, r = p->b.in;
+    const void *W = base_buf(m, bb);
+    if ((st = base_linear_forward(m, s, W, blk, p->a.w, p->a.b, p->a_out, p->a.out, ln1, N, p->a.out, p->a.in)) !=
+            ZO_OK ||
+        (st = lora_forward(m, s, l, bb, p->a.stage, ln1, p->a_out, p->a.out)) != ZO_OK)
+        return st;
+    if (p->a.out > r && (st = gpu_head_copy(s, p->c, col_at(p->a_out, (size_t)(p->a.out - r)), N, 1, r, r, r, r,
+                                            p->a.out, p->a.out)) != ZO_OK)
+        return st;
+    if ((st = gpu_head_norm_forward(s, p->c, r, p->c_in, p->rstd, bview(m, W, blk, p->norm_w), 0, N, 1, r,
+                                    MLA_NORM_EPS, 0)) != ZO_OK ||
+        (st = base_linear_forward(m, s, W, blk, p->b.w, p->b.b, y, ldy, p->c, N, p->b.out, r)) != ZO_OK)
+        return st;
+    return lora_forward(m, s, l, bb, p->b.stage, p->c, y, ldy);
+}
+
 /* qkv [N, 3 H d] (row stride ld) of layer l from ln1 [N, h]: q =
  * q_proj(ln1), or q_b_proj(norm(q_a_proj(ln1))) with q_rank; [k_pe | c_kv]
  * = kv_a_proj_with_mqa(ln1), [k_nope | v] of each head = kv_b_proj(norm(c_kv)).
@@ -2355,39 +2418,17 @@ static zo_status mla_qkv_forward(tf_model *m, int l, const tf_block_bufs *bb, gp
     const mla_dims md = mla_dims_of(m);
     const int blk = model_layout_layer_block(l), N = md.N;
     const zo_dtype dt = m->dtype;
-    tf_layer_acts *a = &m->acts[l];
-    const void *W = base_buf(m, bb);
-    gpu_tensor kva = gpu_t(m->mla_kva, dt), kv = gpu_t(m->mla_kv, dt), ckv = gpu_t(a->mla_ckv, dt);
+    const mla_latent q = mla_latent_of(m, l, &md, 0), kvl = mla_latent_of(m, l, &md, 1);
+    gpu_tensor kva = kvl.a_out, kv = gpu_t(m->mla_kv, dt);
     if (md.qr) {
-        gpu_tensor qa = gpu_t(a->mla_qa, dt);
-        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_A_W, NO_BIAS, qa, md.qr, ln1, N, md.qr, md.h)) !=
-                ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QA, ln1, qa, md.qr)) != ZO_OK ||
-            (st = gpu_head_rmsnorm_forward(s, qa, md.qr, gpu_t(a->mla_qa_in, dt), a->mla_qa_rstd,
-                                           bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W), N, 1, md.qr, MLA_NORM_EPS)) !=
-                ZO_OK ||
-            (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_B_W, NO_BIAS, qkv, md.ld, qa, N, md.qw, md.qr)) !=
-                ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_MLA_QB, qa, qkv, md.ld)) != ZO_OK)
-            return st;
-    } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_W, NO_BIAS, qkv, md.ld, ln1, N, md.qw, md.h)) !=
-                   ZO_OK ||
+        if ((st = mla_latent_forward(m, l, bb, s, &q, ln1, qkv, md.ld)) != ZO_OK) return st;
+    } else if ((st = base_linear_forward(m, s, base_buf(m, bb), blk, MODEL_ROLE_Q_W, NO_BIAS, qkv, md.ld, ln1, N,
+                                         md.qw, md.h)) != ZO_OK ||
                (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, md.ld)) != ZO_OK) {
         return st;
     }
-    /* kva [N, rope + kv_rank]; c_kv out of its rows, normed in place */
-    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_A_W, NO_BIAS, kva, md.kaw, ln1, N, md.kaw, md.h)) !=
-            ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVA, ln1, kva, md.kaw)) != ZO_OK ||
-        (st = gpu_head_copy(s, ckv, col_at(kva, md.rope), N, 1, md.kvr, md.kvr, md.kvr, md.kvr, md.kaw, md.kaw)) !=
-            ZO_OK ||
-        (st = gpu_head_rmsnorm_forward(s, ckv, md.kvr, gpu_t(a->mla_ckv_in, dt), a->mla_ckv_rstd,
-                                       bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), N, 1, md.kvr, MLA_NORM_EPS)) !=
-            ZO_OK ||
-        (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_B_W, NO_BIAS, kv, md.kvw, ckv, N, md.kvw, md.kvr)) !=
-            ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVB, ckv, kv, md.kvw)) != ZO_OK)
-        return st;
+    /* kva [N, rope + kv_rank]; c_kv out of its rows, normed; kv [N, H (nope + v)] */
+    if ((st = mla_latent_forward(m, l, bb, s, &kvl, ln1, kv, md.kvw)) != ZO_OK) return st;
     /* k = [k_pe (every head the same) | k_nope], v = [v | 0] */
     gpu_tensor k = col_at(qkv, (size_t)md.qw), vv = col_at(qkv, 2 * (size_t)md.qw);
     if ((st = gpu_head_copy(s, k, kva, N, md.H, md.rope, md.rope, md.ld, md.d, md.kaw, 0)) != ZO_OK ||
@@ -2534,14 +2575,6 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
 }
 
 /* On entry dres = dL/d(res[l+1]); on exit dL/d(res[l]). */
-/* One linear layer of layer l in the backward: its weight and bias roles,
- * the adapters' stage, and its shape [out, in]. */
-typedef struct linear_role {
-    model_role w, b;
-    tf_lora_stage stage;
-    int out, in;
-} linear_role;
-
 /* The backward of linear layer `lr` in layer l, base and adapters, from dy
  * (fp32 [N, out], rounded once for the GEMMs) and the saved input x:
  * dx = dx_beta dx + dy W (+ the adapters' share). */
@@ -2576,6 +2609,27 @@ static zo_status post_norm_backward(tf_model *m, gpu_stream_t s, const void *G, 
     return st;
 }
 
+/* mla_latent_forward's backward from dy [N, b.out] (fp32): b's, into dc
+ * [N, r], the norm's in place, then a's from da [N, a.out] (dc itself when
+ * a.out is r; else dc goes into its last r columns, the caller having
+ * written the others) into dh = dh_beta dh + d ln1. */
+static zo_status mla_latent_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
+                                     const mla_latent *p, gpu_tensor dy, gpu_tensor dc, gpu_tensor da,
+                                     gpu_tensor ln1, gpu_tensor dh, float dh_beta)
+{
+    zo_status st;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, r = p->b.in;
+    const void *W = base_buf(m, bb), *G = has_lora(m) ? NULL : bb->grads; /* LoRA: the norms frozen */
+    if ((st = linear_role_backward(m, l, bb, s, p->b, dc, 0.0f, dy, p->c)) != ZO_OK ||
+        (st = gpu_head_norm_backward(s, dc, r, tf_view(m, G, blk, p->norm_w), p->c_in, bview(m, W, blk, p->norm_w),
+                                     0, p->rstd, N, 1, r, 0)) != ZO_OK)
+        return st;
+    if (p->a.out > r && (st = gpu_head_copy(s, col_at(da, (size_t)(p->a.out - r)), dc, N, 1, r, r, p->a.out, r,
+                                            r, r)) != ZO_OK)
+        return st;
+    return linear_role_backward(m, l, bb, s, p->a, dh, dh_beta, da, ln1);
+}
+
 /* From dqkv (after RoPE's backward): the projections' backward, weights'
  * gradients into the block's (none under LoRA, which latent attention does
  * not take yet) and dh = d ln1. */
@@ -2583,46 +2637,29 @@ static zo_status mla_qkv_backward(tf_model *m, int l, const tf_block_bufs *bb, g
 {
     zo_status st;
     const mla_dims md = mla_dims_of(m);
-    const int blk = model_layout_layer_block(l), N = md.N;
-    const zo_dtype dt = m->dtype;
-    tf_layer_acts *a = &m->acts[l];
-    const void *W = base_buf(m, bb), *G = has_lora(m) ? NULL : bb->grads; /* LoRA: the norms frozen */
+    const int N = md.N;
     gpu_tensor dqkv = F32(m->dqkv), dh = F32(m->dh), dq = F32(m->datt); /* datt is free after the attention */
     gpu_tensor dkva = F32(m->mla_dkva), dkv = F32(m->mla_dkv), dckv = F32(m->mla_dckv);
     const linear_role qp = {MODEL_ROLE_Q_W, NO_BIAS, TF_LORA_QKV, md.qw, md.h};
-    const linear_role qb = {MODEL_ROLE_Q_B_W, NO_BIAS, TF_LORA_MLA_QB, md.qw, md.qr};
-    const linear_role qa = {MODEL_ROLE_Q_A_W, NO_BIAS, TF_LORA_MLA_QA, md.qr, md.h};
-    const linear_role kva = {MODEL_ROLE_KV_A_W, NO_BIAS, TF_LORA_MLA_KVA, md.kaw, md.h};
-    const linear_role kvb = {MODEL_ROLE_KV_B_W, NO_BIAS, TF_LORA_MLA_KVB, md.kvw, md.kvr};
+    const mla_latent q = mla_latent_of(m, l, &md, 0), kvl = mla_latent_of(m, l, &md, 1);
     /* q's gradient as its own rows [N, H d] */
     if ((st = gpu_head_copy(s, dq, dqkv, N, 1, md.qw, md.qw, md.qw, md.qw, md.ld, md.ld)) != ZO_OK) return st;
     if (md.qr) {
         gpu_tensor dqa = F32(m->mla_dqa);
-        if ((st = linear_role_backward(m, l, bb, s, qb, dqa, 0.0f, dq, gpu_t(a->mla_qa, dt))) != ZO_OK ||
-            (st = gpu_head_rmsnorm_backward(s, dqa, md.qr, tf_view(m, G, blk, MODEL_ROLE_Q_A_NORM_W),
-                                            gpu_t(a->mla_qa_in, dt), bview(m, W, blk, MODEL_ROLE_Q_A_NORM_W),
-                                            a->mla_qa_rstd, N, 1, md.qr)) != ZO_OK ||
-            (st = linear_role_backward(m, l, bb, s, qa, dh, 0.0f, dqa, ln1)) != ZO_OK)
-            return st;
+        if ((st = mla_latent_backward(m, l, bb, s, &q, dq, dqa, dqa, ln1, dh, 0.0f)) != ZO_OK) return st;
     } else if ((st = linear_role_backward(m, l, bb, s, qp, dh, 0.0f, dq, ln1)) != ZO_OK) {
         return st;
     }
-    /* [dk_nope | dv] of each head, kv_b's backward into d c_kv, c_kv's norm's */
+    /* [dk_nope | dv] of each head (kv_b's dy); d[k_pe | c_kv]: the rotary
+     * key's gradient summed over the heads, then d c_kv from kv_b's and
+     * the norm's backward */
     gpu_tensor dk = col_at(dqkv, (size_t)md.qw), dv = col_at(dqkv, 2 * (size_t)md.qw);
     if ((st = gpu_head_copy(s, dkv, col_at(dk, md.rope), N, md.H, md.nope, md.nope, md.kvw, md.kvh, md.ld, md.d)) !=
             ZO_OK ||
         (st = gpu_head_copy(s, col_at(dkv, md.nope), dv, N, md.H, md.v, md.v, md.kvw, md.kvh, md.ld, md.d)) != ZO_OK ||
-        (st = linear_role_backward(m, l, bb, s, kvb, dckv, 0.0f, dkv, gpu_t(a->mla_ckv, dt))) != ZO_OK ||
-        (st = gpu_head_rmsnorm_backward(s, dckv, md.kvr, tf_view(m, G, blk, MODEL_ROLE_KV_A_NORM_W),
-                                        gpu_t(a->mla_ckv_in, dt), bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W),
-                                        a->mla_ckv_rstd, N, 1, md.kvr)) != ZO_OK)
+        (st = gpu_head_copy(s, dkva, dk, N, md.H, md.rope, md.rope, md.kaw, 0, md.ld, md.d)) != ZO_OK)
         return st;
-    /* d[k_pe | c_kv]: the rotary key's gradient summed over the heads */
-    if ((st = gpu_head_copy(s, dkva, dk, N, md.H, md.rope, md.rope, md.kaw, 0, md.ld, md.d)) != ZO_OK ||
-        (st = gpu_head_copy(s, col_at(dkva, md.rope), dckv, N, 1, md.kvr, md.kvr, md.kaw, md.kvr, md.kvr, md.kvr)) !=
-            ZO_OK)
-        return st;
-    return linear_role_backward(m, l, bb, s, kva, dh, 1.0f, dkva, ln1);
+    return mla_latent_backward(m, l, bb, s, &kvl, dkv, dckv, dkva, ln1, dh, 1.0f);
 }
 
 static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)

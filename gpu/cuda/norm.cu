@@ -4,7 +4,8 @@
  * are aligned; every pass one walk, row_map), sums in double (as the CPU reference sums in double)
  * combined by a block reduction in a fixed order. The norms of each head
  * (RMSNorm or LayerNorm without a bias, rows of 64 to 256, one weight or a
- * row a head): one warp per row, lanes striding over the columns.
+ * row a head): one warp per row, lanes striding over the columns, the
+ * LayerNorm's mean and M2 in one read (Welford per lane, Chan's merge).
  * Parameter gradients (and the bias gradient of bias.cu, through
  * cuda_launch_column_sums): column sums over the rows cut into a fixed
  * number of chunks (a function of the shape), each chunk's sums (over a
@@ -139,26 +140,68 @@ __global__ void layernorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_t
     });
 }
 
+/* Chan et al.'s merge of two partial (count, mean, M2) of disjoint
+ * columns, M2 the sum of squared deviations from their mean: b into a */
+__device__ __forceinline__ void moments_merge(double &na, double &ma, double &qa, double nb, double mb, double qb)
+{
+    if (nb == 0.0) return;
+    double n = na + nb, dl = mb - ma;
+    ma += dl * (nb / n);
+    qa += qb + dl * dl * (na * nb / n);
+    na = n;
+}
+
+/* One warp's mean and M2 of x[xo..xo+c) in one read of x: each lane's by
+ * Welford's update over its columns, then merged over the warp (a
+ * butterfly in which both lanes of a pair merge the higher lane's partial
+ * into the lower's, so that every lane gets the same bits) */
+__device__ __forceinline__ void warp_moments(gpu_tensor x, size_t xo, int c, int lane, double &mean, double &m2)
+{
+    double n = 0.0, mu = 0.0, q = 0.0;
+    for (int j = lane; j < c; j += WARP) {
+        double v = tload(x, xo + j), dl = v - mu;
+        n += 1.0;
+        mu += dl / n;
+        q += dl * (v - mu);
+    }
+    for (int o = WARP / 2; o > 0; o >>= 1) {
+        double pn = __shfl_xor_sync(FULL_MASK, n, o), pm = __shfl_xor_sync(FULL_MASK, mu, o),
+               pq = __shfl_xor_sync(FULL_MASK, q, o);
+        if (lane & o) { /* the partner is the lower lane: its partial first */
+            double tn = n, tm = mu, tq = q;
+            n = pn, mu = pm, q = pq;
+            pn = tn, pm = tm, pq = tq;
+        }
+        moments_merge(n, mu, q, pn, pm, pq);
+    }
+    mean = mu;
+    m2 = q;
+}
+
 /* One warp's row of c: y[yo..] = (x[xo..] - mean) * rstd * w[wo..] (y may be
  * x), rstd = 1/sqrt(mean((x - mean)^2) + eps) returned; mean is the row's
  * when centered (LayerNorm without a bias), else 0 (RMSNorm); x - mean
- * copied to saved[so..] when saved.data is not NULL */
+ * copied to saved[so..] when saved.data is not NULL. Two reads of x: the
+ * statistics (the sum of squares; centered, the mean and M2 at once,
+ * warp_moments), then the output. */
 __device__ __forceinline__ float head_norm_warp_row(gpu_tensor y, size_t yo, gpu_tensor x, size_t xo, gpu_tensor saved,
                                                    size_t so, gpu_tensor w, size_t wo, int c, float eps, int centered,
                                                    int lane)
 {
     float mu = 0.0f;
-    if (centered) {
-        double s = 0.0;
-        for (int j = lane; j < c; j += WARP) s += tload(x, xo + j);
-        mu = (float)(warp_sum_d(s) / c);
-    }
     double ss = 0.0;
-    for (int j = lane; j < c; j += WARP) {
-        float v = tload(x, xo + j) - mu;
-        ss += (double)v * v;
+    if (centered) {
+        double mean;
+        warp_moments(x, xo, c, lane, mean, ss);
+        mu = (float)mean;
+    } else {
+        for (int j = lane; j < c; j += WARP) {
+            float v = tload(x, xo + j);
+            ss += (double)v * v;
+        }
+        ss = warp_sum_d(ss);
     }
-    float rs = (float)(1.0 / sqrt(warp_sum_d(ss) / c + (double)eps));
+    float rs = (float)(1.0 / sqrt(ss / c + (double)eps));
     for (int j = lane; j < c; j += WARP) {
         float v = tload(x, xo + j) - mu;
         if (saved.data) tstore(saved, so + j, v);
