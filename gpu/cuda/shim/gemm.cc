@@ -15,6 +15,18 @@ namespace zo_shim_kernels {
  * bit and are not done here. The columns of a row are summed side by side,
  * each in that order: the compiler's vector lanes are columns, and no sum is
  * reassociated. */
+/* One row of sums: c[j] = sum over p of arow[p] * bt[p * n + j], on the
+ * stand-in's own copies (sized by its caller; ZO_SHIM_UNCHECKED). */
+ZO_SHIM_UNCHECKED static void gemm_host_row(const float *arow, const float *bt, int k, int n, float *c)
+{
+    for (int j = 0; j < n; j++) c[j] = 0.0f;
+    for (int p = 0; p < k; p++) {
+        const float a = arow[p];
+        const float *b = &bt[(size_t)p * n];
+        for (int j = 0; j < n; j++) c[j] += a * b[j];
+    }
+}
+
 extern "C" zo_status cuda_gemm_host(const gpu_gemm_desc *d)
 {
     const int batch = d->batch > 0 ? d->batch : 1;
@@ -31,12 +43,7 @@ extern "C" zo_status cuda_gemm_host(const gpu_gemm_desc *d)
             for (int p = 0; p < k; p++) /* op(A)[i, p] */
                 arow[p] = tload(d->a, oa + (d->trans_a ? (size_t)p * d->lda + i : (size_t)i * d->lda + p));
             float *c = acc.data();
-            for (int j = 0; j < n; j++) c[j] = 0.0f;
-            for (int p = 0; p < k; p++) {
-                const float a = arow[p];
-                const float *b = &bt[(size_t)p * n];
-                for (int j = 0; j < n; j++) c[j] += a * b[j];
-            }
+            gemm_host_row(arow.data(), bt.data(), k, n, c);
             for (int j = 0; j < n; j++) {
                 const size_t o = oc + (size_t)i * d->ldc + j;
                 const float v = d->beta != 0.0f ? d->alpha * c[j] + d->beta * tload(d->c, o) : d->alpha * c[j];
