@@ -1731,12 +1731,15 @@ static void ep_zero_as_zero0(const char *place, const char *label)
  * expert-parallel weight gradient's (ep_weight_grad) included): full
  * fine-tuning in `full` (test_moe_ep_zero's first placement) with --ep 2 on
  * 2 ranks at ZeRO 1 and 3, and with the experts replicated (--dp 2, no
- * --ep: their gradients reduced) at ZeRO-2. Each
+ * --ep: their gradients reduced) at ZeRO-2; LoRA on the attention's
+ * projections (Granite-MoE's targets: its experts are not Linear modules)
+ * with --ep 2 at ZeRO-2, the experts frozen in each rank's base. Each
  * against one rank's --grad-accum 2 (ep_run_norms: the losses and the
  * gradient norms within 1e-6). Without the factor in ep_weight_grad the
  * --ep 2 rows' losses move by 1.8e-7 (AdamW), their norms by 4.2e-5. */
 static void ep_zero_granitemoe(const char *full)
 {
+    const char *lora = "--dtype fp32 --lora 4 --lora-targets q,k,v,o --params cpu --adapters-on gpu --optimizer cpu";
     char path[512], plan[512], extra[1024];
     double ref[2][STEPS], norm[STEPS];
     ep_use_model(4, path, sizeof path);
@@ -1747,6 +1750,11 @@ static void ep_zero_granitemoe(const char *full)
     ep_run_norms(4, full, 2, 2, 1, 0, ref, norm);
     ep_run_norms(4, full, 2, 2, 3, 0, ref, norm);
     ep_run_norms(4, full, 2, 0, 2, 0, ref, norm);
+    snprintf(plan, sizeof plan, "%s/ref-epz-granitemoe-lora.json", dir);
+    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 1 --log %s/ref-granitemoe-lora.jsonl", dir);
+    plan_and_train(lora, plan, 0, extra, ref[0]);
+    logged_norms(strstr(extra, "--log ") + 6, norm);
+    ep_run_norms(4, lora, 2, 2, 2, 1, ref, norm);
 }
 
 /* Expert parallelism with ZeRO 1-3 (issue 31): the dense elements of a
@@ -1766,7 +1774,8 @@ static void ep_zero_granitemoe(const char *full)
  * --save at each stage (LoRA: 1-2): the folder of one rank (with --lr 0
  * the same bytes). Last the Granite-MoE-shaped model on 2 ranks
  * (ep_zero_granitemoe): full fine-tuning with --ep 2 at ZeRO 1 and 3 and
- * --dp 2 without --ep at ZeRO-2, the gradient norms too. */
+ * --dp 2 without --ep at ZeRO-2, LoRA on the attention with --ep 2 at
+ * ZeRO-2, the gradient norms too. */
 static void test_moe_ep_zero(void **state)
 {
     (void)state;
