@@ -187,7 +187,7 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     memcpy(shape.optimizer, c->opt_frac, sizeof shape.optimizer);
     shape.optim_dtype = c->opt_state;
     shape.master = c->master;
-    shape.moe = m->n_expert_ranges > 0;
+    shape.moe = m->experts > 0; /* (the model's experts, trained or frozen) */
     shape.ep = c->ep_comm ? comm_size(c->ep_comm) : 1;
     if ((st = zo_capability_check(&shape, NULL, 0)) != ZO_OK) return zo_error_wrap(st, "offload_init");
     return ZO_OK;

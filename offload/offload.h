@@ -157,7 +157,9 @@ typedef struct offload_model {
     /* (optional) Mixtures of experts: the routed experts' ranges (sorted
      * by block and offset), `experts` per MoE block, and after a training
      * forward of block b, expert_routed(user, b, e): whether that forward
-     * sent a token to expert e. n_expert_ranges 0: nothing is skipped. */
+     * sent a token to expert e. n_expert_ranges 0: nothing is skipped.
+     * experts > 0 says the model is a mixture of experts even where none
+     * is trained (LoRA on the attention only: no expert ranges). */
     const offload_expert_range *expert_ranges;
     int n_expert_ranges;
     int experts;

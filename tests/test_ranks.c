@@ -869,13 +869,13 @@ static const char qwen3_moe8_config[] =
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[4] = {"mixtral", "qwen2_moe8", "qwen3_moe8", "deepseek"};
+static const char *const ep_names[5] = {"mixtral", "qwen2_moe8", "qwen3_moe8", "deepseek", "granitemoe"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[4] = {mixtral_config, qwen2_moe8_config, qwen3_moe8_config, deepseek_config};
+    const char *texts[5] = {mixtral_config, qwen2_moe8_config, qwen3_moe8_config, deepseek_config, granitemoe_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -893,27 +893,64 @@ static void ep_refs(const char *place, const char *tag, int mdl, int p, int clip
     }
 }
 
+static void logged_norms(const char *log, double *norm);
+
 /* memplan's plan for place at --dp np --ep ep --zero zero, trained: the
  * losses of one rank with --grad-accum np (ref) within 1e-6, every rank's
- * peaks within 3% of the plan, the all-to-all bytes (check_ep_bytes). */
-static void ep_run(int mdl, const char *place, int np, int ep, int zero, int clip, double ref[2][STEPS])
+ * peaks within 3% of the plan, the all-to-all bytes (check_ep_bytes). ep 0:
+ * no --ep (every rank holds every expert), so no all-to-all at all. With
+ * ref_norm (one rank's gradient norms, train --log's) the run's norms too,
+ * within 1e-6: a factor wrong in one tensor's gradient moves them, where
+ * AdamW's m / sqrt(v), blind to a tensor's scale, barely moves the losses. */
+static void ep_run_norms(int mdl, const char *place, int np, int ep, int zero, int clip, double ref[2][STEPS],
+                         const double *ref_norm)
 {
-    char flags[1024], plan[512], extra[1024], stats[600];
+    char flags[1024], plan[512], extra[1400], stats[600], log[600];
     double got[STEPS];
-    snprintf(flags, sizeof flags, "%s --dp %d --ep %d --zero %d", place, np, ep, zero);
+    if (ep) snprintf(flags, sizeof flags, "%s --dp %d --ep %d --zero %d", place, np, ep, zero);
+    else snprintf(flags, sizeof flags, "%s --dp %d --zero %d", place, np, zero);
     snprintf(plan, sizeof plan, "%s/plan.json", dir);
     snprintf(stats, sizeof stats, "%s/ep-stats.json", dir);
-    snprintf(extra, sizeof extra, "--clip %d --stats-json %s", clip, stats);
+    snprintf(log, sizeof log, "%s/ep-log.jsonl", dir);
+    remove(log);
+    snprintf(extra, sizeof extra, "--clip %d --stats-json %s%s%s", clip, stats, ref_norm ? " --log " : "",
+             ref_norm ? log : "");
     plan_and_train(flags, plan, np, extra, got);
     int same;
     double worst = worst_rel(got, ref[np == 4], 0, STEPS, &same);
-    printf("  %s, %d ranks, --ep %d --zero %d, %s: %d of %d steps as one rank's with grad-accum %d, worst %.1e\n",
-           ep_names[mdl], np, ep, zero, place, same, STEPS, np, worst);
+    printf("  %s, %d ranks, %s, %s: %d of %d steps as one rank's with grad-accum %d, worst %.1e\n", ep_names[mdl],
+           np, strstr(flags, "--dp"), place, same, STEPS, np, worst);
     if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
     assert_true(worst <= 1e-6);
+    if (ref_norm) {
+        double norm[STEPS];
+        logged_norms(log, norm);
+        double nworst = worst_rel(norm, ref_norm, 0, STEPS, &same);
+        printf("    gradient norms (%.4f..%.4f): %d of %d as one rank's, worst %.1e\n", ref_norm[0],
+               ref_norm[STEPS - 1], same, STEPS, nworst);
+        assert_true(nworst <= 1e-6);
+    }
     check_peaks(last_out, np);
+    if (!ep) {
+        /* (train writes "ep" to --stats-json only with expert parallelism) */
+        assert_null(strstr(last_out, "# expert parallelism:"));
+        char *text = files_read_text(stats);
+        assert_non_null(text);
+        cJSON *doc = cJSON_Parse(text);
+        free(text);
+        assert_non_null(doc);
+        assert_null(cJSON_GetObjectItemCaseSensitive(doc, "ep"));
+        cJSON_Delete(doc);
+        return;
+    }
     assert_non_null(strstr(last_out, "# expert parallelism:"));
     check_ep_bytes(stats, np, ep, 64, 4);
+}
+
+/* ep_run_norms without the gradient norms. */
+static void ep_run(int mdl, const char *place, int np, int ep, int zero, int clip, double ref[2][STEPS])
+{
+    ep_run_norms(mdl, place, np, ep, zero, clip, ref, NULL);
 }
 
 /* Expert parallelism (issue 31): full fine-tuning and LoRA (every linear
@@ -1689,6 +1726,37 @@ static void ep_zero_as_zero0(const char *place, const char *label)
     }
 }
 
+/* test_moe_ep_zero's Granite-MoE rows (granitemoe_config: residual_multiplier
+ * the alpha of the experts' down GEMMs, forward and backward, the
+ * expert-parallel weight gradient's (ep_weight_grad) included): full
+ * fine-tuning in `full` (test_moe_ep_zero's first placement) with --ep 2 on
+ * 2 ranks at ZeRO 1 and 3, and with the experts replicated (--dp 2, no
+ * --ep: their gradients reduced) at ZeRO-2; LoRA on the attention's
+ * projections (Granite-MoE's targets: its experts are not Linear modules)
+ * with --ep 2 at ZeRO-2, the experts frozen in each rank's base. Each
+ * against one rank's --grad-accum 2 (ep_run_norms: the losses and the
+ * gradient norms within 1e-6). Without the factor in ep_weight_grad the
+ * --ep 2 rows' losses move by 1.8e-7 (AdamW), their norms by 4.2e-5. */
+static void ep_zero_granitemoe(const char *full)
+{
+    const char *lora = "--dtype fp32 --lora 4 --lora-targets q,k,v,o --params cpu --adapters-on gpu --optimizer cpu";
+    char path[512], plan[512], extra[1024];
+    double ref[2][STEPS], norm[STEPS];
+    ep_use_model(4, path, sizeof path);
+    snprintf(plan, sizeof plan, "%s/ref-epz-granitemoe-full.json", dir);
+    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 0 --log %s/ref-granitemoe-full.jsonl", dir);
+    plan_and_train(full, plan, 0, extra, ref[0]);
+    logged_norms(strstr(extra, "--log ") + 6, norm);
+    ep_run_norms(4, full, 2, 2, 1, 0, ref, norm);
+    ep_run_norms(4, full, 2, 2, 3, 0, ref, norm);
+    ep_run_norms(4, full, 2, 0, 2, 0, ref, norm);
+    snprintf(plan, sizeof plan, "%s/ref-epz-granitemoe-lora.json", dir);
+    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 1 --log %s/ref-granitemoe-lora.jsonl", dir);
+    plan_and_train(lora, plan, 0, extra, ref[0]);
+    logged_norms(strstr(extra, "--log ") + 6, norm);
+    ep_run_norms(4, lora, 2, 2, 2, 1, ref, norm);
+}
+
 /* Expert parallelism with ZeRO 1-3 (issue 31): the dense elements of a
  * block partitioned over the world, each MoE block's experts over the
  * ranks holding them (docs/architecture.md). The Mixtral- and
@@ -1704,7 +1772,10 @@ static void ep_zero_as_zero0(const char *place, const char *label)
  * bytes as check_ep_bytes says. With the reduction in bf16 (Qwen2-MoE,
  * --ep 2 on 4 ranks) ZeRO 1-3 give ZeRO-0's losses within 1e-6. Then
  * --save at each stage (LoRA: 1-2): the folder of one rank (with --lr 0
- * the same bytes). */
+ * the same bytes). Last the Granite-MoE-shaped model on 2 ranks
+ * (ep_zero_granitemoe): full fine-tuning with --ep 2 at ZeRO 1 and 3 and
+ * --dp 2 without --ep at ZeRO-2, LoRA on the attention with --ep 2 at
+ * ZeRO-2, the gradient norms too. */
 static void test_moe_ep_zero(void **state)
 {
     (void)state;
@@ -1734,6 +1805,7 @@ static void test_moe_ep_zero(void **state)
     config = strrchr(path, '/') + 1;
     for (int zero = 1; zero <= 3; zero++) ep_save(0, zero, 0);
     for (int zero = 1; zero <= 2; zero++) ep_save(1, zero, 0);
+    ep_zero_granitemoe(zplace[0]);
     config = "config.json";
 }
 
