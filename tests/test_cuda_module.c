@@ -103,7 +103,6 @@ static void test_resident(void **state)
 static void test_cuda_errors(void **state)
 {
     (void)state;
-    static char out[1 << 16];
     gpu_device_t d = NULL;
     zo_status st = gpu_device_open("cuda", 0, &d);
     if (st == ZO_OK) { /* a GPU: the module opened, nothing more to see here */
@@ -122,6 +121,7 @@ static void test_cuda_errors(void **state)
     }
     assert_non_null(strstr(msg, "libcuda.so.1"));
     assert_int_equal(gpu_cuda_device_count(), 0);
+    static char out[1 << 16];
     char cfg[256], text[256];
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     snprintf(text, sizeof text, "%s/text.txt", dir);
