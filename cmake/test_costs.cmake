@@ -10,28 +10,27 @@
 # a clean build folder (no Testing/Temporary/CTestCostData.txt yet) runs them
 # in declaration order. Refresh the figures when a test's time moves by much.
 set(zo_test_costs
-    test_ops 227 test_offload 177 test_zero_mpi4 119 test_zero_mpi2 97 test_ranks_moe_ep_gaps 85
-    test_ranks_moe_ep_zero 71 test_ranks_moe_ep_zero_ckpt 70 test_zero 55 test_offload_cuda_selfcheck 43
-    test_ranks_moe_ep 41 test_ranks_family_falcon 40 test_ranks_moe 40 test_generate_torch_falcon_new 39
-    test_generate_torch_qwen3_moe 30 test_e2e_torch_falcon_seq 23 test_e2e_torch_qwen3_moe 23
-    test_e2e_torch_gemma3_text 23 test_e2e_torch_qwen2_moe_sparse 22 test_generate_torch_gpt2 21
-    test_generate_torch_llama 20 test_e2e_torch_llama 19 test_comm_fault 18 test_ranks_family_qwen3 17
-    test_ranks_moe_ep_qwen3 16 test_ranks_matrix_lora 15 test_ranks_moe_ep_z3host 15
-    test_ranks_matrix_qlora 15 test_ranks_matrix_full 15 test_generate_torch_gemma3_text 14
-    test_e2e_torch_qwen2 14 test_install 14 test_gpu_check_fake_gpu 14 test_generate_torch_gemma2 13
-    test_generate_torch_gemma 13 test_e2e_torch_gpt2 12 test_generate_torch_qwen2_moe 12 test_model 11
-    test_transformer_torch 11 test_generate_torch_mixtral 11 test_torch_side_by_side 10 test_tokenizer_js 10
-    test_generate_torch_qwen3 10 test_ranks_moe_ep_ckpt 9 test_e2e_torch_gemma2 9 test_ranks_moe_ep_nvme 8
-    test_gpu 8 test_planner_search 8 test_cpu_adam_state 8 test_gpu_gemm 8 test_e2e_torch_gemma 7
-    test_generate_torch_phi3 7 test_transformer 7 test_plan_schema 7 test_configure 7 test_e2e_torch_mistral 7
-    test_ranks_refusals 7 test_e2e_torch_phi3 7 test_ranks_moe_ep_qlora 7 test_e2e_torch_qwen3 6
-    test_offload_edges 6 test_e2e_torch_mixtral_sparse 6 test_ranks_searched_plans 6 test_planner_generate 6
-    test_ranks_family_gemma2 6 test_cuda_shim 6 test_finetune_torch 6 test_e2e_torch_qwen2_moe 6
-    test_ranks_family_gemma 5 test_ranks_family_phi3 5 test_e2e_torch_falcon_new 5 test_profile 5
-    test_ranks_family_gemma3 5 test_ranks_family_neox 5 test_generate_torch_falcon 5 test_e2e_torch_mixtral 4
-    test_nf4_torch 4 test_lora_torch 4 test_ranks_lora_three_ranks 4 test_cpu_adam 4 test_e2e_torch_gpt_neox 4
-    test_e2e_torch_falcon 4 test_ranks_moe_ep_capacity 4 test_generate_torch_gpt_neox 4
-    test_e2e_torch_gpt_neox_seq 3 test_finetune 3)
+    test_offload 161 test_ops 143 test_zero 47 test_zero_mpi4 46 test_generate_torch_falcon_new 36
+    test_ranks_moe_ep_zero_ckpt 34 test_zero_mpi2 30 test_ranks_moe_ep_gaps 29 test_ranks_moe_ep 28
+    test_ranks_moe_ep_zero 28 test_generate_torch_llama 22 test_e2e_torch_llama 19 test_e2e_torch_qwen3_moe 19
+    test_generate_torch_qwen3_moe 19 test_e2e_torch_falcon_seq 18 test_comm_fault 17
+    test_ranks_family_falcon 17 test_install 15 test_ranks_moe_ep_z3host 15 test_e2e_torch_qwen2_moe_sparse 14
+    test_ranks_moe 14 test_generate_torch_mixtral 13 test_offload_cuda_selfcheck 13
+    test_e2e_torch_gemma3_text 12 test_e2e_torch_gpt2 12 test_generate_torch_gpt2 12 test_model 12
+    test_e2e_torch_qwen2 11 test_transformer_torch 11 test_gpu_check_fake_gpu 10 test_torch_side_by_side 10
+    test_cpu_adam_state 9 test_offload_edges 9 test_planner_search 9 test_ranks_matrix_full 9
+    test_ranks_matrix_lora 9 test_ranks_matrix_qlora 9 test_e2e_torch_phi3 8 test_generate_torch_gemma 8
+    test_generate_torch_gemma3_text 8 test_gpu 8 test_tokenizer_js 8 test_transformer 8 test_configure 7
+    test_cuda_shim 7 test_generate_torch_gemma2 7 test_generate_torch_qwen2_moe 7 test_generate_torch_qwen3 7
+    test_gpu_gemm 7 test_plan_schema 7 test_planner_generate 7 test_ranks_moe_ep_ckpt 7
+    test_ranks_moe_ep_nvme 7 test_ranks_refusals 7 test_cpu_adam 6 test_e2e_torch_gemma2 6
+    test_e2e_torch_mistral 6 test_finetune_torch 6 test_generate_torch_phi3 6 test_ranks_moe_ep_qlora 6
+    test_e2e_torch_gemma 5 test_e2e_torch_mixtral 5 test_e2e_torch_qwen2_moe 5 test_generate_torch_falcon 5
+    test_lora_torch 5 test_profile 5 test_ranks_searched_plans 5 test_e2e_torch_falcon_new 4
+    test_e2e_torch_mixtral_sparse 4 test_e2e_torch_qwen3 4 test_finetune 4 test_generate_torch_gpt_neox 4
+    test_ranks_family_qwen3 4 test_ranks_moe_ep_qwen3 4 test_common 3 test_e2e_torch_falcon 3
+    test_e2e_torch_gpt_neox 3 test_e2e_torch_gpt_neox_seq 3 test_generate 3 test_nf4_torch 3
+    test_ranks_moe_ep_capacity 3)
 list(LENGTH zo_test_costs zo_n)
 math(EXPR zo_last "${zo_n} - 1")
 foreach(i RANGE 0 ${zo_last} 2)
@@ -47,7 +46,8 @@ endforeach()
 # paths which other tests run too. The sanitizer pass of scripts/test.sh
 # leaves them out (ctest -LE 'buildsystem|repeat'; ZO_SANITIZE_ALL=1 runs
 # them too), toward the suite's 15 minutes on 2 cores (both passes: 23.5
-# minutes before, 17.7 after; docs/testing.md); the plain pass runs every
+# minutes before, 17.7 after, 13.7 with the MPI and shim changes;
+# docs/testing.md); the plain pass runs every
 # test. Under the sanitizers stay: every C test
 # (test_transformer_torch's families, test_model's loaders, test_offload,
 # test_ops, ...), the PyTorch runs of one dense family and one of each
