@@ -11,7 +11,7 @@
  * layer, the first K (training.recompute_layers) or by op; gradients reduced
  * in fp32, bf16 or fp16 (training.reduce_dtype). docs/offload.md, "What the
  * runtime runs", has the table in words. What a plan asks beyond the
- * runtime field by field (recompute by op of LoRA or MoE) is zo_plan_runtime_check's
+ * runtime field by field (recompute by op of MoE layers) is zo_plan_runtime_check's
  * (plan_schema.h).
  *
  * Depends on the run vocabulary and the plan schema only (common/). */

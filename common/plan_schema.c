@@ -921,15 +921,13 @@ zo_status zo_plan_load(const char *path, zo_plan *out)
 zo_status zo_plan_runtime_check(const zo_plan *p, const char *path)
 {
     const zo_plan_training *t = &p->training;
-    /* by op: dense layers, every one, their kept outputs on the device (what memplan plans) */
-    if (t->recompute == ZO_PLAN_RECOMPUTE_OPS &&
-        (t->method != ZO_PLAN_FULL || p->model.moe.experts || p->placement.checkpoints == ZO_PLAN_CPU))
+    /* by op: dense layers, every one, their kept outputs on the device (what
+     * memplan plans); full fine-tuning, LoRA and QLoRA alike */
+    if (t->recompute == ZO_PLAN_RECOMPUTE_OPS && (p->model.moe.experts || p->placement.checkpoints == ZO_PLAN_CPU))
         return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"training.recompute\" is ops with %s: the runtime "
-                        "recomputes by op in dense layers, full fine-tuning, checkpoints on the GPU "
+                        "recomputes by op in dense layers, checkpoints on the GPU "
                         "(plan with --recompute full or none)", path,
-                        t->method != ZO_PLAN_FULL ? "training.method lora/qlora"
-                        : p->model.moe.experts    ? "experts (model.moe)"
-                                                  : "placement.checkpoints cpu");
+                        p->model.moe.experts ? "experts (model.moe)" : "placement.checkpoints cpu");
     return ZO_OK;
 }
 

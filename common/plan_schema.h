@@ -217,8 +217,8 @@ zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, i
 
 /* Whether this project's runtime runs what the plan asks, field by field
  * where memplan plans beyond it (docs/plan-format.md, "Against the run"):
- * recompute "ops" (by op, every other matmul) runs for full fine-tuning of
- * dense layers with checkpoints on the GPU and is refused otherwise, naming
+ * recompute "ops" (by op, every other matmul) runs for dense layers (full
+ * fine-tuning, LoRA, QLoRA) with checkpoints on the GPU and is refused otherwise, naming
  * the field; recompute full of part of the layers
  * (training.recompute_layers) and a reduction in bf16 or fp16
  * (training.reduce_dtype) run.

@@ -226,6 +226,25 @@ static double lora_active(const zo_model_config *m, const plan_train *t)
     return total;
 }
 
+/* What recompute by op runs again of the adapters a token passes through,
+ * over every layer (dense: ops takes no MoE layer): each adapter's A (its
+ * x A, which the runtime rebuilds rather than keeps) and the B of the
+ * adapters whose base GEMM reruns (o; LLaMA's up, half of Phi-3's fused
+ * gate_up); r in (+ r out) per layer, module by module. */
+static double lora_rebuilt(const zo_model_config *m, const plan_train *t)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules_at(m, 0, t->lora.targets, mods), gpt = m->arch == ZO_ARCH_GPT;
+    double total = 0, r = t->lora.r;
+    for (int i = 0; i < n; i++) {
+        unsigned tg = mods[i].targets;
+        double out = (double)mods[i].out;
+        double rerun = tg & ZO_LORA_O ? out : gpt || !(tg & ZO_LORA_UP) ? 0 : tg & ZO_LORA_GATE ? out / 2 : out;
+        total += r * ((double)mods[i].in + rerun);
+    }
+    return total * m->n_layers;
+}
+
 /* The attention projections: column-parallel in, row-parallel out; MLA's
  * down projections are whole on every rank. T rows; q, k, v, ow the
  * attention widths (zo_model_attn_widths). */
@@ -500,6 +519,12 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
         int gpt = m->arch == ZO_ARCH_GPT;
         double mm_rc = gemm(c, T, h, ow / tp) + (gpt ? 0 : gemm(c, T, f / tp, h));
         o->rc = mm_rc + ew_f;
+        /* LoRA: every adapter's x A rebuilt (the runtime keeps none) and
+         * the B of those whose base GEMM reruns: the adapters' forward (the
+         * B of the kept GEMMs' adapters counted too, r / out of their
+         * GEMMs); QLoRA: the weights of the GEMMs rerun dequantized again,
+         * their share of the layer's linear weights */
+        if (c->frozen) o->rc += lf + qf * (ow * h + (gpt ? 0 : f * h)) / a.wparams;
         o->tp_rc = o->tp_fwd / 2;
         o->ops_flops_token = 2 * (ow * h + (gpt ? 0 : f * h));
     }
@@ -609,6 +634,8 @@ static void model_flops(const zo_model_config *m, const plan_train *t, const ctx
         double a = lora_active(m, t);
         out->model_flops_token = 2 * lf + la + 4 * h * v + 6 * a;
         if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) out->rc_flops_token += 2 * a;
+        /* by op: x A of every adapter, B of o's and up's (their GEMMs rerun) */
+        if (t->recompute == ZO_PLAN_RECOMPUTE_OPS) out->rc_flops_token += 2 * lora_rebuilt(m, t);
     }
 }
 

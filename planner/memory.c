@@ -504,9 +504,6 @@ static zo_status plan_placement_validate(const plan_train *t, const zo_model_con
     if (t->recompute_layers && !m->params_override && t->recompute_layers > most)
         return zo_error(ZO_ERR_INVALID, "--recompute-layers %d: a pipeline stage of %s has %d layers",
                         t->recompute_layers, m->name, most);
-    if (t->recompute == ZO_PLAN_RECOMPUTE_OPS && t->method != ZO_PLAN_FULL)
-        return zo_error(ZO_ERR_INVALID, "--recompute ops with --lora: the adapters' matmuls would "
-                        "count in the policy's every other matmul; recompute full or none");
     if (t->recompute == ZO_PLAN_RECOMPUTE_OPS &&
         (m->params_override || m->moe.experts || m->mla.kv_rank || !t->flash_attn))
         return zo_error(ZO_ERR_INVALID, "--recompute ops is modelled for dense GPT and LLaMA layers "
@@ -1435,7 +1432,10 @@ static uint64_t layer_activations(const stage_est *s, uint64_t *full, uint64_t *
     /* the stage's layers: dense ones and MoE ones save different tensors */
     int kinds[2] = {s->sh.layers - s->sh.moe_layers, s->sh.moe_layers};
     uint64_t stage_stored = 0;
-    /* LoRA: each adapter's A x [s b, r] is kept for its backward */
+    /* LoRA: each adapter's A x [s b, r] is kept for its backward; by op it
+     * is not (transformer.c rebuilds it from the inputs the layer rebuilds
+     * or keeps): the ops bytes alone stay per layer, and the one set the
+     * re-forward fills is in `full`, so in the working set below */
     uint64_t lora_u = s->peft ? round_u64((double)t->seq * (double)t->micro_batch * s->pf.u_width *
                                           (double)s->wsz)
                               : 0;

@@ -354,7 +354,8 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
  * the attention (with its log-sum-exp) and of every other matmul (the 1st,
  * 3rd, ...: q and v, the MLP's first and last for LLaMA; the fused qkv and
  * the first MLP matmul for GPT); the rest is recomputed. Dense GPT and LLaMA
- * layers with flash attention. */
+ * layers with flash attention. With LoRA the same bytes: no adapter's x A
+ * is kept (the runtime rebuilds it; the working set counts it). */
 uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t);
 
 /* Bytes of stream-ordered scratch the runtime's attention takes on a CUDA

@@ -322,11 +322,12 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
 /* Recompute ops is searched when asked for (--recompute ops; a point between
  * none and full that full of part of the layers mostly covers, at a third more
  * of the search), where it is modelled (dense GPT and LLaMA layers, flash
- * attention, full fine-tuning), which is where the runtime runs it too. */
+ * attention; full fine-tuning, LoRA and QLoRA), which is where the runtime
+ * runs it too. */
 static int ops_searched(const zo_model_config *m, const plan_space *s)
 {
     return s->recompute == ZO_PLAN_RECOMPUTE_OPS && !m->params_override &&
-           !m->moe.experts && !m->mla.kv_rank && s->base.flash_attn && s->base.method == ZO_PLAN_FULL;
+           !m->moe.experts && !m->mla.kv_rank && s->base.flash_attn;
 }
 
 static void walk_gpus(walk *w, int gpus)

@@ -218,10 +218,10 @@ static int gen_peft(const zo_model_config *m, const plan_train *t, zo_plan_metho
     if (t->method == ZO_PLAN_FULL)
         c->lora = (zo_lora_config){PEFT_SUGGEST_R, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
     const peft_rung *l = &peft_ladder[i];
-    /* (adapters with recompute by op are not modelled: full recompute) */
-    if (l->recompute || c->recompute == ZO_PLAN_RECOMPUTE_OPS) {
+    /* (recompute by op stays by op until a rung recomputes whole layers) */
+    if (l->recompute) {
         c->recompute = ZO_PLAN_RECOMPUTE_FULL;
-        c->recompute_layers = l->recompute ? 0 : c->recompute_layers;
+        c->recompute_layers = 0;
     }
     if (l->params > c->params_on) c->params_on = l->params;
     if (l->opt_cpu && c->opt_frac[ZO_PLAN_GPU] > 0) {

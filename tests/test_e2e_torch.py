@@ -25,6 +25,10 @@ blocks, a multiple of neither 48 nor 32:
          The first step's loss is the base model's (B starts at zero), and the
          merged eval loss must differ from the base's by 10 times the
          tolerance at least, so that adapters left out of the merge are seen.
+         LLaMA's LoRA and Cohere's QLoRA again with `--recompute ops` (each adapter's x A
+         rebuilt before its layer's backward): the step losses and gradient norms are the
+         run's without recompute bit for bit, its first loss the base's here, and its
+         adapters, merged here, give its eval loss.
   saved  the full fine-tune's `--save DIR` (sharded: --max-shard-size below
          the model) and the LoRA run's `--merge DIR` are Hugging Face folders:
          config.json is the config given with torch_dtype set, the weights load
@@ -128,7 +132,7 @@ FAMILIES = {
                                  "original_max_position_embeddings": 64, "rope_type": "llama3"},
                 "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "float32"},
         run=dict(micro_batch=1, seq=130, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
-        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2)),
+        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2), lora_ops=True),
     "mistral": dict(
         seed=33,
         # Mistral-Nemo's shape: head_dim given, heads x head_dim (512) wider than hidden_size
@@ -427,7 +431,8 @@ FAMILIES["granitemoe"] = dict(
 # without a bias before the parallel attention and MLP, rotary over the whole head with its pairs
 # interleaved (the runtime holds q_proj's and k_proj's rows reordered, so the file's order shows in
 # every loss), tied, the logits times 0.25; CohereConfig's keys; LoRA on PEFT's seven modules; with
-# QLoRA and its --merge folder, and the loss in chunks of 96 of the 260 rows
+# QLoRA and its --merge folder, QLoRA recomputed by op (a parallel residual with one norm), and the loss
+# in chunks of 96 of the 260 rows
 FAMILIES["cohere"] = dict(
     seed=73,
     config={"architectures": ["CohereForCausalLM"], "model_type": "cohere", "num_hidden_layers": 2,
@@ -438,13 +443,13 @@ FAMILIES["cohere"] = dict(
             "tie_word_embeddings": True, "torch_dtype": "float32"},
     run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
     lora=dict(r=8, alpha=16.0, targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", lr=2e-2),
-    qlora=True, qlora_merge=True, loss_chunk=96)
+    qlora=True, qlora_merge=True, loss_chunk=96, lora_ops=True)
 # command-r-plus's kind (use_qk_norm): Cohere's model with a LayerNorm over each q and k head (no
 # bias, layer_norm_eps) whose weight has a row per head, [4, 64] and [2, 64], each row its own, before
 # the rotation (the runtime holds their columns in q_proj's reordered row order); full, LoRA, QLoRA and
 # the saved folders as Cohere's
 FAMILIES["cohere_qk"] = dict(
-    FAMILIES["cohere"], seed=77, config=dict(FAMILIES["cohere"]["config"], use_qk_norm=True))
+    FAMILIES["cohere"], seed=77, config=dict(FAMILIES["cohere"]["config"], use_qk_norm=True), lora_ops=False)
 # DeepSeekMoE (DeepseekForCausalLM, trust_remote_code's modeling_deepseek.py): LLaMA attention, a dense
 # first layer (first_k_dense_replace 1, intermediate_size), then MoE layers: softmax gate, top 3 of 6 not
 # renormalized, two shared experts as one MLP of 2 x moe_intermediate_size with no gate; the balance
@@ -1199,9 +1204,8 @@ def check_family(train, name, workdir):
     adir = os.path.join(d, "adapter")
     lrun = dict(run, lr=lora["lr"])
     mdir = os.path.join(d, "merged")
-    got_l, _, got_ev, t_train, cmd = run_train(
-        train, d, lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
-                         "--lora-targets", lora["targets"], "--save", adir, "--merge", mdir])
+    lflags = ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]), "--lora-targets", lora["targets"]]
+    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, lrun, lflags + ["--save", adir, "--merge", mdir])
     t0 = time.time()
     base_ev = eval_loss(c, params, eval_data, run)
     with torch.no_grad():
@@ -1219,8 +1223,10 @@ def check_family(train, name, workdir):
     ck.fact(f"the adapters move the eval loss (base {base_ev:.6f}, rel {moved:.1e} > {10 * REL:.0e})",
             moved > 10 * REL)
     check_folder(ck, c, params, mdir, eval_data, run, got_ev, "--merge", sharded=False)
+    if spec.get("lora_ops") and not spec.get("qlora"):
+        check_lora_ops(ck, train, c, params, eval_data, run, lrun, lflags, lora, d, (got_l, got_n), base0, "LoRA")
     if spec.get("qlora"):
-        check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d)
+        check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d, spec.get("lora_ops"))
     if c["model_type"] in ("gemma2", "gemma3_text") or spec.get("qlora_merge"):
         # QLoRA: the layers' linear weights in NF4, dequantized as they compute; its --merge folder
         # (the base dequantized on the host, the adapters merged) gives train's eval loss here
@@ -1552,14 +1558,33 @@ def check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g):
     return ck.failed
 
 
-def check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d):
+def check_lora_ops(ck, train, c, base, eval_data, run, lrun, lflags, lora, d, want, base0, what):
+    """`--recompute ops` with adapters (each layer keeps qkv, the attention's output and fc1/gate;
+    the norms, o, up, the activation and every adapter's x A are rebuilt before its backward): the
+    step losses and gradient norms are the run's without recompute (`want`: the same bits), the
+    first step's loss the base's in the reference, and its adapters, saved and merged here into
+    `base` as PEFT would, give its eval loss."""
+    odir = os.path.join(d, "adapter-ops")
+    ol, on, oev, t_train, cmd = run_train(train, d, lrun, lflags + ["--recompute", "ops", "--save", odir])
+    print(f" {what} recomputed by op (train {t_train:.1f} s): {cmd}")
+    ck.fact(f"{what} --recompute ops: step losses and norms as without recompute ({ol} {on})",
+            ol == want[0] and on == want[1])
+    ck.rel(f"{what} --recompute ops step 0 loss (the base)", ol[0], base0)
+    merged, problems = merge_adapter(c, base, odir, lora)
+    ck.fact(f"{what} --recompute ops adapter directory as PEFT reads it", not problems)
+    ck.rel(f"{what} --recompute ops eval loss, merged adapter",
+           oev, eval_loss(c, merged, eval_data, run) if not problems else float("nan"))
+
+
+def check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d, ops=False):
     """QLoRA through train: the base's linear weights in NF4 (make_lora_fixtures.py's round trip,
     in the runtime's row order), train's adapters saved and merged here into that base as PEFT
-    would: the first step's loss is the NF4 base's, the merged eval loss train's."""
+    would: the first step's loss is the NF4 base's, the merged eval loss train's. With `ops`, the
+    same run recomputed by op (check_lora_ops)."""
     adir = os.path.join(d, "qadapter")
-    got_l, _, got_ev, t_train, cmd = run_train(
-        train, d, lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
-                         "--lora-targets", lora["targets"], "--qlora", "--save", adir])
+    lflags = ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]), "--lora-targets", lora["targets"],
+              "--qlora"]
+    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, lrun, lflags + ["--save", adir])
     base = dict(params)
     for mod, w in mlf.linear_weights(c, params, 1).items():
         base[mod + ".weight"] = w
@@ -1574,6 +1599,8 @@ def check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d):
     ck.rel("QLoRA step 0 loss (the NF4 base)", got_l[0], base0)
     if not problems:
         ck.rel("QLoRA eval loss, merged over the NF4 base", got_ev, eval_loss(c, merged, eval_data, run))
+    if ops:
+        check_lora_ops(ck, train, c, base, eval_data, run, lrun, lflags, lora, d, (got_l, got_n), base0, "QLoRA")
 
 
 def check_folder(ck, c, params, folder, eval_data, run, train_ev, flag, sharded):

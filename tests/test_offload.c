@@ -779,8 +779,13 @@ static void recompute_runs(const run *base, const char *name, run *none, run *fu
  * down's output, kept by the forward) in bf16; the device peak
  * lies between full recompute's and none's, and the GEMMs rerun (the op
  * profile's count) are o's (and LLaMA's up) in each layer of each
- * micro-batch, never down's. Recompute by op of the first K layers, or with
- * host checkpoints, is refused at init. */
+ * micro-batch, never down's. With LoRA on every linear layer (and QLoRA on
+ * LLaMA) the same, the adapters' last gradients bit for bit: the re-forward
+ * rebuilds each adapter's x A (GPT's c_attn, c_fc, down; LLaMA's q, k, v,
+ * gate, down, Gemma-2's down beside its kept output) and runs o's and up's
+ * adapters whole, 6 GEMMs a GPT layer and 11 a LLaMA one more than no
+ * recompute. Recompute by op of the first K layers, or with host
+ * checkpoints, is refused at init. */
 static void test_recompute_ops(void **state)
 {
     (void)state;
@@ -814,6 +819,25 @@ static void test_recompute_ops(void **state)
         if (r.gemms != want)
             fail_msg("%s: recompute ops: %g GEMMs, want %g (no recompute's %g and %d a layer)", names[c], r.gemms,
                      want, none.gemms, rerun);
+    }
+    static const char *const lora_names[5] = {"gpt fp32 lora, none", "llama bf16 lora, none", "qwen3 bf16 lora, none",
+                                              "gemma2 bf16 lora, none", "llama bf16 qlora, none"};
+    static const int lora_cfg[5] = {0, 1, 2, 3, 1};
+    for (int c = 0; c < 5; c++) {
+        const int k = lora_cfg[c];
+        run base = {.cfg = cfgs[k], .dt = dts[k], .B = 2, .T = 16, .steps = 4};
+        base_config(&base.oc);
+        base.oc.grad_accum = 2;
+        base.count_gemms = 1;
+        base.lora = (tf_lora_options){.r = 4, .alpha = 8, .targets = ZO_LORA_ALL_LINEAR, .nf4 = c == 4};
+        run none, full, r;
+        recompute_runs(&base, lora_names[c], &none, &full, &r);
+        int rerun = cfgs[k].arch == ZO_ARCH_GPT ? 6 : 11;
+        double want = none.gemms + (double)rerun * cfgs[k].n_layers * base.oc.grad_accum * base.steps;
+        printf("  %-28s GEMMs %g (none %g)\n", "lora recompute ops", r.gemms, none.gemms);
+        if (r.gemms != want)
+            fail_msg("%s: recompute ops: %g GEMMs, want %g (no recompute's %g and %d a layer)", lora_names[c],
+                     r.gemms, want, none.gemms, rerun);
     }
     /* refused: host checkpoints (the runtime's), the first K layers (the model's) */
     run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 1};
@@ -1512,7 +1536,10 @@ static void peaks_agree(const char *name, run *r)
 }
 
 /* LoRA and QLoRA: the peak bytes per tier against memplan's estimate of the
- * same method and placement, within 3%. */
+ * same method and placement, within 3%; recomputed by op too (each layer's
+ * kept outputs, one layer's rebuilt set with its adapters' x A), at r 64:
+ * there each adapter's x A kept in every layer (by the runtime or only in
+ * memplan's count) moves the streamed QLoRA row's device peak by 7%. */
 static void test_memplan_agrees_lora(void **state)
 {
     (void)state;
@@ -1527,6 +1554,8 @@ static void test_memplan_agrees_lora(void **state)
         {"lora, base streamed from cpu", 0, OFFLOAD_CPU, OFFLOAD_DEVICE, 0, 1},
         {"qlora, all resident", 1, OFFLOAD_DEVICE, OFFLOAD_DEVICE, 0, 0},
         {"qlora, base on nvme, adapters cpu", 1, OFFLOAD_NVME, OFFLOAD_CPU, 0, 1},
+        {"lora, all resident, recompute ops", 0, OFFLOAD_DEVICE, OFFLOAD_DEVICE, 1.0, OFFLOAD_RECOMPUTE_OPS},
+        {"qlora, base streamed from cpu, recompute ops", 1, OFFLOAD_CPU, OFFLOAD_DEVICE, 0, OFFLOAD_RECOMPUTE_OPS},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
@@ -1538,7 +1567,8 @@ static void test_memplan_agrees_lora(void **state)
         r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
         r.oc.recompute = v[i].recompute;
         r.oc.checkpoints_on = OFFLOAD_DEVICE;
-        r.lora = (tf_lora_options){.r = 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR, .nf4 = v[i].nf4};
+        int ops = v[i].recompute == OFFLOAD_RECOMPUTE_OPS;
+        r.lora = (tf_lora_options){.r = ops ? 64 : 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR, .nf4 = v[i].nf4};
         peaks_agree(v[i].name, &r);
     }
 }

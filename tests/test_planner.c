@@ -529,6 +529,27 @@ static void test_partial_recompute(void **state)
     t.flash_attn = 0;
     assert_int_equal(plan_estimate_run(&m, &hw, &t, &e[0]), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "--recompute ops"));
+    /* LoRA r 16 on the 7 linear layers: without recompute each layer keeps
+     * its adapters' x A [s, 16] too; by op the layers keep the ops bytes
+     * alone (the runtime rebuilds x A), the one layer's rebuilt set holds it,
+     * and the re-forward's adapter GEMMs add to full fine-tuning's recompute */
+    t.flash_attn = 1;
+    t.method = PLAN_METHOD_LORA;
+    t.lora = (zo_lora_config){.r = 16, .alpha = 32, .targets = ZO_LORA_ALL_LINEAR};
+    plan_estimate le[2];
+    plan_time lt[2];
+    for (int i = 0; i < 2; i++) {
+        t.recompute = i ? ZO_PLAN_RECOMPUTE_OPS : PLAN_RECOMPUTE_NONE;
+        assert_int_equal(plan_estimate_run(&m, &hw, &t, &le[i]), ZO_OK);
+        assert_int_equal(plan_time_run(&m, &hw, &t, &le[i], &lt[i]), ZO_OK);
+    }
+    uint64_t u = 4096ull * 7 * 16 * 2;
+    assert_true(le[0].act_layer == e[0].act_layer + u);
+    assert_true(le[1].act_layer == e[3].act_layer);
+    assert_true(item_bytes(&le[1], "recompute working set (1 layer's recomputed ops)", PLAN_GPU) ==
+                le[0].act_layer - (le[1].act_layer - (uint64_t)sbh2));
+    assert_true(lt[1].recompute > pt[3].recompute);
+    assert_true(lt[0].step < lt[1].step);
 }
 
 /* The search fills the GPU: where recompute none does not fit and full does,
@@ -587,6 +608,17 @@ static void test_search_fills_gpu(void **state)
     assert_int_equal(plan_search(&m, &hw, &s, 3, &r), ZO_OK);
     assert_true(r.n_best > 0);
     for (int i = 0; i < r.n_best; i++) assert_int_equal(r.best[i].t.recompute, ZO_PLAN_RECOMPUTE_OPS);
+    /* with LoRA and QLoRA too (each adapter's x A rebuilt by the runtime) */
+    for (int q = 0; q < 2; q++) {
+        s.base.method = q ? ZO_PLAN_QLORA : PLAN_METHOD_LORA;
+        s.base.lora = (zo_lora_config){.r = 16, .alpha = 32, .targets = ZO_LORA_ALL_LINEAR};
+        assert_int_equal(plan_search(&m, &hw, &s, 3, &r), ZO_OK);
+        assert_true(r.n_best > 0);
+        for (int i = 0; i < r.n_best; i++) {
+            assert_int_equal(r.best[i].t.recompute, ZO_PLAN_RECOMPUTE_OPS);
+            assert_int_equal(r.best[i].t.method, s.base.method);
+        }
+    }
 }
 
 /* The reduce dtype sets the communication buckets' bytes (fp32 by default,

@@ -584,9 +584,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (is_mla(cfg) && recompute_ops(m))
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: latent attention (kv_lora_rank) with recompute "
                         "by op is not implemented (recompute full or none)", cfg->name);
-    if (recompute_ops(m) && (m->opts.lora.r > 0 || cfg->moe.experts))
+    if (recompute_ops(m) && cfg->moe.experts)
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: recompute by op is implemented for dense "
-                        "layers without LoRA (recompute full or none)", cfg->name);
+                        "layers (recompute full or none)", cfg->name);
     if (m->opts.loss_chunk < 0)
         return zo_error(ZO_ERR_INVALID, "tf_init: loss chunk %d must not be negative", m->opts.loss_chunk);
     if (m->opts.lora.r < 0 || (m->opts.lora.nf4 && m->opts.lora.r < 1))
@@ -2452,7 +2452,18 @@ static zo_status mla_out_forward(tf_model *m, gpu_stream_t s, gpu_tensor attv, g
  * written (a down adapter's A x is computed: backward reads it). Recompute
  * by op (TF_RECOMPUTE_OPS) also skips what the layer kept: the qkv GEMM
  * and RoPE, the attention, fc1 / gate; the ops it runs are the forward's
- * kernels on the same inputs, so their outputs are the forward's bits. */
+ * kernels on the same inputs, so their outputs are the forward's bits.
+ *
+ * LoRA by op: the adapters' inputs are ln1, att, ln2 and act, which the
+ * base layers already keep (att) or rebuild (the others). Each adapter's
+ * A x [N, r] is rebuilt from them, that of a kept GEMM's adapter too (q, k,
+ * v, fc1 / gate: lora_forward with no output, u only), rather than kept per
+ * layer: the rebuild is one [N, in] x [in, r] GEMM, r / out of the base GEMM
+ * it stands beside (under 1% at r 16 for widths past 2k), where keeping
+ * would hold N r elements per adapter in every layer on top of the ops
+ * policy's kept outputs. One set of A x (layer 0's) then serves every
+ * layer, as with recompute full; the same GEMM on the same input gives the
+ * forward's bits. */
 static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
                                int recompute)
 {
@@ -2482,7 +2493,10 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
          (st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x, bview(m, W, blk, MODEL_ROLE_LN2_W),
                                    bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK))
         return st;
-    if (!kept) {
+    if (kept) {
+        /* by op: q, k, v's adapters' A ln1 (their B and the GEMM were kept in qkv) */
+        if ((st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, gpu_t(NULL, dt), ld)) != ZO_OK) return st;
+    } else {
         if (is_mla(c)) {
             if ((st = mla_qkv_forward(m, l, bb, s, ln1, qkv)) != ZO_OK) return st;
         } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, qkv, ld, ln1, N,
@@ -2530,17 +2544,19 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         if ((st = moe_forward(m, l, bb, s, recompute)) != ZO_OK || recompute) return st;
         return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
     }
+    /* by op, a kept fc1 / gate: its adapters' A ln2 alone */
+    gpu_tensor fc_y = kept ? gpu_t(NULL, dt) : fc;
     if (is_gpt(m)) {
-        if (!kept && ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, fc, f,
-                                                ln2, N, f, h)) != ZO_OK ||
-                      (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, fc, f)) != ZO_OK))
+        if ((!kept && (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, fc, f,
+                                                ln2, N, f, h)) != ZO_OK) ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, fc_y, f)) != ZO_OK)
             return st;
         if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f, act_form(c))) != ZO_OK) return st;
     } else {
         gpu_tensor up = gpu_t(a->up, dt);
-        if (!kept && ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, fc,
-                                                f, ln2, N, f, h)) != ZO_OK ||
-                      (st = lora_forward(m, s, l, bb, TF_LORA_GATE, ln2, fc, f)) != ZO_OK))
+        if ((!kept && (st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, fc,
+                                                f, ln2, N, f, h)) != ZO_OK) ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_GATE, ln2, fc_y, f)) != ZO_OK)
             return st;
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, up, f,
                                       ln2, N, f, h)) != ZO_OK ||
@@ -2551,8 +2567,9 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     if (post_norms(m)) {
         /* Gemma-2: out = x_mid + norm(act Wdown^T), the norm's input and
          * rstd kept (a recompute stops before the add; by op, before the
-         * down projection: its output, the norm's input, was kept) */
-        if (kept) return ZO_OK;
+         * down projection: its output, the norm's input, was kept, its
+         * adapters' A act rebuilt) */
+        if (kept) return lora_forward(m, s, l, bb, TF_LORA_DOWN, act, gpu_t(NULL, dt), h);
         /* generation keeps neither: the attention's norm's buffers serve again */
         gpu_tensor d_out = gpu_t(m->opts.kv_len ? a->pa_in : a->pm_in, dt);
         float *rstd4 = m->opts.kv_len ? a->rstd3 : a->rstd4;

@@ -153,7 +153,9 @@ typedef struct tf_options {
      * RoPE and fc1/gate; down's output no backward reads), the attention's
      * output and log-sum-exp; the norms, o (with the residual add), LLaMA's
      * up and the activation are recomputed into one set shared by every
-     * layer. recompute_layers must be 0. */
+     * layer, with LoRA each adapter's A x too (lora_u: none kept per
+     * layer). recompute_layers must be 0; no MoE layer, no latent
+     * attention. */
     int recompute;
     /* With recompute: 0 every layer shares the set; K > 0 only the first K
      * layers do (Megatron's --recompute-num-layers, the plan's

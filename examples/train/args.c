@@ -138,8 +138,9 @@ static const char HELP[] =
     "                         no s x s scores, so there is nothing selective to recompute;\n"
     "                         ops: by op, PyTorch's every other matmul: each layer keeps its\n"
     "                         input, qkv, the attention output and fc1/gate and recomputes\n"
-    "                         the norms, o, up and the activation; full fine-tuning of dense\n"
-    "                         layers, checkpoints on the GPU)\n"
+    "                         the norms, o, up and the activation (with LoRA each adapter's\n"
+    "                         x A too); dense layers without latent attention, full\n"
+    "                         fine-tuning, LoRA or QLoRA, checkpoints on the GPU)\n"
     "  --recompute-layers K   with --recompute full: only the first K layers recompute, the\n"
     "                         others keep their activations (Megatron's --recompute-num-layers,\n"
     "                         memplan's flag; default 0: every layer; needs --checkpoints-on gpu)\n"
@@ -690,9 +691,6 @@ static const char *flags_conflict(const train_args *a)
     if (a->p.cfg.recompute == OFFLOAD_RECOMPUTE_OPS && a->p.cfg.checkpoints_on == OFFLOAD_CPU)
         return "--checkpoints cpu needs --recompute full (--recompute ops keeps each layer's kept outputs "
                "on the GPU)";
-    if (a->p.cfg.recompute == OFFLOAD_RECOMPUTE_OPS && (a->lora.r || a->adapter))
-        return "--recompute ops with --lora: the adapters' matmuls are not in the runtime's op set; "
-               "recompute full or none";
     if (a->merge && !a->lora.r && !a->adapter && !(a->plan && a->p.file.training.method != ZO_PLAN_FULL))
         return "--merge DIR merges LoRA adapters into their base: it needs --lora R (or --adapter DIR); "
                "--save DIR writes a full fine-tune";
