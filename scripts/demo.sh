@@ -61,13 +61,13 @@ JSON
 # every doc but offload.md (kept for the fine-tuning) and README.md (held out)
 ./build/examples/tokenize --tokenizer "$tok" --out "$demo/docs.bin" $(ls docs/*.md | grep -v offload.md)
 ./build/examples/train --model "$demo/small.json" --data "$demo/docs.bin" --steps 60 --micro-batch 8 \
-  --seq 128 --lr 2e-3 --save "$demo/base" | grep -E '^(step (0|59) |# saved)'
+  --seq 128 --lr 2e-3 --save "$demo/base" | grep -E '^(step (1|60) |# saved)'
 # fine-tune on docs/offload.md as text (tokenized on the fly): warmup then
 # cosine decay, the held-out README.md evaluated every 10 steps, a log and its SVG
 ./build/examples/train --model "$demo/small.json" --weights "$demo/base" --tokenizer "$tok" \
   --data docs/offload.md --eval-data README.md --eval-every 10 --eval-batches 1 --steps 40 \
   --micro-batch 8 --seq 128 --lr 1e-3 --lr-schedule cosine --warmup 5 --min-lr 1e-4 \
-  --log build/finetune.jsonl --plot build/finetune.svg | grep -E '^(eval|# plot|# data|# lr)|^step (0|39) '
+  --log build/finetune.jsonl --plot build/finetune.svg | grep -E '^(eval|# plot|# data|# lr)|^step (1|40) '
 echo "last log record: $(tail -n 1 build/finetune.jsonl)"
 if command -v rsvg-convert >/dev/null; then
   rsvg-convert build/finetune.svg -o build/finetune.png && echo "picture: build/finetune.svg (and build/finetune.png)"
