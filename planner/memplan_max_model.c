@@ -68,7 +68,11 @@ static void preset_config(const zo_model_config *m, const plan_train *ct, plan_t
 }
 
 /* The largest preset of the shape's architecture, at most `n` parameters,
- * that fits with the plan `c` found for the strategy (NULL: none does). */
+ * that fits with the plan `c` found for the strategy (NULL: none does).
+ * Dense shapes take dense presets only (and a mixture of experts, mixtures):
+ * a mixture's parameter count is not comparable to a dense shape's (a
+ * token runs through top_k of its experts, so its activations and time
+ * follow the active count), and Granite-MoE shares LLaMA's architecture. */
 static const zo_model_preset *largest_preset(const zo_model_config *shape, const plan_candidate *c,
                                              uint64_t n, const plan_hw *hw, plan_train *t,
                                              plan_time *pt)
@@ -81,7 +85,9 @@ static const zo_model_preset *largest_preset(const zo_model_config *shape, const
     for (size_t i = 0; i < np; i++) {
         const zo_model_config *m = &p[i].cfg;
         uint64_t pn = zo_model_params(m);
-        if (m->arch != shape->arch || pn > n || pn <= best_n) continue;
+        if (m->arch != shape->arch || (m->moe.experts > 0) != (shape->moe.experts > 0) || pn > n ||
+            pn <= best_n)
+            continue;
         plan_train x;
         plan_estimate e;
         plan_time tt;

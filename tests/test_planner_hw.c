@@ -521,6 +521,13 @@ static void test_cli_max_model_4090(void **state)
         cJSON *d = cJSON_Parse(out2);
         assert_non_null(d);
         assert_true(cJSON_IsTrue(cJSON_GetObjectItem(d, "fits")));
+        /* a dense shape's row names a dense preset (granite-3.0-3b-a800m, a
+         * mixture of experts of LLaMA's architecture, once filled two rows) */
+        char name[128];
+        zo_model_config pm;
+        assert_int_equal(sscanf(strstr(line, "--model ") + 8, "%127s", name), 1);
+        assert_int_equal(zo_model_preset_find(name, &pm), ZO_OK);
+        assert_int_equal(pm.moe.experts, 0);
         /* the strategy's row, two lines up: "... <preset> (<step> s, <tokens/s>)" */
         char *row = line;
         for (int k = 0; k < 2; k++)
