@@ -3,7 +3,7 @@
 # H100-80GB: it does not fit with everything on the GPU; ZeRO-Offload of the
 # optimizer state (and then of the parameters too) makes it fit; then let the
 # planner search for the fastest plan and write it for the runtime; train a
-# model 4x the device memory from that plan; and fine-tune a small model on
+# model 3x the device memory from that plan; and fine-tune a small model on
 # text through a tokenizer, with a schedule, evaluation and a metrics log
 # drawn as SVG.
 set -euo pipefail
@@ -29,8 +29,8 @@ echo "== 4. memplan plan: the fastest plan that fits, written for the runtime"
 ./build/examples/train --check-plan --plan build/llama-2-13b.plan.json
 
 echo
-echo "== 5. the runtime: a model 4x the device memory trains on the CPU backend"
-# A LLaMA-shaped model of 24 layers (9.5M parameters, 19 MiB of bf16 weights)
+echo "== 5. the runtime: a model 3x the device memory (its bf16 weights alone) trains on the CPU backend"
+# A LLaMA-shaped model of 24 layers (9.5M parameters, 18.2 MiB of bf16 weights)
 # on a "device" of 6 MiB: memplan sizes it first, then train executes that plan.
 demo=$(mktemp -d)
 trap 'rm -rf "$demo"' EXIT
