@@ -667,6 +667,36 @@ static const char deepseek_config[] =
     "\"num_experts_per_tok\": 3, \"first_k_dense_replace\": 1, \"norm_topk_prob\": false, "
     "\"aux_loss_alpha\": 0.05, \"seq_aux\": true, \"vocab_size\": 256, \"max_position_embeddings\": 64}";
 
+/* DeepSeek-V2: DeepSeekMoE's layers (as deepseek_config) under multi-head
+ * latent attention: q_proj (q_lora_rank null), kv_a_proj_with_mqa to a
+ * latent of 32 and one rotary key of 8, its RMSNorm, kv_b_proj to 4 heads
+ * of nope 16 and v 16; yarn rope (factor 4 over an original length of 16,
+ * the softmax scale with mscale_all_dim) as test_e2e_torch.py's
+ * deepseek_v2. */
+static const char deepseek_v2_config[] =
+    "{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"q_lora_rank\": null, \"kv_lora_rank\": 32, "
+    "\"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, \"intermediate_size\": 128, "
+    "\"moe_intermediate_size\": 16, \"n_routed_experts\": 8, \"n_shared_experts\": 2, "
+    "\"num_experts_per_tok\": 3, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"norm_topk_prob\": false, "
+    "\"scoring_func\": \"softmax\", \"topk_method\": \"greedy\", \"routed_scaling_factor\": 1.0, "
+    "\"aux_loss_alpha\": 0.05, \"seq_aux\": true, \"vocab_size\": 256, \"max_position_embeddings\": 64, "
+    "\"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, "
+    "\"original_max_position_embeddings\": 16, \"beta_fast\": 32, \"beta_slow\": 1, \"mscale\": 0.5, "
+    "\"mscale_all_dim\": 1.0}, \"attention_bias\": false, \"tie_word_embeddings\": false}";
+
+/* DeepSeek-V2 with q through its low rank (q_lora_rank 24: q_a_proj,
+ * q_a_layernorm, q_b_proj), plain rope. */
+static const char deepseek_v2_q_config[] =
+    "{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"q_lora_rank\": 24, \"kv_lora_rank\": 32, "
+    "\"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, \"intermediate_size\": 128, "
+    "\"moe_intermediate_size\": 16, \"n_routed_experts\": 8, \"n_shared_experts\": 2, "
+    "\"num_experts_per_tok\": 3, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"norm_topk_prob\": false, "
+    "\"scoring_func\": \"softmax\", \"topk_method\": \"greedy\", \"routed_scaling_factor\": 1.0, "
+    "\"aux_loss_alpha\": 0.05, \"seq_aux\": true, \"vocab_size\": 256, \"max_position_embeddings\": 64, "
+    "\"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"attention_bias\": false, \"tie_word_embeddings\": false}";
+
 /* Qwen2-MoE-shaped with 8 experts (the 6 of qwen2_moe_config do not split
  * over 4 ranks). */
 static const char qwen2_moe8_config[] =
@@ -895,13 +925,15 @@ static const char qwen3_moe8_config[] =
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[5] = {"mixtral", "qwen2_moe8", "qwen3_moe8", "deepseek", "granitemoe"};
+static const char *const ep_names[6] = {"mixtral",  "qwen2_moe8", "qwen3_moe8",
+                                        "deepseek", "granitemoe", "deepseek_v2_q"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[5] = {mixtral_config, qwen2_moe8_config, qwen3_moe8_config, deepseek_config, granitemoe_config};
+    const char *texts[6] = {mixtral_config,  qwen2_moe8_config, qwen3_moe8_config,
+                            deepseek_config, granitemoe_config, deepseek_v2_q_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -2036,6 +2068,8 @@ static void test_moe_ep_capacity(void **state)
 }
 
 static void family_rows(const char *name, const char *text);
+static void family_use(const char *name, const char *text);
+static void family_row(const char *name, int method, int p, int norms);
 
 /* Model mdl's plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on
  * the GPU, clipping; with lora adapters on every linear layer, on the GPU),
@@ -2070,18 +2104,53 @@ static void deepseek_rows(void)
     config = "config.json";
 }
 
+/* DeepSeek-V2 (latent attention over DeepSeekMoE's layers), q_proj with
+ * yarn rope and q through q_a/q_b with plain rope: full fine-tuning and
+ * LoRA on every linear layer (the latent projections q_proj or q_a_proj
+ * and q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj; the dense MLP, the
+ * routed and shared experts) on 2 ranks as family_rows, each model one
+ * method at ZeRO-2 and the other at ZeRO-3, the gradient norms too; then
+ * --ep 2 on 2 ranks at ZeRO-3 (the latent projections and norms
+ * partitioned, each rank's own experts) against one rank with
+ * --grad-accum 2 (ep_run_norms). Ten launches: a latent norm weight's
+ * gradient left unreduced shows in the norms only. */
+static void deepseek_v2_rows(void)
+{
+    printf("DeepSeek-V2, in this entry (its lines below name it: deepseek_v2, deepseek_v2_q):\n");
+    family_use("deepseek_v2", deepseek_v2_config);
+    family_row("deepseek_v2", 0, 1, 1);
+    family_row("deepseek_v2", 1, 2, 1);
+    family_use("deepseek_v2_q", deepseek_v2_q_config);
+    family_row("deepseek_v2_q", 0, 2, 1);
+    family_row("deepseek_v2_q", 1, 1, 1);
+    const char *place = "--dtype fp32 --params gpu --optimizer cpu";
+    char path[512], plan[512], extra[700], log[600];
+    double ref[2][STEPS] = {{0}}, ref_norm[STEPS]; /* ref[1]: for 4 ranks, not run */
+    ep_use_model(5, path, sizeof path);
+    snprintf(plan, sizeof plan, "%s/ref-dsv2-%s.json", dir, ep_names[5]);
+    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 1 --log %s/dsv2-ref.jsonl", dir);
+    snprintf(log, sizeof log, "%s/dsv2-ref.jsonl", dir);
+    remove(log);
+    plan_and_train(place, plan, 0, extra, ref[0]);
+    logged_norms(log, ref_norm);
+    ep_run_norms(5, place, 2, 2, 3, 1, ref, ref_norm);
+    config = "config.json";
+}
+
 /* Qwen3-MoE with expert parallelism: the Qwen3-MoE-shaped model, memplan's
  * plan for --ep 2 on 2 ranks at ZeRO-0 (ep_rows_of: losses within 1e-6
  * relative, every rank's peaks within 3% of the plan, the all-to-all
  * bytes), and with capacity factor 0.5 as test_moe_ep_capacity; then
- * DeepSeekMoE's rows (deepseek_rows: in this group, not one of its own,
- * for the suite's minutes). */
+ * DeepSeekMoE's rows (deepseek_rows) and DeepSeek-V2's (deepseek_v2_rows:
+ * latent attention, q_lora_rank null and set), in this group, not groups
+ * of their own, for the suite's minutes. */
 static void test_moe_ep_qwen3(void **state)
 {
     (void)state;
     ep_rows_of(2, "q3", 0, 0);
     ep_capacity(2, 0);
     deepseek_rows();
+    deepseek_v2_rows();
 }
 
 /* ---- the dense families beyond LLaMA ------------------------------------------------- */
@@ -2239,42 +2308,71 @@ static const char qwen2_yarn_config[] =
  * the plan (as matrix's rows). Each method's seconds are printed. */
 static void family_rows(const char *name, const char *text)
 {
-    /* static: the global config points into it, and a failing assert
-     * leaves before the end puts config back */
-    static char path[512];
-    char flags[1024], plan[512], extra[256], place[256], mf[128];
-    snprintf(path, sizeof path, "%s/%s.json", dir, name);
-    files_write_text(path, text);
-    config = strrchr(path, '/') + 1;
+    family_use(name, text);
     for (int method = 0; method <= 2; method++) {
-        snprintf(mf, sizeof mf, "%s%s", method_flags[method], method ? " --lora-targets all-linear" : "");
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        for (int p = 1; p <= 2; p++) {
-            int stage = p == 1 ? 2 : 3;
-            double ref[STEPS], got[STEPS];
-            placement(method, 0, p, place, sizeof place);
-            snprintf(flags, sizeof flags, "%s %s %s", dtype(p), mf, place);
-            snprintf(plan, sizeof plan, "%s/ref-%s-%s-%d.json", dir, name, method_names[method], p);
-            snprintf(extra, sizeof extra, "--grad-accum 2 %s", clip(p));
-            plan_and_train(flags, plan, 0, extra, ref);
-            placement(method, stage, p, place, sizeof place);
-            snprintf(flags, sizeof flags, "%s %s %s --dp 2 --zero %d", dtype(p), mf, place, stage);
-            snprintf(plan, sizeof plan, "%s/plan.json", dir);
-            plan_and_train(flags, plan, 2, clip(p), got);
-            int same;
-            double worst = worst_rel(got, ref, 0, STEPS, &same);
-            printf("  %s, %s, ZeRO-%d, %s: %d of %d steps as one rank's, worst %.1e\n", name, method_names[method],
-                   stage, place, same, STEPS, worst);
-            if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
-            assert_true(worst <= 1e-6);
-            if (p == 1) assert_int_equal(same, STEPS);
-            check_peaks(last_out, 2);
-            if (method == 2) assert_non_null(strstr(last_out, "method: qlora (")); /* the NF4 base */
-        }
+        for (int p = 1; p <= 2; p++) family_row(name, method, p, 0);
         printf("  %s, %s: %.1f s\n", name, method_names[method], seconds_since(&t0));
     }
     config = "config.json";
+}
+
+/* Model text written as name.json and chosen for the runs that follow. */
+static void family_use(const char *name, const char *text)
+{
+    /* static: the global config points into it, and a failing assert
+     * leaves before the end puts config back */
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s.json", dir, name);
+    files_write_text(path, text);
+    config = strrchr(path, '/') + 1;
+}
+
+/* One of family_rows' rows for the chosen model: method (0 full, 1 LoRA on
+ * every linear layer, 2 QLoRA) in placement p (1: ZeRO-2, 2: ZeRO-3) on 2
+ * ranks against one rank's --grad-accum 2. With norms, the gradient norms
+ * (train --log's) too, within 1e-6 (as ep_run_norms: a tensor's gradient
+ * wrong by a factor barely moves AdamW's losses, and a norm weight's update
+ * is lost in its bf16 copy over a few steps). */
+static void family_row(const char *name, int method, int p, int norms)
+{
+    char flags[1024], plan[512], extra[1024], place[256], mf[128], log[2][600];
+    int stage = p == 1 ? 2 : 3;
+    double ref[STEPS], got[STEPS];
+    for (int k = 0; k < 2; k++) {
+        snprintf(log[k], sizeof log[k], "%s/family-%s.jsonl", dir, k ? "ranks" : "ref");
+        remove(log[k]);
+    }
+    snprintf(mf, sizeof mf, "%s%s", method_flags[method], method ? " --lora-targets all-linear" : "");
+    placement(method, 0, p, place, sizeof place);
+    snprintf(flags, sizeof flags, "%s %s %s", dtype(p), mf, place);
+    snprintf(plan, sizeof plan, "%s/ref-%s-%s-%d.json", dir, name, method_names[method], p);
+    snprintf(extra, sizeof extra, "--grad-accum 2 %s%s%s", clip(p), norms ? " --log " : "", norms ? log[0] : "");
+    plan_and_train(flags, plan, 0, extra, ref);
+    placement(method, stage, p, place, sizeof place);
+    snprintf(flags, sizeof flags, "%s %s %s --dp 2 --zero %d", dtype(p), mf, place, stage);
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    snprintf(extra, sizeof extra, "%s%s%s", clip(p), norms ? " --log " : "", norms ? log[1] : "");
+    plan_and_train(flags, plan, 2, extra, got);
+    int same;
+    double worst = worst_rel(got, ref, 0, STEPS, &same);
+    printf("  %s, %s, ZeRO-%d, %s: %d of %d steps as one rank's, worst %.1e\n", name, method_names[method], stage,
+           place, same, STEPS, worst);
+    if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
+    assert_true(worst <= 1e-6);
+    if (p == 1) assert_int_equal(same, STEPS);
+    check_peaks(last_out, 2);
+    if (method == 2) assert_non_null(strstr(last_out, "method: qlora (")); /* the NF4 base */
+    if (norms) {
+        double ref_norm[STEPS], norm[STEPS];
+        logged_norms(log[0], ref_norm);
+        logged_norms(log[1], norm);
+        double nworst = worst_rel(norm, ref_norm, 0, STEPS, &same);
+        printf("    gradient norms (%.4f..%.4f): %d of %d as one rank's, worst %.1e\n", ref_norm[0],
+               ref_norm[STEPS - 1], same, STEPS, nworst);
+        assert_true(nworst <= 1e-6);
+    }
 }
 
 /* Qwen3's rows, then Granite's and Cohere's (a few seconds each: they
