@@ -10,7 +10,7 @@
 # a clean build folder (no Testing/Temporary/CTestCostData.txt yet) runs them
 # in declaration order. Refresh the figures when a test's time moves by much.
 set(zo_test_costs
-    test_offload 161 test_ops 143 test_zero 47 test_zero_mpi4 46 test_generate_torch_falcon_new 36
+    test_ops 143 test_offload 100 test_offload_memplan 32 test_zero 47 test_zero_mpi4 46 test_generate_torch_falcon_new 36
     test_ranks_moe_ep_zero_ckpt 34 test_zero_mpi2 30 test_ranks_moe_ep_gaps 29 test_ranks_moe_ep 28
     test_ranks_moe_ep_zero 28 test_generate_torch_llama 22 test_e2e_torch_llama 19 test_e2e_torch_qwen3_moe 19
     test_generate_torch_qwen3_moe 19 test_e2e_torch_falcon_seq 18 test_comm_fault 17
@@ -65,13 +65,17 @@ endforeach()
 # by methods, checkpoints across them, uneven expert counts), which repeat
 # test_ranks_moe_ep's paths over more combinations; the CUDA test's
 # self-check without a GPU (the runtime on a second CPU device, which
-# test_offload runs); and the GPU script's checks with a fake GPU (shell
-# logic, the same in both builds).
+# test_offload runs); the peaks against memplan's plans at every placement
+# and family (test_offload_memplan: the accounting is the planner's, the
+# placements' code paths run under the sanitizers in test_offload's
+# dedicated tests: schedules, master and state kinds, the GPU share, NVMe);
+# and the GPU script's checks with a fake GPU (shell logic, the same in
+# both builds).
 set(zo_test_repeats
     test_zero_mpi2 test_zero_mpi4 test_gpu_check_fake_gpu test_ranks_moe test_ranks_moe_ep_gaps test_ranks_moe_ep_zero test_ranks_moe_ep_zero_ckpt
     test_ranks_moe_ep_qwen3 test_ranks_family_qwen3 test_ranks_family_phi3 test_ranks_family_gemma
     test_ranks_family_gemma2 test_ranks_family_gemma3 test_ranks_family_neox test_ranks_family_falcon
-    test_offload_cuda_selfcheck)
+    test_offload_cuda_selfcheck test_offload_memplan)
 foreach(family mistral qwen2 qwen3 phi3 gemma gemma2 gemma3_text gpt_neox gpt_neox_seq falcon falcon_new falcon_seq
                mixtral qwen2_moe mixtral_sparse qwen2_moe_sparse)
   list(APPEND zo_test_repeats test_e2e_torch_${family})
