@@ -130,7 +130,11 @@ __global__ void attention_tc_forward_kernel(gpu_tensor out, float *lse,
             /* every row sees key j0 (j0 <= i0 <= i): m_new is finite */
             const float pa = expf(va - m_new), pb = expf(vb2 - m_new);
             const float alpha = expf(m_old - m_new);
-            const float sum = warp_sum(pa + pb); /* every lane's reads of row rr are done */
+            const float sum = warp_sum(pa + pb);
+            /* P's row overlays S's: every lane's reads of row rr before any
+             * lane writes it (the shuffles above order no memory: racecheck
+             * reported the write-after-read on an H100) */
+            __syncwarp();
             T *p = P + (size_t)rr * 2 * LDS;
             tc_round(p + lane, pa);
             tc_round(p + lane + WARP, pb);
