@@ -64,6 +64,8 @@
 # torch.log, schedules.log, offload.log) and artifacts.tar.gz (plans, stats,
 # the hardware profile; after each step that makes them). At most 8 files an
 # invocation, none in a folder; a log is cut to its first 2 and last 12 MiB.
+# Steps named together that would leave more than 8 files keep the running
+# step's log only and pack the finished steps' logs into logs.tar.gz.
 # The summary table is printed last.
 #
 # Time: each command ends by ZO_GPUCHECK_DEADLINE seconds (default 570, for
@@ -219,6 +221,25 @@ run_step() {
 }
 
 say() { echo "gpu-check: $*"; }
+
+# At most 8 files come back from the device tool's $OUT. A command whose steps
+# would leave more (steps of several invocations named together: env.txt,
+# rows.tsv, summary.txt, artifacts.tar.gz and a log a step) keeps only the
+# running step's log in the results folder and packs every finished step's
+# log into logs.tar.gz (logs/NAME.log) after the step: a command stopped at
+# its limit loses nothing but what the device tool never sends.
+PACK_LOGS=0
+if [ "${steps[*]}" != summary ]; then
+  declare -A log_seen=()
+  for s in "${steps[@]}"; do
+    case "$s" in env|summary) ;; *) log_seen[$(logname "$s")]=1 ;; esac
+  done
+  if [ $((4 + ${#log_seen[@]})) -gt 8 ]; then
+    PACK_LOGS=1
+    say "$((4 + ${#log_seen[@]})) files would come back, more than 8: the finished steps' logs go into logs.tar.gz"
+  fi
+  rm -rf "$STATE/logs" "$RES/logs.tar.gz"
+fi
 
 # ---- the carried packages -----------------------------------------------------
 DEPS=$B/deps
@@ -811,6 +832,14 @@ checkpoint() {
       { head -c $((2 << 20)) "$f"; printf '\n[... cut ...]\n'; tail -c $((12 << 20)) "$f"; } > "$f.cut" && mv "$f.cut" "$f"
     fi
   done
+  if [ "$PACK_LOGS" = 1 ]; then
+    mkdir -p "$STATE/logs"
+    for f in "$RES"/*.log; do
+      [ -f "$f" ] || continue
+      cat "$f" >> "$STATE/logs/${f##*/}" && rm -f "$f"
+    done
+    tar -czf "$RES/logs.tar.gz" -C "$STATE" logs
+  fi
   case "$1" in 13b|torch|schedules|offload) ;; *) return 0 ;; esac
   local have=() s
   for s in "${steps[@]}"; do

@@ -209,3 +209,21 @@ for r in run2 run3; do
   fi
   echo "ok: $r: \$OUT holds $(cd "$tmp/out" && echo *); steps $order"
 done
+
+# Steps of several invocations named together would leave 10 files: the
+# finished steps' logs are packed into logs.tar.gz, whole, as they finish
+rm -rf "$tmp/out" && mkdir "$tmp/out"
+PATH="$tmp/bin:$PATH" OUT="$tmp/out" ZO_GPUCHECK_BUILD="$build" ZO_13B_HW=h100-80gb ZO_SCHED_HW=h100-80gb \
+  ZO_13B_INIT_RATE=1e12 ZO_13B_NF4_RATE=1e12 ZO_13B_RUNS=qlora \
+  bash "$root/scripts/gpu-check.sh" bench torch schedules offload 13b >"$tmp/stdout" 2>"$tmp/stderr"
+rc=$?
+[ $rc = 1 ] || fail "steps of three invocations: exit $rc, expected 1"
+check_files packed env.txt rows.tsv summary.txt artifacts.tar.gz logs.tar.gz
+got=$(tar -tzf "$tmp/out/logs.tar.gz" | grep -v '/$' | sort | tr '\n' ' ')
+[ "$got" = "logs/13b.log logs/bench.log logs/build.log logs/offload.log logs/schedules.log logs/torch.log " ] ||
+  fail "packed: logs.tar.gz holds '$got'"
+tar -xzf "$tmp/out/logs.tar.gz" -C "$tmp" logs/bench.log logs/13b.log || fail "packed: logs.tar.gz does not unpack"
+grep -q 'bench_gpu_cuda' "$tmp/logs/bench.log" || fail "packed: bench.log lacks bench_gpu_cuda's run"
+grep -q 'plan13b-qlora' "$tmp/logs/13b.log" || fail "packed: 13b.log lacks the QLoRA run"
+grep -q 'the finished steps. logs go into logs.tar.gz' "$tmp/stdout" || fail "packed: no line saying so"
+echo "ok: steps of three invocations: \$OUT holds $(cd "$tmp/out" && echo *)"
