@@ -11,9 +11,13 @@
  * last line: the accumulate's time over the roof's, summed over the cases
  * (1.00: at the memory roof). Then (-b) the old path for comparison: a
  * memset of the sum and the scalar loop, single-threaded, as the runtime
- * ran it.
+ * ran it. With -s, the clipping statistics too: the sum then
+ * adam_grad_stats' pass over it (`+stats`, the runtime's step before
+ * 2026-11-27), and adam_grad_accumulate_stats (`fused`, the last addition
+ * of a step now), alternated with the others; their GB/s at the sum's
+ * bytes.
  *
- *   bench_grad_sum [-n elements] [-t threads] [-r rounds] [-q]
+ *   bench_grad_sum [-n elements] [-t threads] [-r rounds] [-b] [-s] [-q]
  */
 #include <getopt.h>
 #include <immintrin.h>
@@ -40,6 +44,29 @@ static void run_accumulate(void *p)
 {
     acc_case *c = p;
     if (adam_grad_accumulate(c->acc, c->g, c->gd, c->n, c->fresh, c->threads) != ZO_OK) abort();
+}
+
+/* The sum, then a pass of its own for the statistics. */
+static void run_then_stats(void *p)
+{
+    acc_case *c = p;
+    double ss;
+    int nf;
+    if (adam_grad_accumulate(c->acc, c->g, c->gd, c->n, c->fresh, c->threads) != ZO_OK ||
+        adam_grad_stats(c->acc, ZO_DTYPE_F32, c->n, c->threads, &ss, &nf) != ZO_OK)
+        abort();
+    bench_sink(&ss);
+}
+
+/* The sum with its statistics in the same pass. */
+static void run_fused(void *p)
+{
+    acc_case *c = p;
+    double ss;
+    int nf;
+    if (adam_grad_accumulate_stats(c->acc, c->g, c->gd, c->n, c->fresh, c->threads, c->threads, &ss, &nf) != ZO_OK)
+        abort();
+    bench_sink(&ss);
 }
 
 /* The roof: the accumulate's loads and stores (fresh: the gradient read,
@@ -94,19 +121,20 @@ int main(int argc, char **argv)
 {
     uint64_t n = 128u << 20; /* 512 MiB of fp32 sum: past this VM's caches */
     long threads = 0, rounds = 5;
-    int quiet = 0, old = 0, opt;
-    while ((opt = getopt(argc, argv, "n:t:r:bq")) != -1) {
+    int quiet = 0, old = 0, stats = 0, opt;
+    while ((opt = getopt(argc, argv, "n:t:r:bsq")) != -1) {
         zo_status st = ZO_OK;
         switch (opt) {
         case 'n': st = zo_parse_count(optarg, "-n", &n); break;
         case 't': st = zo_parse_int(optarg, "-t", 0, 1024, &threads); break;
         case 'r': st = zo_parse_int(optarg, "-r", 1, 1000, &rounds); break;
         case 'b': old = 1; break;
+        case 's': stats = 1; break;
         case 'q': quiet = 1; break;
         default: st = ZO_ERR_INVALID; break;
         }
         if (st != ZO_OK || n == 0) {
-            fprintf(stderr, "usage: bench_grad_sum [-n elements] [-t threads] [-r rounds] [-b] [-q]\n");
+            fprintf(stderr, "usage: bench_grad_sum [-n elements] [-t threads] [-r rounds] [-b] [-s] [-q]\n");
             return 2;
         }
     }
@@ -131,10 +159,15 @@ int main(int argc, char **argv)
         for (int fresh = 1; fresh >= 0; fresh--) {
             acc_case c = {.acc = acc, .g = g, .gd = dts[d], .n = (size_t)n, .fresh = fresh, .threads = (int)threads};
             double bytes = (double)n * (zo_dtype_size(dts[d]) + 4 + (fresh ? 0 : 4)), ba = 1e30, br = 1e30, bo = 0;
+            double bs = 1e30, bf = 1e30;
             for (int r = 0; r < rounds; r++) {
                 double a = bench_time_best(run_accumulate, &c, 1, 3, 0.0), f = bench_time_best(run_roof, &c, 1, 3, 0.0);
                 if (a < ba) ba = a;
                 if (f < br) br = f;
+                if (!stats) continue;
+                double s2 = bench_time_best(run_then_stats, &c, 1, 3, 0.0), f2 = bench_time_best(run_fused, &c, 1, 3, 0.0);
+                if (s2 < bs) bs = s2;
+                if (f2 < bf) bf = f2;
             }
             if (old) bo = bench_time_best(run_old, &c, 1, 3, 0.0);
             t_acc += ba, t_roof += br;
@@ -146,6 +179,12 @@ int main(int argc, char **argv)
                 if (old)
                     bench_row("  %-12s %7d %9.3f %8.2f %7.1f", "old-path", 1, n / bo / 1e9, bytes / bo / 1e9,
                               100 * br / bo);
+                if (stats) {
+                    bench_row("  %-12s %7d %9.3f %8.2f %7.1f", "+stats", team, n / bs / 1e9, bytes / bs / 1e9,
+                              100 * br / bs);
+                    bench_row("  %-12s %7d %9.3f %8.2f %7.1f", "fused", team, n / bf / 1e9, bytes / bf / 1e9,
+                              100 * br / bf);
+                }
             }
         }
     bench_sink(acc);

@@ -271,22 +271,27 @@ ADAM_INLINE void avx2_sq_acc(__m256 x, __m256d *a, __m256d *b)
 
 /* As avx512_sumsq_t: in double, element i into lane i % 32 of eight
  * accumulators of 4 doubles, added by a fixed tree; the tail element by
- * element after them. */
-ADAM_INLINE double avx2_sumsq_t(const void *g, const zo_dtype gd, size_t n)
+ * element after them; in pieces, the accumulators carried in acc. */
+ADAM_INLINE double avx2_sumsq_t(adam_sumsq_acc *acc, const void *g, const zo_dtype gd, size_t n, int last)
 {
-    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m256d a[8];
+    for (int k = 0; k < 8; k++) a[k] = _mm256_loadu_pd(acc->lane + 4 * k);
     size_t i = 0;
     const size_t gs = gd == ZO_DTYPE_F32 ? 4 : 2; /* bytes an element; 32 elements: gs / 2 lines */
     for (; i + 32 <= n; i += 32) {
         const char *ahead = (const char *)g + i * gs + ADAM_SUMSQ_PREFETCH;
         for (size_t l = 0; l < gs; l += 2) _mm_prefetch(ahead + 32 * l, _MM_HINT_T0);
-        avx2_sq_acc(avx2_load_grad(g, i, gd), &a0, &a1);
-        avx2_sq_acc(avx2_load_grad(g, i + 8, gd), &a2, &a3);
-        avx2_sq_acc(avx2_load_grad(g, i + 16, gd), &a4, &a5);
-        avx2_sq_acc(avx2_load_grad(g, i + 24, gd), &a6, &a7);
+        avx2_sq_acc(avx2_load_grad(g, i, gd), &a[0], &a[1]);
+        avx2_sq_acc(avx2_load_grad(g, i + 8, gd), &a[2], &a[3]);
+        avx2_sq_acc(avx2_load_grad(g, i + 16, gd), &a[4], &a[5]);
+        avx2_sq_acc(avx2_load_grad(g, i + 24, gd), &a[6], &a[7]);
     }
-    __m256d s = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)),
-                              _mm256_add_pd(_mm256_add_pd(a4, a5), _mm256_add_pd(a6, a7)));
+    if (!last) { /* (n a multiple of 64: no tail) */
+        for (int k = 0; k < 8; k++) _mm256_storeu_pd(acc->lane + 4 * k, a[k]);
+        return 0.0;
+    }
+    __m256d s = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a[0], a[1]), _mm256_add_pd(a[2], a[3])),
+                              _mm256_add_pd(_mm256_add_pd(a[4], a[5]), _mm256_add_pd(a[6], a[7])));
     double lanes[4];
     _mm256_storeu_pd(lanes, s);
     double t = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
@@ -297,11 +302,17 @@ ADAM_INLINE double avx2_sumsq_t(const void *g, const zo_dtype gd, size_t n)
     return t;
 }
 
-double adam_sumsq_avx2(const void *g, zo_dtype gd, size_t n)
+double adam_sumsq_part_avx2(adam_sumsq_acc *acc, const void *g, zo_dtype gd, size_t n, int last)
 {
     switch (gd) {
-    case ZO_DTYPE_F16: return avx2_sumsq_t(g, ZO_DTYPE_F16, n);
-    case ZO_DTYPE_BF16: return avx2_sumsq_t(g, ZO_DTYPE_BF16, n);
-    default: return avx2_sumsq_t(g, ZO_DTYPE_F32, n);
+    case ZO_DTYPE_F16: return avx2_sumsq_t(acc, g, ZO_DTYPE_F16, n, last);
+    case ZO_DTYPE_BF16: return avx2_sumsq_t(acc, g, ZO_DTYPE_BF16, n, last);
+    default: return avx2_sumsq_t(acc, g, ZO_DTYPE_F32, n, last);
     }
+}
+
+double adam_sumsq_avx2(const void *g, zo_dtype gd, size_t n)
+{
+    adam_sumsq_acc acc = {{0}};
+    return adam_sumsq_part_avx2(&acc, g, gd, n, 1);
 }

@@ -7,4 +7,5 @@
 #define ADAM_AVX512_UPDATE adam_update_avx512
 #define ADAM_AVX512_BF16S adam_update_bf16s_avx512
 #define ADAM_AVX512_SUMSQ adam_sumsq_avx512
+#define ADAM_AVX512_SUMSQ_PART adam_sumsq_part_avx512
 #include "adam_avx512_body.h"

@@ -7,6 +7,7 @@
  *   ADAM_AVX512_UPDATE       the update over fp32 state
  *   ADAM_AVX512_BF16S        the update over bf16 state
  *   ADAM_AVX512_SUMSQ        the sum of squares
+ *   ADAM_AVX512_SUMSQ_PART   ... taken in pieces
  * (adam_q8_avx512.c includes it for the helpers alone.) Only cpu_adam.c and
  * adam_state.c call these, and only after cpuid said the CPU has the ISA. */
 #include <immintrin.h>
@@ -210,12 +211,14 @@ ADAM_INLINE __m512d avx512_load8_pd(const void *g, size_t i, const zo_dtype gd, 
  * The squares are exact (an fp32 value has 24 significant bits, its square
  * 48 of double's 53) and the FMA rounds only the addition. A sum of finite
  * fp32 squares cannot overflow a double: an inf or a nan in the result is
- * one in the input. */
-ADAM_INLINE double avx512_sumsq_t(const void *g, const zo_dtype gd, size_t n)
+ * one in the input. Taken in pieces (adam_sumsq_acc): the accumulators
+ * carried from one call to the next, every piece but the last a multiple
+ * of 64 elements, so the pieces give the bits of one call over them all. */
+ADAM_INLINE double avx512_sumsq_t(adam_sumsq_acc *acc, const void *g, const zo_dtype gd, size_t n, int last)
 {
     const size_t gs = gd == ZO_DTYPE_F32 ? 4 : 2; /* bytes an element; 64 elements: gs lines */
     __m512d a[8];
-    for (int k = 0; k < 8; k++) a[k] = _mm512_setzero_pd();
+    for (int k = 0; k < 8; k++) a[k] = _mm512_loadu_pd(acc->lane + 8 * k);
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
         const char *ahead = (const char *)g + i * gs + ADAM_SUMSQ_PREFETCH;
@@ -224,6 +227,10 @@ ADAM_INLINE double avx512_sumsq_t(const void *g, const zo_dtype gd, size_t n)
             __m512d x = avx512_load8_pd(g, i + 8 * (size_t)k, gd, 0xff, 0);
             a[k] = _mm512_fmadd_pd(x, x, a[k]);
         }
+    }
+    if (!last) { /* (n a multiple of 64: no tail) */
+        for (int k = 0; k < 8; k++) _mm512_storeu_pd(acc->lane + 8 * k, a[k]);
+        return 0.0;
     }
     for (; i < n; i += 8) {
         size_t r = n - i < 8 ? n - i : 8;
@@ -235,12 +242,18 @@ ADAM_INLINE double avx512_sumsq_t(const void *g, const zo_dtype gd, size_t n)
     return _mm512_reduce_add_pd(s);
 }
 
-double ADAM_AVX512_SUMSQ(const void *g, zo_dtype gd, size_t n)
+double ADAM_AVX512_SUMSQ_PART(adam_sumsq_acc *acc, const void *g, zo_dtype gd, size_t n, int last)
 {
     switch (gd) {
-    case ZO_DTYPE_F16: return avx512_sumsq_t(g, ZO_DTYPE_F16, n);
-    case ZO_DTYPE_BF16: return avx512_sumsq_t(g, ZO_DTYPE_BF16, n);
-    default: return avx512_sumsq_t(g, ZO_DTYPE_F32, n);
+    case ZO_DTYPE_F16: return avx512_sumsq_t(acc, g, ZO_DTYPE_F16, n, last);
+    case ZO_DTYPE_BF16: return avx512_sumsq_t(acc, g, ZO_DTYPE_BF16, n, last);
+    default: return avx512_sumsq_t(acc, g, ZO_DTYPE_F32, n, last);
     }
+}
+
+double ADAM_AVX512_SUMSQ(const void *g, zo_dtype gd, size_t n)
+{
+    adam_sumsq_acc acc = {{0}};
+    return ADAM_AVX512_SUMSQ_PART(&acc, g, gd, n, 1);
 }
 #endif

@@ -24,6 +24,20 @@ typedef void (*adam_update_fn)(const adam_consts *c, size_t n, float *restrict p
                                float *restrict v, void *restrict out, zo_dtype od);
 /* Sum of squares of n elements in double (inf/nan propagate into it). */
 typedef double (*adam_sumsq_fn)(const void *g, zo_dtype gd, size_t n);
+/* The same sum taken in pieces: the kernel's accumulators between calls
+ * (AVX-512's 8 x 8 doubles, AVX2's 8 x 4, the scalar's one), zeroed before
+ * the first piece. Every piece but the last is a multiple of 64 elements;
+ * the last (`last` 1, any length) returns the sum, the bits of one
+ * adam_sumsq_fn call over all the pieces (the others return 0). */
+typedef struct adam_sumsq_acc {
+    double lane[64];
+} adam_sumsq_acc;
+typedef double (*adam_sumsq_part_fn)(adam_sumsq_acc *acc, const void *g, zo_dtype gd, size_t n, int last);
+/* Chunk boundaries of the OpenMP splits fall on multiples of this many
+ * elements (a 64-byte line of fp32 and a 32-byte half line of the 16-bit
+ * arrays, times 4); at most ADAM_MAX_THREADS partial sums a call. */
+#define ADAM_GRAIN ((size_t)64)
+#define ADAM_MAX_THREADS 1024
 /* How far ahead of its loads a vector sum of squares prefetches, in bytes.
  * Its conversions to double fill the reorder window, so fewer of its loads
  * are in flight than in a plain read and the stream from memory slows to
@@ -139,6 +153,7 @@ void adam_update_scalar(const adam_consts *c, size_t n, float *restrict p,
                         const void *restrict g, zo_dtype gd, float *restrict m,
                         float *restrict v, void *restrict out, zo_dtype od);
 double adam_sumsq_scalar(const void *g, zo_dtype gd, size_t n);
+double adam_sumsq_part_scalar(adam_sumsq_acc *acc, const void *g, zo_dtype gd, size_t n, int last);
 /* Code one block of n fp32 moments (the second half of a q8 step, and
  * adam_state_from_f32): its absmax values and codes. */
 void adam_q8_encode_scalar(const adam_q8_tables *t, size_t n, const float *m, const float *v,
@@ -149,6 +164,7 @@ void adam_update_avx2(const adam_consts *c, size_t n, float *restrict p, const v
                       zo_dtype gd, float *restrict m, float *restrict v, void *restrict out,
                       zo_dtype od);
 double adam_sumsq_avx2(const void *g, zo_dtype gd, size_t n);
+double adam_sumsq_part_avx2(adam_sumsq_acc *acc, const void *g, zo_dtype gd, size_t n, int last);
 
 /* adam_avx512.c: AVX-512 F/BW/VL; the _bf16 variants also use AVX512-BF16's
  * vcvtneps2bf16 for bf16 results. */
@@ -159,6 +175,7 @@ void adam_update_avx512_bf16(const adam_consts *c, size_t n, float *restrict p,
                              const void *restrict g, zo_dtype gd, float *restrict m,
                              float *restrict v, void *restrict out, zo_dtype od);
 double adam_sumsq_avx512(const void *g, zo_dtype gd, size_t n);
+double adam_sumsq_part_avx512(adam_sumsq_acc *acc, const void *g, zo_dtype gd, size_t n, int last);
 
 /* The kernels over encoded state: adam_scalar.c, adam_avx2.c, adam_avx512.c
  * (and _bf16.c), and adam_q8_avx512.c (and _bf16.c), whose q8 step also

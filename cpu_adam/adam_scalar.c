@@ -10,14 +10,21 @@ void adam_update_scalar(const adam_consts *c, size_t n, float *restrict p,
     adam_update_scalar_range(c, 0, n, p, g, gd, m, v, out, od);
 }
 
-double adam_sumsq_scalar(const void *g, zo_dtype gd, size_t n)
+double adam_sumsq_part_scalar(adam_sumsq_acc *acc, const void *g, zo_dtype gd, size_t n, int last)
 {
-    double s = 0.0;
+    double s = acc->lane[0];
     for (size_t i = 0; i < n; i++) {
         double x = zo_load_f32(g, gd, i);
         s += x * x;
     }
-    return s;
+    acc->lane[0] = s;
+    return last ? s : 0.0;
+}
+
+double adam_sumsq_scalar(const void *g, zo_dtype gd, size_t n)
+{
+    adam_sumsq_acc acc = {{0}};
+    return adam_sumsq_part_scalar(&acc, g, gd, n, 1);
 }
 
 void adam_update_bf16s_scalar(const adam_consts *c, size_t n, float *restrict p,

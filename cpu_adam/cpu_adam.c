@@ -8,9 +8,6 @@
 
 #include "adam_kernels.h" /* adam_consts, the kernels */
 
-/* Chunk boundaries fall on multiples of this many elements (a 64-byte line of
- * fp32 and a 32-byte half line of the 16-bit arrays, times 4). */
-#define ADAM_GRAIN ((size_t)64)
 
 adam_cpu adam_cpu_detect(void)
 {
@@ -217,8 +214,6 @@ zo_status adam_update(const adam_hparams *hp, size_t n, float *param, const void
                             out_dtype, nthreads);
 }
 
-/* Upper bound on the threads one call can use, for the partial sums. */
-#define ADAM_MAX_THREADS 1024
 
 zo_status adam_grad_stats_impl(adam_impl impl, const void *grad, zo_dtype grad_dtype, size_t n,
                                int nthreads, double *sumsq, int *nonfinite)

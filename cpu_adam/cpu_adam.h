@@ -110,6 +110,17 @@ zo_status adam_grad_accumulate(float *acc, const void *grad, zo_dtype grad_dtype
                                int nthreads);
 zo_status adam_grad_accumulate_impl(adam_impl impl, float *acc, const void *grad, zo_dtype grad_dtype,
                                     size_t n, int fresh, int nthreads);
+/* adam_grad_accumulate, and the statistics of the new sum taken in the
+ * same pass: *sumsq and *nonfinite are what adam_grad_stats(acc, fp32, n,
+ * stats_threads) returns afterwards, bit for bit (its ranges, its kernel,
+ * its order), without reading the sum back from memory (each piece squared
+ * while it is in cache). The host's gradient sums take the statistics of a
+ * block this way in its last addition of a step (offload/grads.c). */
+zo_status adam_grad_accumulate_stats(float *acc, const void *grad, zo_dtype grad_dtype, size_t n, int fresh,
+                                     int nthreads, int stats_threads, double *sumsq, int *nonfinite);
+zo_status adam_grad_accumulate_stats_impl(adam_impl impl, float *acc, const void *grad, zo_dtype grad_dtype,
+                                          size_t n, int fresh, int nthreads, int stats_threads, double *sumsq,
+                                          int *nonfinite);
 /* The team adam_grad_accumulate uses for n elements with nthreads asked. */
 int adam_grad_accumulate_threads(size_t n, int nthreads);
 #define ADAM_ACC_MIN_CHUNK ((size_t)65536)

@@ -5,7 +5,15 @@
  * not depend on the implementation or on how the threads split the array.
  * Memory-bound: a fresh sum is written without being read (no memset, no
  * read-for-add), and the team is the CPU Adam's (nthreads, chunks of 64
- * elements, one thread below two ADAM_ACC_MIN_CHUNKs). */
+ * elements, one thread below two ADAM_ACC_MIN_CHUNKs).
+ *
+ * adam_grad_accumulate_stats also takes the new sum's statistics in the
+ * same pass: each piece of ADAM_ACC_STATS_PIECE elements is added, then
+ * its squares summed while it is in L1, the sum-of-squares kernel's
+ * accumulators carried from piece to piece (adam_sumsq_part_fn), over the
+ * ranges adam_grad_stats would give its threads: the bits of
+ * adam_grad_stats over the sum afterwards, without reading it again. */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 
@@ -134,6 +142,82 @@ zo_status adam_grad_accumulate_impl(adam_impl impl, float *acc, const void *grad
         if (hi > lo) fn(acc + lo, (const char *)grad + lo * gs, grad_dtype, hi - lo, fresh);
     }
     return ZO_OK;
+}
+
+/* Elements added, then squared, at a time: 16 KiB of fp32 sums, in L1;
+ * a multiple of 64 (adam_sumsq_part_fn's pieces). */
+#define ADAM_ACC_STATS_PIECE ((size_t)4096)
+
+static adam_sumsq_part_fn sumsq_part_pick(adam_impl impl)
+{
+    switch (impl) {
+    case ADAM_IMPL_AVX2: return adam_sumsq_part_avx2;
+    case ADAM_IMPL_AVX512:
+    case ADAM_IMPL_AVX512_NO_BF16: return adam_sumsq_part_avx512;
+    default: return adam_sumsq_part_scalar;
+    }
+}
+
+/* [lo, hi) added, then its sum of squares (one of adam_grad_stats' ranges). */
+static double acc_stats_range(acc_fn fn, adam_sumsq_part_fn sq, float *acc, const void *grad, zo_dtype gd,
+                              size_t gs, size_t lo, size_t hi, int fresh)
+{
+    adam_sumsq_acc a = {{0}};
+    double s = 0.0;
+    for (size_t i = lo; i < hi; i += ADAM_ACC_STATS_PIECE) {
+        size_t k = hi - i < ADAM_ACC_STATS_PIECE ? hi - i : ADAM_ACC_STATS_PIECE;
+        fn(acc + i, (const char *)grad + i * gs, gd, k, fresh);
+        s = sq(&a, acc + i, ZO_DTYPE_F32, k, i + k == hi);
+    }
+    return s;
+}
+
+zo_status adam_grad_accumulate_stats_impl(adam_impl impl, float *acc, const void *grad, zo_dtype grad_dtype,
+                                          size_t n, int fresh, int nthreads, int stats_threads, double *sumsq,
+                                          int *nonfinite)
+{
+    const char *who = "adam_grad_accumulate_stats";
+    zo_status st;
+    if (!sumsq || !nonfinite)
+        return zo_error(ZO_ERR_INVALID, "%s: NULL result pointer (sumsq %p, nonfinite %p)", who, (void *)sumsq,
+                        (void *)nonfinite);
+    *sumsq = 0.0;
+    *nonfinite = 0;
+    if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK) return st;
+    if ((int)grad_dtype < 0 || grad_dtype >= ZO_DTYPE_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: grad_dtype %d is not fp32, fp16 or bf16", who, (int)grad_dtype);
+    if (n == 0) return ZO_OK;
+    if (n > SIZE_MAX / 4) return zo_error(ZO_ERR_INVALID, "%s: n = %zu too large", who, n);
+    size_t gs = zo_dtype_size(grad_dtype);
+    adam_array arr[2] = {{"acc", acc, 4 * n, 4}, {"grad", (void *)grad, gs * n, gs}};
+    if ((st = adam_check_arrays(who, arr, 2, 0)) != ZO_OK) return st;
+    acc_fn fn = acc_pick(impl);
+    adam_sumsq_part_fn sq = sumsq_part_pick(impl);
+    /* adam_grad_stats' ranges (its team for stats_threads), each summed
+     * apart; the accumulate's team takes them in turn */
+    int nr = adam_plan_threads(n, stats_threads);
+    if (nr > ADAM_MAX_THREADS) nr = ADAM_MAX_THREADS;
+    int nt = adam_grad_accumulate_threads(n, nthreads);
+    if (nt > nr) nt = nr;
+    double part[ADAM_MAX_THREADS];
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int r = 0; r < nr; r++) {
+        size_t lo, hi;
+        adam_chunk(n, ADAM_GRAIN, r, nr, &lo, &hi);
+        part[r] = hi > lo ? acc_stats_range(fn, sq, acc, grad, grad_dtype, gs, lo, hi, fresh) : 0.0;
+    }
+    double s = 0.0; /* (adam_grad_stats' order) */
+    for (int r = 0; r < nr; r++) s += part[r];
+    *sumsq = s;
+    *nonfinite = !isfinite(s);
+    return ZO_OK;
+}
+
+zo_status adam_grad_accumulate_stats(float *acc, const void *grad, zo_dtype grad_dtype, size_t n, int fresh,
+                                     int nthreads, int stats_threads, double *sumsq, int *nonfinite)
+{
+    return adam_grad_accumulate_stats_impl(ADAM_IMPL_AUTO, acc, grad, grad_dtype, n, fresh, nthreads, stats_threads,
+                                           sumsq, nonfinite);
 }
 
 zo_status adam_grad_accumulate(float *acc, const void *grad, zo_dtype grad_dtype, size_t n, int fresh, int nthreads)

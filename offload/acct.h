@@ -44,6 +44,8 @@ typedef struct offload_acct {
     int64_t comm_calls;
     int64_t grad_sums, grad_sums_beside; /* the host's gradient sums; of them, on the team the
                                             optimizer's thread left (the host thread's) */
+    int64_t grad_stats_fused; /* blocks' statistics taken by the addition that completed the sum */
+    int64_t grad_stats_read;  /* ... by a pass of their own over the host sum, read again */
 } offload_acct;
 
 typedef struct offload_dp offload_dp; /* dp.h */

@@ -83,9 +83,23 @@ zo_status offload_grads_accumulate(offload_grads *gr, int k)
     }
     g->block = -1;
     /* (a block with nothing to train: no sum at all) */
-    int beside, team = offload_optim_sum_threads(gr->opt, &beside);
-    if (n && (st = adam_grad_accumulate(acc, src, gr->ghost_dtype, n, fresh, team)) != ZO_OK)
-        return zo_error_wrap(st, "offload: the gradient sum of block %d", b);
+    int beside, team = offload_optim_sum_threads(gr->opt, &beside), stats_threads;
+    /* the block's last addition of the step (its own gradients, in the
+     * step's last micro-batch, one rank: no reduction follows) takes the
+     * step's statistics of the sum in the same pass, which the step then
+     * does not read again */
+    int fuse = n && !gr->env->dp && g->own && gr->opt->micro + 1 >= gr->grad_accum &&
+               ostate_grad_fusable(gr->os, b, n, &stats_threads);
+    if (fuse) {
+        double sumsq;
+        int nf;
+        st = adam_grad_accumulate_stats(acc, src, gr->ghost_dtype, n, fresh, team, stats_threads, &sumsq, &nf);
+        if (st == ZO_OK) ostate_grad_block_taken(gr->os, b, sumsq, nf);
+    } else {
+        st = n ? adam_grad_accumulate(acc, src, gr->ghost_dtype, n, fresh, team) : ZO_OK;
+        ostate_grad_block_changed(gr->os, b);
+    }
+    if (st != ZO_OK) return zo_error_wrap(st, "offload: the gradient sum of block %d", b);
     if (n) gr->env->acct->grad_sums++, gr->env->acct->grad_sums_beside += beside;
     offload_time_end(gr->env->acct, OFFLOAD_TIME_GRADS, t0);
     int was_reduced = gr->reduced && gr->reduced[b];

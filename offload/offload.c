@@ -755,6 +755,8 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->bytes_weights = a->weight_bytes;
     o->grad_sums = a->grad_sums;
     o->grad_sums_beside = a->grad_sums_beside;
+    o->grad_stats_fused = a->grad_stats_fused;
+    o->grad_stats_read = a->grad_stats_read;
     o->n_expert_slots = rt->sm->c.n_slots ? rt->sm->c.expert_slots : 0;
     o->expert_slot_bytes = o->n_expert_slots ? rt->sm->c.expert_numel * rt->g.es : 0;
     o->experts_fetched = a->experts_fetched;
@@ -792,6 +794,7 @@ void offload_reset_times(offload_t *rt)
     a->comm_elems = a->comm_pad_elems = a->reused_elems = a->comm_frozen_bytes = 0;
     a->comm_calls = 0;
     a->grad_sums = a->grad_sums_beside = 0;
+    a->grad_stats_fused = a->grad_stats_read = 0;
 }
 
 void offload_format_peak_vs_plan(char *buf, size_t n, uint64_t measured, const offload_prediction *pr,
@@ -860,6 +863,8 @@ zo_status offload_stats_json(const offload_t *rt, const offload_prediction *pred
     cJSON_AddNumberToObject(op, "overlap_fraction", s.optimizer_overlap);
     cJSON_AddNumberToObject(op, "grad_sums", (double)s.grad_sums);
     cJSON_AddNumberToObject(op, "grad_sums_beside", (double)s.grad_sums_beside);
+    cJSON_AddNumberToObject(op, "grad_stats_fused", (double)s.grad_stats_fused);
+    cJSON_AddNumberToObject(op, "grad_stats_read", (double)s.grad_stats_read);
     cJSON_AddNumberToObject(o, "micro_batches", (double)s.micro_batches);
     cJSON_AddNumberToObject(o, "steps", (double)s.steps);
     cJSON_AddNumberToObject(o, "skipped", (double)s.skipped);

@@ -490,6 +490,11 @@ typedef struct offload_stats {
      * those made on the cores the optimizer's thread leaves while it
      * updates (zo_host_teams); the others had every core */
     int64_t grad_sums, grad_sums_beside;
+    /* the clipping statistics of a block's host sum: taken in the addition
+     * that completed it (one rank: adam_grad_accumulate_stats), or by a
+     * pass of their own that reads the sum again (reductions over the
+     * ranks, experts kept apart) */
+    int64_t grad_stats_fused, grad_stats_read;
     /* Data parallelism: the collectives of this rank since init (or the
      * last reset), in model elements, the ZeRO paper's unit: an all-reduce
      * of n elements counts 2n (a reduce-scatter and an all-gather), a

@@ -121,6 +121,7 @@ struct ostate {
     double *blk_sumsq;     /* [nb] statistics of the host sums, taken as they completed */
     double *blk_xsumsq;    /* [nb] ... the experts' run's part of them (sums.xn: apart from blk_sumsq) */
     int *blk_nonfinite;    /* [nb] */
+    uint8_t *blk_taken;    /* [nb] statistics taken by the addition that wrote the sum (ostate_grad_block_taken) */
 };
 
 /* ---- the gradient statistics ------------------------------------------------------------ */
@@ -1471,7 +1472,8 @@ static zo_status sums_create(ostate *os, const offload_geom *g)
     os->blk_sumsq = calloc((size_t)nb, sizeof *os->blk_sumsq);
     os->blk_xsumsq = calloc((size_t)nb, sizeof *os->blk_xsumsq);
     os->blk_nonfinite = calloc((size_t)nb, sizeof *os->blk_nonfinite);
-    if (!s->off || !s->part || !os->blk_sumsq || !os->blk_xsumsq || !os->blk_nonfinite)
+    os->blk_taken = calloc((size_t)nb, 1);
+    if (!s->off || !s->part || !os->blk_sumsq || !os->blk_xsumsq || !os->blk_nonfinite || !os->blk_taken)
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     for (int b = 0; b < nb; b++) {
         s->off[b + 1] = s->off[b] + (s->whole ? dp->pad[b] : og->numel[b]);
@@ -1537,6 +1539,7 @@ void ostate_free(ostate *os)
     free(os->blk_sumsq);
     free(os->blk_xsumsq);
     free(os->blk_nonfinite);
+    free(os->blk_taken);
     free(os);
 }
 
@@ -1736,6 +1739,7 @@ zo_status ostate_grad_ready(ostate *os, gpu_stream_t s)
 zo_status ostate_grad_zero(ostate *os, gpu_stream_t s)
 {
     zo_status st;
+    memset(os->blk_taken, 0, (size_t)os->og->nb); /* (a step's sums start: none taken yet) */
     for (int i = 0; i < os->n_sh; i++)
         if (os->sh[i]->ops->grad_zero && (st = os->sh[i]->ops->grad_zero(os->sh[i], s)) != ZO_OK) return st;
     return ZO_OK;
@@ -1745,15 +1749,36 @@ zo_status ostate_grad_zero(ostate *os, gpu_stream_t s)
 static zo_status host_block_stats(const ostate *os, int b, double *ss, double *xs, int *nf)
 {
     const ostate_sums *s = &os->sums;
+    os->env->acct->grad_stats_read++;
     return split_stats(s, b, s->host + s->off[b] + s->part[b], os->og->numel[b], os->env->n_threads, ss, xs, nf);
 }
 
 zo_status ostate_grad_block_stats(ostate *os, int b, int *nonfinite)
 {
-    zo_status st = host_block_stats(os, b, &os->blk_sumsq[b], &os->blk_xsumsq[b], &os->blk_nonfinite[b]);
+    zo_status st = os->blk_taken[b] ? ZO_OK
+                                     : host_block_stats(os, b, &os->blk_sumsq[b], &os->blk_xsumsq[b],
+                                                        &os->blk_nonfinite[b]);
     *nonfinite = os->blk_nonfinite[b];
     return st;
 }
+
+int ostate_grad_fusable(const ostate *os, int b, size_t n, int *threads)
+{
+    const ostate_sums *s = &os->sums;
+    *threads = os->env->n_threads; /* (host_block_stats' team) */
+    return b < os->dev_block && !s->part[b] && n == os->og->numel[b] && !(s->xn && s->xn[b]);
+}
+
+void ostate_grad_block_taken(ostate *os, int b, double sumsq, int nonfinite)
+{
+    os->blk_sumsq[b] = sumsq;
+    os->blk_xsumsq[b] = 0.0;
+    os->blk_nonfinite[b] = nonfinite;
+    os->blk_taken[b] = 1;
+    os->env->acct->grad_stats_fused++;
+}
+
+void ostate_grad_block_changed(ostate *os, int b) { os->blk_taken[b] = 0; }
 
 zo_status ostate_split_experts(ostate *os, int b, size_t off, size_t n)
 {
@@ -1779,7 +1804,8 @@ zo_status ostate_grad_stats(ostate *os, int taken, int exact, double *sumsq, dou
     for (int b = 0; b < os->dev_block; b++) {
         double ss = os->blk_sumsq[b], xs = os->blk_xsumsq[b];
         int nf = os->blk_nonfinite[b];
-        if (!taken && (st = host_block_stats(os, b, &ss, &xs, &nf)) != ZO_OK) return st;
+        if (!taken && !os->blk_taken[b] && (st = host_block_stats(os, b, &ss, &xs, &nf)) != ZO_OK) return st;
+        os->blk_taken[b] = 0; /* (the next step's sums take their own) */
         *sumsq += ss;
         *xsumsq += xs;
         if (nf && *first_bad < 0) *first_bad = b;

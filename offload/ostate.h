@@ -135,6 +135,17 @@ zo_status ostate_grad_ready(ostate *os, gpu_stream_t s);
 /* Statistics of block b's host sum, complete (a block summed in host
  * memory): kept for ostate_grad_stats; *nonfinite: it holds an inf or nan. */
 zo_status ostate_grad_block_stats(ostate *os, int b, int *nonfinite);
+/* Whether block b's statistics may be taken by the addition that completes
+ * its host sum (adam_grad_accumulate_stats over its n elements with
+ * *threads as the statistics' team): a host block whose sum is the
+ * optimizer's whole part (one rank) and has no experts' run kept apart. */
+int ostate_grad_fusable(const ostate *os, int b, size_t n, int *threads);
+/* Block b's statistics, taken as its sum was written (ostate_grad_fusable):
+ * the step's, kept for ostate_grad_stats, unless a later addition writes
+ * the sum again (ostate_grad_block_changed). */
+void ostate_grad_block_taken(ostate *os, int b, double sumsq, int nonfinite);
+/* Block b's host sum was written with no statistics taken. */
+void ostate_grad_block_changed(ostate *os, int b);
 /* Block b's elements [off, off + n) of its sum (within the optimizer's
  * part) are the rank's own experts' (expert parallelism at ZeRO-0): the
  * statistics keep their squares apart. Called once a range before the first
@@ -143,10 +154,12 @@ zo_status ostate_grad_block_stats(ostate *os, int b, int *nonfinite);
 zo_status ostate_split_experts(ostate *os, int b, size_t off, size_t n);
 /* Sum of squares of every sum and the first block holding an inf or nan
  * (-1: none): the host's blocks in order (`taken`: their statistics kept by
- * ostate_grad_block_stats), then the device's (`exact`: the host's
+ * ostate_grad_block_stats; a block's kept by ostate_grad_block_taken in
+ * any case, its sum not read again), then the device's (`exact`: the host's
  * arithmetic, block by block). The experts' runs (ostate_split_experts)
  * go to *xsumsq, the rest to *sumsq, every element read once: each block
- * is summed in pieces (before its run, the run, after it). */
+ * is summed in pieces (before its run, the run, after it). The statistics
+ * kept are the step's: the next step's sums take their own. */
 zo_status ostate_grad_stats(ostate *os, int taken, int exact, double *sumsq, double *xsumsq, int *first_bad);
 
 #endif

@@ -38,7 +38,7 @@ void plan_calibrate_sizes(plan_calibrate_opts *o, uint64_t llc)
         o->stream_bytes = (size_t)b;
     }
     if (!o->adam_params) {
-        uint64_t n = (ws + 15) / 16; /* p, m, v fp32; g, w bf16 */
+        uint64_t n = (ws + 15) / 16; /* p, m, v, g fp32; w bf16 (18 bytes: past the cache too) */
         o->adam_params = (size_t)(n > (16u << 20) ? n : 16u << 20);
     }
 }
@@ -111,28 +111,32 @@ out_free:
     return st;
 }
 
+/* AdamW as the runtime's host step runs it: the gradient is the fp32 sum
+ * of the host's gradient sums (offload/grads.c), not the 16-bit gradient
+ * the device computed, so 30 bytes a parameter move (ADAM_BYTES). */
 static zo_status measure_adam(const plan_calibrate_opts *o, int threads, double *rate)
 {
     size_t n = o->adam_params;
     zo_status st = ZO_OK;
     float *p = aligned_alloc(64, n * 4), *m = aligned_alloc(64, n * 4), *v = aligned_alloc(64, n * 4);
-    uint16_t *g = aligned_alloc(64, n * 2), *w = aligned_alloc(64, n * 2);
+    float *g = aligned_alloc(64, n * 4);
+    uint16_t *w = aligned_alloc(64, n * 2);
     if (!p || !m || !v || !g || !w) {
-        st = zo_error(ZO_ERR_NOMEM, "calibrate: %zu bytes for the AdamW state", n * 16);
+        st = zo_error(ZO_ERR_NOMEM, "calibrate: %zu bytes for the AdamW state", n * 18);
         goto out_free;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (size_t i = 0; i < n; i++) {
         p[i] = 0.01f * (float)(i % 97);
         m[i] = v[i] = 0;
-        g[i] = zo_f32_to_bf16(1e-3f * (float)(i % 13) - 6e-3f);
+        g[i] = 1e-3f * (float)(i % 13) - 6e-3f;
     }
     adam_hparams hp = adam_hparams_default();
     double best = INFINITY, t_end = zo_now() + o->seconds;
     for (int rep = 0; rep < 3 || zo_now() < t_end; rep++) {
         hp.step = rep + 1;
         double t0 = zo_now();
-        st = adam_update(&hp, n, p, g, ZO_DTYPE_BF16, m, v, w, ZO_DTYPE_BF16, threads);
+        st = adam_update(&hp, n, p, g, ZO_DTYPE_F32, m, v, w, ZO_DTYPE_BF16, threads);
         double dt = zo_now() - t0;
         if (st) {
             st = zo_error_wrap(st, "calibrate: adam_update");

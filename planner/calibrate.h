@@ -33,8 +33,8 @@ void plan_calibrate_defaults(plan_calibrate_opts *o);
 
 /* The working set of each timing that is not set (0), from the size of the
  * last-level cache `llc` (bytes; 0: unknown): every array of the triad and
- * the AdamW state (fp32 master, m, v, bf16 gradient and weights: 16 bytes a
- * parameter) PLAN_CALIBRATE_LLC_TIMES times the cache, and at least 64 MiB
+ * the AdamW state (fp32 master, m, v and gradient, bf16 weights: 18 bytes
+ * a parameter, sized at 16) PLAN_CALIBRATE_LLC_TIMES times the cache, and at least 64 MiB
  * a triad array and 16M parameters. A runtime's step moves gigabytes that
  * no cache holds: a timing whose arrays stay in a cache of hundreds of MiB
  * (a Xeon's L3) measures the cache, up to 5x the memory's rate. */
@@ -47,8 +47,9 @@ uint64_t plan_calibrate_llc_bytes(void);
 
 /* Fill *hw: the base preset, then the measured CPU memory size (sysinfo),
  * cores (sysconf), memory bandwidth (a triad over three arrays), CPU AdamW
- * parameters/s (cpu_adam's adam_update: fp32 master/m/v, bf16 gradient and
- * bf16 weights out) on `threads` threads, and on one (cpu_adam_thread_rate),
+ * parameters/s (cpu_adam's adam_update as the runtime calls it: fp32
+ * master/m/v, the fp32 gradient sum, bf16 weights out: 30 bytes a
+ * parameter, memplan's ADAM_BYTES) on `threads` threads, and on one (cpu_adam_thread_rate),
  * NVMe capacity of nvme_dir and its write and read rates
  * through the nvme module's io_uring engine (a file written, fdatasync'd
  * when buffered, read back, removed); gpus = gpus_per_node = 1.

@@ -1000,6 +1000,16 @@ static void cpu_optimizer(const step_in *in, double per, double o_elems, double 
         s->rate_serial = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_serial * rpn) / rpn;
         s->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_over * rpn) / rpn;
     }
+    /* the clipping statistics: with one rank the host's last addition into
+     * each sum takes them in the same pass (offload/grads.c); with several
+     * the sums are reduced first and a pass of their own reads them again
+     * (4 bytes an element) before the update starts */
+    double read_serial = plan_hw_host_stream_rate(hw, s->threads_serial * rpn, 4) / rpn;
+    double read_over = plan_hw_host_stream_rate(hw, s->threads_over * rpn, 4) / rpn;
+    if (t->dp > 1 && read_serial > 0 && read_over > 0 && s->rate_serial > 0 && s->rate_over > 0) {
+        s->rate_serial = 1 / (1 / s->rate_serial + 1 / read_serial);
+        s->rate_over = 1 / (1 / s->rate_over + 1 / read_over);
+    }
     double nv = in->e->opt_share[ZO_PLAN_NVME] / (1 - in->fg) * per * rpn;
     s->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
     /* (the weights a step writes: the model's, or LoRA's adapters) */

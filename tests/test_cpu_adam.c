@@ -729,6 +729,37 @@ static void test_grad_accumulate(void **state)
                                         (float)want[i]);
                         assert_int_equal(bad, 0);
                         assert_true(acc[n] == 12345.0f);
+                        /* the statistics in the same pass: the sums' bits
+                         * again, and the sum of squares of the new sums as
+                         * a double loop gives it (to the additions'
+                         * rounding) and as adam_grad_stats gives it after
+                         * (bit for bit), on more and on fewer threads than
+                         * the sums' */
+                        if (th != 1 && th != 3) continue;
+                        int ts = th % 3 + 1, nf = -1, nf2;
+                        double ss = -1.0, ss2, ref = 0.0;
+                        float *acc2 = xmalloc((n + 1) * 4);
+                        if (fresh) for (size_t i = 0; i < n; i++) acc2[i] = NAN;
+                        else memcpy(acc2, acc0, n * 4);
+                        acc2[n] = 12345.0f;
+                        assert_int_equal(adam_grad_accumulate_stats_impl(impl, acc2, g, t, n, fresh, th, ts, &ss, &nf),
+                                         ZO_OK);
+                        assert_memory_equal(acc2, acc, (n + 1) * 4);
+                        for (size_t i = 0; i < n; i++) ref += (double)(float)want[i] * (double)(float)want[i];
+                        /* (an inf in the sums: the fill reaches fp16's range) */
+                        int close = isfinite(ref) ? fabs(ss - ref) <= 1e-15 * (double)(n + 1) * ref
+                                                  : ss == ref || (isnan(ss) && isnan(ref));
+                        if (!close)
+                            fprintf(stderr, "%s %s n %zu fresh %d threads %d/%d: sum of squares %.17g, the double "
+                                    "loop %.17g\n", adam_impl_name(impl), zo_dtype_name(t), n, fresh, th, ts, ss, ref);
+                        assert_true(close);
+                        assert_int_equal(adam_grad_stats_impl(impl, acc, ZO_DTYPE_F32, n, ts, &ss2, &nf2), ZO_OK);
+                        if (memcmp(&ss, &ss2, sizeof ss))
+                            fprintf(stderr, "%s %s n %zu threads %d/%d: sum of squares %a, adam_grad_stats %a\n",
+                                    adam_impl_name(impl), zo_dtype_name(t), n, th, ts, ss, ss2);
+                        assert_memory_equal(&ss, &ss2, sizeof ss);
+                        assert_int_equal(nf, !isfinite(ref));
+                        free(acc2);
                     }
                 }
             }
@@ -745,6 +776,14 @@ static void test_grad_accumulate(void **state)
     assert_int_equal(adam_grad_accumulate(a, (char *)a + 17, ZO_DTYPE_BF16, 4, 0, 1), ZO_ERR_INVALID);
     assert_int_equal(adam_grad_accumulate(a, a + 2, ZO_DTYPE_F32, 4, 1, 1), ZO_ERR_INVALID);
     assert_int_equal(adam_grad_accumulate(a, NULL, ZO_DTYPE_F32, 0, 1, 1), ZO_OK);
+    /* an inf in the sum: reported by the statistics */
+    double ss;
+    int nf;
+    float big[300] = {0};
+    big[257] = INFINITY;
+    assert_int_equal(adam_grad_accumulate_stats(a, big + 256, ZO_DTYPE_F32, 4, 1, 1, 1, &ss, &nf), ZO_OK);
+    assert_int_equal(nf, 1);
+    assert_int_equal(adam_grad_accumulate_stats(a, big, ZO_DTYPE_F32, 4, 1, 1, 1, NULL, &nf), ZO_ERR_INVALID);
 }
 
 static void test_invalid_args(void **state)

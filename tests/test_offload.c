@@ -558,6 +558,13 @@ static void test_schedules(void **state)
                    (long long)r.stats.grad_sums_beside);
             assert_true(ref.stats.grad_sums > 0 && ref.stats.grad_sums_beside == 0);
             assert_true(r.stats.grad_sums == ref.stats.grad_sums);
+            /* the statistics of the host's sums (clipping's norm, the
+             * inf/nan check) came with each block's last addition: no
+             * pass of their own read the sums again, in either schedule */
+            printf("  %-28s statistics of the host sums: %lld with their last addition, %lld read again\n", "",
+                   (long long)r.stats.grad_stats_fused, (long long)r.stats.grad_stats_read);
+            assert_true(ref.stats.grad_stats_fused > 0 && r.stats.grad_stats_fused == ref.stats.grad_stats_fused);
+            assert_true(ref.stats.grad_stats_read == 0 && r.stats.grad_stats_read == 0);
             if (clip) assert_true(r.stats.grad_sums_beside == 0);
             else assert_true(r.stats.grad_sums_beside > 0);
         }

@@ -313,6 +313,30 @@ static void test_offload_overlap(void **state)
     double P = (double)s.e.stage_params;
     assert_true(fabs(s.pt.cpu_adam - P / plan_hw_cpu_adam_rate(&s.hw)) < 1e-9);
     assert_true(s.pt.optimizer_gpu == 0);
+    {
+        /* several ranks: the sums are reduced after their last addition, so
+         * a pass of its own reads them again for the clipping statistics (4
+         * bytes an element at the host's streaming rate) before AdamW; one
+         * rank's come with that addition (the runtime's offload/grads.c):
+         * AdamW alone, above */
+        setup r;
+        r.m = s.m;
+        assert_int_equal(plan_hw_find("dgx-h100", &r.hw), ZO_OK);
+        plan_train_defaults(&r.t, &r.m);
+        r.t.recompute = PLAN_RECOMPUTE_FULL;
+        r.t.dp = 8;
+        r.t.zero = 1;
+        r.t.grads_on = PLAN_CPU;
+        r.t.opt_frac[PLAN_GPU] = 0;
+        r.t.opt_frac[PLAN_CPU] = 1;
+        assert_int_equal(plan_estimate_run(&r.m, &r.hw, &r.t, &r.e), ZO_OK);
+        assert_int_equal(plan_time_run(&r.m, &r.hw, &r.t, &r.e, &r.pt), ZO_OK);
+        /* the node's 8 ranks share its cores and memory: each updates an
+         * eighth of the parameters at an eighth of the node's rates */
+        double node = plan_hw_cpu_adam_rate(&r.hw), read = plan_hw_host_stream_rate(&r.hw, r.hw.cpu_cores, 4);
+        double want = (double)r.e.train_params * (1 / node + 1 / read);
+        assert_true(fabs(r.pt.cpu_adam - want) < 1e-9 * want);
+    }
     /* updated weights go back over PCIe once per step */
     assert_true(s.pt.h2d >= P * 2 / s.hw.pcie_bw);
 
