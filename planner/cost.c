@@ -971,6 +971,34 @@ static void step_d2h(const step_in *in, plan_time *o)
     o->d2h += o->sched.d2h_exposed[now];
 }
 
+/* The CPU update's elements/s per rank on `threads` threads of each of
+ * the node's rpn ranks: AdamW (or SGD) at plan_hw_cpu_adam_rate_*, and
+ * with several ranks the clipping statistics' pass of its own: with one
+ * rank the host's last addition into each sum takes them in the same pass
+ * (offload/grads.c); with several the sums are reduced first and a pass
+ * reads them again (4 bytes an element) before the update starts. */
+static double update_rate(const step_in *in, double per, double threads)
+{
+    const plan_train *t = in->t;
+    const plan_hw *hw = in->hw;
+    int rpn = in->rpn;
+    double sgd = t->optimizer == ZO_PLAN_SGD ? 1.5 : 1; /* momentum only: less traffic */
+    double r;
+    if (t->optimizer == ZO_PLAN_ADAMW && (t->opt_state != ZO_PLAN_STATE_FP32 ||
+                                          t->master != ZO_PLAN_MASTER_FP32)) {
+        /* the state read and written, an fp32 gradient read, the 16-bit
+         * weight written; 8-bit state's coding costs instructions */
+        double bytes = 2 * per + 4 + 2;
+        double compute = t->opt_state == ZO_PLAN_STATE_8BIT ? PLAN_ADAM_8BIT_COMPUTE : 1;
+        r = plan_hw_cpu_adam_rate_enc(hw, threads * rpn, bytes, compute) / rpn;
+    } else {
+        r = sgd * plan_hw_cpu_adam_rate_threads(hw, threads * rpn) / rpn;
+    }
+    double read = plan_hw_host_stream_rate(hw, threads * rpn, 4) / rpn;
+    if (t->dp > 1 && read > 0 && r > 0) r = 1 / (1 / r + 1 / read);
+    return r;
+}
+
 /* The CPU optimizer's rates and traffic per element (the schedule's
  * inputs): AdamW on the optimizer's threads (all the node's cores when it
  * runs alone, less one per rank beside the GPU's work;
@@ -987,29 +1015,9 @@ static void cpu_optimizer(const step_in *in, double per, double o_elems, double 
     s->threads_serial = t->opt_threads ? t->opt_threads : cores ? (double)cores / rpn : 0;
     /* beside the host's gradient sums: the cores they leave */
     host_teams(in, ZO_PLAN_SCHED_OVERLAP, &unused, &s->threads_over);
-    double sgd = t->optimizer == ZO_PLAN_SGD ? 1.5 : 1; /* momentum only: less traffic */
-    if (t->optimizer == ZO_PLAN_ADAMW && (t->opt_state != ZO_PLAN_STATE_FP32 ||
-                                          t->master != ZO_PLAN_MASTER_FP32)) {
-        /* the state read and written, an fp32 gradient read, the 16-bit
-         * weight written; 8-bit state's coding costs instructions */
-        double bytes = 2 * per + 4 + 2;
-        double compute = t->opt_state == ZO_PLAN_STATE_8BIT ? PLAN_ADAM_8BIT_COMPUTE : 1;
-        s->rate_serial = plan_hw_cpu_adam_rate_enc(hw, s->threads_serial * rpn, bytes, compute) / rpn;
-        s->rate_over = plan_hw_cpu_adam_rate_enc(hw, s->threads_over * rpn, bytes, compute) / rpn;
-    } else {
-        s->rate_serial = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_serial * rpn) / rpn;
-        s->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_over * rpn) / rpn;
-    }
-    /* the clipping statistics: with one rank the host's last addition into
-     * each sum takes them in the same pass (offload/grads.c); with several
-     * the sums are reduced first and a pass of their own reads them again
-     * (4 bytes an element) before the update starts */
-    double read_serial = plan_hw_host_stream_rate(hw, s->threads_serial * rpn, 4) / rpn;
-    double read_over = plan_hw_host_stream_rate(hw, s->threads_over * rpn, 4) / rpn;
-    if (t->dp > 1 && read_serial > 0 && read_over > 0 && s->rate_serial > 0 && s->rate_over > 0) {
-        s->rate_serial = 1 / (1 / s->rate_serial + 1 / read_serial);
-        s->rate_over = 1 / (1 / s->rate_over + 1 / read_over);
-    }
+    s->rate_serial = update_rate(in, per, s->threads_serial);
+    s->rate_over = update_rate(in, per, s->threads_over);
+    s->rate_bus = update_rate(in, per, cores ? (double)cores / rpn : 0);
     double nv = in->e->opt_share[ZO_PLAN_NVME] / (1 - in->fg) * per * rpn;
     s->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
     /* (the weights a step writes: the model's, or LoRA's adapters) */

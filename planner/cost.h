@@ -98,6 +98,9 @@ typedef struct plan_sched_in {
      * which of them gpu, d2h_busy and plan_time.d2h hold now */
     double d2h_exposed[2], d2h_link[2];
     double host_sum[2];  /* of it, the host's gradient sums (seconds a step) */
+    double rate_bus;     /* AdamW elements/s per rank on every core of the rank's share:
+                            with host_sum[0] (the sums on every core) what the host's
+                            memory carries a step (plan_time_schedule's host-memory bound) */
     int d2h_team;
     double tokens, peak; /* tokens per step; dense peak FLOP/s of all GPUs */
 } plan_sched_in;
@@ -109,9 +112,11 @@ typedef enum plan_bound {
     PLAN_BOUND_H2D,     /* PCIe host->device */
     PLAN_BOUND_D2H,     /* PCIe device->host */
     PLAN_BOUND_NVME,    /* NVMe */
+    PLAN_BOUND_HOST_MEM, /* the host's memory: the gradient sums and AdamW together */
 } plan_bound;
 
-const char *plan_bound_name(plan_bound b); /* "gpu", "optimizer", "h2d", "d2h", "nvme" */
+/* "gpu", "optimizer", "h2d", "d2h", "nvme", "host-memory" */
+const char *plan_bound_name(plan_bound b);
 
 typedef struct plan_time {
     /* seconds per optimizer step on the critical rank */

@@ -409,9 +409,10 @@ void plan_report_schedule(FILE *out, const plan_time *pt)
                  "exposed; the step is bound by %s\n",
             secs(pt->opt_s, b, sizeof b), pt->opt_threads, pt->cpu_adam_rate,
             secs(pt->opt_hidden, c, sizeof c), secs(pt->opt_exposed, d, sizeof d),
-            pt->bound == PLAN_BOUND_GPU ? "the GPU's work" : pt->bound == PLAN_BOUND_OPT
-                                                                 ? "the CPU optimizer"
-                                                                 : plan_bound_name(pt->bound));
+            pt->bound == PLAN_BOUND_GPU        ? "the GPU's work"
+            : pt->bound == PLAN_BOUND_OPT      ? "the CPU optimizer"
+            : pt->bound == PLAN_BOUND_HOST_MEM ? "the host's memory (the gradient sums and AdamW)"
+                                               : plan_bound_name(pt->bound));
     if (pt->schedule != ZO_PLAN_SCHED_SERIAL)
         fprintf(out, "    the serial schedule: %s per step (%.2fx this one)\n",
                 secs(pt->serial_step, b, sizeof b), pt->serial_step / pt->step);

@@ -16,8 +16,8 @@ static double dmin(double a, double b) { return a < b ? a : b; }
 
 const char *plan_bound_name(plan_bound b)
 {
-    static const char *n[] = {"gpu", "optimizer", "h2d", "d2h", "nvme"};
-    return b <= PLAN_BOUND_NVME ? n[b] : "?";
+    static const char *n[] = {"gpu", "optimizer", "h2d", "d2h", "nvme", "host-memory"};
+    return b <= PLAN_BOUND_HOST_MEM ? n[b] : "?";
 }
 
 /* Overlap, measured after the GPU's work of the step (time 0):
@@ -111,14 +111,20 @@ void plan_time_schedule(plan_time *o, zo_plan_schedule s)
                                            : overlap_added(in, u, fill, in->clip_stale);
         o->bound = added > 0 ? PLAN_BOUND_OPT : PLAN_BOUND_GPU;
         double period = base + added;
-        /* no link carries more than a step's worth: each is a lower bound */
+        /* no link carries more than a step's worth: each is a lower bound;
+         * so is the host's memory, which the gradient sums and AdamW both
+         * stream (each memory-bound on every core): beside each other on
+         * two teams of cores they take no less than one after the other
+         * on all of them */
+        double bus = in->rate_bus > 0 ? in->host_sum[0] + n / in->rate_bus : 0;
         const struct {
             double busy;
             plan_bound b;
         } links[] = {{in->h2d_busy + up, PLAN_BOUND_H2D},
                      {in->d2h_busy, PLAN_BOUND_D2H},
-                     {in->nvme_busy + nv, PLAN_BOUND_NVME}};
-        for (int k = 0; k < 3; k++)
+                     {in->nvme_busy + nv, PLAN_BOUND_NVME},
+                     {bus, PLAN_BOUND_HOST_MEM}};
+        for (int k = 0; k < 4; k++)
             if (links[k].busy > period) {
                 period = links[k].busy;
                 o->bound = links[k].b;

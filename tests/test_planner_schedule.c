@@ -157,6 +157,24 @@ static void test_link_bound(void **state)
     in->nvme_busy = 0;
     plan_time_schedule(&pt, PLAN_SCHED_DPU);
     assert_true(pt.step == 1 && pt.bound == PLAN_BOUND_GPU && pt.opt_hidden == 0.5);
+    /* the host's memory: the gradient sums (0.8 s on every core) and AdamW
+     * (1e9 elements at 2.5e9/s on every core, 0.4 s) stream it both, so
+     * beside each other they take 1.2 s at least, more than the GPU's 1 s
+     * (the H100's 1.35B LLaMA: dpu no faster than serial) */
+    in->host_sum[0] = 0.8;
+    in->rate_bus = 2.5e9;
+    plan_time_schedule(&pt, PLAN_SCHED_DPU);
+    assert_true(fabs(pt.step - 1.2) < 1e-12 && pt.bound == PLAN_BOUND_HOST_MEM);
+    assert_true(fabs(parts_sum(&pt) - pt.step) < 1e-12);
+    assert_string_equal(plan_bound_name(pt.bound), "host-memory");
+    /* serial holds it anyway: the sums beside the backward, AdamW after it */
+    plan_time_schedule(&pt, PLAN_SCHED_SERIAL);
+    assert_true(fabs(pt.step - 1.5) < 1e-12 && pt.bound == PLAN_BOUND_OPT);
+    /* a smaller share of the sums: the GPU's work sets the step again */
+    in->host_sum[0] = 0.5;
+    plan_time_schedule(&pt, PLAN_SCHED_DPU);
+    assert_true(pt.step == 1 && pt.bound == PLAN_BOUND_GPU);
+    in->host_sum[0] = in->rate_bus = 0;
     /* nothing on the CPU: every schedule is the serial one */
     in->cpu_n = 0;
     plan_time_schedule(&pt, PLAN_SCHED_DPU);
