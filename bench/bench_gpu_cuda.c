@@ -11,7 +11,7 @@
  * - copies: host->device and device->host GB/s, pinned and pageable.
  * - attention forward and backward time, bf16, causal: the flash kernel
  *   (CUDA cores, fp32) and the GEMM path (tensor cores, batched cuBLASLt
- *   GEMMs), the fused tensor-core kernels and the mma.sync forward, each
+ *   GEMMs), the fused tensor-core kernels and the mma.sync kernels, each
  *   forced through ZO_ATTENTION and alternating round after round as the
  *   GEMMs do, and each one's speedup over the flash kernel.
  * Every input is random (uniform in [-1, 1], a fixed seed), as training's
@@ -383,10 +383,9 @@ static int attention_row(int t, void *stage, uint64_t seed)
     if (gpu_cast(S, r32.dout, r.dout, nout) != ZO_OK || gpu_stream_synchronize(S) != ZO_OK)
         return fail("gpu_cast (fp32 dout)");
     /* [path][direction]: path 0 the flash kernel, 1 the GEMM path, 2 the
-     * fused tensor-core kernels, 3 the mma.sync forward (its backward is
-     * path 2's: its row has the forward only); best32: the backward with
-     * fp32 grads */
-    enum { PATHS = 4, MMA = 3 };
+     * fused tensor-core kernels, 3 the mma.sync kernels; best32: the
+     * backward with fp32 grads */
+    enum { PATHS = 4 };
     static const char *paths[PATHS] = {"flash", "gemm", "tc", "mma"};
     static const char *names[PATHS] = {"", " (GEMM path)", " (tensor-core kernels)", " (mma.sync)"};
     static const char *rows[PATHS] = {"causal", "causal_gemm", "causal_tc", "causal_mma"};
@@ -407,12 +406,12 @@ static int attention_row(int t, void *stage, uint64_t seed)
                 snprintf(what, sizeof what, "gpu_attention_backward%s", names[p]);
                 return fail(what);
             }
-            for (int dir = 0; dir < (p == MMA ? 1 : 2); dir++) {
+            for (int dir = 0; dir < 2; dir++) {
                 r.backward = dir;
                 double tm = bench_time_best(run_attn, &r, 1, 3, 0.3);
                 if (tm < best[p][dir]) best[p][dir] = tm;
             }
-            if (p > 0 && p != MMA) {
+            if (p > 0) {
                 double tm = bench_time_best(run_attn, &r32, 1, 3, 0.3);
                 if (tm < best32[p]) best32[p] = tm;
             }
@@ -422,13 +421,10 @@ static int attention_row(int t, void *stage, uint64_t seed)
     double f = 2.0 * b * HEADS * (double)t * t * HEAD_DIM;
     bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, best[0][0] * 1e3,
               f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12);
-    for (int p = 1; p < MMA; p++)
+    for (int p = 1; p < PATHS; p++)
         bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f", rows[p], b, t, HEADS,
                   best[p][0] * 1e3, f / best[p][0] * 1e-12, best[p][1] * 1e3, 2.5 * f / best[p][1] * 1e-12,
                   best[0][0] / best[p][0], best[0][1] / best[p][1], best32[p] * 1e3, 2.5 * f / best32[p] * 1e-12);
-    /* the forward only: the backward columns are dashes */
-    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10s %10s %8.2f %8s %10s %10s", rows[MMA], b, t, HEADS,
-              best[MMA][0] * 1e3, f / best[MMA][0] * 1e-12, "-", "-", best[0][0] / best[MMA][0], "-", "-", "-");
     gpu_mem_free(dev, qkv);
     gpu_mem_free(dev, out);
     gpu_mem_free(dev, dout);
@@ -443,8 +439,8 @@ static int attention_row(int t, void *stage, uint64_t seed)
  * flash kernel's row ("causal"), the GEMM path's ("causal_gemm") and the
  * fused tensor-core kernels' ("causal_tc"), each of the last two with its
  * speedup (the flash kernel's time over its own) and its backward with fp32
- * dout and dqkv, as the transformer calls it, and the mma.sync forward's
- * ("causal_mma", ZO_ATTENTION=mma, forward columns only); 0, or 1 on a
+ * dout and dqkv, as the transformer calls it, and the mma.sync kernels'
+ * ("causal_mma", ZO_ATTENTION=mma, the same columns); 0, or 1 on a
  * failure. */
 static int bench_attention(void *stage)
 {

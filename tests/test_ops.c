@@ -1221,9 +1221,9 @@ static int takes_tc_attention(const pcase *c)
     return takes_gemm_attention(c) && cuda_attn_tc_covers(&c->a.d.attn, ZO_DTYPE_BF16);
 }
 
-/* The mma.sync forward (gpu/cuda/attention_mma.cu) on the shim, forced
- * (ZO_ATTENTION=mma on a GPU), over the forward cases it covers
- * (cuda_attn_mma_covers); its backward is cuda-shim-tc's. */
+/* The mma.sync kernels (gpu/cuda/attention_mma.cu) on the shim, forced
+ * (ZO_ATTENTION=mma on a GPU), over the cases they cover
+ * (cuda_attn_mma_covers). */
 static shim_exec shim_mma;
 
 static zo_status shim_mma_run(gpu_op_id id, const gpu_op_args *a)
@@ -1233,8 +1233,7 @@ static zo_status shim_mma_run(gpu_op_id id, const gpu_op_args *a)
 
 static int takes_mma_attention(const pcase *c)
 {
-    return c->op == GPU_OP_ATTENTION_FORWARD && takes_gemm_attention(c) &&
-           cuda_attn_mma_covers(&c->a.d.attn, ZO_DTYPE_BF16);
+    return takes_gemm_attention(c) && cuda_attn_mma_covers(&c->a.d.attn, ZO_DTYPE_BF16);
 }
 #endif
 

@@ -20,7 +20,8 @@
  * bytes, 16-byte aligned, shared memory); r[i] of lane l holds row l / 4,
  * elements 2 (l % 4) and 2 (l % 4) + 1 of matrix i, or with .trans those of
  * the transposed matrix: elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)
- * of matrix i as stored. */
+ * of matrix i as stored. mma_pack and mma_unpack move two floats into one
+ * register of 16-bit elements (rounded to nearest even) and back. */
 #ifndef ZO_GPU_CUDA_MMA_PTX_CUH
 #define ZO_GPU_CUDA_MMA_PTX_CUH
 
@@ -121,6 +122,15 @@ static inline unsigned mma_pack(float lo, float hi)
     return (unsigned)zo_f32_to_f16(lo) | (unsigned)zo_f32_to_f16(hi) << 16;
 }
 
+/* The two elements of a register of T as floats, the low half first. */
+template <typename T>
+static inline void mma_unpack(unsigned r, float *lo, float *hi)
+{
+    const bool bf16 = std::is_same<T, __nv_bfloat16>::value;
+    *lo = mma_shim_lo(r, bf16);
+    *hi = mma_shim_hi(r, bf16);
+}
+
 #else /* nvcc */
 
 template <typename T>
@@ -190,6 +200,24 @@ __device__ __forceinline__ unsigned mma_pack<__half>(float lo, float hi)
 {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const unsigned *>(&v);
+}
+
+/* The two elements of a register of T as floats, the low half first. */
+template <typename T>
+__device__ __forceinline__ void mma_unpack(unsigned r, float *lo, float *hi);
+
+template <>
+__device__ __forceinline__ void mma_unpack<__nv_bfloat16>(unsigned r, float *lo, float *hi)
+{
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&r));
+    *lo = f.x, *hi = f.y;
+}
+
+template <>
+__device__ __forceinline__ void mma_unpack<__half>(unsigned r, float *lo, float *hi)
+{
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&r));
+    *lo = f.x, *hi = f.y;
 }
 
 #endif /* ZO_CUDA_SHIM */

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "gpu/cuda/attention_gemm.h" /* defines: CUDA_ATTN_GEMM_MIN_T */
-#include "gpu/cuda/attention_mma.h"  /* defines: cuda_attn_mma_covers, cuda_launch_attention_mma_forward */
+#include "gpu/cuda/attention_mma.h"  /* defines: cuda_attn_mma_covers, cuda_launch_attention_mma_* */
 #include "gpu/cuda/attention_tc.h"   /* defines: cuda_attn_tc_covers, cuda_launch_attention_tc_* */
 #include "gpu/cuda/ops_cuda.h"       /* defines: cuda_exec, cuda_ops */
 
@@ -73,10 +73,9 @@ static zo_status cuda_run_head_norm_backward(const cuda_exec *e, const gpu_op_ar
  * _GEMM, _TC or _MMA). The tensor-core kernels when chosen (ZO_ATTENTION=tc)
  * and they cover the case (cuda_attn_tc_covers: 16-bit qkv, d 64/80/96/128,
  * no window, soft cap or ALiBi; qkv 16-byte aligned, as their vector loads
- * need); the mma.sync forward (ZO_ATTENTION=mma, opt-in until a GPU has
- * timed it) for the same cases, its backward the tensor-core kernels'
- * (the callers map _MMA to _TC there); what they do not cover falls back
- * to the automatic choice,
+ * need); the mma.sync kernels (ZO_ATTENTION=mma, opt-in until a GPU has
+ * timed them) for the same cases; what they do not cover falls back to
+ * the automatic choice,
  * common/attn_path.h's zo_attn_auto_path (memplan times the same): the
  * tensor-core kernels where they cover the case at head sizes up to 64, or
  * where the GEMM path is not taken; the GEMM path for 16-bit qkv on a
@@ -141,8 +140,10 @@ static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_ar
     int path = 0;
     zo_status st = attention_path(e, &a->d.attn, a->t[2], &path);
     if (st != ZO_OK) return st;
-    /* the mma.sync path has a forward only: its backward is the tensor-core kernels' */
-    if (path == CUDA_ATTN_TC || path == CUDA_ATTN_MMA)
+    if (path == CUDA_ATTN_MMA)
+        return cuda_launch_attention_mma_backward(e->stream, e->pool, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],
+                                                  a->p[0]);
+    if (path == CUDA_ATTN_TC)
         return cuda_launch_attention_tc_backward(e->stream, e->pool, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],
                                                  a->p[0]);
     if (path == CUDA_ATTN_GEMM) {

@@ -30,9 +30,9 @@ typedef struct cuda_exec {
 /* Which attention runs gpu_attention_forward / _backward with 16-bit qkv:
  * the GEMM path (attention_gemm.cu), the flash kernel (attention.cu) or the
  * fused tensor-core kernels (attention_tc.cu, for the cases
- * cuda_attn_tc_covers; the rest take the automatic choice) or, forward
- * only, the mma.sync kernel (attention_mma.cu, the same cases; its
- * backward the tensor-core kernels'). AUTO reads ZO_ATTENTION (gemm,
+ * cuda_attn_tc_covers; the rest take the automatic choice) or the
+ * mma.sync kernels (attention_mma.cu, the same cases). AUTO reads
+ * ZO_ATTENTION (gemm,
  * flash, tc, mma, or auto / unset): auto never takes mma; it takes the
  * tensor-core kernels where they cover the case at head sizes up to 64 or
  * where the GEMM path is not taken, the GEMM path on a device with cuBLASLt
