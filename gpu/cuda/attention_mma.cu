@@ -13,7 +13,8 @@
  *   O (16 x D fp32, D / 8 n-tiles of 4 floats: rows lane / 4 and
  *   lane / 4 + 8, columns 2 (lane % 4) and the next), the row max m and the
  *   lane's part of the row sum l (rows lane / 4 and lane / 4 + 8).
- * Per key tile of MBC keys (K and V through shared memory): S = Q K^T in
+ * Per key tile of MBC keys (K and V through shared memory, the next tile
+ * streaming in by cp.async meanwhile): S = Q K^T in
  * registers (8 n-tiles of 4 floats), scaled to log2 units; the row max over
  * the lane's 16 values and its quad (shuffles xor 1, 2); P = 2^(S - m) in
  * place; O *= 2^(m_old - m_new); P rounded to the qkv type is the A operand
@@ -118,8 +119,28 @@ __device__ __forceinline__ void mma_split_a(unsigned hi[4], unsigned lo[4], cons
     }
 }
 
-/* Dynamic shared memory: Ks, Vs [MBC][D+8] (Q staged in Ks first). The 8
- * elements of padding put the 8 rows an ldmatrix reads in distinct banks. */
+/* mma_load_tile through cp.async (mma_ptx.cuh): the rows past n are zeroed
+ * by plain stores, the others copied in the thread's current group; the
+ * caller commits, waits and synchronizes before reading. */
+template <typename T, int D, int LD>
+__device__ __forceinline__ void mma_load_tile_async(T *dst, const T *src, size_t ld, int n, int rows)
+{
+    const int per_row = D / 8;
+    for (int x = threadIdx.x; x < rows * per_row; x += blockDim.x) {
+        const int r = x / per_row, c = x % per_row * 8;
+        if (r < n) {
+            cp_async16(dst + (size_t)r * LD + c, src + (size_t)r * ld + c);
+        } else {
+            const mma_chunk z = {{0u, 0u, 0u, 0u}};
+            *reinterpret_cast<mma_chunk *>(dst + (size_t)r * LD + c) = z;
+        }
+    }
+}
+
+/* Dynamic shared memory: two buffers of Ks, Vs [MBC][D+8] (Q staged in the
+ * second's Ks first): tile j + 1 streams in by cp.async while tile j is
+ * computed. The 8 elements of padding put the 8 rows an ldmatrix reads in
+ * distinct banks. */
 template <typename T, int D>
 __global__ void __launch_bounds__(MW * WARP)
     attention_mma_forward_kernel(gpu_tensor out, float *lse, const T *qkv, mma_geom G)
@@ -128,7 +149,7 @@ __global__ void __launch_bounds__(MW * WARP)
     static_assert(D % 16 == 0, "k-chunks of 16");
     constexpr int LDT = D + 8;
     ZO_EXTERN_SHARED(float, smem);
-    T *Ks = reinterpret_cast<T *>(smem), *Vs = Ks + MBC * LDT;
+    T *const buf = reinterpret_cast<T *>(smem); /* buffer u: K at buf + 2 u MBC LDT, V after it */
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     const int quad_row = lane / 4, quad_col = 2 * (lane % 4); /* the lane's place in a C fragment */
     /* the row blocks in z, the slowest index, from the last (the longest) of
@@ -137,12 +158,17 @@ __global__ void __launch_bounds__(MW * WARP)
     const int n_rows = min(MBR, G.t - i0);
     const T *base = qkv + (size_t)b * G.t * G.ld;
 
-    /* Q: staged in Ks, kept in A fragments (the warp's 16 rows, k-chunks of 16) */
-    mma_load_tile<T, D, LDT>(Ks, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n_rows, MBR);
+    /* Q: staged in buffer 1's K while tile 0 streams into buffer 0, kept in
+     * A fragments (the warp's 16 rows, k-chunks of 16) */
+    const T *kb = base + (size_t)(G.hq + g) * D, *vb = base + (size_t)(G.hq + G.hkv + g) * D;
+    mma_load_tile_async<T, D, LDT>(buf, kb, G.ld, min(MBC, G.t), MBC);
+    mma_load_tile_async<T, D, LDT>(buf + MBC * LDT, vb, G.ld, min(MBC, G.t), MBC);
+    cp_async_commit();
+    mma_load_tile<T, D, LDT>(buf + 2 * MBC * LDT, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n_rows, MBR);
     __syncthreads();
     unsigned qf[D / 16][4];
     ZO_UNROLL
-    for (int k = 0; k < D / 16; k++) mma_frag_a<LDT>(qf[k], Ks, w * 16, k * 16);
+    for (int k = 0; k < D / 16; k++) mma_frag_a<LDT>(qf[k], buf + 2 * MBC * LDT, w * 16, k * 16);
 
     float o[D / 8][4];
     ZO_UNROLL
@@ -152,14 +178,21 @@ __global__ void __launch_bounds__(MW * WARP)
     /* the lane's rows; a row past t masks as the last row does (its results are dropped) */
     const int r0 = i0 + w * 16 + quad_row;
     const int row[2] = {min(r0, G.t - 1), min(r0 + 8, G.t - 1)};
-    const T *kb = base + (size_t)(G.hq + g) * D, *vb = base + (size_t)(G.hq + G.hkv + g) * D;
     const int last = i0 + n_rows - 1;
-    for (int j0 = 0; j0 <= last; j0 += MBC) {
-        __syncthreads(); /* the last tile's reads are done (and Q's) */
-        const int n_keys = min(MBC, G.t - j0);
-        mma_load_tile<T, D, LDT>(Ks, kb + (size_t)j0 * G.ld, G.ld, n_keys, MBC);
-        mma_load_tile<T, D, LDT>(Vs, vb + (size_t)j0 * G.ld, G.ld, n_keys, MBC);
+    for (int j0 = 0, u = 0; j0 <= last; j0 += MBC, u ^= 1) {
+        /* tile j0 in buffer u: this thread's copies done, then everyone's;
+         * the barrier also says every warp is done with buffer u ^ 1 (the
+         * last tile, or Q), which tile j0 + MBC then streams into */
+        cp_async_wait_all();
         __syncthreads();
+        if (j0 + MBC <= last) {
+            T *next = buf + (size_t)(u ^ 1) * 2 * MBC * LDT;
+            const int n_next = min(MBC, G.t - j0 - MBC);
+            mma_load_tile_async<T, D, LDT>(next, kb + (size_t)(j0 + MBC) * G.ld, G.ld, n_next, MBC);
+            mma_load_tile_async<T, D, LDT>(next + MBC * LDT, vb + (size_t)(j0 + MBC) * G.ld, G.ld, n_next, MBC);
+            cp_async_commit();
+        }
+        const T *Ks = buf + (size_t)u * 2 * MBC * LDT, *Vs = Ks + MBC * LDT;
 
         /* S = Q K^T: n-tiles 2p and 2p + 1 (keys 16p ..) of k-chunk k from one ldmatrix */
         float s[MBC / 8][4];
@@ -547,9 +580,11 @@ static zo_status mma_allow_smem(K *kernel, size_t bytes, const char *name)
 template <typename T, int D>
 static zo_status mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv)
 {
-    /* 2 MBC (D + 8) 16-bit elements: 34 KiB at D 128, under the 48 KiB a
-     * kernel gets without opting in */
-    const size_t smem = 2 * (size_t)MBC * (D + 8) * sizeof(T);
+    /* two buffers of 2 MBC (D + 8) 16-bit elements: 68 KiB at D 128, 36 KiB
+     * at D 64 */
+    const size_t smem = 4 * (size_t)MBC * (D + 8) * sizeof(T);
+    zo_status s = mma_allow_smem(attention_mma_forward_kernel<T, D>, smem, "attention_mma_forward_kernel");
+    if (s != ZO_OK) return s;
     dim3 grid(a->hq, a->b, (a->t + MBR - 1) / MBR);
     auto *attention_mma_forward = attention_mma_forward_kernel<T, D>; /* one macro argument */
     ZO_LAUNCH(attention_mma_forward, grid, MW * WARP, smem, st, out, lse, static_cast<const T *>(qkv.data),

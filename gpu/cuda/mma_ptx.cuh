@@ -21,7 +21,9 @@
  * elements 2 (l % 4) and 2 (l % 4) + 1 of matrix i, or with .trans those of
  * the transposed matrix: elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)
  * of matrix i as stored. mma_pack and mma_unpack move two floats into one
- * register of 16-bit elements (rounded to nearest even) and back. */
+ * register of 16-bit elements (rounded to nearest even) and back;
+ * cp_async16, cp_async_commit and cp_async_wait_all are cp.async's copy of
+ * 16 bytes into shared memory, done at once under the shim. */
 #ifndef ZO_GPU_CUDA_MMA_PTX_CUH
 #define ZO_GPU_CUDA_MMA_PTX_CUH
 
@@ -114,6 +116,17 @@ static inline void mma_shim_ldmatrix(unsigned r[4], const void *row, bool trans)
 static inline void ldmatrix_x4(unsigned r[4], const void *row) { mma_shim_ldmatrix(r, row, false); }
 static inline void ldmatrix_x4_trans(unsigned r[4], const void *row) { mma_shim_ldmatrix(r, row, true); }
 
+/* cp.async of 16 bytes: done at once here (a GPU finishes it by the
+ * thread's next cp_async_wait_all); both addresses 16-byte aligned. */
+static inline void cp_async16(void *smem, const void *gmem)
+{
+    if ((uintptr_t)smem % 16 != 0) zo_shim_vec_fault(smem);
+    if ((uintptr_t)gmem % 16 != 0) zo_shim_vec_fault(gmem);
+    memcpy(smem, gmem, 16);
+}
+static inline void cp_async_commit(void) {}
+static inline void cp_async_wait_all(void) {}
+
 /* lo and hi rounded to T (to nearest even) in one register, lo in the low half. */
 template <typename T>
 static inline unsigned mma_pack(float lo, float hi)
@@ -181,6 +194,32 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const void *row
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a)
                  : "memory");
+#endif
+}
+
+/* cp.async.cg of 16 bytes global -> shared (the L2 only), in the thread's
+ * current group; cp_async_commit closes the group, cp_async_wait_all waits
+ * for all the thread's groups (other threads' copies are visible after a
+ * barrier that follows every thread's wait). */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+#ifdef __CUDA_ARCH__
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" : : "r"(a), "l"(gmem) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit(void)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;\n" : : : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all(void)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_group 0;\n" : : : "memory");
 #endif
 }
 
