@@ -11,8 +11,9 @@
  * - copies: host->device and device->host GB/s, pinned and pageable.
  * - attention forward and backward time, bf16, causal: the flash kernel
  *   (CUDA cores, fp32) and the GEMM path (tensor cores, batched cuBLASLt
- *   GEMMs), each forced through ZO_ATTENTION and alternating round after
- *   round as the GEMMs do, and the GEMM path's speedup over the flash kernel.
+ *   GEMMs), the fused tensor-core kernels and the mma.sync kernels, each
+ *   forced through ZO_ATTENTION and alternating round after round as the
+ *   GEMMs do, and each one's speedup over the flash kernel.
  * Every input is random (uniform in [-1, 1], a fixed seed), as training's
  * are: constant data toggles few bits in the multipliers and on the buses,
  * draws less power and lets the GPU hold clocks that real data would not,
@@ -382,14 +383,17 @@ static int attention_row(int t, void *stage, uint64_t seed)
     if (gpu_cast(S, r32.dout, r.dout, nout) != ZO_OK || gpu_stream_synchronize(S) != ZO_OK)
         return fail("gpu_cast (fp32 dout)");
     /* [path][direction]: path 0 the flash kernel, 1 the GEMM path, 2 the
-     * fused tensor-core kernels; best32: the backward with fp32 grads */
-    static const char *paths[3] = {"flash", "gemm", "tc"};
-    static const char *names[3] = {"", " (GEMM path)", " (tensor-core kernels)"};
-    double best[3][2], best32[3];
-    for (int p = 0; p < 3; p++) best[p][0] = best[p][1] = best32[p] = INFINITY;
+     * fused tensor-core kernels, 3 the mma.sync kernels; best32: the
+     * backward with fp32 grads */
+    enum { PATHS = 4 };
+    static const char *paths[PATHS] = {"flash", "gemm", "tc", "mma"};
+    static const char *names[PATHS] = {"", " (GEMM path)", " (tensor-core kernels)", " (mma.sync)"};
+    static const char *rows[PATHS] = {"causal", "causal_gemm", "causal_tc", "causal_mma"};
+    double best[PATHS][2], best32[PATHS];
+    for (int p = 0; p < PATHS; p++) best[p][0] = best[p][1] = best32[p] = INFINITY;
     char what[96];
     for (int round = 0; round < ROUNDS; round++)
-        for (int p = 0; p < 3; p++) {
+        for (int p = 0; p < PATHS; p++) {
             setenv("ZO_ATTENTION", paths[p], 1);
             r.backward = 0;
             if (gpu_attention_forward(S, &r.a, r.out, r.lse, r.qkv) != ZO_OK ||
@@ -417,11 +421,10 @@ static int attention_row(int t, void *stage, uint64_t seed)
     double f = 2.0 * b * HEADS * (double)t * t * HEAD_DIM;
     bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, best[0][0] * 1e3,
               f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12);
-    for (int p = 1; p < 3; p++)
-        bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f",
-                  p == 1 ? "causal_gemm" : "causal_tc", b, t, HEADS, best[p][0] * 1e3, f / best[p][0] * 1e-12,
-                  best[p][1] * 1e3, 2.5 * f / best[p][1] * 1e-12, best[0][0] / best[p][0], best[0][1] / best[p][1],
-                  best32[p] * 1e3, 2.5 * f / best32[p] * 1e-12);
+    for (int p = 1; p < PATHS; p++)
+        bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f", rows[p], b, t, HEADS,
+                  best[p][0] * 1e3, f / best[p][0] * 1e-12, best[p][1] * 1e3, 2.5 * f / best[p][1] * 1e-12,
+                  best[0][0] / best[p][0], best[0][1] / best[p][1], best32[p] * 1e3, 2.5 * f / best32[p] * 1e-12);
     gpu_mem_free(dev, qkv);
     gpu_mem_free(dev, out);
     gpu_mem_free(dev, dout);
@@ -436,7 +439,9 @@ static int attention_row(int t, void *stage, uint64_t seed)
  * flash kernel's row ("causal"), the GEMM path's ("causal_gemm") and the
  * fused tensor-core kernels' ("causal_tc"), each of the last two with its
  * speedup (the flash kernel's time over its own) and its backward with fp32
- * dout and dqkv, as the transformer calls it; 0, or 1 on a failure. */
+ * dout and dqkv, as the transformer calls it, and the mma.sync kernels'
+ * ("causal_mma", ZO_ATTENTION=mma, the same columns); 0, or 1 on a
+ * failure. */
 static int bench_attention(void *stage)
 {
     bench_row("%-11s %6s %6s %6s %10s %10s %10s %10s %8s %8s %10s %10s", "attention", "b", "t", "heads", "fwd_ms",

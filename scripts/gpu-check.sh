@@ -647,6 +647,8 @@ step_bench() {
   row bench "bench_gpu_cuda: attention GEMM path / flash kernel" info "$(awk '$1 == "causal_gemm" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   # the fused tensor-core kernels (ZO_ATTENTION=tc), the same columns
   row bench "bench_gpu_cuda: attention tensor-core kernels / flash kernel" info "$(awk '$1 == "causal_tc" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
+  # the mma.sync kernels (ZO_ATTENTION=mma), the same columns
+  row bench "bench_gpu_cuda: attention mma.sync kernels / flash kernel" info "$(awk '$1 == "causal_mma" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   return $bad
 }
 

@@ -2,7 +2,8 @@
  * checks what they return): barriers across warps and with returned
  * threads, every warp shuffle, kernels.cuh's block reductions, atomics,
  * dynamic shared memory and its limit, the 16-bit conversions and rounded
- * intrinsics, and the launches a GPU refuses or leaves undefined. Written
+ * intrinsics, mma_ptx.cuh's emulation of mma.sync and ldmatrix, and the
+ * launches a GPU refuses or leaves undefined. Written
  * as the kernel sources are (ZO_LAUNCH, cuda_launch_check), inside a
  * namespace as gpu/cuda/shim/<family>.cc include theirs; each probe_* is a
  * launcher callable from C. */
@@ -10,6 +11,7 @@
 
 namespace zo_shim_kernels {
 #include "gpu/cuda/kernels.cuh" /* defines: block_max, block_sum_d, warp_sum, ZO_LAUNCH */
+#include "gpu/cuda/mma_ptx.cuh" /* defines: mma_m16n8k16, ldmatrix_x4, ldmatrix_x4_trans */
 
 /* ---- barriers ---------------------------------------------------------------- */
 
@@ -128,6 +130,42 @@ __global__ void probe_convert_kernel(const float *in, int n, uint16_t *h, uint16
     }
 }
 
+/* ---- mma.sync and ldmatrix (mma_ptx.cuh) ------------------------------------------ */
+
+/* One warp, lane l: d[4l ..] = the m16n8k16 product of its fragments
+ * a[4l ..], b[2l ..], c[4l ..] (the caller lays them out). */
+template <typename T>
+__global__ void probe_mma_kernel(const unsigned *a, const unsigned *b, const float *c, float *d)
+{
+    const int l = threadIdx.x;
+    const unsigned af[4] = {a[4 * l], a[4 * l + 1], a[4 * l + 2], a[4 * l + 3]};
+    const unsigned bf[2] = {b[2 * l], b[2 * l + 1]};
+    const float cf[4] = {c[4 * l], c[4 * l + 1], c[4 * l + 2], c[4 * l + 3]};
+    float df[4];
+    mma_m16n8k16<T>(df, af, bf, cf);
+    for (int i = 0; i < 4; i++) d[4 * l + i] = df[i];
+}
+
+/* One warp: src [32][16] 16-bit into shared memory as it lies; lane l
+ * gives the address of row rows[l], columns 0 .. 7 (rows[] may be in any
+ * order); r[4l ..] what ldmatrix .x4 (.trans with trans) returns to it. */
+struct alignas(16) probe_ldm_tile {
+    uint16_t v[32 * 16];
+};
+
+__global__ void probe_ldmatrix_kernel(const uint16_t *src, const int *rows, int trans, unsigned *r)
+{
+    __shared__ probe_ldm_tile sm;
+    uint16_t *tile = sm.v;
+    const int l = threadIdx.x;
+    for (int x = l; x < 32 * 16; x += WARP) tile[x] = src[x];
+    __syncwarp();
+    unsigned f[4];
+    if (trans) ldmatrix_x4_trans(f, tile + rows[l] * 16);
+    else ldmatrix_x4(f, tile + rows[l] * 16);
+    for (int i = 0; i < 4; i++) r[4 * l + i] = f[i];
+}
+
 /* ---- launches the shim refuses or stops ----------------------------------------- */
 
 __global__ void probe_noop_kernel(int *out)
@@ -225,6 +263,22 @@ zo_status probe_launch_shape(unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 {
     ZO_LAUNCH(probe_noop_kernel, dim3(gx, gy, gz), dim3(bx, by, bz), 0, NULL, out);
     return cuda_launch_check("probe_noop_kernel");
+}
+
+/* bf16: the operands' type (else fp16); a [32 * 4], b [32 * 2] packed
+ * pairs, c, d [32 * 4] */
+zo_status probe_mma(int bf16, const unsigned *a, const unsigned *b, const float *c, float *d)
+{
+    if (bf16) ZO_LAUNCH(probe_mma_kernel<__nv_bfloat16>, 1, WARP, 0, NULL, a, b, c, d);
+    else ZO_LAUNCH(probe_mma_kernel<__half>, 1, WARP, 0, NULL, a, b, c, d);
+    return cuda_launch_check("probe_mma_kernel");
+}
+
+/* src [32 * 16], rows [32], r [32 * 4] */
+zo_status probe_ldmatrix(const uint16_t *src, const int *rows, int trans, unsigned *r)
+{
+    ZO_LAUNCH(probe_ldmatrix_kernel, 1, WARP, 0, NULL, src, rows, trans, r);
+    return cuda_launch_check("probe_ldmatrix_kernel");
 }
 
 zo_status probe_bad(int how, int *out) /* out [64] */

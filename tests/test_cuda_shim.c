@@ -45,6 +45,8 @@ zo_status probe_convert(const float *in, int n, uint16_t *h, uint16_t *bf, float
 zo_status probe_launch_shape(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, int *out);
 zo_status probe_bad(int how, int *out);
+zo_status probe_mma(int bf16, const unsigned *a, const unsigned *b, const float *c, float *d);
+zo_status probe_ldmatrix(const uint16_t *src, const int *rows, int trans, unsigned *r);
 
 /* ---- helpers ------------------------------------------------------------------- */
 
@@ -261,6 +263,96 @@ static void test_dynamic_shared_memory(void **state)
     zo_status s = probe_smem(T, 200000, 200000, first, rev);
     assert_int_equal(s, ZO_ERR_DEVICE);
     assert_non_null(strstr(zo_last_error(), "cudaFuncSetAttribute"));
+}
+
+/* ---- mma.sync and ldmatrix (gpu/cuda/mma_ptx.cuh) ----------------------------------- */
+
+/* Two 16-bit elements in one register, the first in the low half (PTX's
+ * .f16x2 / .bf16x2 order). */
+static unsigned pack16(uint16_t lo, uint16_t hi) { return (unsigned)lo | (unsigned)hi << 16; }
+
+/* The emulated mma.m16n8k16 against a plain matrix product, fragments laid
+ * out here from the PTX ISA's table ("Matrix Fragments for mma.m16n8k16
+ * with floating point type"), g = lane >> 2, q = lane % 4:
+ *   A (16 x 16): a_i, i = 0 .. 7, two to a register, row g (i = 0, 1, 4, 5)
+ *     else g + 8, column 2q + (i & 1), + 8 for i >= 4;
+ *   B (16 x 8): b_i, i = 0 .. 3, row 2q + (i & 1), + 8 for i >= 2, column g;
+ *   C, D (16 x 8 fp32): c_i, row g (i < 2) else g + 8, column 2q + (i & 1).
+ * Small integers and halves, exact in both 16-bit types, so every product
+ * and sum is exact in fp32 and the comparison is for equality. */
+static void test_mma_fragments(void **state)
+{
+    (void)state;
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        float A[16][16], B[16][8], C[16][8];
+        for (int r = 0; r < 16; r++)
+            for (int k = 0; k < 16; k++) A[r][k] = (float)(int)(frand() * 8.0f) * 0.5f;
+        for (int k = 0; k < 16; k++)
+            for (int n = 0; n < 8; n++) B[k][n] = (float)(int)(frand() * 8.0f);
+        for (int r = 0; r < 16; r++)
+            for (int n = 0; n < 8; n++) C[r][n] = (float)(int)(frand() * 100.0f);
+        uint16_t (*cv)(float) = bf16 ? zo_f32_to_bf16 : zo_f32_to_f16;
+        unsigned a[32 * 4], b[32 * 2];
+        float c[32 * 4], d[32 * 4];
+        for (int lane = 0; lane < 32; lane++) {
+            const int g = lane >> 2, q = lane % 4;
+            uint16_t ae[8], be[4];
+            for (int i = 0; i < 8; i++) {
+                const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+                const int col = 2 * q + (i & 1) + (i >= 4 ? 8 : 0);
+                ae[i] = cv(A[row][col]);
+            }
+            for (int i = 0; i < 4; i++) be[i] = cv(B[2 * q + (i & 1) + (i >= 2 ? 8 : 0)][g]);
+            for (int i = 0; i < 4; i++) {
+                a[4 * lane + i] = pack16(ae[2 * i], ae[2 * i + 1]);
+                c[4 * lane + i] = C[i < 2 ? g : g + 8][2 * q + (i & 1)];
+            }
+            b[2 * lane] = pack16(be[0], be[1]);
+            b[2 * lane + 1] = pack16(be[2], be[3]);
+        }
+        assert_int_equal(probe_mma(bf16, a, b, c, d), ZO_OK);
+        for (int lane = 0; lane < 32; lane++) {
+            const int g = lane >> 2, q = lane % 4;
+            for (int i = 0; i < 4; i++) {
+                const int row = i < 2 ? g : g + 8, col = 2 * q + (i & 1);
+                double want = C[row][col];
+                for (int k = 0; k < 16; k++) want += (double)A[row][k] * B[k][col];
+                if (d[4 * lane + i] != (float)want)
+                    fail_msg("%s mma: lane %d d%d (row %d, col %d) = %g, expected %g", bf16 ? "bf16" : "fp16", lane,
+                             i, row, col, (double)d[4 * lane + i], want);
+            }
+        }
+    }
+}
+
+/* The emulated ldmatrix .x4 (and .trans) against the PTX ISA's description:
+ * lane 8 i + k gives the address of row k of matrix i; register i of lane l
+ * holds row l >> 2, elements 2 (l % 4) and 2 (l % 4) + 1 of matrix i (low
+ * half first), or with .trans those of its transpose, elements
+ * (2 (l % 4), l >> 2) and (2 (l % 4) + 1, l >> 2) as stored. The row
+ * addresses in a shuffled order, each element a distinct value. */
+static void test_ldmatrix_fragments(void **state)
+{
+    (void)state;
+    uint16_t src[32 * 16];
+    for (int x = 0; x < 32 * 16; x++) src[x] = (uint16_t)(x * 7 + 3);
+    int rows[32];
+    for (int l = 0; l < 32; l++) rows[l] = (l * 13 + 5) % 32; /* a permutation */
+    for (int trans = 0; trans < 2; trans++) {
+        unsigned r[32 * 4];
+        assert_int_equal(probe_ldmatrix(src, rows, trans, r), ZO_OK);
+        for (int l = 0; l < 32; l++)
+            for (int i = 0; i < 4; i++) {
+                /* element (row, col) of matrix i as stored */
+#define LDM_AT(row, col) src[rows[8 * i + (row)] * 16 + (col)]
+                const unsigned want = trans ? pack16(LDM_AT(2 * (l % 4), l >> 2), LDM_AT(2 * (l % 4) + 1, l >> 2))
+                                            : pack16(LDM_AT(l >> 2, 2 * (l % 4)), LDM_AT(l >> 2, 2 * (l % 4) + 1));
+#undef LDM_AT
+                if (r[4 * l + i] != want)
+                    fail_msg("ldmatrix%s: lane %d r%d = %08x, expected %08x", trans ? ".trans" : "", l, i,
+                             r[4 * l + i], want);
+            }
+    }
 }
 
 static void test_rounding_and_conversions(void **state)
@@ -1065,6 +1157,8 @@ int main(void)
         cmocka_unit_test(test_atomics),
         cmocka_unit_test(test_dynamic_shared_memory),
         cmocka_unit_test(test_rounding_and_conversions),
+        cmocka_unit_test(test_mma_fragments),
+        cmocka_unit_test(test_ldmatrix_fragments),
         cmocka_unit_test(test_launch_refused),
         cmocka_unit_test(test_warp_misuse),
         cmocka_unit_test(test_beside_cuda_backend),

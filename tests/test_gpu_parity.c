@@ -612,13 +612,21 @@ static void test_attention(void **state)
     attention_case(ZO_DTYPE_BF16, 1, 300, 8, 2, 128, &bad);
     attention_case(ZO_DTYPE_F16, 2, 257, 4, 4, 96, &bad);
     attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 520, 8, 4, 128, 0, &bad);
+    /* the mma.sync kernels (attention_mma.cu), chosen: the same cases */
+    setenv("ZO_ATTENTION", "mma", 1);
+    attention_case(ZO_DTYPE_BF16, 1, 70, 4, 2, 64, &bad);
+    attention_case(ZO_DTYPE_F16, 2, 33, 6, 2, 80, &bad);
+    attention_case(ZO_DTYPE_BF16, 1, 300, 8, 2, 128, &bad);
+    attention_case(ZO_DTYPE_F16, 2, 257, 4, 4, 96, &bad);
+    attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 520, 8, 4, 128, 0, &bad);
     unsetenv("ZO_ATTENTION");
     assert_int_equal(bad, 0);
 }
 
 /* Same inputs twice: bitwise the same gradients (no atomics anywhere), from
- * the flash kernel (t 50), the GEMM path (t 300) and the fused tensor-core
- * kernels (t 300, ZO_ATTENTION=tc). */
+ * the flash kernel (t 50), the GEMM path (t 300), the fused tensor-core
+ * kernels (t 300, ZO_ATTENTION=tc) and the mma.sync kernels (t 300,
+ * ZO_ATTENTION=mma). */
 static void determinism_case(int t)
 {
     gpu_attn_desc a = {.b = 1, .t = t, .hq = 4, .hkv = 2, .d = 64};
@@ -659,6 +667,8 @@ static void test_determinism(void **state)
     determinism_case(50);
     determinism_case(300);
     setenv("ZO_ATTENTION", "tc", 1);
+    determinism_case(300);
+    setenv("ZO_ATTENTION", "mma", 1);
     determinism_case(300);
     unsetenv("ZO_ATTENTION");
 }

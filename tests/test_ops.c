@@ -39,6 +39,7 @@
 #ifdef ZO_HAVE_CUDA_SHIM
 #include "gpu/cuda/shim/shim_ops.h" /* defines: shim_cuda_ops, shim_exec_init */
 #include "gpu/cuda/attention_tc.h"   /* defines: cuda_attn_tc_covers */
+#include "gpu/cuda/attention_mma.h"  /* defines: cuda_attn_mma_covers */
 #endif
 
 /* ---- cases ------------------------------------------------------------------------ */
@@ -1218,6 +1219,21 @@ static int takes_gemm_attention(const pcase *c)
 static int takes_tc_attention(const pcase *c)
 {
     return takes_gemm_attention(c) && cuda_attn_tc_covers(&c->a.d.attn, ZO_DTYPE_BF16);
+}
+
+/* The mma.sync kernels (gpu/cuda/attention_mma.cu) on the shim, forced
+ * (ZO_ATTENTION=mma on a GPU), over the cases they cover
+ * (cuda_attn_mma_covers). */
+static shim_exec shim_mma;
+
+static zo_status shim_mma_run(gpu_op_id id, const gpu_op_args *a)
+{
+    return shim_cuda_ops[id](&shim_mma.exec, a);
+}
+
+static int takes_mma_attention(const pcase *c)
+{
+    return takes_gemm_attention(c) && cuda_attn_mma_covers(&c->a.d.attn, ZO_DTYPE_BF16);
 }
 #endif
 
@@ -3248,10 +3264,10 @@ static void test_every_op(void **state)
 #ifdef ZO_HAVE_CUDA_SHIM
 /* ZO_ATTENTION on the shim's automatic choice (which is the flash kernel
  * there): gemm gives the forced GEMM path's bits, tc the forced tensor-core
- * kernels', flash and auto the flash kernel's, anything else
- * ZO_ERR_INVALID naming the variable; tc on a case the tensor-core kernels
- * do not cover (a sliding window) gives the automatic choice's bits; a
- * window no shorter than the sequence is none. */
+ * kernels', mma the forced mma.sync forward's, flash and auto the flash
+ * kernel's, anything else ZO_ERR_INVALID naming the variable; tc and mma on
+ * a case their kernels do not cover (a sliding window) give the automatic
+ * choice's bits; a window no shorter than the sequence is none. */
 static void test_attention_path_env(void **state)
 {
     (void)state;
@@ -3299,6 +3315,25 @@ static void test_attention_path_env(void **state)
     setenv("ZO_ATTENTION", "tensor", 1);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "ZO_ATTENTION=tensor"));
+    /* mma: the forced mma.sync forward's bits (which may be the tensor-core
+     * kernels' too: both sum in fp32 before rounding to bf16); on a window
+     * that masks (which it does not cover) the automatic choice's, as tc
+     * gives */
+    uint16_t *mma[2] = {malloc(no * 2), malloc(no * 2)};
+    x.exec.attn_path = CUDA_ATTN_MMA;
+    unsetenv("ZO_ATTENTION");
+    a.t[0] = gpu_t(mma[0], ZO_DTYPE_BF16);
+    assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    x.exec.attn_path = CUDA_ATTN_AUTO;
+    setenv("ZO_ATTENTION", "mma", 1);
+    a.t[0] = gpu_t(mma[1], ZO_DTYPE_BF16);
+    assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    assert_memory_equal(mma[0], mma[1], no * 2);
+    a.d.attn.window = 8;
+    assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    assert_memory_equal(mma[1], out[6], no * 2);
+    free(mma[0]);
+    free(mma[1]);
     unsetenv("ZO_ATTENTION");
     shim_exec_free(&x);
     for (int k = 0; k < RUNS; k++) free(out[k]);
@@ -3449,7 +3484,7 @@ static void close_device(devpair *d)
 static int keep_backends(const char *list)
 {
     static const char *const known[] = {"cpu", "cuda-shim", "cuda-shim-gemm", "cuda-shim-gemm-small", "cuda-shim-tc",
-                                        "cuda"};
+                                        "cuda-shim-mma", "cuda"};
     if (!list) return 1;
     char names[256];
     snprintf(names, sizeof names, "%s", list);
@@ -3458,7 +3493,7 @@ static int keep_backends(const char *list)
         while (k < sizeof known / sizeof *known && strcmp(w, known[k])) k++;
         if (k == sizeof known / sizeof *known) {
             fprintf(stderr, "test_ops: ZO_OPS_BACKENDS=%s: no backend is named '%s' (cpu, cuda-shim, "
-                            "cuda-shim-gemm, cuda-shim-gemm-small, cuda-shim-tc, cuda)\n", list, w);
+                            "cuda-shim-gemm, cuda-shim-gemm-small, cuda-shim-tc, cuda-shim-mma, cuda)\n", list, w);
             return 0;
         }
     }
@@ -3504,17 +3539,22 @@ int main(void)
                           shim_gemm_small_run, 0, 0, 0, takes_gemm_attention, 0, 0};
     static backend sht = {"cuda-shim-tc", NULL, host_alloc, free, host_copy, host_copy, shim_tc_run,
                           0, 0, 0, takes_tc_attention, 1, 0};
-    if (shim_exec_init(&shim) != ZO_OK || shim_exec_init(&shim_gemm) != ZO_OK || shim_exec_init(&shim_tc) != ZO_OK)
+    static backend shm = {"cuda-shim-mma", NULL, host_alloc, free, host_copy, host_copy, shim_mma_run,
+                          0, 0, 0, takes_mma_attention, 1, 0};
+    if (shim_exec_init(&shim) != ZO_OK || shim_exec_init(&shim_gemm) != ZO_OK || shim_exec_init(&shim_tc) != ZO_OK ||
+        shim_exec_init(&shim_mma) != ZO_OK)
         return 1;
     /* each shim backend one attention path: the plain one the flash kernel
      * (auto would take the tensor-core kernels at d 64) */
     shim.exec.attn_path = CUDA_ATTN_FLASH;
     shim_gemm.exec.attn_path = CUDA_ATTN_GEMM;
     shim_tc.exec.attn_path = CUDA_ATTN_TC;
+    shim_mma.exec.attn_path = CUDA_ATTN_MMA;
     backends[n_backends++] = &sh;
     backends[n_backends++] = &shg;
     backends[n_backends++] = &shs;
     backends[n_backends++] = &sht;
+    backends[n_backends++] = &shm;
 #endif
     /* a GPU, where there is one: the same cases against the same reference */
     if (gpu_cuda_device_count() > 0) {
@@ -3536,6 +3576,7 @@ int main(void)
     shim_exec_free(&shim);
     shim_exec_free(&shim_gemm);
     shim_exec_free(&shim_tc);
+    shim_exec_free(&shim_mma);
 #endif
     close_device(&cuda_dev);
     close_device(&cpu_dev);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "gpu/cuda/attention_gemm.h" /* defines: CUDA_ATTN_GEMM_MIN_T */
+#include "gpu/cuda/attention_mma.h"  /* defines: cuda_attn_mma_covers, cuda_launch_attention_mma_* */
 #include "gpu/cuda/attention_tc.h"   /* defines: cuda_attn_tc_covers, cuda_launch_attention_tc_* */
 #include "gpu/cuda/ops_cuda.h"       /* defines: cuda_exec, cuda_ops */
 
@@ -69,10 +70,12 @@ static zo_status cuda_run_head_norm_backward(const cuda_exec *e, const gpu_op_ar
 }
 
 /* Which kernels run attention over qkv of this shape (*path: CUDA_ATTN_FLASH,
- * _GEMM or _TC). The tensor-core kernels when chosen (ZO_ATTENTION=tc) and
- * they cover the case (cuda_attn_tc_covers: 16-bit qkv, d 64/80/96/128, no
- * window, soft cap or ALiBi; qkv 16-byte aligned, as their vector loads
- * need); what they do not cover falls back to the automatic choice,
+ * _GEMM, _TC or _MMA). The tensor-core kernels when chosen (ZO_ATTENTION=tc)
+ * and they cover the case (cuda_attn_tc_covers: 16-bit qkv, d 64/80/96/128,
+ * no window, soft cap or ALiBi; qkv 16-byte aligned, as their vector loads
+ * need); the mma.sync kernels (ZO_ATTENTION=mma, opt-in until a GPU has
+ * timed them) for the same cases; what they do not cover falls back to
+ * the automatic choice,
  * common/attn_path.h's zo_attn_auto_path (memplan times the same): the
  * tensor-core kernels where they cover the case at head sizes up to 64, or
  * where the GEMM path is not taken; the GEMM path for 16-bit qkv on a
@@ -86,8 +89,9 @@ static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_
         if (v && !strcmp(v, "gemm")) p = CUDA_ATTN_GEMM;
         else if (v && !strcmp(v, "flash")) p = CUDA_ATTN_FLASH;
         else if (v && !strcmp(v, "tc")) p = CUDA_ATTN_TC;
+        else if (v && !strcmp(v, "mma")) p = CUDA_ATTN_MMA;
         else if (v && *v && strcmp(v, "auto"))
-            return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION=%s: expected gemm, flash, tc or auto", v);
+            return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION=%s: expected gemm, flash, tc, mma or auto", v);
     }
     const int b16 = qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16;
     const int aligned = (uintptr_t)qkv.data % 16 == 0;
@@ -95,7 +99,11 @@ static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_
         *path = CUDA_ATTN_TC;
         return ZO_OK;
     }
-    if (p == CUDA_ATTN_AUTO || p == CUDA_ATTN_TC) {
+    if (p == CUDA_ATTN_MMA && aligned && cuda_attn_mma_covers(d, qkv.dtype)) {
+        *path = CUDA_ATTN_MMA;
+        return ZO_OK;
+    }
+    if (p == CUDA_ATTN_AUTO || p == CUDA_ATTN_TC || p == CUDA_ATTN_MMA) {
         static const int of[] = {[ZO_ATTN_FLASH] = CUDA_ATTN_FLASH, [ZO_ATTN_GEMM] = CUDA_ATTN_GEMM,
                                  [ZO_ATTN_TC] = CUDA_ATTN_TC};
         *path = of[zo_attn_auto_path(b16, aligned, d->d, d->window, d->softcap, d->alibi, d->t, e->lt != NULL)];
@@ -117,6 +125,8 @@ static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_arg
     int path = 0;
     zo_status st = attention_path(e, &a->d.attn, a->t[1], &path);
     if (st != ZO_OK) return st;
+    if (path == CUDA_ATTN_MMA)
+        return cuda_launch_attention_mma_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->t[1]);
     if (path == CUDA_ATTN_TC) return cuda_launch_attention_tc_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->t[1]);
     if (path == CUDA_ATTN_GEMM) {
         cuda_gemm_env g = gemm_env(e);
@@ -130,6 +140,9 @@ static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_ar
     int path = 0;
     zo_status st = attention_path(e, &a->d.attn, a->t[2], &path);
     if (st != ZO_OK) return st;
+    if (path == CUDA_ATTN_MMA)
+        return cuda_launch_attention_mma_backward(e->stream, e->pool, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],
+                                                  a->p[0]);
     if (path == CUDA_ATTN_TC)
         return cuda_launch_attention_tc_backward(e->stream, e->pool, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],
                                                  a->p[0]);

@@ -30,13 +30,15 @@ typedef struct cuda_exec {
 /* Which attention runs gpu_attention_forward / _backward with 16-bit qkv:
  * the GEMM path (attention_gemm.cu), the flash kernel (attention.cu) or the
  * fused tensor-core kernels (attention_tc.cu, for the cases
- * cuda_attn_tc_covers; the rest take the automatic choice). AUTO reads
- * ZO_ATTENTION (gemm, flash, tc, or auto / unset): auto takes the
+ * cuda_attn_tc_covers; the rest take the automatic choice) or the
+ * mma.sync kernels (attention_mma.cu, the same cases). AUTO reads
+ * ZO_ATTENTION (gemm,
+ * flash, tc, mma, or auto / unset): auto never takes mma; it takes the
  * tensor-core kernels where they cover the case at head sizes up to 64 or
  * where the GEMM path is not taken, the GEMM path on a device with cuBLASLt
  * from t >= CUDA_ATTN_GEMM_MIN_T, else the flash kernel. fp32 qkv and
  * the cached attention always run the flash kernels. */
-enum cuda_attn_path { CUDA_ATTN_AUTO, CUDA_ATTN_FLASH, CUDA_ATTN_GEMM, CUDA_ATTN_TC };
+enum cuda_attn_path { CUDA_ATTN_AUTO, CUDA_ATTN_FLASH, CUDA_ATTN_GEMM, CUDA_ATTN_TC, CUDA_ATTN_MMA };
 
 typedef zo_status (*cuda_op_fn)(const cuda_exec *e, const gpu_op_args *a);
 

@@ -4,7 +4,7 @@
  * fiber of its own on the calling OS thread (cuda_shim.cc, the runtime).
  *
  * What it gives:
- * - qualifiers: __global__, __device__, __host__ vanish; __forceinline__ is
+ * - qualifiers: __global__, __device__, __host__, __launch_bounds__ vanish; __forceinline__ is
  *   always_inline; __shared__ is a static thread-local (blocks run one after
  *   another, so a static __shared__ array is the running block's shared
  *   memory); dynamic shared memory through ZO_EXTERN_SHARED (kernels.cuh);
@@ -62,6 +62,8 @@ extern "C" {
 #define __device__
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
+/* a hint to nvcc's register allocation; nothing to the host */
+#define __launch_bounds__(...)
 /* Thread-local: each OS thread runs its own launches (fibers share it). */
 #define __shared__ static __thread
 /* The shim's own arithmetic on buffers it sized itself (a wmma fragment's

@@ -1,0 +1,688 @@
+/* Causal self-attention on mma.sync (FlashAttention-2's scheme with the
+ * scores and the softmax in registers) for what cuda_attn_mma_covers
+ * (attention_mma.h: the cases of the tensor-core kernels, attention_tc.cu).
+ * Same contract as attention.cu and attention_tc.cu (gpu/device.h): out,
+ * lse [b, hq, t] (the log-sum-exp of the scaled scores, natural log; a
+ * forward of one path and a backward of another agree), dqkv overwritten.
+ *
+ * Products go through mma_ptx.cuh: mma.m16n8k16 (16-bit operands, fp32
+ * accumulators) on fragments whose per-lane layout the PTX ISA documents,
+ * loaded from shared memory by ldmatrix. One block per MBR query rows of
+ * one head, MW warps of 16 rows; per warp, for the whole key loop:
+ *   Q's fragments (16 x D, A operands, D / 16 k-chunks of 4 registers);
+ *   O (16 x D fp32, D / 8 n-tiles of 4 floats: rows lane / 4 and
+ *   lane / 4 + 8, columns 2 (lane % 4) and the next), the row max m and the
+ *   lane's part of the row sum l (rows lane / 4 and lane / 4 + 8).
+ * Per key tile of MBC keys (K and V through shared memory, the next tile
+ * streaming in by cp.async meanwhile): S = Q K^T in
+ * registers (8 n-tiles of 4 floats), scaled to log2 units; the row max over
+ * the lane's 16 values and its quad (shuffles xor 1, 2); P = 2^(S - m) in
+ * place; O *= 2^(m_old - m_new); P rounded to the qkv type is the A operand
+ * of P V as it lies (the C layout of n-tiles 2c and 2c + 1 is the A layout
+ * of k-chunk c); O += P V with V's fragments from ldmatrix .trans. At the
+ * end the quad sums l, out = O / l, lse = m ln 2 + log l.
+ *
+ * Every sum runs in a fixed order: results do not change from run to run. */
+#include "gpu/cuda/attention_mma.h" /* defines: cuda_attn_mma_covers */
+#include "gpu/cuda/kernels.cuh"     /* defines: tstore, ZO_LAUNCH, WARP, FULL_MASK */
+#include "gpu/cuda/mma_ptx.cuh"     /* defines: mma_m16n8k16, ldmatrix_x4, ldmatrix_x4_trans, mma_pack */
+
+#define MW 4          /* warps per block */
+#define MBR (16 * MW) /* query rows per block */
+#define MBC 64        /* keys per tile */
+
+#define MMA_LOG2E 1.4426950408889634f
+#define MMA_LN2 0.6931471805599453f
+
+/* What the kernel needs of the shape. */
+struct mma_geom {
+    int t, hq, hkv, grp;
+    size_t ld;  /* qkv's row stride, (hq + 2 hkv) d */
+    size_t ldo; /* out's, hq d */
+    float scale;
+};
+
+/* 16 bytes: the unit of the tile copies. */
+struct alignas(16) mma_chunk {
+    unsigned u[4];
+};
+
+/* Rows 0 .. n - 1 (n <= rows) of one head's D columns of a 16-bit
+ * row-major source (stride ld elements) into dst [rows][LD]; rows past n are
+ * zero. D and ld are multiples of 8 (16 bytes). */
+template <typename T, int D, int LD>
+__device__ __forceinline__ void mma_load_tile(T *dst, const T *src, size_t ld, int n, int rows)
+{
+    const int per_row = D / 8;
+    for (int x = threadIdx.x; x < rows * per_row; x += blockDim.x) {
+        const int r = x / per_row, c = x % per_row * 8;
+        mma_chunk v = {{0u, 0u, 0u, 0u}};
+        if (r < n) v = *reinterpret_cast<const mma_chunk *>(src + (size_t)r * ld + c);
+        *reinterpret_cast<mma_chunk *>(dst + (size_t)r * LD + c) = v;
+    }
+}
+
+/* Fragments from a 16-bit row-major tile in shared memory (row stride LD
+ * elements), by one ldmatrix .x4; a lane addresses row lr = lane % 8 of
+ * matrix lm = lane / 8. mma_frag_a: the A operand of rows r0 .. r0 + 15, k-chunk at
+ * column k0 (matrices: rows + 0 / 8 by lm % 2, columns + 0 / 8 by lm / 2).
+ * mma_frag_b: the B operands of two n-tiles, rows n0 .. n0 + 7 and n0 + 8
+ * .. n0 + 15 of a tile stored [n][k] (as K for Q K^T), k-chunk at column k0
+ * (rows + 0 / 8 by lm / 2, columns by lm % 2): f[0..1] the first n-tile,
+ * f[2..3] the second. mma_frag_bt: the same of a tile stored [k][n] (as V
+ * for P V), k-chunk at row k0, n-tiles at columns n0 and n0 + 8, through
+ * .trans (rows + 0 / 8 by lm % 2, columns by lm / 2). */
+template <int LD, typename T>
+__device__ __forceinline__ void mma_frag_a(unsigned f[4], const T *tile, int r0, int k0)
+{
+    const int lane = threadIdx.x % WARP, lr = lane % 8, lm = lane / 8;
+    ldmatrix_x4(f, tile + (size_t)(r0 + lr + 8 * (lm % 2)) * LD + k0 + 8 * (lm / 2));
+}
+
+template <int LD, typename T>
+__device__ __forceinline__ void mma_frag_b(unsigned f[4], const T *tile, int n0, int k0)
+{
+    const int lane = threadIdx.x % WARP, lr = lane % 8, lm = lane / 8;
+    ldmatrix_x4(f, tile + (size_t)(n0 + lr + 8 * (lm / 2)) * LD + k0 + 8 * (lm % 2));
+}
+
+template <int LD, typename T>
+__device__ __forceinline__ void mma_frag_bt(unsigned f[4], const T *tile, int k0, int n0)
+{
+    const int lane = threadIdx.x % WARP, lr = lane % 8, lm = lane / 8;
+    ldmatrix_x4_trans(f, tile + (size_t)(k0 + lr + 8 * (lm % 2)) * LD + n0 + 8 * (lm / 2));
+}
+
+/* The A operand of k-chunk c from the C fragments of n-tiles 2c (c0) and
+ * 2c + 1 (c1) of a 16-row product: the C layout of two adjacent n-tiles is
+ * the A layout of one k-chunk. hi: rounded to T; lo (mma_split_a): the
+ * remainder v - hi rounded to T (hi + lo: about twice T's precision). */
+template <typename T>
+__device__ __forceinline__ void mma_a_from_c(unsigned a[4], const float c0[4], const float c1[4])
+{
+    a[0] = mma_pack<T>(c0[0], c0[1]);
+    a[1] = mma_pack<T>(c0[2], c0[3]);
+    a[2] = mma_pack<T>(c1[0], c1[1]);
+    a[3] = mma_pack<T>(c1[2], c1[3]);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_split_a(unsigned hi[4], unsigned lo[4], const float c0[4], const float c1[4])
+{
+    mma_a_from_c<T>(hi, c0, c1);
+    const float *src[4] = {c0, c0 + 2, c1, c1 + 2};
+    ZO_UNROLL
+    for (int r = 0; r < 4; r++) {
+        float x, y;
+        mma_unpack<T>(hi[r], &x, &y);
+        lo[r] = mma_pack<T>(src[r][0] - x, src[r][1] - y);
+    }
+}
+
+/* mma_load_tile through cp.async (mma_ptx.cuh): the rows past n are zeroed
+ * by plain stores, the others copied in the thread's current group; the
+ * caller commits, waits and synchronizes before reading. */
+template <typename T, int D, int LD>
+__device__ __forceinline__ void mma_load_tile_async(T *dst, const T *src, size_t ld, int n, int rows)
+{
+    const int per_row = D / 8;
+    for (int x = threadIdx.x; x < rows * per_row; x += blockDim.x) {
+        const int r = x / per_row, c = x % per_row * 8;
+        if (r < n) {
+            cp_async16(dst + (size_t)r * LD + c, src + (size_t)r * ld + c);
+        } else {
+            const mma_chunk z = {{0u, 0u, 0u, 0u}};
+            *reinterpret_cast<mma_chunk *>(dst + (size_t)r * LD + c) = z;
+        }
+    }
+}
+
+/* Dynamic shared memory: two buffers of Ks, Vs [MBC][D+8] (Q staged in the
+ * second's Ks first): tile j + 1 streams in by cp.async while tile j is
+ * computed. The 8 elements of padding put the 8 rows an ldmatrix reads in
+ * distinct banks. */
+template <typename T, int D>
+__global__ void __launch_bounds__(MW * WARP)
+    attention_mma_forward_kernel(gpu_tensor out, float *lse, const T *qkv, mma_geom G)
+{
+    static_assert(MBR == MBC, "Q is staged in K's tile");
+    static_assert(D % 16 == 0, "k-chunks of 16");
+    constexpr int LDT = D + 8;
+    ZO_EXTERN_SHARED(float, smem);
+    T *const buf = reinterpret_cast<T *>(smem); /* buffer u: K at buf + 2 u MBC LDT, V after it */
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int quad_row = lane / 4, quad_col = 2 * (lane % 4); /* the lane's place in a C fragment */
+    /* the row blocks in z, the slowest index, from the last (the longest) of
+     * every head and sequence down */
+    const int i0 = (gridDim.z - 1 - blockIdx.z) * MBR, h = blockIdx.x, b = blockIdx.y, g = h / G.grp;
+    const int n_rows = min(MBR, G.t - i0);
+    const T *base = qkv + (size_t)b * G.t * G.ld;
+
+    /* Q: staged in buffer 1's K while tile 0 streams into buffer 0, kept in
+     * A fragments (the warp's 16 rows, k-chunks of 16) */
+    const T *kb = base + (size_t)(G.hq + g) * D, *vb = base + (size_t)(G.hq + G.hkv + g) * D;
+    mma_load_tile_async<T, D, LDT>(buf, kb, G.ld, min(MBC, G.t), MBC);
+    mma_load_tile_async<T, D, LDT>(buf + MBC * LDT, vb, G.ld, min(MBC, G.t), MBC);
+    cp_async_commit();
+    mma_load_tile<T, D, LDT>(buf + 2 * MBC * LDT, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n_rows, MBR);
+    __syncthreads();
+    unsigned qf[D / 16][4];
+    ZO_UNROLL
+    for (int k = 0; k < D / 16; k++) mma_frag_a<LDT>(qf[k], buf + 2 * MBC * LDT, w * 16, k * 16);
+
+    float o[D / 8][4];
+    ZO_UNROLL
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const float sl2 = G.scale * MMA_LOG2E;
+    /* the lane's rows; a row past t masks as the last row does (its results are dropped) */
+    const int r0 = i0 + w * 16 + quad_row;
+    const int row[2] = {min(r0, G.t - 1), min(r0 + 8, G.t - 1)};
+    const int last = i0 + n_rows - 1;
+    for (int j0 = 0, u = 0; j0 <= last; j0 += MBC, u ^= 1) {
+        /* tile j0 in buffer u: this thread's copies done, then everyone's;
+         * the barrier also says every warp is done with buffer u ^ 1 (the
+         * last tile, or Q), which tile j0 + MBC then streams into */
+        cp_async_wait_all();
+        __syncthreads();
+        if (j0 + MBC <= last) {
+            T *next = buf + (size_t)(u ^ 1) * 2 * MBC * LDT;
+            const int n_next = min(MBC, G.t - j0 - MBC);
+            mma_load_tile_async<T, D, LDT>(next, kb + (size_t)(j0 + MBC) * G.ld, G.ld, n_next, MBC);
+            mma_load_tile_async<T, D, LDT>(next + MBC * LDT, vb + (size_t)(j0 + MBC) * G.ld, G.ld, n_next, MBC);
+            cp_async_commit();
+        }
+        const T *Ks = buf + (size_t)u * 2 * MBC * LDT, *Vs = Ks + MBC * LDT;
+
+        /* S = Q K^T: n-tiles 2p and 2p + 1 (keys 16p ..) of k-chunk k from one ldmatrix */
+        float s[MBC / 8][4];
+        ZO_UNROLL
+        for (int n = 0; n < MBC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        ZO_UNROLL
+        for (int k = 0; k < D / 16; k++) {
+            ZO_UNROLL
+            for (int p = 0; p < MBC / 16; p++) {
+                unsigned kf[4];
+                mma_frag_b<LDT>(kf, Ks, p * 16, k * 16);
+                mma_m16n8k16<T>(s[2 * p], qf[k], kf, s[2 * p]);
+                mma_m16n8k16<T>(s[2 * p + 1], qf[k], kf + 2, s[2 * p + 1]);
+            }
+        }
+
+        /* the online softmax in log2 units: the causal mask only where a key
+         * of the tile lies past a row of the warp (keys past t lie past every
+         * row); every row sees key j0 (j0 <= i0 <= its row): m is finite */
+        const bool edge = j0 + MBC - 1 > i0 + w * 16;
+        float mx[2] = {m[0], m[1]};
+        ZO_UNROLL
+        for (int n = 0; n < MBC / 8; n++) {
+            ZO_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + n * 8 + quad_col + e % 2;
+                const float v = edge && j > row[e / 2] ? -INFINITY : s[n][e] * sl2;
+                s[n][e] = v;
+                mx[e / 2] = fmaxf(mx[e / 2], v);
+            }
+        }
+        float alpha[2], sum[2] = {0.0f, 0.0f};
+        ZO_UNROLL
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
+            alpha[r] = exp2f(m[r] - mx[r]);
+            m[r] = mx[r];
+        }
+        ZO_UNROLL
+        for (int n = 0; n < MBC / 8; n++) {
+            ZO_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const float p = exp2f(s[n][e] - m[e / 2]);
+                s[n][e] = p;
+                sum[e / 2] += p;
+            }
+        }
+        ZO_UNROLL
+        for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
+        ZO_UNROLL
+        for (int n = 0; n < D / 8; n++) {
+            o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+        }
+
+        /* O += P V: k-chunk c of P is n-tiles 2c, 2c + 1 of S; V's n-tiles
+         * 2p, 2p + 1 (dims 16p ..) from one ldmatrix .trans */
+        ZO_UNROLL
+        for (int c = 0; c < MBC / 16; c++) {
+            unsigned pf[4];
+            mma_a_from_c<T>(pf, s[2 * c], s[2 * c + 1]);
+            ZO_UNROLL
+            for (int p = 0; p < D / 16; p++) {
+                unsigned vf[4];
+                mma_frag_bt<LDT>(vf, Vs, c * 16, p * 16);
+                mma_m16n8k16<T>(o[2 * p], pf, vf, o[2 * p]);
+                mma_m16n8k16<T>(o[2 * p + 1], pf, vf + 2, o[2 * p + 1]);
+            }
+        }
+    }
+
+    /* out = O / l, lse = m ln 2 + log l: the quad's sums of l, then the lane's rows */
+    ZO_UNROLL
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 2);
+    }
+    ZO_UNROLL
+    for (int r = 0; r < 2; r++) {
+        const int i = r0 + 8 * r;
+        if (i >= G.t) continue;
+        const float inv = 1.0f / l[r];
+        const size_t first = ((size_t)b * G.t + i) * G.ldo + (size_t)h * D + quad_col;
+        ZO_UNROLL
+        for (int n = 0; n < D / 8; n++) {
+            tstore(out, first + n * 8, o[n][2 * r] * inv);
+            tstore(out, first + n * 8 + 1, o[n][2 * r + 1] * inv);
+        }
+        if (lane % 4 == 0) lse[((size_t)b * G.hq + h) * G.t + i] = m[r] * MMA_LN2 + logf(l[r]);
+    }
+}
+
+/* ---- backward ------------------------------------------------------------------
+ * With P = exp(scale Q K^T - lse) (masked), Di = dO_i . O_i (fp32, a pass of
+ * its own), dP = dO V^T and dS = P (dP - D) scale: dV = P^T dO and dK =
+ * dS^T Q per key tile (one block over every query tile from its first key
+ * and every query head of its kv head's group, the warp's 16 keys' dK and dV
+ * in registers, written once); dQ = dS K per query tile (a second kernel
+ * that recomputes S and dP, dQ in registers). The products' operands come
+ * from shared memory by ldmatrix, the scores (S^T, dP^T in the first; S, dP
+ * in the second) stay in registers and enter the next products as A
+ * operands as they lie. As attention_tc.cu, P and dS enter them as a high
+ * and a low 16-bit part, and so does an fp32 dO. No atomics: every output
+ * element has one writer, every sum a fixed order. */
+
+/* D [b, hq, t] = rowsum(dO * O), one warp per row, lanes over d in a fixed order. */
+__global__ void attention_mma_dot_kernel(float *Drow, gpu_tensor dout, gpu_tensor out, mma_geom G, int d,
+                                         size_t rows)
+{
+    const int lane = threadIdx.x % WARP;
+    const size_t r = (size_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (r >= rows) return; /* uniform over the warp */
+    const int i = (int)(r % G.t), h = (int)(r / G.t % G.hq);
+    const size_t b = r / G.t / G.hq;
+    const size_t o = (b * G.t + i) * G.ldo + (size_t)h * d;
+    float acc = 0.0f;
+    for (int c = lane; c < d; c += WARP) acc += tload(dout, o + c) * tload(out, o + c);
+    for (int m = WARP / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, m);
+    if (lane == 0) Drow[r] = acc;
+}
+
+/* The backward kernels' dynamic shared memory: L, Dd [MBR] fp32 (the query
+ * rows' lse and D), K, V [MBC][D+8], Q, dOh, dOl [MBR][D+8] (dOl with an
+ * fp32 dO, else null). */
+template <typename T>
+struct mma_bwd_smem {
+    float *L, *Dd;
+    T *K, *V, *Q, *dOh, *dOl;
+};
+
+template <typename T, int D>
+__device__ __forceinline__ mma_bwd_smem<T> mma_bwd_carve(int split_do)
+{
+    constexpr int LDT = D + 8;
+    ZO_EXTERN_SHARED(float, smem);
+    float *L = smem, *Dd = L + MBR;
+    T *K = reinterpret_cast<T *>(Dd + MBR), *V = K + MBC * LDT, *Q = V + MBC * LDT, *dOh = Q + MBR * LDT;
+    return {L, Dd, K, V, Q, dOh, split_do ? dOh + MBR * LDT : nullptr};
+}
+
+/* Query rows i0 .. i0 + n - 1 of head h of batch b (base: the batch's qkv
+ * rows) into sm.Q; dO's rows into sm.dOh and, with sm.dOl, the remainder
+ * dO - dOh into sm.dOl; their lse and D into sm.L, sm.Dd; rows past n zero. */
+template <typename T, int D>
+__device__ __forceinline__ void mma_load_queries(const mma_bwd_smem<T> &sm, const T *base, gpu_tensor dout,
+                                                 const float *lse, const float *Drow, const mma_geom &G, int b, int h,
+                                                 int i0, int n)
+{
+    constexpr int LDT = D + 8;
+    mma_load_tile<T, D, LDT>(sm.Q, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n, MBR);
+    const size_t first = ((size_t)b * G.t + i0) * G.ldo + (size_t)h * D;
+    for (int x = threadIdx.x; x < MBR * D / 2; x += blockDim.x) {
+        const int r = x / (D / 2), c = x % (D / 2) * 2;
+        const float v0 = r < n ? tload(dout, first + (size_t)r * G.ldo + c) : 0.0f;
+        const float v1 = r < n ? tload(dout, first + (size_t)r * G.ldo + c + 1) : 0.0f;
+        const unsigned hi = mma_pack<T>(v0, v1);
+        *reinterpret_cast<unsigned *>(sm.dOh + (size_t)r * LDT + c) = hi;
+        if (sm.dOl) {
+            float x0, x1;
+            mma_unpack<T>(hi, &x0, &x1);
+            *reinterpret_cast<unsigned *>(sm.dOl + (size_t)r * LDT + c) = mma_pack<T>(v0 - x0, v1 - x1);
+        }
+    }
+    for (int x = threadIdx.x; x < MBR; x += blockDim.x) {
+        const size_t l = ((size_t)b * G.hq + h) * G.t + i0 + x;
+        sm.L[x] = x < n ? lse[l] : 0.0f;
+        sm.Dd[x] = x < n ? Drow[l] : 0.0f;
+    }
+}
+
+/* c[MBC / 8] (16 rows x 64 columns, fp32) += A B^T over D: A the tile
+ * `a`'s rows r0 .. r0 + 15, B the tile `b`'s 64 rows (both [rows][D+8]). */
+template <typename T, int D>
+__device__ __forceinline__ void mma_abt64(float (*c)[4], const T *a, int r0, const T *b)
+{
+    constexpr int LDT = D + 8;
+    ZO_UNROLL
+    for (int k = 0; k < D / 16; k++) {
+        unsigned af[4];
+        mma_frag_a<LDT>(af, a, r0, k * 16);
+        ZO_UNROLL
+        for (int p = 0; p < MBC / 16; p++) {
+            unsigned bf[4];
+            mma_frag_b<LDT>(bf, b, p * 16, k * 16);
+            mma_m16n8k16<T>(c[2 * p], af, bf, c[2 * p]);
+            mma_m16n8k16<T>(c[2 * p + 1], af, bf + 2, c[2 * p + 1]);
+        }
+    }
+}
+
+/* acc[D / 8] (16 rows x D, fp32) += X B with X (16 x 64) the C fragments
+ * x[MBC / 8] as two 16-bit parts (hi + lo) and B the tile `b` [64][D+8]
+ * (stored [k][n]); with b2, also += hi(X) b2. */
+template <typename T, int D>
+__device__ __forceinline__ void mma_xb64(float (*acc)[4], const float (*x)[4], const T *b, const T *b2)
+{
+    constexpr int LDT = D + 8;
+    ZO_UNROLL
+    for (int c = 0; c < MBC / 16; c++) {
+        unsigned hi[4], lo[4];
+        mma_split_a<T>(hi, lo, x[2 * c], x[2 * c + 1]);
+        ZO_UNROLL
+        for (int p = 0; p < D / 16; p++) {
+            unsigned bf[4];
+            mma_frag_bt<LDT>(bf, b, c * 16, p * 16);
+            mma_m16n8k16<T>(acc[2 * p], hi, bf, acc[2 * p]);
+            mma_m16n8k16<T>(acc[2 * p + 1], hi, bf + 2, acc[2 * p + 1]);
+            mma_m16n8k16<T>(acc[2 * p], lo, bf, acc[2 * p]);
+            mma_m16n8k16<T>(acc[2 * p + 1], lo, bf + 2, acc[2 * p + 1]);
+            if (b2) {
+                mma_frag_bt<LDT>(bf, b2, c * 16, p * 16);
+                mma_m16n8k16<T>(acc[2 * p], hi, bf, acc[2 * p]);
+                mma_m16n8k16<T>(acc[2 * p + 1], hi, bf + 2, acc[2 * p + 1]);
+            }
+        }
+    }
+}
+
+/* Rows `row[r]` (< t; r = 0, 1: the lane's rows lane / 4 and lane / 4 + 8)
+ * of acc (16 x D fp32 C fragments) into dst at first + row * ld. */
+template <int D>
+__device__ __forceinline__ void mma_store_rows(gpu_tensor dst, size_t first, size_t ld, const int row[2], int t,
+                                               const float (*acc)[4])
+{
+    const int quad_col = 2 * (threadIdx.x % WARP % 4);
+    ZO_UNROLL
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= t) continue;
+        const size_t o = first + (size_t)row[r] * ld + quad_col;
+        ZO_UNROLL
+        for (int n = 0; n < D / 8; n++) {
+            tstore(dst, o + n * 8, acc[n][2 * r]);
+            tstore(dst, o + n * 8 + 1, acc[n][2 * r + 1]);
+        }
+    }
+}
+
+/* dK, dV of MBC keys of one kv head; each warp 16 keys. */
+template <typename T, int D>
+__global__ void __launch_bounds__(MW * WARP)
+    attention_mma_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, const T *qkv, const float *lse,
+                                      const float *Drow, mma_geom G, int split_do)
+{
+    constexpr int LDT = D + 8;
+    const mma_bwd_smem<T> sm = mma_bwd_carve<T, D>(split_do);
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
+    const int j0 = blockIdx.z * MBC, g = blockIdx.x, b = blockIdx.y; /* the first keys (the longest) first */
+    const int n_keys = min(MBC, G.t - j0);
+    const T *base = qkv + (size_t)b * G.t * G.ld;
+    mma_load_tile<T, D, LDT>(sm.K, base + (size_t)j0 * G.ld + (size_t)(G.hq + g) * D, G.ld, n_keys, MBC);
+    mma_load_tile<T, D, LDT>(sm.V, base + (size_t)j0 * G.ld + (size_t)(G.hq + G.hkv + g) * D, G.ld, n_keys, MBC);
+
+    float dk[D / 8][4], dv[D / 8][4];
+    ZO_UNROLL
+    for (int n = 0; n < D / 8; n++) {
+        ZO_UNROLL
+        for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
+    }
+    const int key[2] = {j0 + w * 16 + quad_row, j0 + w * 16 + quad_row + 8}; /* the lane's keys */
+    for (int h = g * G.grp; h < (g + 1) * G.grp; h++)
+        for (int i0 = j0 / MBR * MBR; i0 < G.t; i0 += MBR) {
+            __syncthreads(); /* the last tile's reads are done (and K's, V's loads) */
+            mma_load_queries<T, D>(sm, base, dout, lse, Drow, G, b, h, i0, min(MBR, G.t - i0));
+            __syncthreads();
+            /* S^T = K Q^T: the warp's keys x the tile's queries; P^T */
+            float s[MBC / 8][4];
+            ZO_UNROLL
+            for (int n = 0; n < MBC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            mma_abt64<T, D>(s, sm.K, w * 16, sm.Q);
+            ZO_UNROLL
+            for (int n = 0; n < MBC / 8; n++) {
+                ZO_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int c = n * 8 + quad_col + e % 2, i = i0 + c;
+                    s[n][e] = i < G.t && key[e / 2] <= i ? expf(s[n][e] * G.scale - sm.L[c]) : 0.0f;
+                }
+            }
+            /* dV += P^T dO */
+            mma_xb64<T, D>(dv, s, sm.dOh, sm.dOl);
+            /* dP^T = V dO^T; dS^T = P^T (dP^T - D) scale */
+            float dp[MBC / 8][4];
+            ZO_UNROLL
+            for (int n = 0; n < MBC / 8; n++) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
+            mma_abt64<T, D>(dp, sm.V, w * 16, sm.dOh);
+            if (sm.dOl) mma_abt64<T, D>(dp, sm.V, w * 16, sm.dOl);
+            ZO_UNROLL
+            for (int n = 0; n < MBC / 8; n++) {
+                ZO_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int c = n * 8 + quad_col + e % 2;
+                    dp[n][e] = s[n][e] * (dp[n][e] - sm.Dd[c]) * G.scale;
+                }
+            }
+            /* dK += dS^T Q */
+            mma_xb64<T, D>(dk, dp, sm.Q, static_cast<const T *>(nullptr));
+        }
+    const size_t first = (size_t)b * G.t * G.ld;
+    mma_store_rows<D>(dqkv, first + (size_t)(G.hq + g) * D, G.ld, key, G.t, dk);
+    mma_store_rows<D>(dqkv, first + (size_t)(G.hq + G.hkv + g) * D, G.ld, key, G.t, dv);
+}
+
+/* dQ of MBR query rows of one head; each warp 16 rows. */
+template <typename T, int D>
+__global__ void __launch_bounds__(MW * WARP)
+    attention_mma_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, const T *qkv, const float *lse,
+                                     const float *Drow, mma_geom G, int split_do)
+{
+    constexpr int LDT = D + 8;
+    const mma_bwd_smem<T> sm = mma_bwd_carve<T, D>(split_do);
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
+    const int i0 = (gridDim.z - 1 - blockIdx.z) * MBR, h = blockIdx.x, b = blockIdx.y, g = h / G.grp;
+    const int n_rows = min(MBR, G.t - i0);
+    const T *base = qkv + (size_t)b * G.t * G.ld;
+    mma_load_queries<T, D>(sm, base, dout, lse, Drow, G, b, h, i0, n_rows);
+
+    float dq[D / 8][4];
+    ZO_UNROLL
+    for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    const int rr[2] = {w * 16 + quad_row, w * 16 + quad_row + 8}; /* the lane's rows in the tile */
+    const int row[2] = {i0 + rr[0], i0 + rr[1]};
+    const int last = i0 + n_rows - 1;
+    for (int j0 = 0; j0 <= last; j0 += MBC) {
+        __syncthreads(); /* the last tile's reads are done (and the setup above) */
+        const int n_keys = min(MBC, G.t - j0);
+        mma_load_tile<T, D, LDT>(sm.K, base + (size_t)j0 * G.ld + (size_t)(G.hq + g) * D, G.ld, n_keys, MBC);
+        mma_load_tile<T, D, LDT>(sm.V, base + (size_t)j0 * G.ld + (size_t)(G.hq + G.hkv + g) * D, G.ld, n_keys,
+                                 MBC);
+        __syncthreads();
+        /* S = Q K^T, P; dP = dO V^T; dS = P (dP - D) scale */
+        float s[MBC / 8][4], dp[MBC / 8][4];
+        ZO_UNROLL
+        for (int n = 0; n < MBC / 8; n++) {
+            ZO_UNROLL
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+        }
+        mma_abt64<T, D>(s, sm.Q, w * 16, sm.K);
+        mma_abt64<T, D>(dp, sm.dOh, w * 16, sm.V);
+        if (sm.dOl) mma_abt64<T, D>(dp, sm.dOl, w * 16, sm.V);
+        ZO_UNROLL
+        for (int n = 0; n < MBC / 8; n++) {
+            ZO_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + n * 8 + quad_col + e % 2, r = e / 2;
+                const float p =
+                    row[r] < G.t && j <= row[r] ? expf(s[n][e] * G.scale - sm.L[rr[r]]) : 0.0f;
+                dp[n][e] = p * (dp[n][e] - sm.Dd[rr[r]]) * G.scale;
+            }
+        }
+        /* dQ += dS K */
+        mma_xb64<T, D>(dq, dp, sm.K, static_cast<const T *>(nullptr));
+    }
+    mma_store_rows<D>(dqkv, (size_t)b * G.t * G.ld + (size_t)h * D, G.ld, row, G.t, dq);
+}
+
+/* ---- launchers ---------------------------------------------------------------- */
+
+static mma_geom mma_make_geom(const gpu_attn_desc *a)
+{
+    mma_geom G;
+    G.t = a->t;
+    G.hq = a->hq;
+    G.hkv = a->hkv;
+    G.grp = a->hq / a->hkv;
+    G.ld = (size_t)(a->hq + 2 * a->hkv) * a->d;
+    G.ldo = (size_t)a->hq * a->d;
+    G.scale = gpu_attn_scale(a);
+    return G;
+}
+
+/* Past 48 KiB of dynamic shared memory a kernel must opt in. */
+template <typename K>
+static zo_status mma_allow_smem(K *kernel, size_t bytes, const char *name)
+{
+    if (bytes <= 48u * 1024u) return ZO_OK;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess) return ZO_OK;
+    (void)cudaGetLastError(); /* left behind, it would fail the next launch check */
+    return zo_error(ZO_ERR_DEVICE, "cudaFuncSetAttribute(%s, %zu bytes of shared memory): %s", name, bytes,
+                    cudaGetErrorString(e));
+}
+
+template <typename T, int D>
+static zo_status mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv)
+{
+    /* two buffers of 2 MBC (D + 8) 16-bit elements: 68 KiB at D 128, 36 KiB
+     * at D 64 */
+    const size_t smem = 4 * (size_t)MBC * (D + 8) * sizeof(T);
+    zo_status s = mma_allow_smem(attention_mma_forward_kernel<T, D>, smem, "attention_mma_forward_kernel");
+    if (s != ZO_OK) return s;
+    dim3 grid(a->hq, a->b, (a->t + MBR - 1) / MBR);
+    auto *attention_mma_forward = attention_mma_forward_kernel<T, D>; /* one macro argument */
+    ZO_LAUNCH(attention_mma_forward, grid, MW * WARP, smem, st, out, lse, static_cast<const T *>(qkv.data),
+              mma_make_geom(a));
+    return cuda_launch_check("attention_mma_forward_kernel");
+}
+
+template <typename T>
+static zo_status mma_forward_t(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv)
+{
+    switch (a->d) {
+    case 64: return mma_forward<T, 64>(st, a, out, lse, qkv);
+    case 80: return mma_forward<T, 80>(st, a, out, lse, qkv);
+    case 96: return mma_forward<T, 96>(st, a, out, lse, qkv);
+    default: return mma_forward<T, 128>(st, a, out, lse, qkv);
+    }
+}
+
+static zo_status mma_check(const char *op, const gpu_attn_desc *a, gpu_tensor qkv)
+{
+    if ((uintptr_t)qkv.data % 16 != 0)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, mma.sync): qkv not 16-byte aligned", op);
+    if (!cuda_attn_mma_covers(a, qkv.dtype))
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, mma.sync): d %d, %s qkv, window %d, softcap %g, alibi %g", op,
+                        a->d, zo_dtype_name(qkv.dtype), a->window, (double)a->softcap, (double)a->alibi);
+    if (a->b > 65535 || (a->t + MBR - 1) / MBR > 65535)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, mma.sync): batch %d or %d-row blocks %d > 65535", op, a->b,
+                        MBR, (a->t + MBR - 1) / MBR);
+    return ZO_OK;
+}
+
+extern "C" zo_status cuda_launch_attention_mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
+                                                       float *lse, gpu_tensor qkv)
+{
+    zo_status s = mma_check("gpu_attention_forward", a, qkv);
+    if (s != ZO_OK) return s;
+    if (a->t <= 0 || a->b <= 0) return ZO_OK;
+    if (qkv.dtype == ZO_DTYPE_BF16) return mma_forward_t<__nv_bfloat16>(st, a, out, lse, qkv);
+    return mma_forward_t<__half>(st, a, out, lse, qkv);
+}
+
+template <typename T, int D>
+static zo_status mma_backward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor dout,
+                              gpu_tensor qkv, const float *Drow, const float *lse)
+{
+    /* dO in two parts when it is not in qkv's type (the transformer's fp32 gradient) */
+    const int split_do = dout.dtype != qkv.dtype;
+    const size_t smem =
+        2 * (size_t)MBR * 4 + (size_t)(2 * MBC + (split_do ? 3 : 2) * MBR) * (D + 8) * sizeof(T);
+    zo_status s =
+        mma_allow_smem(attention_mma_backward_dkv_kernel<T, D>, smem, "attention_mma_backward_dkv_kernel");
+    if (s == ZO_OK)
+        s = mma_allow_smem(attention_mma_backward_dq_kernel<T, D>, smem, "attention_mma_backward_dq_kernel");
+    if (s != ZO_OK) return s;
+    const mma_geom G = mma_make_geom(a);
+    const T *q = static_cast<const T *>(qkv.data);
+    dim3 grid_kv(a->hkv, a->b, (a->t + MBC - 1) / MBC);
+    auto *attention_mma_backward_dkv = attention_mma_backward_dkv_kernel<T, D>; /* one macro argument */
+    auto *attention_mma_backward_dq = attention_mma_backward_dq_kernel<T, D>;
+    ZO_LAUNCH(attention_mma_backward_dkv, grid_kv, MW * WARP, smem, st, dqkv, dout, q, lse, Drow, G, split_do);
+    if ((s = cuda_launch_check("attention_mma_backward_dkv_kernel")) != ZO_OK) return s;
+    dim3 grid_q(a->hq, a->b, (a->t + MBR - 1) / MBR);
+    ZO_LAUNCH(attention_mma_backward_dq, grid_q, MW * WARP, smem, st, dqkv, dout, q, lse, Drow, G, split_do);
+    return cuda_launch_check("attention_mma_backward_dq_kernel");
+}
+
+template <typename T>
+static zo_status mma_backward_t(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor dout,
+                                gpu_tensor qkv, const float *Drow, const float *lse)
+{
+    switch (a->d) {
+    case 64: return mma_backward<T, 64>(st, a, dqkv, dout, qkv, Drow, lse);
+    case 80: return mma_backward<T, 80>(st, a, dqkv, dout, qkv, Drow, lse);
+    case 96: return mma_backward<T, 96>(st, a, dqkv, dout, qkv, Drow, lse);
+    default: return mma_backward<T, 128>(st, a, dqkv, dout, qkv, Drow, lse);
+    }
+}
+
+extern "C" zo_status cuda_launch_attention_mma_backward(cudaStream_t st, cudaMemPool_t pool, const gpu_attn_desc *a,
+                                                        gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
+                                                        gpu_tensor out, const float *lse)
+{
+    zo_status s = mma_check("gpu_attention_backward", a, qkv);
+    if (s != ZO_OK) return s;
+    if (a->t <= 0 || a->b <= 0) return ZO_OK;
+    /* D = rowsum(dO * O): fp32 scratch [b, hq, t] from the pool, stream-ordered */
+    const size_t rows = (size_t)a->b * a->hq * a->t;
+    void *Drow = NULL;
+    s = cuda_status(cudaMallocFromPoolAsync(&Drow, rows * sizeof(float), pool, st),
+                    "cudaMallocFromPoolAsync (attention scratch)");
+    if (s != ZO_OK) return s;
+    ZO_LAUNCH(attention_mma_dot_kernel, (unsigned)((rows + 7) / 8), 8 * WARP, 0, st, (float *)Drow, dout, out,
+              mma_make_geom(a), a->d, rows);
+    s = cuda_launch_check("attention_mma_dot_kernel");
+    if (s == ZO_OK) {
+        if (qkv.dtype == ZO_DTYPE_BF16) s = mma_backward_t<__nv_bfloat16>(st, a, dqkv, dout, qkv, (float *)Drow, lse);
+        else s = mma_backward_t<__half>(st, a, dqkv, dout, qkv, (float *)Drow, lse);
+    }
+    zo_status f = cuda_status(cudaFreeAsync(Drow, st), "cudaFreeAsync (attention scratch)");
+    return s != ZO_OK ? s : f;
+}

@@ -1,0 +1,33 @@
+/* Private to the CUDA backend: attention on mma.sync with the scores and
+ * the softmax in registers (attention_mma.cu), the ops of attention.cu
+ * (gpu/device.h) for what cuda_attn_mma_covers: the cases of the
+ * tensor-core kernels (cuda_attn_tc_covers: 16-bit qkv, head sizes 64, 80,
+ * 96 and 128, no sliding window that masks anything, no soft cap or ALiBi;
+ * any scale, GQA). lse as the other paths save it, so a forward of one and
+ * a backward of another agree; dout and dqkv of the backward may be fp32
+ * or the type of qkv. ops_cuda.c takes them where ZO_ATTENTION=mma. */
+#ifndef ZO_GPU_CUDA_ATTENTION_MMA_H
+#define ZO_GPU_CUDA_ATTENTION_MMA_H
+
+#include "gpu/cuda/attention_tc.h" /* defines: cuda_attn_tc_covers */
+#include "gpu/cuda/cuda_impl.h"    /* defines: cudaStream_t, gpu_tensor, gpu_attn_desc */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+static inline int cuda_attn_mma_covers(const gpu_attn_desc *a, zo_dtype qkv) { return cuda_attn_tc_covers(a, qkv); }
+
+zo_status cuda_launch_attention_mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse,
+                                            gpu_tensor qkv);
+
+/* scratch: b * hq * t floats from pool, stream-ordered */
+zo_status cuda_launch_attention_mma_backward(cudaStream_t st, cudaMemPool_t pool, const gpu_attn_desc *a,
+                                             gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
+                                             const float *lse);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
