@@ -501,7 +501,35 @@ step_test() {
       row test "$name" FAIL "${status:-?} ($secs): ${reason:-see test.log}" "passes on the GPU"; bad=1
     fi
   done
+  ops_attention_paths || bad=1
   tf32_model_row
+  return $bad
+}
+
+# test_ops' attention again with the kernels the automatic choice does not
+# take yet forced (ZO_ATTENTION=mma, then tc; the shapes they do not cover
+# fall back to it), the CUDA backend against the double loops: a row each
+# from its `backend cuda N runs, M failed` line. ZO_OPS_FILTER (default
+# attention) narrows the ops. Returns 1 when one failed.
+ops_attention_paths() {
+  local p from l n f bad=0 log=$RES/test.log
+  for p in mma tc; do
+    from=$(($(stat -c %s "$log" 2>/dev/null || echo 0) + 1))
+    run_step test 150 env ZO_ATTENTION=$p ZO_OPS_FILTER="${ZO_OPS_FILTER:-attention}" ZO_OPS_BACKENDS=cpu,cuda \
+      "$B/gpu/test_ops"
+    l=$(tail -c +"$from" "$log" | awk '$1 == "backend" && $2 == "cuda"' | tail -1)
+    n=$(echo "$l" | awk '{print $3}')
+    f=$(echo "$l" | awk '{print $5}')
+    if [ -z "$l" ]; then
+      row test "test_ops attention, ZO_ATTENTION=$p" FAIL "no 'backend cuda ... runs' line (test.log)" "backend cuda N runs, 0 failed"
+      bad=1
+    elif [ "${n:-0}" -gt 0 ] && [ "$f" = 0 ]; then
+      row test "test_ops attention, ZO_ATTENTION=$p" ok "backend cuda $n runs, 0 failed"
+    else
+      row test "test_ops attention, ZO_ATTENTION=$p" FAIL "backend cuda $n runs, $f failed (test.log)" "backend cuda N runs, 0 failed"
+      bad=1
+    fi
+  done
   return $bad
 }
 

@@ -120,7 +120,12 @@ want build "build 8 targets, -j$(nproc)" ok "zo_cuda test_gpu_parity"
 for t in test_gpu_parity test_gpu_parity_model test_offload_cuda; do
   want test "$t" FAIL "^skipped: "
 done
-[ "$(awk -F'\t' '$1 == "test"' "$rows" | wc -l)" = 6 ] || fail "test rows: $(grep '^test	' "$rows")"
+[ "$(awk -F'\t' '$1 == "test"' "$rows" | wc -l)" = 8 ] || fail "test rows: $(grep '^test	' "$rows")"
+for p in mma tc; do # test_ops with each forced path: no cuda line here
+  want test "test_ops attention, ZO_ATTENTION=$p" FAIL "^no 'backend cuda \.\.\. runs' line"
+done
+grep -q "ZO_ATTENTION=mma ZO_OPS_FILTER=gpu_scale ZO_OPS_BACKENDS=cpu,cuda" "$tmp/out/test.log" ||
+  fail "test.log has no forced mma run of test_ops"
 grep -q "^test	test_comm_nccl	FAIL	" "$rows" || fail "test_comm_nccl: $(grep test_comm_nccl "$rows")"
 want test test_ops FAIL "no 'backend cuda \.\.\. runs' line"
 want test test_cuda_module ok "^passed"
