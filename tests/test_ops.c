@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "common/dtype.h" /* defines: zo_load_f32, zo_store_f32 */
+#include "common/sanitize.h" /* defines: ZO_UNCHECKED */
 #include "gpu/device.h"
 #include "gpu/ops.h"              /* defines: GPU_OP_TABLE, gpu_op_run, gpu_op_infos */
 #include "tests/support/check.h" /* defines: check_close_f64 */
@@ -424,14 +425,13 @@ static size_t gv(const ageom *g, int b, int j, int h)
 static size_t go(const ageom *g, int b, int i, int h) { return ((size_t)b * g->t + i) * g->ldo + (size_t)h * g->d; }
 
 /* The attention references' double loops (O(t^2 d) a case, the most of
- * the test's own time) are left uninstrumented in the sanitizer build: they
- * are the test's, not the code under test, and read only its own arrays. */
-#define REF_UNCHECKED __attribute__((no_sanitize("address", "undefined")))
+ * the test's own time) are ZO_UNCHECKED (common/sanitize.h): they are the
+ * test's, not the code under test, and read only its own arrays. */
 
 /* Scores of query i of head h against the keys it sees (scaled and
  * capped), into s[j]; their derivatives over the scaled score into dc[j]
  * when dc is not NULL. */
-REF_UNCHECKED static void scores(const ageom *g, const double *qkv, int b, int h, int i, double *s, double *dc)
+ZO_UNCHECKED static void scores(const ageom *g, const double *qkv, int b, int h, int i, double *s, double *dc)
 {
     for (int j = first_key(g, i); j <= i; j++) {
         double acc = 0.0;
@@ -441,7 +441,7 @@ REF_UNCHECKED static void scores(const ageom *g, const double *qkv, int b, int h
 }
 
 /* out [b,t,hq*d] and lse [b,hq,t] of qkv: the full causal softmax. */
-REF_UNCHECKED static void attention_forward_d(const gpu_attn_desc *a, const double *qkv, double *out, double *lse)
+ZO_UNCHECKED static void attention_forward_d(const gpu_attn_desc *a, const double *qkv, double *out, double *lse)
 {
     ageom g = geom_of(a);
     double *s = malloc((size_t)g.t * sizeof *s);
@@ -473,7 +473,7 @@ static void ref_attention_forward(const gpu_op_args *a, hostv *h)
  * (the saved out and lse, as the op's contract): dS = P (dO V^T - D) scale
  * (times the cap's derivative when capped),
  * dQ = dS K, dK = dS^T Q, dV = P^T dO; dqkv is overwritten. */
-REF_UNCHECKED static void ref_attention_backward(const gpu_op_args *a, hostv *h)
+ZO_UNCHECKED static void ref_attention_backward(const gpu_op_args *a, hostv *h)
 {
     ageom g = geom_of(&a->d.attn);
     const double *qkv = h->T[2], *dout = h->T[1], *out = h->T[3], *lse = h->P[0];

@@ -54,6 +54,7 @@
 
 extern "C" {
 #include "common/dtype.h" /* defines: zo_f32_to_f16, zo_f16_to_f32, zo_f32_to_bf16, zo_bf16_to_f32 */
+#include "common/sanitize.h" /* defines: ZO_UNCHECKED */
 }
 
 /* ---- qualifiers ----------------------------------------------------------------- */
@@ -67,11 +68,10 @@ extern "C" {
 /* Thread-local: each OS thread runs its own launches (fibers share it). */
 #define __shared__ static __thread
 /* The shim's own arithmetic on buffers it sized itself (a wmma fragment's
- * products, the host GEMM's sums over its copies of the operands): left
- * uninstrumented in the sanitizer build, where it was a third of test_ops'
- * time. What reads or writes a kernel's memory (a fragment's load and
- * store, the GEMM's operands and C) stays checked. */
-#define ZO_SHIM_UNCHECKED __attribute__((no_sanitize("address", "undefined")))
+ * products, the host GEMM's sums over its copies of the operands) is
+ * ZO_UNCHECKED (common/sanitize.h): it was a third of test_ops' time in the
+ * sanitizer build. What reads or writes a kernel's memory (a fragment's
+ * load and store, the GEMM's operands and C) stays checked. */
 
 /* ---- dimensions and the built-in indices ---------------------------------------- */
 

@@ -16,8 +16,8 @@ namespace zo_shim_kernels {
  * each in that order: the compiler's vector lanes are columns, and no sum is
  * reassociated. */
 /* One row of sums: c[j] = sum over p of arow[p] * bt[p * n + j], on the
- * stand-in's own copies (sized by its caller; ZO_SHIM_UNCHECKED). */
-ZO_SHIM_UNCHECKED static void gemm_host_row(const float *arow, const float *bt, int k, int n, float *c)
+ * stand-in's own copies (sized by its caller; ZO_UNCHECKED). */
+ZO_UNCHECKED static void gemm_host_row(const float *arow, const float *bt, int k, int n, float *c)
 {
     for (int j = 0; j < n; j++) c[j] = 0.0f;
     for (int p = 0; p < k; p++) {

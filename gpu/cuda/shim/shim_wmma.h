@@ -36,7 +36,7 @@ static inline float shim_wmma_f(__half v) { return __half2float(v); }
 static inline float shim_wmma_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 template <typename Use, typename T, typename Layout, typename V>
-ZO_SHIM_UNCHECKED inline void fill_fragment(fragment<Use, 16, 16, 16, T, Layout> &f, V v)
+ZO_UNCHECKED inline void fill_fragment(fragment<Use, 16, 16, 16, T, Layout> &f, V v)
 {
     for (int i = 0; i < 256; i++) f.x[i] = v;
 }
@@ -73,9 +73,9 @@ inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, 
 }
 
 /* d = a b + c, d and c may be the same fragment. Fragments only: unchecked
- * (ZO_SHIM_UNCHECKED). */
+ * (ZO_UNCHECKED). */
 template <typename T, typename LA, typename LB>
-ZO_SHIM_UNCHECKED inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, T, LA> &a,
+ZO_UNCHECKED inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, T, LA> &a,
                      const fragment<matrix_b, 16, 16, 16, T, LB> &b,
                      const fragment<accumulator, 16, 16, 16, float> &c)
 {
