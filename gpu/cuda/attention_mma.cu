@@ -23,6 +23,7 @@
  * end the quad sums l, out = O / l, lse = m ln 2 + log l.
  *
  * Every sum runs in a fixed order: results do not change from run to run. */
+#include "gpu/cuda/attention_fused.cuh" /* defines: attn_fused_geom, attn_fused_allow_smem, attn_fused_check, attn_fused_backward */
 #include "gpu/cuda/attention_mma.h" /* defines: cuda_attn_mma_covers */
 #include "gpu/cuda/kernels.cuh"     /* defines: tstore, ZO_LAUNCH, WARP, FULL_MASK */
 #include "gpu/cuda/mma_ptx.cuh"     /* defines: mma_m16n8k16, ldmatrix_x4, ldmatrix_x4_trans, mma_pack */
@@ -34,13 +35,8 @@
 #define MMA_LOG2E 1.4426950408889634f
 #define MMA_LN2 0.6931471805599453f
 
-/* What the kernel needs of the shape. */
-struct mma_geom {
-    int t, hq, hkv, grp;
-    size_t ld;  /* qkv's row stride, (hq + 2 hkv) d */
-    size_t ldo; /* out's, hq d */
-    float scale;
-};
+/* What the kernels need of the shape (attention_fused.cuh). */
+typedef attn_fused_geom mma_geom;
 
 /* 16 bytes: the unit of the tile copies. */
 struct alignas(16) mma_chunk {
@@ -299,21 +295,6 @@ __global__ void __launch_bounds__(MW * WARP)
  * and a low 16-bit part, and so does an fp32 dO. No atomics: every output
  * element has one writer, every sum a fixed order. */
 
-/* D [b, hq, t] = rowsum(dO * O), one warp per row, lanes over d in a fixed order. */
-__global__ void attention_mma_dot_kernel(float *Drow, gpu_tensor dout, gpu_tensor out, mma_geom G, int d,
-                                         size_t rows)
-{
-    const int lane = threadIdx.x % WARP;
-    const size_t r = (size_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    if (r >= rows) return; /* uniform over the warp */
-    const int i = (int)(r % G.t), h = (int)(r / G.t % G.hq);
-    const size_t b = r / G.t / G.hq;
-    const size_t o = (b * G.t + i) * G.ldo + (size_t)h * d;
-    float acc = 0.0f;
-    for (int c = lane; c < d; c += WARP) acc += tload(dout, o + c) * tload(out, o + c);
-    for (int m = WARP / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, m);
-    if (lane == 0) Drow[r] = acc;
-}
 
 /* The backward kernels' dynamic shared memory: L, Dd [MBR] fp32 (the query
  * rows' lse and D), K, V [MBC][D+8], Q, dOh, dOl [MBR][D+8] (dOl with an
@@ -552,30 +533,7 @@ __global__ void __launch_bounds__(MW * WARP)
 
 /* ---- launchers ---------------------------------------------------------------- */
 
-static mma_geom mma_make_geom(const gpu_attn_desc *a)
-{
-    mma_geom G;
-    G.t = a->t;
-    G.hq = a->hq;
-    G.hkv = a->hkv;
-    G.grp = a->hq / a->hkv;
-    G.ld = (size_t)(a->hq + 2 * a->hkv) * a->d;
-    G.ldo = (size_t)a->hq * a->d;
-    G.scale = gpu_attn_scale(a);
-    return G;
-}
 
-/* Past 48 KiB of dynamic shared memory a kernel must opt in. */
-template <typename K>
-static zo_status mma_allow_smem(K *kernel, size_t bytes, const char *name)
-{
-    if (bytes <= 48u * 1024u) return ZO_OK;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e == cudaSuccess) return ZO_OK;
-    (void)cudaGetLastError(); /* left behind, it would fail the next launch check */
-    return zo_error(ZO_ERR_DEVICE, "cudaFuncSetAttribute(%s, %zu bytes of shared memory): %s", name, bytes,
-                    cudaGetErrorString(e));
-}
 
 template <typename T, int D>
 static zo_status mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv)
@@ -583,12 +541,12 @@ static zo_status mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor
     /* two buffers of 2 MBC (D + 8) 16-bit elements: 68 KiB at D 128, 36 KiB
      * at D 64 */
     const size_t smem = 4 * (size_t)MBC * (D + 8) * sizeof(T);
-    zo_status s = mma_allow_smem(attention_mma_forward_kernel<T, D>, smem, "attention_mma_forward_kernel");
+    zo_status s = attn_fused_allow_smem(attention_mma_forward_kernel<T, D>, smem, "attention_mma_forward_kernel");
     if (s != ZO_OK) return s;
     dim3 grid(a->hq, a->b, (a->t + MBR - 1) / MBR);
     auto *attention_mma_forward = attention_mma_forward_kernel<T, D>; /* one macro argument */
     ZO_LAUNCH(attention_mma_forward, grid, MW * WARP, smem, st, out, lse, static_cast<const T *>(qkv.data),
-              mma_make_geom(a));
+              attn_fused_make_geom(a));
     return cuda_launch_check("attention_mma_forward_kernel");
 }
 
@@ -605,15 +563,7 @@ static zo_status mma_forward_t(cudaStream_t st, const gpu_attn_desc *a, gpu_tens
 
 static zo_status mma_check(const char *op, const gpu_attn_desc *a, gpu_tensor qkv)
 {
-    if ((uintptr_t)qkv.data % 16 != 0)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, mma.sync): qkv not 16-byte aligned", op);
-    if (!cuda_attn_mma_covers(a, qkv.dtype))
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, mma.sync): d %d, %s qkv, window %d, softcap %g, alibi %g", op,
-                        a->d, zo_dtype_name(qkv.dtype), a->window, (double)a->softcap, (double)a->alibi);
-    if (a->b > 65535 || (a->t + MBR - 1) / MBR > 65535)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, mma.sync): batch %d or %d-row blocks %d > 65535", op, a->b,
-                        MBR, (a->t + MBR - 1) / MBR);
-    return ZO_OK;
+    return attn_fused_check(op, "mma.sync", a, qkv, cuda_attn_mma_covers(a, qkv.dtype), MBR);
 }
 
 extern "C" zo_status cuda_launch_attention_mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
@@ -635,11 +585,11 @@ static zo_status mma_backward(cudaStream_t st, const gpu_attn_desc *a, gpu_tenso
     const size_t smem =
         2 * (size_t)MBR * 4 + (size_t)(2 * MBC + (split_do ? 3 : 2) * MBR) * (D + 8) * sizeof(T);
     zo_status s =
-        mma_allow_smem(attention_mma_backward_dkv_kernel<T, D>, smem, "attention_mma_backward_dkv_kernel");
+        attn_fused_allow_smem(attention_mma_backward_dkv_kernel<T, D>, smem, "attention_mma_backward_dkv_kernel");
     if (s == ZO_OK)
-        s = mma_allow_smem(attention_mma_backward_dq_kernel<T, D>, smem, "attention_mma_backward_dq_kernel");
+        s = attn_fused_allow_smem(attention_mma_backward_dq_kernel<T, D>, smem, "attention_mma_backward_dq_kernel");
     if (s != ZO_OK) return s;
-    const mma_geom G = mma_make_geom(a);
+    const mma_geom G = attn_fused_make_geom(a);
     const T *q = static_cast<const T *>(qkv.data);
     dim3 grid_kv(a->hkv, a->b, (a->t + MBC - 1) / MBC);
     auto *attention_mma_backward_dkv = attention_mma_backward_dkv_kernel<T, D>; /* one macro argument */
@@ -670,19 +620,8 @@ extern "C" zo_status cuda_launch_attention_mma_backward(cudaStream_t st, cudaMem
     zo_status s = mma_check("gpu_attention_backward", a, qkv);
     if (s != ZO_OK) return s;
     if (a->t <= 0 || a->b <= 0) return ZO_OK;
-    /* D = rowsum(dO * O): fp32 scratch [b, hq, t] from the pool, stream-ordered */
-    const size_t rows = (size_t)a->b * a->hq * a->t;
-    void *Drow = NULL;
-    s = cuda_status(cudaMallocFromPoolAsync(&Drow, rows * sizeof(float), pool, st),
-                    "cudaMallocFromPoolAsync (attention scratch)");
-    if (s != ZO_OK) return s;
-    ZO_LAUNCH(attention_mma_dot_kernel, (unsigned)((rows + 7) / 8), 8 * WARP, 0, st, (float *)Drow, dout, out,
-              mma_make_geom(a), a->d, rows);
-    s = cuda_launch_check("attention_mma_dot_kernel");
-    if (s == ZO_OK) {
-        if (qkv.dtype == ZO_DTYPE_BF16) s = mma_backward_t<__nv_bfloat16>(st, a, dqkv, dout, qkv, (float *)Drow, lse);
-        else s = mma_backward_t<__half>(st, a, dqkv, dout, qkv, (float *)Drow, lse);
-    }
-    zo_status f = cuda_status(cudaFreeAsync(Drow, st), "cudaFreeAsync (attention scratch)");
-    return s != ZO_OK ? s : f;
+    return attn_fused_backward(st, pool, a, dout, out, [&](const float *Drow) {
+        if (qkv.dtype == ZO_DTYPE_BF16) return mma_backward_t<__nv_bfloat16>(st, a, dqkv, dout, qkv, Drow, lse);
+        return mma_backward_t<__half>(st, a, dqkv, dout, qkv, Drow, lse);
+    });
 }

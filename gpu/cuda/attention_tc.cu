@@ -20,6 +20,7 @@
  *
  * Every sum runs in a fixed order: results do not change from run to run. */
 #include "gpu/cuda/attention_tc.h" /* defines: cuda_attn_tc_covers */
+#include "gpu/cuda/attention_fused.cuh" /* defines: attn_fused_geom, attn_fused_allow_smem, attn_fused_check, attn_fused_backward */
 #include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, warp_sum, warp_max, ZO_LAUNCH */
 #ifndef ZO_CUDA_SHIM
 #include <mma.h> /* defines: nvcuda::wmma */
@@ -32,13 +33,8 @@ namespace wmma = nvcuda::wmma;
 #define BC 64       /* keys per tile */
 #define LDS (BC + 4) /* fp32 row stride of the score tiles; P (16-bit) rides in the same rows */
 
-/* What the kernels need of the shape. */
-struct tc_geom {
-    int t, hq, hkv, grp;
-    size_t ld;  /* qkv's row stride, (hq + 2 hkv) d */
-    size_t ldo; /* out's, hq d */
-    float scale;
-};
+/* What the kernels need of the shape (attention_fused.cuh). */
+typedef attn_fused_geom tc_geom;
 
 /* 16 bytes: the unit of the tile copies. */
 struct alignas(16) tc_chunk {
@@ -185,20 +181,6 @@ __global__ void attention_tc_forward_kernel(gpu_tensor out, float *lse,
  * (the transformer's gradients): two products in place of one for dP (fp32
  * dO only), dK and dQ, two or three for dV. */
 
-/* D [b, hq, t] = rowsum(dO * O), one warp per row, lanes over d in a fixed order. */
-__global__ void attention_tc_dot_kernel(float *Drow, gpu_tensor dout, gpu_tensor out, tc_geom G, int d, size_t rows)
-{
-    const int lane = threadIdx.x % WARP;
-    const size_t r = (size_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    if (r >= rows) return; /* uniform over the warp */
-    const int i = (int)(r % G.t), h = (int)(r / G.t % G.hq);
-    const size_t b = r / G.t / G.hq;
-    const size_t o = (b * G.t + i) * G.ldo + (size_t)h * d;
-    float acc = 0.0f;
-    for (int c = lane; c < d; c += WARP) acc += tload(dout, o + c) * tload(out, o + c);
-    acc = warp_sum(acc);
-    if (lane == 0) Drow[r] = acc;
-}
 
 /* Rows i0 .. i0 + n - 1 of one head of dO (any type, stride G.ldo) into
  * hi [BR][LD] and, with lo, the remainder v - hi into lo; rows past n zero. */
@@ -445,30 +427,7 @@ __global__ void attention_tc_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout
 
 /* ---- launchers ---------------------------------------------------------------- */
 
-static tc_geom tc_make_geom(const gpu_attn_desc *a)
-{
-    tc_geom G;
-    G.t = a->t;
-    G.hq = a->hq;
-    G.hkv = a->hkv;
-    G.grp = a->hq / a->hkv;
-    G.ld = (size_t)(a->hq + 2 * a->hkv) * a->d;
-    G.ldo = (size_t)a->hq * a->d;
-    G.scale = gpu_attn_scale(a);
-    return G;
-}
 
-/* Past 48 KiB of dynamic shared memory a kernel must opt in. */
-template <typename K>
-static zo_status tc_allow_smem(K *kernel, size_t bytes, const char *name)
-{
-    if (bytes <= 48u * 1024u) return ZO_OK;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e == cudaSuccess) return ZO_OK;
-    (void)cudaGetLastError(); /* left behind, it would fail the next launch check */
-    return zo_error(ZO_ERR_DEVICE, "cudaFuncSetAttribute(%s, %zu bytes of shared memory): %s", name, bytes,
-                    cudaGetErrorString(e));
-}
 
 template <typename T, int D>
 static size_t tc_forward_smem(void)
@@ -481,12 +440,12 @@ template <typename T, int D>
 static zo_status tc_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv)
 {
     const size_t smem = tc_forward_smem<T, D>();
-    zo_status s = tc_allow_smem(attention_tc_forward_kernel<T, D>, smem, "attention_tc_forward_kernel");
+    zo_status s = attn_fused_allow_smem(attention_tc_forward_kernel<T, D>, smem, "attention_tc_forward_kernel");
     if (s != ZO_OK) return s;
     dim3 grid(a->hq, a->b, (a->t + BR - 1) / BR);
     auto *attention_tc_forward = attention_tc_forward_kernel<T, D>; /* one macro argument */
     ZO_LAUNCH(attention_tc_forward, grid, TW * WARP, smem, st, out, lse,
-              static_cast<const T *>(qkv.data), tc_make_geom(a));
+              static_cast<const T *>(qkv.data), attn_fused_make_geom(a));
     return cuda_launch_check("attention_tc_forward_kernel");
 }
 
@@ -501,18 +460,9 @@ static zo_status tc_forward_t(cudaStream_t st, const gpu_attn_desc *a, gpu_tenso
     }
 }
 
-static zo_status tc_check(const char *op, const gpu_attn_desc *a, gpu_tensor qkv_t)
+static zo_status tc_check(const char *op, const gpu_attn_desc *a, gpu_tensor qkv)
 {
-    const zo_dtype qkv = qkv_t.dtype;
-    if ((uintptr_t)qkv_t.data % 16 != 0)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, tensor cores): qkv not 16-byte aligned", op);
-    if (!cuda_attn_tc_covers(a, qkv))
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, tensor cores): d %d, %s qkv, window %d, softcap %g, alibi %g",
-                        op, a->d, zo_dtype_name(qkv), a->window, (double)a->softcap, (double)a->alibi);
-    if (a->b > 65535 || (a->t + BR - 1) / BR > 65535)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, tensor cores): batch %d or %d-row blocks %d > 65535", op,
-                        a->b, BR, (a->t + BR - 1) / BR);
-    return ZO_OK;
+    return attn_fused_check(op, "tensor cores", a, qkv, cuda_attn_tc_covers(a, qkv.dtype), BR);
 }
 
 extern "C" zo_status cuda_launch_attention_tc_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
@@ -539,11 +489,11 @@ static zo_status tc_backward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor
      * early keys summed over many rows off by 2e-3 in bf16); dO when fp32 */
     const int split_p = 1, split_do = dout.dtype != qkv.dtype;
     const size_t smem = tc_backward_smem<T, D>(split_do);
-    zo_status s = tc_allow_smem(attention_tc_backward_dkv_kernel<T, D>, smem, "attention_tc_backward_dkv_kernel");
+    zo_status s = attn_fused_allow_smem(attention_tc_backward_dkv_kernel<T, D>, smem, "attention_tc_backward_dkv_kernel");
     if (s == ZO_OK)
-        s = tc_allow_smem(attention_tc_backward_dq_kernel<T, D>, smem, "attention_tc_backward_dq_kernel");
+        s = attn_fused_allow_smem(attention_tc_backward_dq_kernel<T, D>, smem, "attention_tc_backward_dq_kernel");
     if (s != ZO_OK) return s;
-    const tc_geom G = tc_make_geom(a);
+    const tc_geom G = attn_fused_make_geom(a);
     const T *q = static_cast<const T *>(qkv.data);
     dim3 grid_kv(a->hkv, a->b, (a->t + BC - 1) / BC);
     auto *attention_tc_backward_dkv = attention_tc_backward_dkv_kernel<T, D>; /* one macro argument */
@@ -576,20 +526,8 @@ extern "C" zo_status cuda_launch_attention_tc_backward(cudaStream_t st, cudaMemP
     zo_status s = tc_check("gpu_attention_backward", a, qkv);
     if (s != ZO_OK) return s;
     if (a->t <= 0 || a->b <= 0) return ZO_OK;
-    /* D = rowsum(dO * O): fp32 scratch [b, hq, t] from the pool, stream-ordered */
-    const size_t rows = (size_t)a->b * a->hq * a->t;
-    void *Drow = NULL;
-    s = cuda_status(cudaMallocFromPoolAsync(&Drow, rows * sizeof(float), pool, st),
-                    "cudaMallocFromPoolAsync (attention scratch)");
-    if (s != ZO_OK) return s;
-    const tc_geom G = tc_make_geom(a);
-    ZO_LAUNCH(attention_tc_dot_kernel, (unsigned)((rows + 7) / 8), 8 * WARP, 0, st, (float *)Drow, dout, out, G, a->d,
-              rows);
-    s = cuda_launch_check("attention_tc_dot_kernel");
-    if (s == ZO_OK) {
-        if (qkv.dtype == ZO_DTYPE_BF16) s = tc_backward_t<__nv_bfloat16>(st, a, dqkv, dout, qkv, (float *)Drow, lse);
-        else s = tc_backward_t<__half>(st, a, dqkv, dout, qkv, (float *)Drow, lse);
-    }
-    zo_status f = cuda_status(cudaFreeAsync(Drow, st), "cudaFreeAsync (attention scratch)");
-    return s != ZO_OK ? s : f;
+    return attn_fused_backward(st, pool, a, dout, out, [&](const float *Drow) {
+        if (qkv.dtype == ZO_DTYPE_BF16) return tc_backward_t<__nv_bfloat16>(st, a, dqkv, dout, qkv, Drow, lse);
+        return tc_backward_t<__half>(st, a, dqkv, dout, qkv, Drow, lse);
+    });
 }

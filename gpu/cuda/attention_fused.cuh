@@ -1,0 +1,97 @@
+/* What the fused attention kernels (attention_tc.cu on wmma, attention_mma.cu
+ * on mma.sync) share on the host and around their kernels: the shape as the
+ * kernels take it, the opt-in past 48 KiB of dynamic shared memory, the
+ * checks a launch makes, and the backward's first pass (D = rowsum(dO * O)
+ * in fp32 scratch from the pool) around the kernels of each. Included by
+ * each of those .cu files (and through them by the host shim's). */
+#ifndef ZO_GPU_CUDA_ATTENTION_FUSED_CUH
+#define ZO_GPU_CUDA_ATTENTION_FUSED_CUH
+
+#include "gpu/cuda/kernels.cuh" /* defines: tload, warp_sum, ZO_LAUNCH, WARP, cuda_launch_check, cuda_status */
+
+/* What the kernels need of the shape. */
+struct attn_fused_geom {
+    int t, hq, hkv, grp;
+    size_t ld;  /* qkv's row stride, (hq + 2 hkv) d */
+    size_t ldo; /* out's, hq d */
+    float scale;
+};
+
+static attn_fused_geom attn_fused_make_geom(const gpu_attn_desc *a)
+{
+    attn_fused_geom G;
+    G.t = a->t;
+    G.hq = a->hq;
+    G.hkv = a->hkv;
+    G.grp = a->hq / a->hkv;
+    G.ld = (size_t)(a->hq + 2 * a->hkv) * a->d;
+    G.ldo = (size_t)a->hq * a->d;
+    G.scale = gpu_attn_scale(a);
+    return G;
+}
+
+/* Past 48 KiB of dynamic shared memory a kernel must opt in. */
+template <typename K>
+static zo_status attn_fused_allow_smem(K *kernel, size_t bytes, const char *name)
+{
+    if (bytes <= 48u * 1024u) return ZO_OK;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess) return ZO_OK;
+    (void)cudaGetLastError(); /* left behind, it would fail the next launch check */
+    return zo_error(ZO_ERR_DEVICE, "cudaFuncSetAttribute(%s, %zu bytes of shared memory): %s", name, bytes,
+                    cudaGetErrorString(e));
+}
+
+/* A launch's checks: qkv 16-byte aligned, the case one the kernels cover
+ * (`covered`), the grid within 65535 blocks of `rows` query rows. `path`
+ * names the kernels in the message ("tensor cores", "mma.sync"). */
+static zo_status attn_fused_check(const char *op, const char *path, const gpu_attn_desc *a, gpu_tensor qkv,
+                                  bool covered, int rows)
+{
+    if ((uintptr_t)qkv.data % 16 != 0)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, %s): qkv not 16-byte aligned", op, path);
+    if (!covered)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, %s): d %d, %s qkv, window %d, softcap %g, alibi %g", op, path,
+                        a->d, zo_dtype_name(qkv.dtype), a->window, (double)a->softcap, (double)a->alibi);
+    if (a->b > 65535 || (a->t + rows - 1) / rows > 65535)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda, %s): batch %d or %d-row blocks %d > 65535", op, path, a->b,
+                        rows, (a->t + rows - 1) / rows);
+    return ZO_OK;
+}
+
+/* D [b, hq, t] = rowsum(dO * O), one warp per row, lanes over d in a fixed order. */
+static __global__ void attention_fused_dot_kernel(float *Drow, gpu_tensor dout, gpu_tensor out, attn_fused_geom G,
+                                                  int d, size_t rows)
+{
+    const int lane = threadIdx.x % WARP;
+    const size_t r = (size_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (r >= rows) return; /* uniform over the warp */
+    const int i = (int)(r % G.t), h = (int)(r / G.t % G.hq);
+    const size_t b = r / G.t / G.hq;
+    const size_t o = (b * G.t + i) * G.ldo + (size_t)h * d;
+    float acc = 0.0f;
+    for (int c = lane; c < d; c += WARP) acc += tload(dout, o + c) * tload(out, o + c);
+    acc = warp_sum(acc);
+    if (lane == 0) Drow[r] = acc;
+}
+
+/* The backward around the kernels of a path: D into fp32 scratch [b, hq, t]
+ * from the pool (stream-ordered), then kernels(D), then the scratch freed. */
+template <typename F>
+static zo_status attn_fused_backward(cudaStream_t st, cudaMemPool_t pool, const gpu_attn_desc *a, gpu_tensor dout,
+                                     gpu_tensor out, F kernels)
+{
+    const size_t rows = (size_t)a->b * a->hq * a->t;
+    void *Drow = NULL;
+    zo_status s = cuda_status(cudaMallocFromPoolAsync(&Drow, rows * sizeof(float), pool, st),
+                              "cudaMallocFromPoolAsync (attention scratch)");
+    if (s != ZO_OK) return s;
+    ZO_LAUNCH(attention_fused_dot_kernel, (unsigned)((rows + 7) / 8), 8 * WARP, 0, st, (float *)Drow, dout, out,
+              attn_fused_make_geom(a), a->d, rows);
+    s = cuda_launch_check("attention_fused_dot_kernel");
+    if (s == ZO_OK) s = kernels((const float *)Drow);
+    zo_status f = cuda_status(cudaFreeAsync(Drow, st), "cudaFreeAsync (attention scratch)");
+    return s != ZO_OK ? s : f;
+}
+
+#endif
