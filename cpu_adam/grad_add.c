@@ -116,19 +116,29 @@ int adam_grad_accumulate_threads(size_t n, int nthreads)
     return t < 1 ? 1 : (int)t;
 }
 
-zo_status adam_grad_accumulate_impl(adam_impl impl, float *acc, const void *grad, zo_dtype grad_dtype, size_t n,
-                                    int fresh, int nthreads)
+/* The arguments of a sum into acc: impl resolved, the gradient's dtype,
+ * n, the arrays' sizes and alignment (nothing to check past n == 0). */
+static zo_status acc_check(const char *who, adam_impl *impl, float *acc, const void *grad, zo_dtype grad_dtype,
+                           size_t n)
 {
-    const char *who = "adam_grad_accumulate";
     zo_status st;
-    if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK) return st;
+    if ((st = adam_resolve_impl(who, *impl, impl)) != ZO_OK) return st;
     if ((int)grad_dtype < 0 || grad_dtype >= ZO_DTYPE_COUNT)
         return zo_error(ZO_ERR_INVALID, "%s: grad_dtype %d is not fp32, fp16 or bf16", who, (int)grad_dtype);
     if (n == 0) return ZO_OK;
     if (n > SIZE_MAX / 4) return zo_error(ZO_ERR_INVALID, "%s: n = %zu too large", who, n);
     size_t gs = zo_dtype_size(grad_dtype);
     adam_array arr[2] = {{"acc", acc, 4 * n, 4}, {"grad", (void *)grad, gs * n, gs}};
-    if ((st = adam_check_arrays(who, arr, 2, 0)) != ZO_OK) return st;
+    return adam_check_arrays(who, arr, 2, 0);
+}
+
+zo_status adam_grad_accumulate_impl(adam_impl impl, float *acc, const void *grad, zo_dtype grad_dtype, size_t n,
+                                    int fresh, int nthreads)
+{
+    const char *who = "adam_grad_accumulate";
+    zo_status st;
+    if ((st = acc_check(who, &impl, acc, grad, grad_dtype, n)) != ZO_OK || n == 0) return st;
+    size_t gs = zo_dtype_size(grad_dtype);
     acc_fn fn = acc_pick(impl);
     int nt = adam_grad_accumulate_threads(n, nthreads);
     if (nt == 1) {
@@ -183,14 +193,8 @@ zo_status adam_grad_accumulate_stats_impl(adam_impl impl, float *acc, const void
                         (void *)nonfinite);
     *sumsq = 0.0;
     *nonfinite = 0;
-    if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK) return st;
-    if ((int)grad_dtype < 0 || grad_dtype >= ZO_DTYPE_COUNT)
-        return zo_error(ZO_ERR_INVALID, "%s: grad_dtype %d is not fp32, fp16 or bf16", who, (int)grad_dtype);
-    if (n == 0) return ZO_OK;
-    if (n > SIZE_MAX / 4) return zo_error(ZO_ERR_INVALID, "%s: n = %zu too large", who, n);
+    if ((st = acc_check(who, &impl, acc, grad, grad_dtype, n)) != ZO_OK || n == 0) return st;
     size_t gs = zo_dtype_size(grad_dtype);
-    adam_array arr[2] = {{"acc", acc, 4 * n, 4}, {"grad", (void *)grad, gs * n, gs}};
-    if ((st = adam_check_arrays(who, arr, 2, 0)) != ZO_OK) return st;
     acc_fn fn = acc_pick(impl);
     adam_sumsq_part_fn sq = sumsq_part_pick(impl);
     /* adam_grad_stats' ranges (its team for stats_threads), each summed
