@@ -863,12 +863,20 @@ checkpoint() {
     fi
   done
   if [ "$PACK_LOGS" = 1 ]; then
+    # a log leaves the results folder only once the archive holds it
+    local packed=()
     mkdir -p "$STATE/logs"
     for f in "$RES"/*.log; do
       [ -f "$f" ] || continue
-      cat "$f" >> "$STATE/logs/${f##*/}" && rm -f "$f"
+      cat "$f" >> "$STATE/logs/${f##*/}" && packed+=("$f")
     done
-    tar -czf "$RES/logs.tar.gz" -C "$STATE" logs
+    if tar -czf "$RES/logs.tar.gz.new" -C "$STATE" logs && mv "$RES/logs.tar.gz.new" "$RES/logs.tar.gz"; then
+      rm -f "${packed[@]}"
+    else
+      rm -f "$RES/logs.tar.gz.new"
+      say "packing the logs into logs.tar.gz failed: the logs stay in $RES as they are"
+      PACK_LOGS=0
+    fi
   fi
   case "$1" in 13b|torch|schedules|offload) ;; *) return 0 ;; esac
   local have=() s
