@@ -5,7 +5,9 @@ shape, batch, sequence, data and AdamW settings (issue 18).
 Per model (default on CUDA: GPT-2 small and a 1.3B LLaMA, bf16, batch 8 x 1024):
   ours resident   train --params gpu --optimizer gpu (everything on the GPU)
   torch eager     fp32 parameters, bf16 autocast, AdamW(fused=True)
-  ours streamed   train --params cpu --optimizer cpu (weights streamed, CPU AdamW)
+  ours streamed   train --params cpu --optimizer cpu (weights streamed, CPU AdamW;
+                  --schedule overlap: the update beside the device's work, serial's
+                  results bit for bit; --streamed-schedule changes it)
   torch FSDP      one rank, CPUOffload(offload_params=True), bf16 MixedPrecision
   torch compile   the eager model under torch.compile, where it runs
 Each contender runs in a process of its own, in that (alternating) order; the
@@ -14,6 +16,13 @@ come last: ours resident / eager (goal >= 1) and ours streamed / FSDP CPU
 offload (goal >= 1.5). The rows (--rows) are written as they are made: a
 contender's when it ends, a model's ratios when its contenders have run, so
 a run stopped at a time limit keeps what it measured.
+
+Then, per model and while the time left holds it (--profile-steps, 0: none),
+ours resident and ours streamed run once more under `train --profile`, apart
+from the timed runs (the profile's events slow a step): the table goes to the
+log, and a row per run says where the step went: the step's ms, the ops'
+totals by kind, the streams' busy time and (streamed) what the host thread
+waited on.
 
 The PyTorch model is plain torch built from the shape memplan reports for the
 same --model (`memplan estimate --json`, the `model` object), and its
@@ -336,15 +345,20 @@ def memplan_model(memplan, model, seq, batch_):
     return json.loads(r.stdout)
 
 
+def ours_cmd(args, name, cfg, data, steps):
+    """train's command line for ours-resident or ours-streamed."""
+    cmd = [args.train, "--model", cfg["model"], "--data", data, "--device", args.device, "--dtype", "bf16",
+           "--micro-batch", str(cfg["batch"]), "--seq", str(cfg["seq"]), "--steps", str(steps),
+           "--recompute", "none", "--checkpoints", "gpu"]
+    return cmd + (["--params", "gpu", "--optimizer", "gpu"] if name == "ours-resident" else
+                  ["--params", "cpu", "--optimizer", "cpu", "--prefetch", "2", "--schedule", args.streamed_schedule])
+
+
 def run_contender(args, name, cfg, m, data, limit):
     """Returns dict(ok, tok_s list, loss list, note)."""
     B, S, steps = cfg["batch"], cfg["seq"], cfg["steps"]
     if name.startswith("ours"):
-        cmd = [args.train, "--model", cfg["model"], "--data", data, "--device", args.device, "--dtype", "bf16",
-               "--micro-batch", str(B), "--seq", str(S), "--steps", str(steps), "--recompute", "none",
-               "--checkpoints", "gpu"]
-        cmd += (["--params", "gpu", "--optimizer", "gpu"] if name == "ours-resident" else
-                ["--params", "cpu", "--optimizer", "cpu", "--prefetch", "2"])
+        cmd = ours_cmd(args, name, cfg, data, steps)
     else:
         kind = name.split("-")[1]
         spec = dict(kind=kind, model=m, device=args.device, batch=B, seq=S, steps=steps, data=data)
@@ -389,6 +403,43 @@ def run_contender(args, name, cfg, m, data, limit):
     return res
 
 
+def profile_run(args, name, model, cfg, data, limit):
+    """ours-resident or ours-streamed once more under train --profile (--profile-steps steps): its
+    table to the log, and a row of where the step went (from --stats-json's "profile"). False when the
+    run failed or left no profile."""
+    stats = os.path.join(args.workdir, "profile-%s-%s.json" % (model, name))
+    if os.path.exists(stats):
+        os.remove(stats)
+    cmd = ours_cmd(args, name, cfg, data, args.profile_steps) + ["--profile", "--stats-json", stats]
+    check = "%s %s: where the step goes (train --profile, %d steps)" % (model, name, args.profile_steps)
+    log("## %s, profiled: %s" % (name, " ".join(cmd)))
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        row(args.rows, check, "skip", "stopped at its %d s limit" % limit)
+        return True
+    for line in (r.stdout + r.stderr).splitlines():
+        if line.startswith("# profile:") or r.returncode != 0:
+            log("   " + line)
+    prof = {}
+    if r.returncode == 0 and os.path.exists(stats):
+        with open(stats) as f:
+            prof = json.load(f).get("profile") or {}
+    if not prof.get("ops"):
+        row(args.rows, check, "FAIL", "exit %d, no \"profile\" in %s" % (r.returncode, stats))
+        return False
+    def top(d, n):
+        return ", ".join("%s %.1f" % kv for kv in sorted(d.items(), key=lambda kv: -kv[1])[:n])
+    text = "step %.1f ms; by op (ms): %s; streams busy (ms): %s" % (
+        prof.get("step_ms", 0), top(prof.get("by_op_ms_per_step") or {}, 6),
+        top(prof.get("streams_busy_ms_per_step") or {}, 4))
+    host = {k: v for k, v in (prof.get("host_ms_per_step") or {}).items() if v > 0}
+    if name == "ours-streamed" and host:
+        text += "; host thread (ms): %s" % top(host, 5)
+    row(args.rows, check, "info", text)
+    return True
+
+
 def median_after(xs, warm):
     rest = xs[warm:] if len(xs) > warm else xs
     return statistics.median(rest) if rest else 0.0
@@ -427,6 +478,10 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="the tiny fixture models (the CPU smoke test)")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--steps", type=int, default=0, help="steps per contender (default per model)")
+    ap.add_argument("--streamed-schedule", default="overlap", choices=["serial", "overlap", "dpu"],
+                    help="train --schedule of ours-streamed (default overlap: serial's results bit for bit)")
+    ap.add_argument("--profile-steps", type=int, default=4,
+                    help="steps of the profiled runs of ours after the timed ones (0: none; default 4)")
     ap.add_argument("--workdir", default="/tmp/zo-torch-side-by-side")
     ap.add_argument("--rows", default="", help="append summary rows (tab-separated) to this file")
     ap.add_argument("--time-limit", type=float, default=3600, help="seconds for everything")
@@ -501,6 +556,17 @@ def main():
             row(args.rows, "%s %s tokens/s (B %d x S %d, bf16)" % (name, c, cfg["batch"], cfg["seq"]),
                 "info" if r["ok"] else status, ("%.0f" % r["median"]) if r["ok"] else (r["note"] or "failed"))
         last += ratios(args, results, name, cuda)
+        for c in ("ours-resident", "ours-streamed") if args.profile_steps > 0 else ():
+            if c not in contenders or not results[(name, c)]["ok"]:
+                continue
+            left = t_end - time.time()
+            limit = int(min(90 if cuda else 60, left - 10))
+            if limit < 20:
+                row(args.rows, "%s %s: where the step goes (train --profile, %d steps)" % (
+                    name, c, args.profile_steps), "skip", "not run: out of time")
+                continue
+            if not profile_run(args, c, name, cfg, data, limit):
+                failed = 1
 
     # ---- the table, then the ratios -------------------------------------------------
     log("")
