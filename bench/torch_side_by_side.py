@@ -17,12 +17,12 @@ offload (goal >= 1.5). The rows (--rows) are written as they are made: a
 contender's when it ends, a model's ratios when its contenders have run, so
 a run stopped at a time limit keeps what it measured.
 
-Then, per model and while the time left holds it (--profile-steps, 0: none),
-ours resident and ours streamed run once more under `train --profile`, apart
-from the timed runs (the profile's events slow a step): the table goes to the
-log, and a row per run says where the step went: the step's ms, the ops'
-totals by kind, the streams' busy time and (streamed) what the host thread
-waited on.
+Then, after every model's timed runs and while the time left holds it
+(--profile-steps, 0: none), ours resident and ours streamed of each model
+run once more under `train --profile` (the profile's events slow a step, so
+these runs are not timed with the others): the table goes to the log, and a
+row per run says where the step went: the step's ms, the ops' totals by
+kind, the streams' busy time and (streamed) what the host thread waited on.
 
 The PyTorch model is plain torch built from the shape memplan reports for the
 same --model (`memplan estimate --json`, the `model` object), and its
@@ -524,6 +524,7 @@ def main():
     results = {}
     failed = 0
     last = []
+    datas = {}
     for name in names:
         cfg = dict(table[name])
         if args.steps:
@@ -556,6 +557,10 @@ def main():
             row(args.rows, "%s %s tokens/s (B %d x S %d, bf16)" % (name, c, cfg["batch"], cfg["seq"]),
                 "info" if r["ok"] else status, ("%.0f" % r["median"]) if r["ok"] else (r["note"] or "failed"))
         last += ratios(args, results, name, cuda)
+        datas[name] = (cfg, data)
+    # the profiled runs after every model's timed ones, which come first when time is short
+    for name in names:
+        cfg, data = datas[name]
         for c in ("ours-resident", "ours-streamed") if args.profile_steps > 0 else ():
             if c not in contenders or not results[(name, c)]["ok"]:
                 continue
