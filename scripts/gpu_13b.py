@@ -567,7 +567,8 @@ def report(run, label, plan, meas):
 
 def profile_row(run, label, meas):
     """train --profile's five longest rows as one row: op, shape, ms per step (% of the step, TFLOP/s
-    or GB/s), so that the summary says where the step's time went. On the CPU backend the row checks
+    or GB/s), then the streams' busy time and what the host thread waited on, so that the summary
+    says where the step's time went. On the CPU backend the row checks
     that the profile is there."""
     prof = meas["stats"].get("profile") or {}
     ops = prof.get("ops") or []
@@ -579,8 +580,12 @@ def profile_row(run, label, meas):
         rate = " %.0f TFLOP/s" % o["tflops"] if "tflops" in o else " %.1f GB/s" % o["gbps"] if "gbps" in o else ""
         shape = " " + o["shape"] if o["shape"] else ""
         return "%s%s %.1f ms (%.0f%%%s)" % (o["op"], shape, o["ms_per_step"], o["percent_of_step"], rate)
-    run.row(check, "info" if run.cuda else "ok", "step %.0f ms; the 5 longest of %d rows: %s" % (
-        prof.get("step_ms", 0), len(ops), "; ".join(one(o) for o in ops[:5])))
+    def busy(key):  # a stats object of ms per step, the largest first, zeros left out
+        d = sorted(((k, v) for k, v in (prof.get(key) or {}).items() if v > 0), key=lambda kv: -kv[1])
+        return ", ".join("%s %.1f" % kv for kv in d) or "-"
+    run.row(check, "info" if run.cuda else "ok", "step %.0f ms; the 5 longest of %d rows: %s; streams busy (ms): %s; "
+            "host thread (ms): %s" % (prof.get("step_ms", 0), len(ops), "; ".join(one(o) for o in ops[:5]),
+                                      busy("streams_busy_ms_per_step"), busy("host_ms_per_step")))
 
 
 def check_and_run(run, label, plan, path, hw_args, name):
@@ -660,7 +665,8 @@ def schedule_plan(run, path, sched):
 def compare_schedules(run, label, path, model, steps, done=None):
     """The plan at `path` trained under each schedule: measured step against memplan's, a table in
     the log and a row per schedule (goal within 15% on CUDA; on the CPU backend the schedule ran as
-    asked, the ratios figures only). `done`: a measurement of the plan already made (its schedule)."""
+    asked, the ratios figures only); then the schedule furthest from its prediction profiled, a row
+    of where its step went. `done`: a measurement of the plan already made (its schedule)."""
     res = {}
     gpu_share = shares(load(path))[0]
     for s in SCHEDULES:
@@ -706,6 +712,16 @@ def compare_schedules(run, label, path, model, steps, done=None):
                     fig, "within %.0f%%" % (100 * SCHEDULE_GOAL))
         else:
             run.row("%s schedule %s ran (CPU backend)" % (label, s), "ok", fig)
+    # the schedule furthest from its prediction once more under train --profile (not timed with
+    # the others: the profile's events slow a step), while the time left holds it: where its step went
+    worst = max(res, key=lambda k: abs(res[k][2]["step"] / res[k][0] - 1) if res[k][0] else 0)
+    spath, plan = schedule_plan(run, path, worst)[:2]
+    skip = 2 if worst == "dpu" else 1
+    first = res[worst][2]
+    meas = train_plan(run, "%s %s profiled" % (label, worst), spath, plan, model, skip + 2, skip,
+                      (first["setup"], first["step"]), optional=True, profile=True)
+    if meas:
+        profile_row(run, "%s schedule %s" % (label, worst), meas)
 
 
 def main():
