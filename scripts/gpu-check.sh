@@ -38,8 +38,9 @@
 #              ZO_CUDA_GEMM=tiled) of test_gpu_parity
 #   13b        scripts/gpu_13b.py: LLaMA-2-13B QLoRA (train --profile: the op
 #              table in 13b.log, the five longest ops in a row), then full
-#              fine-tuning, then the full plan under the other optimizer
-#              schedules (ZO_13B_RUNS)
+#              fine-tuning with 8-bit AdamW state (no disk share), then with
+#              32-bit state (over GPU, CPU and disk), then the full plan
+#              under the other optimizer schedules (ZO_13B_RUNS)
 #   torch      bench/torch_side_by_side.py: train --device cuda against PyTorch
 #   schedules  scripts/gpu_schedules.py: a 1.3B LLaMA's step under the optimizer
 #              schedules serial, overlap and dpu against memplan's
@@ -85,7 +86,7 @@
 # warm machine the bench step's figure is kept), ZO_NVME_DIR (the NVMe tier's
 # folder; default the emptiest disk file system of the build folder's, /tmp
 # and /var/tmp, never a tmpfs), ZO_13B_* (scripts/gpu_13b.py --help;
-# ZO_13B_RUNS, default qlora,full,schedules), ZO_TORCH_MODELS.
+# ZO_13B_RUNS, default qlora,full8,full,schedules), ZO_TORCH_MODELS.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
@@ -719,7 +720,7 @@ step_13b() {
   PYTHONUNBUFFERED=1 run_step 13b "$l" "$PY" scripts/gpu_13b.py --train "$B/examples/train" \
     --memplan "$B/planner/memplan" --device cuda --workdir "$STATE/13b" --nvme-dir "$(nvme_dir)" \
     --hw-cache "$STATE/hw.json" --rows "$ROWS" --phase 13b --time-limit "$((l - 15))" \
-    --runs "${ZO_13B_RUNS:-qlora,full,schedules}" "${PCIE[@]}"
+    --runs "${ZO_13B_RUNS:-qlora,full8,full,schedules}" "${PCIE[@]}"
   local rc=$?
   [ $rc = 124 ] && row 13b "13B runs" FAIL "stopped at the step's limit"
   return $rc
@@ -823,6 +824,7 @@ step_plan13b() {
   # what the GPU runs rest on, each checked here (a row missing is a check that did not run)
   for want in "train --check-plan (13B)" "train --plan ran it (tiny LLaMA, full, CPU backend)" \
               "train --check-plan (QLoRA 13B)" "train --plan ran it (tiny LLaMA, qlora, CPU backend)" \
+              "train --check-plan (13B 8-bit AdamW)" "train --plan ran it (tiny LLaMA, full8, CPU backend)" \
               "tiny LLaMA, qlora: where the step goes (train --profile)" \
               "tiny LLaMA schedule overlap ran (CPU backend)" \
               "tiny, CPU optimizer schedule dpu ran (CPU backend)"; do
