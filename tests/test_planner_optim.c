@@ -134,10 +134,18 @@ static void test_13b_rtx4090(void **state)
 
     static char out[1 << 18];
     assert_int_equal(run_memplan("plan " DESKTOP " --global-batch 1", out, sizeof out), 0);
-    double best32 = 0, best_auto = 0;
+    double best32 = 0, best_auto = 0, hinted = 0;
     const char *b = strstr(out, "best: ");
     assert_non_null(b);
     assert_int_equal(sscanf(b, "best: %lf s per step", &best32), 1);
+    /* the state not given: a line names the other encodings' best (checked against the
+     * search over them below) */
+    const char *h = strstr(out, "(AdamW's m and v in 32 bits; --optim-dtype 8bit (6.004 B/param with the fp32 "
+                                "master) takes ");
+    assert_non_null(h);
+    assert_true(h < b);
+    assert_int_equal(sscanf(strstr(h, "takes ") + 6, "%lf s per step", &hinted), 1);
+    assert_non_null(strstr(h, "its accuracy: 8-bit AdamW (Dettmers et al."));
     assert_int_equal(run_memplan("plan " DESKTOP " --global-batch 1 --optim-dtype auto", out, sizeof out), 0);
     b = strstr(out, "best: ");
     assert_non_null(b);
@@ -148,6 +156,22 @@ static void test_13b_rtx4090(void **state)
     /* it says which state, and what that costs in accuracy, citing the paper */
     assert_non_null(strstr(out, "AdamW state: 8bit m, v"));
     assert_non_null(strstr(out, "accuracy of that state: 8-bit AdamW (Dettmers et al."));
+    /* the hint's step is that search's best (4 significant digits both) */
+    assert_true(fabs(hinted - best_auto) <= 1e-3 * best_auto);
+    assert_null(strstr(out, "(AdamW's m and v in 32 bits;"));
+    /* given explicitly, the 32-bit state gets no line; nor does a model it trains fast */
+    assert_int_equal(run_memplan("plan " DESKTOP " --global-batch 1 --optim-dtype fp32", out, sizeof out), 0);
+    assert_null(strstr(out, "(AdamW's m and v in 32 bits;"));
+    assert_int_equal(run_memplan("plan --model gpt2 --gpu h100-80gb --seq 1024 --global-batch 8", out, sizeof out), 0);
+    assert_null(strstr(out, "(AdamW's m and v in 32 bits;"));
+    /* nothing fits with 32-bit state (no disk, 100 GiB of host memory on an H100): the line
+     * says what does, beside "nothing fits" (exit 1) */
+    assert_int_equal(run_memplan("plan --model llama-2-13b --gpu h100-80gb --cpu-mem 100GiB --nvme 0 --seq 2048 "
+                                 "--global-batch 4", out, sizeof out), 1);
+    h = strstr(out, "(AdamW's m and v in 32 bits; --optim-dtype 8bit");
+    assert_non_null(h);
+    assert_non_null(strstr(h, "where the 32-bit state fits nowhere: "));
+    assert_non_null(strstr(out, "nothing fits"));
 }
 
 /* When full fine-tuning does not fit, the suggestions include 8-bit AdamW on
