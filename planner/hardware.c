@@ -119,7 +119,7 @@ static const plan_hw_preset presets[] = {
 
 /* This runtime's kernels on an NVIDIA H100 80GB HBM3, from one QLoRA step
  * of LLaMA-2-13B (r 16 on all-linear, 4 x 2048 tokens, bf16; train
- * --profile, 2026-11-26, /work/notes/gpu1/2/13b.log; docs/memplan.md, "This
+ * --profile, 2026-11-26, that run's 13b.log, not kept; docs/memplan.md, "This
  * runtime's kernels", has the table) and bench_gpu_cuda's attention rows of
  * the same machine:
  * - attention, GEMM path, b 4 t 2048 40 heads d 128: forward 137.28 ms for

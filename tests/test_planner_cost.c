@@ -453,7 +453,7 @@ static void test_cli_time(void **state)
 /* ---- this runtime's kernels (docs/memplan.md, "This runtime's kernels") ---- */
 
 /* LLaMA-2-13B QLoRA as train ran it on an H100 (the plan of
- * /work/notes/gpu1/2/13b.log): r 16 on every linear layer, one micro-batch
+ * that run's 13b.log, not kept): r 16 on every linear layer, one micro-batch
  * of 4 x 2048 tokens, bf16, everything on the GPU, no recompute. */
 static void qlora_13b(setup *s, const char *hw)
 {
