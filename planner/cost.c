@@ -908,6 +908,7 @@ static void step_h2d(step_in *in, plan_time *o)
         double big = (double)e->largest_bytes / pcie / (t->zero >= 3 ? t->dp : 1);
         double ahead = t->buf.prefetch_depth * in->mb->layer_compute / 3; /* a layer's fwd ~ 1/3 */
         o->h2d_total = stream;
+        o->sched.dma_bytes += 2 * n_mb * (double)e->stream_bytes;
         o->h2d = dmax(dmax(stream, in->nvme_stream) - in->window, 0) +
                  2 * n_mb * dmax(big - ahead, 0) + big;
     }
@@ -915,6 +916,7 @@ static void step_h2d(step_in *in, plan_time *o)
         double ck = n_mb * (double)e->act_stage / pcie;
         o->h2d_total += ck;
         o->d2h_total += ck;
+        o->sched.dma_bytes += 2 * n_mb * (double)e->act_stage;
         o->h2d += dmax(ck - in->bwd_window, 0);
         o->d2h += dmax(ck - n_mb * in->mb->fwd, 0);
     }
@@ -955,6 +957,7 @@ static void step_d2h(const step_in *in, plan_time *o)
     double g_sent = t->zero >= 2 && t->dp > 1 ? 4 : in->wsz;
     if (g_elems <= 0) return;
     double copy = n_mb * g_elems * g_sent / pcie, th, unused;
+    o->sched.dma_bytes += n_mb * g_elems * g_sent;
     int now = plan_sched_sum_team(t->schedule, t->clip_stale);
     for (int k = 0; k < 2; k++) {
         host_teams(in, k ? ZO_PLAN_SCHED_OVERLAP : ZO_PLAN_SCHED_SERIAL, &th, &unused);
@@ -1018,6 +1021,7 @@ static void cpu_optimizer(const step_in *in, double per, double o_elems, double 
     s->rate_serial = update_rate(in, per, s->threads_serial);
     s->rate_over = update_rate(in, per, s->threads_over);
     s->rate_bus = update_rate(in, per, cores ? (double)cores / rpn : 0);
+    s->host_rate = plan_hw_host_stream_rate(hw, 0, 1) / rpn;
     double nv = in->e->opt_share[ZO_PLAN_NVME] / (1 - in->fg) * per * rpn;
     s->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
     /* (the weights a step writes: the model's, or LoRA's adapters) */

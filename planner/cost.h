@@ -101,6 +101,11 @@ typedef struct plan_sched_in {
     double rate_bus;     /* AdamW elements/s per rank on every core of the rank's share:
                             with host_sum[0] (the sums on every core) what the host's
                             memory carries a step (plan_time_schedule's host-memory bound) */
+    double dma_bytes;    /* host memory the PCIe copies read and write a step, per rank
+                            (streamed weights, gradients, checkpoints; the update's upload
+                            is plan_time_schedule's): the DMA engines use the host's memory
+                            beside the cores, at host_rate */
+    double host_rate;    /* the host memory's bytes/s per rank (its roof over the node's ranks) */
     int d2h_team;
     double tokens, peak; /* tokens per step; dense peak FLOP/s of all GPUs */
 } plan_sched_in;

@@ -115,8 +115,11 @@ void plan_time_schedule(plan_time *o, zo_plan_schedule s)
          * so is the host's memory, which the gradient sums and AdamW both
          * stream (each memory-bound on every core): beside each other on
          * two teams of cores they take no less than one after the other
-         * on all of them */
-        double bus = in->rate_bus > 0 ? in->host_sum[0] + n / in->rate_bus : 0;
+         * on all of them, and the PCIe copies' DMA reads and writes of it
+         * (the gradients, streamed weights, checkpoints, the update's
+         * upload) come on top at its own rate */
+        double dma = in->host_rate > 0 ? (in->dma_bytes + n * in->w_bytes) / in->host_rate : 0;
+        double bus = in->rate_bus > 0 ? in->host_sum[0] + n / in->rate_bus + dma : 0;
         const struct {
             double busy;
             plan_bound b;

@@ -165,13 +165,19 @@ static void test_link_bound(void **state)
     in->rate_bus = 2.5e9;
     plan_time_schedule(&pt, PLAN_SCHED_DPU);
     assert_true(fabs(pt.step - 1.2) < 1e-12 && pt.bound == PLAN_BOUND_HOST_MEM);
+    /* and the copies' DMA reads and writes of it: 4 GB at 40 GB/s, 0.1 s more */
+    in->dma_bytes = 4e9;
+    in->host_rate = 4e10;
+    plan_time_schedule(&pt, PLAN_SCHED_DPU);
+    assert_true(fabs(pt.step - 1.3) < 1e-12 && pt.bound == PLAN_BOUND_HOST_MEM);
+    assert_true(fabs(parts_sum(&pt) - pt.step) < 1e-12);
     assert_true(fabs(parts_sum(&pt) - pt.step) < 1e-12);
     assert_string_equal(plan_bound_name(pt.bound), "host-memory");
     /* serial holds it anyway: the sums beside the backward, AdamW after it */
     plan_time_schedule(&pt, PLAN_SCHED_SERIAL);
     assert_true(fabs(pt.step - 1.5) < 1e-12 && pt.bound == PLAN_BOUND_OPT);
     /* a smaller share of the sums: the GPU's work sets the step again */
-    in->host_sum[0] = 0.5;
+    in->host_sum[0] = 0.4;
     plan_time_schedule(&pt, PLAN_SCHED_DPU);
     assert_true(pt.step == 1 && pt.bound == PLAN_BOUND_GPU);
     in->host_sum[0] = in->rate_bus = 0;
