@@ -13,7 +13,8 @@
  *   (CUDA cores, fp32) and the GEMM path (tensor cores, batched cuBLASLt
  *   GEMMs), the fused tensor-core kernels and the mma.sync kernels, each
  *   forced through ZO_ATTENTION and alternating round after round as the
- *   GEMMs do, and each one's speedup over the flash kernel.
+ *   GEMMs do, and each one's speedup over the flash kernel; started with
+ *   ZO_ATTENTION=tune, the backend's tuned choice too (row causal_tune).
  * Every input is random (uniform in [-1, 1], a fixed seed), as training's
  * are: constant data toggles few bits in the multipliers and on the buses,
  * draws less power and lets the GPU hold clocks that real data would not,
@@ -38,6 +39,9 @@
 #define LT_WS (32u << 20) /* cuBLASLt workspace, as the backend's per stream */
 #define ROUNDS 3          /* ours and cuBLASLt's algorithms alternate this many times */
 #define STAGE (64u << 20) /* pinned staging for the random fills */
+
+/* started with ZO_ATTENTION=tune: the attention rows add the tuned choice's */
+static int attn_tune;
 
 static gpu_device_t dev;
 static gpu_stream_t S;
@@ -383,17 +387,20 @@ static int attention_row(int t, void *stage, uint64_t seed)
     if (gpu_cast(S, r32.dout, r.dout, nout) != ZO_OK || gpu_stream_synchronize(S) != ZO_OK)
         return fail("gpu_cast (fp32 dout)");
     /* [path][direction]: path 0 the flash kernel, 1 the GEMM path, 2 the
-     * fused tensor-core kernels, 3 the mma.sync kernels; best32: the
-     * backward with fp32 grads */
-    enum { PATHS = 4 };
-    static const char *paths[PATHS] = {"flash", "gemm", "tc", "mma"};
-    static const char *names[PATHS] = {"", " (GEMM path)", " (tensor-core kernels)", " (mma.sync)"};
-    static const char *rows[PATHS] = {"causal", "causal_gemm", "causal_tc", "causal_mma"};
+     * fused tensor-core kernels, 3 the mma.sync kernels, 4 (when the bench
+     * was started with ZO_ATTENTION=tune) the fastest of them per shape as
+     * the backend tunes it, its first call of each shape untimed (the warm
+     * calls); best32: the backward with fp32 grads */
+    enum { PATHS = 5 };
+    static const char *paths[PATHS] = {"flash", "gemm", "tc", "mma", "tune"};
+    static const char *names[PATHS] = {"", " (GEMM path)", " (tensor-core kernels)", " (mma.sync)", " (tuned)"};
+    static const char *rows[PATHS] = {"causal", "causal_gemm", "causal_tc", "causal_mma", "causal_tune"};
+    const int n_paths = attn_tune ? PATHS : PATHS - 1;
     double best[PATHS][2], best32[PATHS];
     for (int p = 0; p < PATHS; p++) best[p][0] = best[p][1] = best32[p] = INFINITY;
     char what[96];
     for (int round = 0; round < ROUNDS; round++)
-        for (int p = 0; p < PATHS; p++) {
+        for (int p = 0; p < n_paths; p++) {
             setenv("ZO_ATTENTION", paths[p], 1);
             r.backward = 0;
             if (gpu_attention_forward(S, &r.a, r.out, r.lse, r.qkv) != ZO_OK ||
@@ -421,7 +428,7 @@ static int attention_row(int t, void *stage, uint64_t seed)
     double f = 2.0 * b * HEADS * (double)t * t * HEAD_DIM;
     bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, best[0][0] * 1e3,
               f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12);
-    for (int p = 1; p < PATHS; p++)
+    for (int p = 1; p < n_paths; p++)
         bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f", rows[p], b, t, HEADS,
                   best[p][0] * 1e3, f / best[p][0] * 1e-12, best[p][1] * 1e3, 2.5 * f / best[p][1] * 1e-12,
                   best[0][0] / best[p][0], best[0][1] / best[p][1], best32[p] * 1e3, 2.5 * f / best32[p] * 1e-12);
@@ -440,8 +447,9 @@ static int attention_row(int t, void *stage, uint64_t seed)
  * fused tensor-core kernels' ("causal_tc"), each of the last two with its
  * speedup (the flash kernel's time over its own) and its backward with fp32
  * dout and dqkv, as the transformer calls it, and the mma.sync kernels'
- * ("causal_mma", ZO_ATTENTION=mma, the same columns); 0, or 1 on a
- * failure. */
+ * ("causal_mma", ZO_ATTENTION=mma, the same columns), and, started with
+ * ZO_ATTENTION=tune, the tuned choice's ("causal_tune", the same columns;
+ * ZO_ATTENTION_LOG=1 prints what it chose); 0, or 1 on a failure. */
 static int bench_attention(void *stage)
 {
     bench_row("%-11s %6s %6s %6s %10s %10s %10s %10s %8s %8s %10s %10s", "attention", "b", "t", "heads", "fwd_ms",
@@ -458,6 +466,8 @@ int main(void)
         printf("# bench_gpu_cuda: no CUDA device here (or a build without CUDA): skipped\n");
         return 77;
     }
+    const char *za = getenv("ZO_ATTENTION");
+    attn_tune = za && !strcmp(za, "tune");
     if (gpu_device_open("cuda:0", 0, &dev) != ZO_OK) return fail("gpu_device_open");
     if (gpu_stream_create(dev, &S) != ZO_OK) return fail("gpu_stream_create");
     struct cudaDeviceProp prop;

@@ -31,7 +31,9 @@
 #              per model (its TF32 error model)
 #   memcheck   compute-sanitizer memcheck --leak-check full on test_gpu_parity
 #   bench      bench_gpu_cuda: gpu_gemm against cuBLASLt's best (goal >= 0.9),
-#              pinned and pageable copies, attention
+#              pinned and pageable copies, attention (with ZO_ATTENTION=tune
+#              and its choices in bench.log when this invocation's test step
+#              passed test_ops with mma forced)
 #   sanitize   memcheck of test_ops (CPU and CUDA backends), test_gpu_parity_model,
 #              test_offload_cuda;
 #              racecheck, synccheck, initcheck (GEMMs on the own kernel:
@@ -42,6 +44,7 @@
 #              32-bit state (over GPU, CPU and disk), then the full plan
 #              under the other optimizer schedules (ZO_13B_RUNS)
 #   torch      bench/torch_side_by_side.py: train --device cuda against PyTorch
+#              (ZO_ATTENTION=tune as the bench step's)
 #   schedules  scripts/gpu_schedules.py: a 1.3B LLaMA's step under the optimizer
 #              schedules serial, overlap and dpu against memplan's
 #   offload    bench_offload --device cuda (1.3B GPT, streamed / resident step,
@@ -649,10 +652,27 @@ last_output() { # LOG PROG FILE
   awk -v p="$2" '$0 ~ "^## .*"p {buf=""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$1" > "$3"
 }
 
+# ZO_ATTENTION of the bench and torch steps: tune (the backend times every
+# attention path that covers a shape on its first call and keeps the
+# fastest; ZO_ATTENTION_LOG=1 puts one line a shape in the step's log) once
+# this invocation's test step passed test_ops with the mma.sync kernels
+# forced (tuning may choose them), else the automatic rule. attn_env STEP:
+# ATTN_ENV (env's arguments) and an info row saying which.
+attn_env() {
+  ATTN_ENV=()
+  if awk -F'\t' '$1 == "test" && $2 == "test_ops attention, ZO_ATTENTION=mma" && $3 == "ok" {f = 1} END {exit !f}' "$ROWS"; then
+    ATTN_ENV=(ZO_ATTENTION=tune ZO_ATTENTION_LOG=1)
+    row "$1" "attention path" info "ZO_ATTENTION=tune (test_ops passed with mma forced; choices in $(logname "$1"))"
+  else
+    row "$1" "attention path" info "the automatic rule (no passing forced-mma test_ops row in this invocation)"
+  fi
+}
+
 step_bench() {
   local out=$STATE/bench_gpu_cuda.txt rc
   have bench/bench_gpu_cuda || { row bench bench_gpu_cuda FAIL "not built (build.log)"; return 1; }
-  run_step bench 300 "$B/bench/bench_gpu_cuda"
+  attn_env bench
+  run_step bench 300 env "${ATTN_ENV[@]}" "$B/bench/bench_gpu_cuda"
   rc=$?
   last_output "$RES/bench.log" bench_gpu_cuda "$out"
   if [ $rc != 0 ]; then
@@ -678,6 +698,9 @@ step_bench() {
   row bench "bench_gpu_cuda: attention tensor-core kernels / flash kernel" info "$(awk '$1 == "causal_tc" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   # the mma.sync kernels (ZO_ATTENTION=mma), the same columns
   row bench "bench_gpu_cuda: attention mma.sync kernels / flash kernel" info "$(awk '$1 == "causal_mma" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
+  # the tuned choice (ZO_ATTENTION=tune), the same columns; what it chose: bench.log
+  [ ${#ATTN_ENV[@]} -gt 0 ] &&
+    row bench "bench_gpu_cuda: attention tuned choice / flash kernel" info "$(awk '$1 == "causal_tune" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   return $bad
 }
 
@@ -727,9 +750,10 @@ step_13b() {
 }
 
 step_torch() {
+  attn_env torch
   have_planning torch || return 1
   local l=$(($(step_left) - 10))
-  PYTHONUNBUFFERED=1 run_step torch "$l" "$PY" bench/torch_side_by_side.py \
+  PYTHONUNBUFFERED=1 run_step torch "$l" env "${ATTN_ENV[@]}" "$PY" bench/torch_side_by_side.py \
     --train "$B/examples/train" --memplan "$B/planner/memplan" --device cuda \
     --workdir "$STATE/torch" --rows "$ROWS" --time-limit "$((l - 15))"
   local rc=$?

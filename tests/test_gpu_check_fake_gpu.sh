@@ -131,6 +131,9 @@ want test test_ops FAIL "no 'backend cuda \.\.\. runs' line"
 want test test_cuda_module ok "^passed"
 want memcheck "memcheck test_gpu_parity" FAIL "^exit 77"
 want bench bench_gpu_cuda FAIL "^exit 77"
+# test_ops with mma forced failed: the bench keeps the automatic rule
+want bench "attention path" info "^the automatic rule"
+grep -q 'ZO_ATTENTION=tune' "$tmp/out/bench.log" && fail "bench.log: ZO_ATTENTION=tune without a passing forced-mma row"
 want sanitize "memcheck test_ops (ZO_OPS_BACKENDS=cpu,cuda)" ok "^0 errors"
 # initcheck with every GEMM on the own kernel: the variable reaches the run, and only that one
 want sanitize "initcheck test_gpu_parity (ZO_CUDA_GEMM=tiled)" FAIL "^exit 77"
@@ -232,3 +235,41 @@ grep -q 'bench_gpu_cuda' "$tmp/logs/bench.log" || fail "packed: bench.log lacks 
 grep -q 'plan13b-qlora' "$tmp/logs/13b.log" || fail "packed: 13b.log lacks the QLoRA run"
 grep -q 'the finished steps. logs go into logs.tar.gz' "$tmp/stdout" || fail "packed: no line saying so"
 echo "ok: steps of three invocations: \$OUT holds $(cd "$tmp/out" && echo *)"
+
+# test, bench and torch in one invocation over a build of stand-ins (a
+# configured folder whose test_ops passes with ZO_ATTENTION=mma, and a
+# bench that says what it was given): the forced-mma row passed, so the
+# bench and torch steps run with ZO_ATTENTION=tune and ZO_ATTENTION_LOG=1,
+# and the tuning's lines reach bench.log
+fb=$tmp/fakebuild
+mkdir -p "$fb/gpu" "$fb/bench"
+printf 'CMAKE_GENERATOR:INTERNAL=Unix Makefiles\n' > "$fb/CMakeCache.txt"
+cat > "$fb/gpu/test_ops" <<'EOF'
+#!/bin/sh
+[ "${ZO_ATTENTION:-}" = mma ] && { echo "backend cuda 12 runs, 0 failed"; exit 0; }
+echo "backend cuda 12 runs, 1 failed"
+exit 1
+EOF
+cat > "$fb/bench/bench_gpu_cuda" <<'EOF'
+#!/bin/sh
+echo "stand-in bench: ZO_ATTENTION=${ZO_ATTENTION:-} ZO_ATTENTION_LOG=${ZO_ATTENTION_LOG:-}"
+[ "${ZO_ATTENTION:-}" = tune ] && [ "${ZO_ATTENTION_LOG:-}" = 1 ] &&
+  echo "ZO_ATTENTION=tune: attention_forward b1 t2048 hq40 hkv40 d128 causal qkv bf16 out bf16: mma 1.0 us, tc 2.0 us, gemm 3.0 us, flash 4.0 us -> mma" >&2
+echo "causal_tune     1   2048     40       1.00      100.0       2.00      100.0     3.00     3.00       2.00      100.0"
+echo "gpu_gemm / best cuBLASLt (geo. mean): 1.00"
+EOF
+chmod +x "$fb/gpu/test_ops" "$fb/bench/bench_gpu_cuda"
+rm -rf "$tmp/out" && mkdir "$tmp/out"
+PATH="$tmp/bin:$PATH" OUT="$tmp/out" ZO_GPUCHECK_BUILD="$fb" \
+  bash "$root/scripts/gpu-check.sh" test bench torch >"$tmp/stdout" 2>"$tmp/stderr"
+rc=$?
+[ $rc = 1 ] || fail "test bench torch over stand-ins: exit $rc, expected 1"
+want test "test_ops attention, ZO_ATTENTION=mma" ok "^backend cuda 12 runs, 0 failed"
+want test "test_ops attention, ZO_ATTENTION=tc" FAIL "1 failed"
+want bench "attention path" info "^ZO_ATTENTION=tune"
+want bench "bench_gpu_cuda: attention tuned choice / flash kernel" info "^t=2048 fwd 100.0 TF/s \(3.00x\)"
+want torch "attention path" info "^ZO_ATTENTION=tune"
+grep -q '^stand-in bench: ZO_ATTENTION=tune ZO_ATTENTION_LOG=1$' "$tmp/out/bench.log" ||
+  fail "bench.log: the bench did not get ZO_ATTENTION=tune ZO_ATTENTION_LOG=1: $(grep stand-in "$tmp/out/bench.log")"
+grep -q '^ZO_ATTENTION=tune: attention_forward .* -> mma$' "$tmp/out/bench.log" || fail "bench.log lacks the tuning's line"
+echo "ok: test bench torch: a passing forced-mma row puts the bench and torch steps on ZO_ATTENTION=tune"

@@ -619,14 +619,23 @@ static void test_attention(void **state)
     attention_case(ZO_DTYPE_BF16, 1, 300, 8, 2, 128, &bad);
     attention_case(ZO_DTYPE_F16, 2, 257, 4, 4, 96, &bad);
     attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 520, 8, 4, 128, 0, &bad);
+    /* the fastest path per shape, timed on its first call (ZO_ATTENTION=tune):
+     * every candidate runs before the chosen one, which must leave its own
+     * results; a window leaves the GEMM path and the flash kernel */
+    setenv("ZO_ATTENTION", "tune", 1);
+    attention_case(ZO_DTYPE_BF16, 1, 300, 8, 2, 128, &bad);
+    attention_case(ZO_DTYPE_F16, 2, 257, 4, 4, 64, &bad);
+    attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 520, 8, 4, 128, 0, &bad);
+    attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 600, 4, 1, 80, 100, &bad);
     unsetenv("ZO_ATTENTION");
     assert_int_equal(bad, 0);
 }
 
 /* Same inputs twice: bitwise the same gradients (no atomics anywhere), from
  * the flash kernel (t 50), the GEMM path (t 300), the fused tensor-core
- * kernels (t 300, ZO_ATTENTION=tc) and the mma.sync kernels (t 300,
- * ZO_ATTENTION=mma). */
+ * kernels (t 300, ZO_ATTENTION=tc), the mma.sync kernels (t 300,
+ * ZO_ATTENTION=mma) and the tuned choice (t 300, ZO_ATTENTION=tune: the
+ * first backward times every candidate before the choice). */
 static void determinism_case(int t)
 {
     gpu_attn_desc a = {.b = 1, .t = t, .hq = 4, .hkv = 2, .d = 64};
@@ -669,6 +678,10 @@ static void test_determinism(void **state)
     setenv("ZO_ATTENTION", "tc", 1);
     determinism_case(300);
     setenv("ZO_ATTENTION", "mma", 1);
+    determinism_case(300);
+    /* the first backward tunes (every candidate, then the choice), the
+     * second runs the choice: the same bits */
+    setenv("ZO_ATTENTION", "tune", 1);
     determinism_case(300);
     unsetenv("ZO_ATTENTION");
 }

@@ -3340,6 +3340,155 @@ static void test_attention_path_env(void **state)
     free(qkv);
     free(lse);
 }
+
+/* ZO_ATTENTION=tune on the shim (gpu/cuda/ops_cuda.h; its stopwatch there
+ * is the host's clock): over shapes at head sizes 64 and 128, GQA, t on
+ * both sides of 256, bf16 and fp32 gradients, the first call of each shape
+ * times every path that covers it (the count of runs made to time each path
+ * grows) and keeps one entry, whose choice is the fastest candidate; its
+ * results are the forced choice's bit for bit, forward and backward; a
+ * second call times nothing and gives the same bits. A sliding window that
+ * masks, a soft cap, and fp32 qkv are never timed on the tensor-core or
+ * mma.sync kernels (nor fp32 qkv on the GEMM path). Left out where
+ * ZO_OPS_FILTER names no attention op. */
+typedef struct tune_case {
+    int b, t, hq, hkv, d, window;
+    float softcap;
+    zo_dtype qkv, grad; /* grad: dout's and dqkv's type */
+    int backward;
+} tune_case;
+
+/* One attention call of case c on x (its attn_path as set); outputs in o (out or dqkv), lse. */
+static void tune_call(shim_exec *x, const tune_case *c, void *qkv, void *dout, void *out, float *lse, void *o)
+{
+    gpu_op_args a = {0};
+    a.d.attn = (gpu_attn_desc){.b = c->b, .t = c->t, .hq = c->hq, .hkv = c->hkv, .d = c->d, .window = c->window,
+                               .softcap = c->softcap};
+    a.p[0] = lse;
+    if (c->backward) {
+        a.t[0] = gpu_t(o, c->grad), a.t[1] = gpu_t(dout, c->grad), a.t[2] = gpu_t(qkv, c->qkv);
+        a.t[3] = gpu_t(out, c->qkv);
+    } else {
+        a.t[0] = gpu_t(o, c->qkv), a.t[1] = gpu_t(qkv, c->qkv);
+    }
+    gpu_op_id op = c->backward ? GPU_OP_ATTENTION_BACKWARD : GPU_OP_ATTENTION_FORWARD;
+    assert_int_equal(shim_cuda_ops[op](&x->exec, &a), ZO_OK);
+}
+
+static void fill_random(void *p, size_t n, zo_dtype t)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = (float)(2.0 * urand() - 1.0);
+        if (t == ZO_DTYPE_F32) ((float *)p)[i] = v;
+        else ((uint16_t *)p)[i] = zo_f32_to_bf16(v);
+    }
+}
+
+static void test_attention_tune(void **state)
+{
+    (void)state;
+    static const tune_case cases[] = {
+        {1, 255, 2, 1, 64, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0},
+        {1, 255, 2, 1, 64, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1},
+        {1, 257, 2, 1, 128, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
+        {1, 257, 2, 1, 128, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1},
+        {2, 48, 4, 1, 128, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1},     /* short: under ZO_OPS_SHIM_MAX_T too */
+        {2, 40, 2, 1, 64, 8, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0},     /* a window that masks */
+        {2, 40, 2, 1, 64, 0, 30.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1},    /* a soft cap */
+        {2, 40, 2, 1, 64, 0, 0.0f, ZO_DTYPE_F32, ZO_DTYPE_F32, 0},       /* fp32 qkv */
+    };
+    const int n_cases = (int)(sizeof cases / sizeof *cases);
+    if (filter && !strstr(gpu_op_infos[GPU_OP_ATTENTION_FORWARD].name, filter) &&
+        !strstr(gpu_op_infos[GPU_OP_ATTENTION_BACKWARD].name, filter)) {
+        printf("  left out: ZO_OPS_FILTER=%s names no attention op\n", filter);
+        return;
+    }
+    shim_exec x, forced;
+    assert_int_equal(shim_exec_init(&x), ZO_OK);
+    assert_int_equal(shim_exec_init(&forced), ZO_OK);
+    x.exec.attn_path = CUDA_ATTN_TUNE;
+    x.tune.runs = 1; /* one warm-up and one timed run a candidate: the shim is slow */
+    unsetenv("ZO_ATTENTION");
+    int n_tuned = 0;
+    for (int k = 0; k < n_cases; k++) {
+        const tune_case *c = &cases[k];
+        if (shim_max_t > 0 && c->t > shim_max_t) { /* the fiber kernels' long cases (ZO_OPS_SHIM_MAX_T) */
+            printf("  tune: t %d left out (ZO_OPS_SHIM_MAX_T=%d)\n", c->t, shim_max_t);
+            continue;
+        }
+        n_tuned++;
+        const size_t nq = (size_t)c->b * c->t * (c->hq + 2 * c->hkv) * c->d, no = (size_t)c->b * c->t * c->hq * c->d;
+        const size_t es = zo_dtype_size(c->qkv), gs = zo_dtype_size(c->grad), nl = (size_t)c->b * c->hq * c->t;
+        const size_t n_o = c->backward ? nq * gs : no * es; /* bytes of the call's output */
+        void *qkv = malloc(nq * es), *out = malloc(no * es), *dout = malloc(no * gs);
+        void *o[3] = {malloc(n_o), malloc(n_o), malloc(n_o)};
+        /* lse: the backward's input (the flash kernel's forward); the
+         * forward's output, one buffer a call */
+        float *lse = malloc(nl * sizeof *lse), *lo[3] = {malloc(nl * 4), malloc(nl * 4), malloc(nl * 4)};
+        fill_random(qkv, nq, c->qkv);
+        fill_random(dout, no, c->grad);
+        if (c->backward) {
+            tune_case f = *c;
+            f.backward = 0;
+            forced.exec.attn_path = CUDA_ATTN_FLASH;
+            tune_call(&forced, &f, qkv, NULL, NULL, lse, out);
+        }
+#define TUNE_LSE(i) (c->backward ? lse : lo[i])
+        long before[CUDA_ATTN_PATHS];
+        memcpy(before, x.tune.launched, sizeof before);
+        /* the first call times; the entry is the fastest candidate */
+        tune_call(&x, c, qkv, dout, out, TUNE_LSE(0), o[0]);
+        assert_int_equal(x.tune.n, n_tuned);
+        gpu_op_args a = {0};
+        a.d.attn = (gpu_attn_desc){.b = c->b, .t = c->t, .hq = c->hq, .hkv = c->hkv, .d = c->d,
+                                   .window = c->window, .softcap = c->softcap};
+        if (c->backward) a.t[0] = gpu_t(o[0], c->grad), a.t[1] = gpu_t(dout, c->grad), a.t[2] = gpu_t(qkv, c->qkv);
+        else a.t[0] = gpu_t(o[0], c->qkv), a.t[1] = gpu_t(qkv, c->qkv);
+        cuda_attn_shape key = cuda_attn_shape_of(&a, c->backward);
+        const cuda_attn_tuned *e = cuda_attn_tune_find(&x.tune, &key);
+        assert_non_null(e);
+        const int tc_case = c->qkv != ZO_DTYPE_F32 && c->window == 0 && c->softcap == 0.0f;
+        const int want[CUDA_ATTN_PATHS] = {[CUDA_ATTN_FLASH] = 1, [CUDA_ATTN_GEMM] = c->qkv != ZO_DTYPE_F32,
+                                           [CUDA_ATTN_TC] = tc_case, [CUDA_ATTN_MMA] = tc_case};
+        printf("  tune %s b%d t%d hq%d hkv%d d%d w%d cap %g %s:", c->backward ? "backward" : "forward", c->b, c->t,
+               c->hq, c->hkv, c->d, c->window, (double)c->softcap, zo_dtype_name(c->qkv));
+        for (int p = CUDA_ATTN_FLASH; p < CUDA_ATTN_PATHS; p++) {
+            if (e->us[p] >= 0) printf(" %s %.0f us", cuda_attn_path_name(p), e->us[p]);
+            /* timed exactly when it covers the case: a warm-up and one run */
+            assert_int_equal(x.tune.launched[p] - before[p], want[p] ? 2 : 0);
+            assert_int_equal(e->us[p] >= 0, want[p]);
+            if (want[p]) assert_true(e->us[e->path] <= e->us[p]);
+        }
+        printf(" -> %s\n", cuda_attn_path_name(e->path));
+        assert_true(want[e->path]);
+        /* the forced choice's bits */
+        forced.exec.attn_path = e->path;
+        tune_call(&forced, c, qkv, dout, out, TUNE_LSE(1), o[1]);
+        assert_memory_equal(o[0], o[1], n_o);
+        if (!c->backward) assert_memory_equal(lo[0], lo[1], nl * 4);
+        /* a second call, and one through ZO_ATTENTION=tune on the automatic
+         * choice: nothing timed, no new entry, the same bits */
+        for (int env = 0; env < 2; env++) {
+            if (env) setenv("ZO_ATTENTION", "tune", 1);
+            x.exec.attn_path = env ? CUDA_ATTN_AUTO : CUDA_ATTN_TUNE;
+            memset(o[2], 0, n_o);
+            memset(lo[2], 0, nl * 4);
+            tune_call(&x, c, qkv, dout, out, TUNE_LSE(2), o[2]);
+            assert_memory_equal(o[0], o[2], n_o);
+            if (!c->backward) assert_memory_equal(lo[0], lo[2], nl * 4);
+            assert_int_equal(x.tune.n, n_tuned);
+            for (int p = CUDA_ATTN_FLASH; p < CUDA_ATTN_PATHS; p++)
+                assert_int_equal(x.tune.launched[p] - before[p], want[p] ? 2 : 0);
+        }
+#undef TUNE_LSE
+        unsetenv("ZO_ATTENTION");
+        x.exec.attn_path = CUDA_ATTN_TUNE;
+        for (int i = 0; i < 3; i++) free(o[i]), free(lo[i]);
+        free(qkv), free(out), free(dout), free(lse);
+    }
+    shim_exec_free(&forced);
+    shim_exec_free(&x);
+}
 #endif
 
 /* ---- positions out of range -------------------------------------------------------------- */
@@ -3569,6 +3718,7 @@ int main(void)
         cmocka_unit_test(test_bad_positions),
 #ifdef ZO_HAVE_CUDA_SHIM
         cmocka_unit_test(test_attention_path_env),
+        cmocka_unit_test(test_attention_tune),
 #endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

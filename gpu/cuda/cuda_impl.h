@@ -66,6 +66,7 @@ typedef struct cuda_ctx {
     cudaMemPool_t pool;          /* this device's own stream-ordered pool */
     cudaStream_t alloc_stream;   /* gpu_mem_alloc/free (no stream of their own) */
     cublasLtHandle_t lt;
+    struct cuda_attn_tune *attn_tune; /* ZO_ATTENTION=tune's choices on this device (ops_cuda.h) */
 } cuda_ctx;
 
 typedef struct cuda_stream {
@@ -90,6 +91,20 @@ zo_status cuda_blas_status(cublasStatus_t e, const char *call);
 #endif
 /* cudaGetLastError() right after a launch of `kernel`. */
 zo_status cuda_launch_check(const char *kernel);
+
+/* ---- a stopwatch on a stream: the attention's tuning (ops_cuda.c) -------------------
+ * start records an event on the stream; stop records a second one, waits
+ * for it on the host and gives the device time between the two in
+ * microseconds, then frees both (also when it fails). The shim, whose
+ * kernels have run when their launch returns, reads the host's monotonic
+ * clock instead (gpu/cuda/shim/cuda_shim.cc). Not inside a stream capture:
+ * start refuses a stream being captured (ZO_ERR_UNSUPPORTED). */
+typedef struct cuda_stopwatch {
+    cudaEvent_t start, stop; /* the GPU's */
+    double t0;               /* the shim's: the host clock at start, microseconds */
+} cuda_stopwatch;
+zo_status cuda_stopwatch_start(cudaStream_t st, cuda_stopwatch *w);
+zo_status cuda_stopwatch_stop(cudaStream_t st, cuda_stopwatch *w, double *us);
 
 /* ---- launchers (gpu/cuda/<family>.cu). Arguments as the public op of the
  * same name in gpu/device.h, already checked by device.c. ------------------------ */

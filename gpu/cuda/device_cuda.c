@@ -43,6 +43,40 @@ zo_status cuda_launch_check(const char *kernel)
 /* The call's text names it in the message. */
 #define CU(call) cuda_status((call), #call)
 
+/* ---- the stopwatch of the attention's tuning (cuda_impl.h) ----------------------------- */
+
+static void stopwatch_destroy(cuda_stopwatch *w)
+{
+    if (w->start) cudaEventDestroy(w->start);
+    if (w->stop) cudaEventDestroy(w->stop);
+    w->start = w->stop = NULL;
+}
+
+zo_status cuda_stopwatch_start(cudaStream_t st, cuda_stopwatch *w)
+{
+    *w = (cuda_stopwatch){0};
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    zo_status s = CU(cudaStreamIsCapturing(st, &cap));
+    if (s != ZO_OK) return s;
+    if (cap != cudaStreamCaptureStatusNone)
+        return zo_error(ZO_ERR_UNSUPPORTED, "cuda_stopwatch_start: the stream is being captured into a graph");
+    if ((s = CU(cudaEventCreate(&w->start))) == ZO_OK && (s = CU(cudaEventCreate(&w->stop))) == ZO_OK)
+        s = CU(cudaEventRecord(w->start, st));
+    if (s != ZO_OK) stopwatch_destroy(w);
+    return s;
+}
+
+zo_status cuda_stopwatch_stop(cudaStream_t st, cuda_stopwatch *w, double *us)
+{
+    float ms = 0.0f;
+    zo_status s = CU(cudaEventRecord(w->stop, st));
+    if (s == ZO_OK) s = CU(cudaEventSynchronize(w->stop));
+    if (s == ZO_OK) s = CU(cudaEventElapsedTime(&ms, w->start, w->stop));
+    stopwatch_destroy(w);
+    *us = (double)ms * 1e3;
+    return s;
+}
+
 static cuda_ctx *ctx_of(gpu_device_t dev) { return dev->ctx; }
 
 /* Make the context's device current on the calling thread. */
@@ -505,7 +539,7 @@ static zo_status cuda_op(gpu_stream_t s, gpu_op_id id, const gpu_op_args *a)
     if (st != ZO_OK) return st;
     cuda_exec e = {.stream = cs->stream, .err = cs->err_dev, .partials = cs->partials,
                    .workspace = cs->workspace, .ws_bytes = CUDA_LT_WORKSPACE, .lt = c->lt,
-                   .pool = c->pool};
+                   .pool = c->pool, .tune = c->attn_tune};
     return cuda_ops[id](&e, a);
 }
 
@@ -531,6 +565,8 @@ static void cuda_free(gpu_device_t dev)
     cudaStreamDestroy(c->alloc_stream);
     cudaMemPoolDestroy(c->pool);
     (void)cudaGetLastError();
+    cuda_attn_tune_free(c->attn_tune);
+    free(c->attn_tune);
     pthread_mutex_destroy(c->lock);
     free(c->lock);
     free(c);
@@ -601,13 +637,17 @@ zo_status cuda_device_init(const gpu_cuda_options *opt, gpu_device_t *out)
 
     cuda_ctx *c = calloc(1, sizeof *c);
     pthread_mutex_t *mu = malloc(sizeof *mu);
-    if (!c || !mu) {
+    cuda_attn_tune *tune = malloc(sizeof *tune);
+    if (!c || !mu || !tune) {
         free(c);
         free(mu);
+        free(tune);
         return zo_error(ZO_ERR_NOMEM, "gpu_device_init_cuda: out of host memory");
     }
     pthread_mutex_init(mu, NULL);
+    cuda_attn_tune_init(tune);
     c->lock = mu;
+    c->attn_tune = tune;
     c->device = ordinal;
     c->capacity = opt ? opt->capacity : 0;
     if (!c->capacity) {
@@ -642,6 +682,8 @@ out_destroy_stream:
 out_destroy_pool:
     cudaMemPoolDestroy(c->pool);
 out_free_ctx:
+    cuda_attn_tune_free(tune);
+    free(tune);
     pthread_mutex_destroy(mu);
     free(mu);
     free(c);

@@ -1,7 +1,10 @@
 /* The CUDA column of the op table: each entry unpacks its slots (gpu/ops.h)
  * for its launcher in gpu/cuda/<family>.cu. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/dtype.h"            /* defines: zo_dtype_name */
 
 #include "gpu/cuda/attention_gemm.h" /* defines: CUDA_ATTN_GEMM_MIN_T */
 #include "gpu/cuda/attention_mma.h"  /* defines: cuda_attn_mma_covers, cuda_launch_attention_mma_* */
@@ -69,18 +72,43 @@ static zo_status cuda_run_head_norm_backward(const cuda_exec *e, const gpu_op_ar
                                           (int)a->i[5]);
 }
 
+/* Whether `path` computes attention over qkv of this shape: the
+ * tensor-core and mma.sync kernels their cases (16-bit qkv, d 64/80/96/128,
+ * no window that masks, soft cap or ALiBi) with qkv 16-byte aligned, as
+ * their vector loads need; the GEMM path 16-bit qkv; the flash kernel all. */
+static int attention_covers(const gpu_attn_desc *d, gpu_tensor qkv, int path)
+{
+    const int b16 = qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16;
+    const int aligned = (uintptr_t)qkv.data % 16 == 0;
+    switch (path) {
+    case CUDA_ATTN_MMA: return aligned && cuda_attn_mma_covers(d, qkv.dtype);
+    case CUDA_ATTN_TC: return aligned && cuda_attn_tc_covers(d, qkv.dtype);
+    case CUDA_ATTN_GEMM: return b16;
+    default: return path == CUDA_ATTN_FLASH;
+    }
+}
+
+/* The automatic choice, common/attn_path.h's zo_attn_auto_path (memplan
+ * times the same): the tensor-core kernels where they cover the case at
+ * head sizes up to 64, or where the GEMM path is not taken; the GEMM path
+ * for 16-bit qkv on a device with cuBLASLt from t >= ZO_ATTN_GEMM_MIN_T;
+ * else the flash kernel. */
+static int attention_auto(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv)
+{
+    static const int of[] = {[ZO_ATTN_FLASH] = CUDA_ATTN_FLASH, [ZO_ATTN_GEMM] = CUDA_ATTN_GEMM,
+                             [ZO_ATTN_TC] = CUDA_ATTN_TC};
+    const int b16 = qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16;
+    const int aligned = (uintptr_t)qkv.data % 16 == 0;
+    return of[zo_attn_auto_path(b16, aligned, d->d, d->window, d->softcap, d->alibi, d->t, e->lt != NULL)];
+}
+
 /* Which kernels run attention over qkv of this shape (*path: CUDA_ATTN_FLASH,
- * _GEMM, _TC or _MMA). The tensor-core kernels when chosen (ZO_ATTENTION=tc)
- * and they cover the case (cuda_attn_tc_covers: 16-bit qkv, d 64/80/96/128,
- * no window, soft cap or ALiBi; qkv 16-byte aligned, as their vector loads
- * need); the mma.sync kernels (ZO_ATTENTION=mma, opt-in until a GPU has
- * timed them) for the same cases; what they do not cover falls back to
- * the automatic choice,
- * common/attn_path.h's zo_attn_auto_path (memplan times the same): the
- * tensor-core kernels where they cover the case at head sizes up to 64, or
- * where the GEMM path is not taken; the GEMM path for 16-bit qkv on a
- * device with cuBLASLt from t >= ZO_ATTN_GEMM_MIN_T; else the flash
- * kernel. */
+ * _GEMM, _TC, _MMA, or _TUNE: the fastest of those that cover it, timed once
+ * per shape). The tensor-core kernels when chosen (ZO_ATTENTION=tc) and
+ * they cover the case; the mma.sync kernels (ZO_ATTENTION=mma, opt-in until
+ * a GPU has timed them) for the same cases; what they do not cover falls
+ * back to the automatic choice (attention_auto), as does tune without a
+ * cache of the device's choices. */
 static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv, int *path)
 {
     int p = e->attn_path;
@@ -90,26 +118,23 @@ static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_
         else if (v && !strcmp(v, "flash")) p = CUDA_ATTN_FLASH;
         else if (v && !strcmp(v, "tc")) p = CUDA_ATTN_TC;
         else if (v && !strcmp(v, "mma")) p = CUDA_ATTN_MMA;
+        else if (v && !strcmp(v, "tune")) p = CUDA_ATTN_TUNE;
         else if (v && *v && strcmp(v, "auto"))
-            return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION=%s: expected gemm, flash, tc, mma or auto", v);
+            return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION=%s: expected gemm, flash, tc, mma, tune or auto", v);
     }
-    const int b16 = qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16;
-    const int aligned = (uintptr_t)qkv.data % 16 == 0;
-    if (p == CUDA_ATTN_TC && aligned && cuda_attn_tc_covers(d, qkv.dtype)) {
-        *path = CUDA_ATTN_TC;
+    if (p == CUDA_ATTN_TUNE && e->tune) {
+        *path = CUDA_ATTN_TUNE;
         return ZO_OK;
     }
-    if (p == CUDA_ATTN_MMA && aligned && cuda_attn_mma_covers(d, qkv.dtype)) {
-        *path = CUDA_ATTN_MMA;
+    if ((p == CUDA_ATTN_TC || p == CUDA_ATTN_MMA) && attention_covers(d, qkv, p)) {
+        *path = p;
         return ZO_OK;
     }
-    if (p == CUDA_ATTN_AUTO || p == CUDA_ATTN_TC || p == CUDA_ATTN_MMA) {
-        static const int of[] = {[ZO_ATTN_FLASH] = CUDA_ATTN_FLASH, [ZO_ATTN_GEMM] = CUDA_ATTN_GEMM,
-                                 [ZO_ATTN_TC] = CUDA_ATTN_TC};
-        *path = of[zo_attn_auto_path(b16, aligned, d->d, d->window, d->softcap, d->alibi, d->t, e->lt != NULL)];
+    if (p == CUDA_ATTN_AUTO || p == CUDA_ATTN_TC || p == CUDA_ATTN_MMA || p == CUDA_ATTN_TUNE) {
+        *path = attention_auto(e, d, qkv);
         return ZO_OK;
     }
-    *path = b16 && p == CUDA_ATTN_GEMM ? CUDA_ATTN_GEMM : CUDA_ATTN_FLASH;
+    *path = p == CUDA_ATTN_GEMM && attention_covers(d, qkv, CUDA_ATTN_GEMM) ? CUDA_ATTN_GEMM : CUDA_ATTN_FLASH;
     return ZO_OK;
 }
 
@@ -120,11 +145,9 @@ static cuda_gemm_env gemm_env(const cuda_exec *e)
     return g;
 }
 
-static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_args *a)
+/* One path's forward: out [b, t, hq*d] (t[0]), lse (p[0]) from qkv (t[1]). */
+static zo_status attention_forward_on(const cuda_exec *e, const gpu_op_args *a, int path)
 {
-    int path = 0;
-    zo_status st = attention_path(e, &a->d.attn, a->t[1], &path);
-    if (st != ZO_OK) return st;
     if (path == CUDA_ATTN_MMA)
         return cuda_launch_attention_mma_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->t[1]);
     if (path == CUDA_ATTN_TC) return cuda_launch_attention_tc_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->t[1]);
@@ -135,11 +158,10 @@ static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_arg
     return cuda_launch_attention_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->t[1]);
 }
 
-static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_args *a)
+/* One path's backward: dqkv (t[0], overwritten) from dout (t[1]), qkv
+ * (t[2]), out (t[3]) and lse (p[0]). */
+static zo_status attention_backward_on(const cuda_exec *e, const gpu_op_args *a, int path)
 {
-    int path = 0;
-    zo_status st = attention_path(e, &a->d.attn, a->t[2], &path);
-    if (st != ZO_OK) return st;
     if (path == CUDA_ATTN_MMA)
         return cuda_launch_attention_mma_backward(e->stream, e->pool, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],
                                                   a->p[0]);
@@ -153,6 +175,156 @@ static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_ar
     }
     return cuda_launch_attention_backward(e->stream, &a->d.attn, a->t[0], a->t[1], a->t[2],
                                           a->t[3], a->p[0]);
+}
+
+/* ---- ZO_ATTENTION=tune (ops_cuda.h) ---- */
+
+void cuda_attn_tune_init(cuda_attn_tune *t)
+{
+    memset(t, 0, sizeof *t);
+    pthread_mutex_init(&t->lock, NULL);
+}
+
+void cuda_attn_tune_free(cuda_attn_tune *t) { pthread_mutex_destroy(&t->lock); }
+
+const char *cuda_attn_path_name(int path)
+{
+    static const char *names[CUDA_ATTN_PATHS] = {[CUDA_ATTN_FLASH] = "flash", [CUDA_ATTN_GEMM] = "gemm",
+                                                 [CUDA_ATTN_TC] = "tc", [CUDA_ATTN_MMA] = "mma"};
+    return path > 0 && path < CUDA_ATTN_PATHS ? names[path] : "?";
+}
+
+cuda_attn_shape cuda_attn_shape_of(const gpu_op_args *a, int backward)
+{
+    const gpu_attn_desc *d = &a->d.attn;
+    const gpu_tensor qkv = a->t[backward ? 2 : 1];
+    cuda_attn_shape k = {.backward = backward, .b = d->b, .t = d->t, .hq = d->hq, .hkv = d->hkv, .d = d->d,
+                         .window = d->window, .alibi_bf16 = d->alibi_bf16, .softcap = d->softcap,
+                         .alibi = d->alibi, .qkv = (int)qkv.dtype, .out = -1, .dout = -1, .dqkv = -1,
+                         .aligned = (uintptr_t)qkv.data % 16 == 0};
+    if (backward) k.dqkv = (int)a->t[0].dtype, k.dout = (int)a->t[1].dtype;
+    else k.out = (int)a->t[0].dtype;
+    return k;
+}
+
+static int shape_equal(const cuda_attn_shape *x, const cuda_attn_shape *y)
+{
+    return x->backward == y->backward && x->b == y->b && x->t == y->t && x->hq == y->hq && x->hkv == y->hkv &&
+           x->d == y->d && x->window == y->window && x->alibi_bf16 == y->alibi_bf16 && x->softcap == y->softcap &&
+           x->alibi == y->alibi && x->qkv == y->qkv && x->out == y->out && x->dout == y->dout &&
+           x->dqkv == y->dqkv && x->aligned == y->aligned;
+}
+
+const cuda_attn_tuned *cuda_attn_tune_find(cuda_attn_tune *t, const cuda_attn_shape *k)
+{
+    const cuda_attn_tuned *hit = NULL;
+    pthread_mutex_lock(&t->lock);
+    for (int i = 0; i < t->n && !hit; i++)
+        if (shape_equal(&t->e[i].shape, k)) hit = &t->e[i];
+    pthread_mutex_unlock(&t->lock);
+    return hit;
+}
+
+typedef zo_status (*attention_run_fn)(const cuda_exec *e, const gpu_op_args *a, int path);
+
+/* One path's mean time a run (*us), after a warm-up run: `runs` runs
+ * queued back to back between the stopwatch's two records. */
+static zo_status time_path(const cuda_exec *e, const gpu_op_args *a, attention_run_fn run, int path, int runs,
+                           double *us)
+{
+    zo_status st = run(e, a, path);
+    if (st != ZO_OK) return st;
+    cuda_stopwatch w;
+    if ((st = cuda_stopwatch_start(e->stream, &w)) != ZO_OK) return st;
+    for (int r = 0; r < runs && st == ZO_OK; r++) st = run(e, a, path);
+    zo_status st2 = cuda_stopwatch_stop(e->stream, &w, us);
+    *us /= runs;
+    pthread_mutex_lock(&e->tune->lock);
+    e->tune->launched[path] += runs + 1;
+    pthread_mutex_unlock(&e->tune->lock);
+    return st != ZO_OK ? st : st2;
+}
+
+/* ZO_ATTENTION_LOG's line for a tuned shape. */
+static void log_tuned(const cuda_attn_tuned *x)
+{
+    const char *v = getenv("ZO_ATTENTION_LOG");
+    if (!v || !*v || !strcmp(v, "0")) return;
+    const cuda_attn_shape *k = &x->shape;
+    char line[512];
+    int n = snprintf(line, sizeof line, "ZO_ATTENTION=tune: attention_%s b%d t%d hq%d hkv%d d%d causal qkv %s",
+                     k->backward ? "backward" : "forward", k->b, k->t, k->hq, k->hkv, k->d,
+                     zo_dtype_name((zo_dtype)k->qkv));
+    if (k->backward)
+        n += snprintf(line + n, sizeof line - n, " dout %s dqkv %s", zo_dtype_name((zo_dtype)k->dout),
+                      zo_dtype_name((zo_dtype)k->dqkv));
+    else
+        n += snprintf(line + n, sizeof line - n, " out %s", zo_dtype_name((zo_dtype)k->out));
+    if (k->window > 0) n += snprintf(line + n, sizeof line - n, " w%d", k->window);
+    if (k->softcap > 0.0f) n += snprintf(line + n, sizeof line - n, " softcap %g", (double)k->softcap);
+    if (k->alibi > 0.0f) n += snprintf(line + n, sizeof line - n, " alibi %g%s", (double)k->alibi,
+                                       k->alibi_bf16 ? " bf16" : "");
+    if (!k->aligned) n += snprintf(line + n, sizeof line - n, " unaligned");
+    static const int order[] = {CUDA_ATTN_MMA, CUDA_ATTN_TC, CUDA_ATTN_GEMM, CUDA_ATTN_FLASH};
+    const char *sep = ":";
+    for (int i = 0; i < 4; i++) {
+        if (x->us[order[i]] < 0) continue;
+        n += snprintf(line + n, sizeof line - n, "%s %s %.1f us", sep, cuda_attn_path_name(order[i]),
+                      x->us[order[i]]);
+        sep = ",";
+    }
+    fprintf(stderr, "%s -> %s\n", line, cuda_attn_path_name(x->path));
+}
+
+/* The call under ZO_ATTENTION=tune: the shape's path when it has one; else
+ * every path that covers it timed (mma, tc, gemm, flash), the fastest kept
+ * and run last, so that the call's results are its own. */
+static zo_status attention_tuned(const cuda_exec *e, const gpu_op_args *a, int backward, attention_run_fn run)
+{
+    cuda_attn_tune *t = e->tune;
+    const gpu_tensor qkv = a->t[backward ? 2 : 1];
+    cuda_attn_tuned x = {.shape = cuda_attn_shape_of(a, backward)};
+    const cuda_attn_tuned *hit = cuda_attn_tune_find(t, &x.shape);
+    if (hit) return run(e, a, hit->path);
+    pthread_mutex_lock(&t->lock);
+    const int full = t->n == CUDA_ATTN_TUNE_SLOTS, runs = t->runs > 0 ? t->runs : CUDA_ATTN_TUNE_RUNS;
+    pthread_mutex_unlock(&t->lock);
+    if (full) return run(e, a, attention_auto(e, &a->d.attn, qkv));
+    static const int order[] = {CUDA_ATTN_MMA, CUDA_ATTN_TC, CUDA_ATTN_GEMM, CUDA_ATTN_FLASH};
+    for (int p = 0; p < CUDA_ATTN_PATHS; p++) x.us[p] = -1.0;
+    for (int i = 0; i < 4; i++) {
+        const int p = order[i];
+        if (!attention_covers(&a->d.attn, qkv, p)) continue;
+        zo_status st = time_path(e, a, run, p, runs, &x.us[p]);
+        if (st != ZO_OK)
+            return zo_error_wrap(st, "ZO_ATTENTION=tune: timing the %s path", cuda_attn_path_name(p));
+        if (!x.path || x.us[p] < x.us[x.path]) x.path = p;
+    }
+    pthread_mutex_lock(&t->lock);
+    int known = 0;
+    for (int i = 0; i < t->n && !known; i++) known = shape_equal(&t->e[i].shape, &x.shape);
+    if (!known && t->n < CUDA_ATTN_TUNE_SLOTS) t->e[t->n++] = x;
+    pthread_mutex_unlock(&t->lock);
+    if (!known) log_tuned(&x);
+    return run(e, a, x.path);
+}
+
+static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    int path = 0;
+    zo_status st = attention_path(e, &a->d.attn, a->t[1], &path);
+    if (st != ZO_OK) return st;
+    if (path == CUDA_ATTN_TUNE) return attention_tuned(e, a, 0, attention_forward_on);
+    return attention_forward_on(e, a, path);
+}
+
+static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    int path = 0;
+    zo_status st = attention_path(e, &a->d.attn, a->t[2], &path);
+    if (st != ZO_OK) return st;
+    if (path == CUDA_ATTN_TUNE) return attention_tuned(e, a, 1, attention_backward_on);
+    return attention_backward_on(e, a, path);
 }
 
 static zo_status cuda_run_attention_cached(const cuda_exec *e, const gpu_op_args *a)

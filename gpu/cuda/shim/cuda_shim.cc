@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <memory>
@@ -544,6 +545,29 @@ void zo_shim::launch(const char *name, const void *kernel, zo_shim_dim3 grid, zo
 }
 
 /* ---- what the kernels call ------------------------------------------------------ */
+
+/* ---- the stopwatch (cuda_impl.h): the kernels have run when their launch
+ * returns, so the host's monotonic clock times them ---------------------------- */
+
+static double shim_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+extern "C" zo_status shim_stopwatch_start(cudaStream_t, cuda_stopwatch *w)
+{
+    *w = cuda_stopwatch{};
+    w->t0 = shim_now_us();
+    return ZO_OK;
+}
+
+extern "C" zo_status shim_stopwatch_stop(cudaStream_t, cuda_stopwatch *w, double *us)
+{
+    *us = shim_now_us() - w->t0;
+    return ZO_OK;
+}
 
 extern "C" void zo_shim_syncthreads(void)
 {

@@ -13,6 +13,8 @@
 /* check helpers (gpu/cuda/shim/cuda_shim.cc) */
 #define cuda_status shim_status
 #define cuda_launch_check shim_launch_check
+#define cuda_stopwatch_start shim_stopwatch_start
+#define cuda_stopwatch_stop shim_stopwatch_stop
 
 /* launchers (gpu/cuda/<family>.cu compiled for the host) */
 #define cuda_launch_gemm_tiled shim_launch_gemm_tiled
@@ -64,5 +66,10 @@
 
 /* the CUDA column of the op table (gpu/cuda/ops_cuda.c compiled for the host) */
 #define cuda_ops shim_cuda_ops
+#define cuda_attn_tune_init shim_attn_tune_init
+#define cuda_attn_tune_free shim_attn_tune_free
+#define cuda_attn_tune_find shim_attn_tune_find
+#define cuda_attn_shape_of shim_attn_shape_of
+#define cuda_attn_path_name shim_attn_path_name
 
 #endif

@@ -15,6 +15,7 @@
 
 #include "gpu/cuda/shim/shim_api.h" /* defines: ZO_CUDA_SHIM, shim_* names */
 #include <stdlib.h>
+#include <string.h>
 
 #include "gpu/cuda/ops_cuda.h"      /* defines: cuda_exec, shim_cuda_ops (as cuda_ops) */
 
@@ -26,13 +27,17 @@ typedef struct shim_exec {
     cuda_exec exec;                      /* NULL stream, no cuBLASLt */
     cuda_err_rec err;                    /* the kernels' record of bad ids */
     double partials[CUDA_SUMSQ_BLOCKS];  /* sum_squares' scratch */
+    cuda_attn_tune tune;                 /* ZO_ATTENTION=tune's choices (the device's on a GPU) */
 } shim_exec;
 
 /* The stream's resources a real CUDA stream has (gpu/cuda/device_cuda.c):
- * the error record, sum_squares' partials and the workspace (host memory). */
+ * the error record, sum_squares' partials and the workspace (host memory),
+ * and the device's cache of tuned attention paths. */
 static inline zo_status shim_exec_init(shim_exec *x)
 {
-    *x = (shim_exec){{0}, {0}, {0}};
+    memset(x, 0, sizeof *x);
+    cuda_attn_tune_init(&x->tune);
+    x->exec.tune = &x->tune;
     x->exec.err = &x->err;
     x->exec.partials = x->partials;
     x->exec.ws_bytes = CUDA_LT_WORKSPACE;
@@ -41,7 +46,11 @@ static inline zo_status shim_exec_init(shim_exec *x)
     return ZO_OK;
 }
 
-static inline void shim_exec_free(shim_exec *x) { free(x->exec.workspace); }
+static inline void shim_exec_free(shim_exec *x)
+{
+    free(x->exec.workspace);
+    cuda_attn_tune_free(&x->tune);
+}
 
 #ifdef __cplusplus
 }
