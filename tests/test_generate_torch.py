@@ -14,8 +14,12 @@ folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
 reference is an independent greedy decode here: the float64 PyTorch models of
 fixtures/gpu/make_fixtures.py (written after Hugging Face's modeling code,
-sharing nothing with the C code) run over the whole sequence for every new
-token, no cache, and take the argmax of the last position. The tokens must be
+sharing nothing with the C code) run over the whole sequence, no cache, and
+take the argmax of each position: the model being causal, one forward of a
+prompt and the resident run's tokens gives every step's logits, and those
+tokens are the greedy decode where each position's argmax is the next one (a
+decode that differs anywhere is redone token by token, a forward for every
+new token, and so is what the tokens are compared with). The tokens must be
 the same, for:
 
   resident   the weights on the device
