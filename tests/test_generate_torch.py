@@ -14,8 +14,12 @@ folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
 reference is an independent greedy decode here: the float64 PyTorch models of
 fixtures/gpu/make_fixtures.py (written after Hugging Face's modeling code,
-sharing nothing with the C code) run over the whole sequence for every new
-token, no cache, and take the argmax of the last position. The tokens must be
+sharing nothing with the C code) run over the whole sequence, no cache, and
+take the argmax of each position: the model being causal, one forward of a
+prompt and the resident run's tokens gives every step's logits, and those
+tokens are the greedy decode where each position's argmax is the next one (a
+decode that differs anywhere is redone token by token, a forward for every
+new token, and so is what the tokens are compared with). The tokens must be
 the same, for:
 
   resident   the weights on the device
@@ -291,10 +295,40 @@ FAMILIES["cohere_qk"] = dict(
 
 # ---- the PyTorch side -------------------------------------------------------------------------
 
-def greedy(fwd, prompts):
+def greedy(fwd, prompts, guess=None):
     """Each prompt's NEW greedy tokens (the whole sequence through the model for each), and the
     smallest gap between the two largest logits met; an end-of-sequence token is not special
-    here: eos_token_id is set to one the prompts and the decode never reach (checked)."""
+    here: eos_token_id is set to one the prompts and the decode never reach (checked).
+
+    guess (optional): a decode per prompt, generate's, to check rather than redo token by token.
+    The model is causal, so the logits at row i of one forward of prompt + guess are those of the
+    forward of its first i + 1 tokens (to float64's last bits): where each row's argmax is the
+    guess's next token, the guess is the greedy decode and the gaps are those rows'. A guess
+    that stops short (at an end-of-sequence id) is continued token by token from its end; one
+    that differs anywhere is dropped and the whole decode redone token by token (e2e.MIN_GAP,
+    the experts' ties, as before it), so that the result never depends on the guess."""
+    keep = e2e.MIN_GAP[0]
+    if guess is not None and len(guess) == len(prompts):
+        outs, gap = [], math.inf
+        with torch.no_grad():
+            for p, g in zip(prompts, guess):
+                g = list(g[:NEW])
+                ids = list(p) + g
+                if g:
+                    logits = fwd(torch.tensor([ids[:-1]]))[0, len(p) - 1:]  # (len(g), V)
+                    top = torch.topk(logits, 2).values
+                    if torch.argmax(logits, dim=-1).tolist() != g:
+                        break
+                    gap = min(gap, float((top[:, 0] - top[:, 1]).min()))
+                for _ in range(NEW - len(g)):
+                    logits = fwd(torch.tensor([ids]))[0, -1]
+                    top = torch.topk(logits, 2).values
+                    gap = min(gap, float(top[0] - top[1]))
+                    ids.append(int(torch.argmax(logits)))
+                outs.append(ids[len(p):])
+            else:
+                return outs, gap
+        e2e.MIN_GAP[0] = keep
     outs, gap = [], math.inf
     with torch.no_grad():
         for p in prompts:
@@ -398,13 +432,6 @@ def check_family(gen, name, workdir):
 
     fwd = (lambda idx: e2e.moe_forward(c, params, idx)[0]) if moe else \
         (lambda idx: mf.FORWARD.get(c["model_type"], mf.llama_forward)(c, params, idx))
-    e2e.MIN_GAP[0] = math.inf
-    want, gap = greedy(fwd, prompts)
-    if moe:
-        ck.fact(f"the reference's expert choices clear of ties (smallest gap {e2e.MIN_GAP[0]:.1e} > "
-                f"{e2e.TIE_GAP:.0e})", e2e.MIN_GAP[0] > e2e.TIE_GAP)
-    ck.fact(f"the end-of-sequence id 127 is in no prompt or greedy decode (smallest top-2 logit gap {gap:.2e})",
-            all(127 not in p for p in prompts + want))
     runs = [
         ("resident", ["--params-on", "gpu"]),
         ("streamed from host, prefetch 1", ["--params-on", "cpu", "--prefetch", "1", "--device-mem", cap]),
@@ -412,8 +439,19 @@ def check_family(gen, name, workdir):
         ("read from NVMe, prefetch 1", ["--params-on", "nvme", "--nvme-dir", os.path.join(d, "nvme"),
                                         "--prefetch", "1", "--device-mem", cap]),
     ]
+    # the resident run first: its tokens are the guess greedy checks in one forward a prompt
+    first = run_ok(gen, d, prompts, runs[0][1])
+    if first is None:
+        return ck.failed + 1
+    e2e.MIN_GAP[0] = math.inf
+    want, gap = greedy(fwd, prompts, first)
+    if moe:
+        ck.fact(f"the reference's expert choices clear of ties (smallest gap {e2e.MIN_GAP[0]:.1e} > "
+                f"{e2e.TIE_GAP:.0e})", e2e.MIN_GAP[0] > e2e.TIE_GAP)
+    ck.fact(f"the end-of-sequence id 127 is in no prompt or greedy decode (smallest top-2 logit gap {gap:.2e})",
+            all(127 not in p for p in prompts + want))
     for what, extra in runs:
-        got = run_ok(gen, d, prompts, extra)
+        got = first if extra is runs[0][1] else run_ok(gen, d, prompts, extra)
         if got is None:
             return ck.failed + 1
         ck.tokens(what, got, want)
@@ -441,7 +479,11 @@ def check_family(gen, name, workdir):
     s = lspec["alpha"] / lspec["r"]
     for nf4 in (0, 1):
         W = mlf.linear_weights(c, params, nf4)
-        want_l, gap_l = greedy(lambda idx: mlf.forward(c, params, W, ad, s, idx), prompts)
+        flags = ["--adapter", adir] + (["--qlora"] if nf4 else [])
+        first = run_ok(gen, d, prompts, flags)  # the resident base's tokens: greedy's guess
+        if first is None:
+            return ck.failed + 1
+        want_l, gap_l = greedy(lambda idx: mlf.forward(c, params, W, ad, s, idx), prompts, first)
         moved = want_l != want
         # an adapted decode that reaches the end-of-sequence id stops there (kept), as generate
         # stops at the config's eos_token_id (the base's decode is checked to reach none)
@@ -451,7 +493,7 @@ def check_family(gen, name, workdir):
         for what, extra in [("resident base", []), ("streamed base", ["--params-on", "cpu", "--prefetch", "1"])]:
             if nf4 and extra:
                 continue
-            got = run_ok(gen, d, prompts, ["--adapter", adir] + (["--qlora"] if nf4 else []) + extra)
+            got = run_ok(gen, d, prompts, flags + extra) if extra else first
             if got is None:
                 return ck.failed + 1
             ck.tokens(f"{'QLoRA' if nf4 else 'LoRA'} r {lspec['r']}, {what}", got, want_l)
@@ -488,21 +530,27 @@ def routed_experts(c, params, prompts, want):
     k = e2e.moe_shape(c)[1]
     t = max(len(p) for p in prompts)
 
-    def chosen(ids, rows):  # per layer, the experts the given rows of the sequence choose
+    def routers(ids):  # every layer's router logits over the sequence's rows
         with torch.no_grad():
-            routers = e2e.moe_forward(c, params, torch.tensor([ids]))[1]
-        return [set(torch.topk(r[rows], k, dim=-1).indices.flatten().tolist()) for r in routers]
+            return e2e.moe_forward(c, params, torch.tensor([ids]))[1]
+
+    def chosen(rs, rows):  # per layer, the experts the given rows of the sequence choose
+        return [set(torch.topk(r[rows], k, dim=-1).indices.flatten().tolist()) for r in rs]
 
     L = c["num_hidden_layers"]
     sets = [set() for _ in range(L)]
     for p in prompts:
-        for l, s in enumerate(chosen(p + [p[-1]] * (t - len(p)), slice(0, t))):
+        for l, s in enumerate(chosen(routers(p + [p[-1]] * (t - len(p))), slice(0, t))):
             sets[l] |= s
     total = sum(len(s) for s in sets)
-    for i in range(1, NEW):  # the forward of each sequence's token i - 1 (the last has none after it)
+    # the forward of each sequence's token i - 1 (the last has none after it) routes as row
+    # len(p) + i - 1 of one forward of the whole sequence (the model is causal)
+    full = [routers(p + w[:NEW - 1]) for p, w in zip(prompts, want)]
+    for i in range(1, NEW):
         sets = [set() for _ in range(L)]
-        for p, w in zip(prompts, want):
-            for l, s in enumerate(chosen(p + w[:i], slice(-1, None))):
+        for p, rs in zip(prompts, full):
+            row = len(p) + i - 1
+            for l, s in enumerate(chosen(rs, slice(row, row + 1))):
                 sets[l] |= s
         total += sum(len(s) for s in sets)
     return total
@@ -548,15 +596,19 @@ def check_moe_adapters(gen, c, params, spec, d, prompts, want, g):
     for nf4 in (0, 1):
         base = nf4_base(params) if nf4 else params
         p = e2e.with_adapters(base, ad, scale)
+        # the adapted decode may reach the end-of-sequence id: not special here, as in the reference
+        flags = ["--adapter", adir, "--eos", "none"] + (["--qlora"] if nf4 else [])
+        first = run_ok(gen, d, prompts, flags)  # the resident base's tokens: greedy's guess
+        if first is None:
+            return ck.failed + 1
         e2e.MIN_GAP[0] = math.inf
-        want_l, gap_l = greedy(lambda idx: e2e.moe_forward(c, p, idx)[0], prompts)
+        want_l, gap_l = greedy(lambda idx: e2e.moe_forward(c, p, idx)[0], prompts, first)
         what = "QLoRA" if nf4 else "LoRA"
         ck.fact(f"{what} reference on {len(mods)} modules ({n_exp} routed experts'): the adapters change the "
                 f"tokens (top-2 gap {gap_l:.2e}, expert choices' gap {e2e.MIN_GAP[0]:.1e})",
                 want_l != want and e2e.MIN_GAP[0] > e2e.TIE_GAP)
         for where, extra in [("resident base", []), ("streamed base", ["--params-on", "cpu", "--prefetch", "1"])]:
-            # the adapted decode may reach the end-of-sequence id: not special here, as in the reference
-            got = run_ok(gen, d, prompts, ["--adapter", adir, "--eos", "none"] + (["--qlora"] if nf4 else []) + extra)
+            got = run_ok(gen, d, prompts, flags + extra) if extra else first
             if got is None:
                 return ck.failed + 1
             ck.tokens(f"{what} r {r}, {where}", got, want_l)
