@@ -85,6 +85,19 @@
       .act = "silu", .layer_norm = 1, .layer_norms = 1, .parallel_block = 1,             \
       .logit_div = 1.0f / (ls)}}
 
+/* Cohere2 (config.json of CohereForAI/c4ai-command-r7b-12-2024): Cohere's
+ * layers, three sliding layers of four (sliding_window_pattern 4) over a
+ * window of 4096 with the interleaved rotary (rope_theta 50000), every fourth
+ * layer global over all keys and without rotary; 132096 positions, tied,
+ * the logits times `ls`. */
+#define COHERE2(n, L, h, a, kv, f, ls)                                                     \
+    {n, "",                                                                               \
+     {.name = n, .family = "cohere2", .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h, \
+      .n_heads = a, .n_kv_heads = kv, .head_dim = (h) / (a), .ffn = f, .vocab = 256000,  \
+      .max_seq = 132096, .tied_embeddings = 1, .norm_eps = 1e-5f, .rope_theta = 50000.0f, \
+      .act = "silu", .layer_norm = 1, .layer_norms = 1, .parallel_block = 1,             \
+      .logit_div = 1.0f / (ls), .sliding_window = 4096, .window_period = 4, .global_nope = 1}}
+
 /* Gemma (config.json of google/gemma-2b, gemma-7b): LLaMA layers with
  * GeGLU (tanh GELU), head_dim 256 whatever hidden / heads, RMSNorm times
  * (1 + w), the embedding times sqrt(hidden), tied; rms_norm_eps 1e-6, 8192
@@ -284,6 +297,7 @@ static const zo_model_preset presets[] = {
     GRANITEMOE("granite-3.0-3b-a800m", 32, 1536, 24, 40),
     COHERE("c4ai-command-r-v01", 40, 8192, 64, 64, 22528, 8e6f, 0.0625f),
     COHERE("aya-23-8b", 32, 4096, 32, 8, 14336, 10000.0f, 0.125f),
+    COHERE2("c4ai-command-r7b-12-2024", 32, 4096, 32, 8, 14336, 0.25f),
     QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1),
     QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0),
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
@@ -481,6 +495,11 @@ int zo_model_layer_sliding(const zo_model_config *c, int l)
 int zo_model_layer_window(const zo_model_config *c, int l)
 {
     return zo_model_layer_sliding(c, l) ? c->sliding_window : 0;
+}
+
+int zo_model_layer_rotary(const zo_model_config *c, int l)
+{
+    return !c->global_nope || zo_model_layer_sliding(c, l);
 }
 
 int zo_model_layer_is_moe(const zo_model_config *c, int layer)
@@ -689,7 +708,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
-    char list[256];
+    char list[512]; /* (every trainable model_type: 255 characters with cohere2) */
     trainable_list(list, sizeof list);
     return zo_error(ZO_ERR_UNSUPPORTED,
                     "model %s: family \"%s\": the runtime does not implement %s (it trains the families "
@@ -1075,6 +1094,44 @@ static void hf_window_layers(hf *r, zo_model_config *c, int period)
     if (!sliding) c->sliding_window = 0;
 }
 
+/* Cohere2's layers (Cohere2Config): a window of sliding_window (default
+ * 4096) on the sliding layers, which layer_types names or, absent it, all but
+ * every sliding_window_pattern-th (default 4). Both given: the list must be
+ * the pattern's. Refused by name: a null window (Hugging Face's layers would
+ * then neither slide nor turn), a window or a pattern below 1. */
+static void hf_cohere2_layers(hf *r, zo_model_config *c, int null_window)
+{
+    if (null_window) {
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "sliding_window",
+                "null: Cohere2's sliding layers would have no window and no rotary, which the runtime does not "
+                "compute (give the window, 4096 in the published configs)");
+        return;
+    }
+    c->sliding_window = hf_int(r, "sliding_window", 4096); /* (hf_int: at least 1) */
+    int given = hf_item(r, "sliding_window_pattern") != NULL;
+    int period = hf_int(r, "sliding_window_pattern", 4);
+    const cJSON *lt = hf_item(r, "layer_types");
+    if (!r->st && given && cJSON_IsArray(lt) && cJSON_GetArraySize(lt) == c->n_layers) {
+        /* both: the list must be what the pattern says */
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, lt)
+        {
+            const char *want = (i + 1) % period ? "sliding_attention" : "full_attention";
+            if (!cJSON_IsString(e) || strcmp(e->valuestring, want)) {
+                hf_fail(r, ZO_ERR_FORMAT, "layer_types",
+                        "entry %d is not \"%s\", which sliding_window_pattern %d makes it (give one of the two, "
+                        "or both alike)", i, want, period);
+                return;
+            }
+            i++;
+        }
+    }
+    c->global_nope = 1;
+    /* (period 1: every layer global; the list: its own period, checked) */
+    hf_window_layers(r, c, period);
+}
+
 /* A soft cap: its value, absent the family's default, null none (0). */
 static float hf_cap(hf *r, const char *key, float def)
 {
@@ -1117,6 +1174,8 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
         /* five sliding layers of six (sliding_window_pattern), or layer_types */
         if (!null_window) c->sliding_window = hf_int(r, "sliding_window", 4096);
         hf_window_layers(r, c, hf_int(r, "sliding_window_pattern", 6));
+    } else if (!strcmp(f->type, "cohere2")) {
+        hf_cohere2_layers(r, c, null_window);
     }
     const cJSON *rs = hf_item(r, "rope_scaling");
     if (!rs) return;
@@ -1220,7 +1279,10 @@ int zo_model_qkv_grouped(const zo_model_config *c)
 int zo_model_opt(const zo_model_config *c) { return !strcmp(c->family, "opt"); }
 int zo_model_phi(const zo_model_config *c) { return !strcmp(c->family, "phi"); }
 int zo_model_gptj(const zo_model_config *c) { return !strcmp(c->family, "gptj"); }
-int zo_model_cohere(const zo_model_config *c) { return !strcmp(c->family, "cohere"); }
+int zo_model_cohere(const zo_model_config *c)
+{
+    return !strcmp(c->family, "cohere") || !strcmp(c->family, "cohere2");
+}
 int zo_model_granitemoe(const zo_model_config *c) { return !strcmp(c->family, "granitemoe"); }
 int zo_model_rot_interleaved(const zo_model_config *c) { return zo_model_gptj(c) || zo_model_cohere(c); }
 
@@ -1517,6 +1579,24 @@ static void parse_cohere(hf *r, zo_model_config *c, const family *f)
     c->logit_div = (float)(1.0 / ls);
 }
 
+/* Cohere2 (Cohere2Config): Cohere's keys and layers, the windows of
+ * hf_cohere2_layers (through parse_llama), no rotary on the global layers.
+ * Refused by name: use_qk_norm true (Cohere2's attention has no q/k norms,
+ * so Hugging Face's model ignores the key) and a head_dim other than hidden
+ * / heads (Cohere2Config sets its own). */
+static void parse_cohere2(hf *r, zo_model_config *c, const family *f)
+{
+    if (hf_bool(r, "use_qk_norm", 0))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "use_qk_norm",
+                "true: Cohere2's attention has no q/k norms (Cohere's command-r-plus has; Hugging Face's "
+                "Cohere2 ignores the key)");
+    parse_cohere(r, c, f);
+    c->qk_norm = c->qk_norm_heads = 0;
+    if (!r->st && c->head_dim && c->head_dim * c->n_heads != c->hidden)
+        hf_fail(r, ZO_ERR_FORMAT, "head_dim", "is %d; Cohere2 takes hidden_size / num_attention_heads (%d)",
+                c->head_dim, c->hidden / c->n_heads);
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -1604,10 +1684,11 @@ static const family families[] = {
      "attention and MLP, rotary interleaved, the logits times logit_scale, tied; use_qk_norm's "
      "LayerNorms over each q and k head with a weight per head",
      1, 0, 0, "use_qk_norm", 1},
+    {"cohere2", "Cohere2ForCausalLM", parse_cohere2,
+     "Command-R7B / Command-A: Cohere's layers, three of four (sliding_window_pattern, layer_types) "
+     "over a sliding window with the interleaved rotary, the others global without rotary",
+     1, 0, 0, NULL, 1},
     /* recognised and refused */
-    {"cohere2", "Cohere2ForCausalLM", NULL,
-     "Command-R7B / Command-A: Cohere layers with sliding-window layers and global layers without "
-     "rotary positions, which memplan does not model", 0, 0, 0, NULL, 0},
     {"t5", "T5ForConditionalGeneration", NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
     {"mt5", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
     {"bart", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},

@@ -113,6 +113,8 @@ typedef struct zo_model_config {
     float embed_mult, attn_mult, resid_mult, logit_div;
     float rope_local_theta; /* > 0: the sliding layers' rotary base, without rope_scaling (Gemma-3's
                                rope_local_base_freq); the global layers keep rope_theta's */
+    int global_nope;       /* the global (not sliding) layers take no rotary: their q and k attend as
+                              projected (Cohere2's full_attention layers) */
     char rope_scaling[16]; /* rope_scaling's rope_type when it rescales the rotary frequencies
                               (llama3, linear, dynamic, yarn, ...); "" for none or "default" */
     float rope_factor;     /* rope_scaling's factor */
@@ -216,10 +218,13 @@ int zo_model_phi(const zo_model_config *c);
  * rotary_dim dimensions of each head with its pairs interleaved in the file
  * (model_tensor.hf_rope_rows), a biased output layer. */
 int zo_model_gptj(const zo_model_config *c);
-/* Cohere (Command-R, Aya): LLaMA layers (SwiGLU, GQA) with a LayerNorm
- * without a bias (layer_norm), one norm before a parallel attention and MLP,
- * rotary over the whole head with its pairs interleaved in the file, the
- * logits times logit_scale (logit_div its inverse), tied. */
+/* Cohere (Command-R, Aya) and Cohere2 (Command-R7B, Command-A): LLaMA
+ * layers (SwiGLU, GQA) with a LayerNorm without a bias (layer_norm), one norm
+ * before a parallel attention and MLP, rotary over the whole head with its
+ * pairs interleaved in the file, the logits times logit_scale (logit_div its
+ * inverse), tied. Cohere2's sliding layers attend over sliding_window keys
+ * with that rotary, its global layers over all keys without any
+ * (global_nope). */
 int zo_model_cohere(const zo_model_config *c);
 /* Granite-MoE: Granite's multipliers on Mixtral's MoE layers, its experts
  * stored fused (model/layout.c). */
@@ -245,6 +250,10 @@ int zo_model_layer_sliding(const zo_model_config *c, int l);
 /* The sliding window of layer l: sliding_window on the sliding layers, 0
  * elsewhere. */
 int zo_model_layer_window(const zo_model_config *c, int l);
+
+/* Whether layer l turns its q and k by their positions: every layer of a
+ * rotary model but Cohere2's global ones (global_nope). */
+int zo_model_layer_rotary(const zo_model_config *c, int l);
 
 /* The rotated part of a head: int(head_dim x partial_rotary_factor) as
  * Hugging Face computes it, or head_dim. */

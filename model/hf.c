@@ -26,7 +26,7 @@ const char *model_hf_dtype_name(zo_dtype dt)
 static const char *model_type(const zo_model_config *c)
 {
     static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
-                                      "granite", "cohere"};
+                                      "granite", "cohere", "cohere2"};
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -47,7 +47,7 @@ static const char *llama_class(const char *type)
         {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
         {"phi3", "Phi3ForCausalLM"},       {"gemma", "GemmaForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
         {"gemma3_text", "Gemma3ForCausalLM"}, {"granite", "GraniteForCausalLM"},
-        {"cohere", "CohereForCausalLM"}};
+        {"cohere", "CohereForCausalLM"},   {"cohere2", "Cohere2ForCausalLM"}};
     for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
         if (!strcmp(type, of[i][0])) return of[i][1];
     return "LlamaForCausalLM";
@@ -83,6 +83,9 @@ static const hf_keys family_keys[] = {
     {"cohere", "CohereForCausalLM", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
      "num_key_value_heads", "vocab_size", "max_position_embeddings", "layer_norm_eps", "rope_theta", "hidden_act",
      "silu"},
+    {"cohere2", "Cohere2ForCausalLM", "num_hidden_layers", "hidden_size", "intermediate_size",
+     "num_attention_heads", "num_key_value_heads", "vocab_size", "max_position_embeddings", "layer_norm_eps",
+     "rope_theta", "hidden_act", "silu"},
     /* the LLaMA family (the class llama_class's; the activation below) */
     {"", NULL, "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
      "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", NULL, NULL},
@@ -244,7 +247,20 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
          * inverse); no biases; use_qk_norm (command-r-plus's per-head q/k norms) */
         cJSON_AddNumberToObject(o, "logit_scale", c->logit_div > 0.0f ? 1.0 / c->logit_div : 1.0);
         cJSON_AddBoolToObject(o, "attention_bias", 0);
-        cJSON_AddBoolToObject(o, "use_qk_norm", c->qk_norm);
+        if (!strcmp(type, "cohere2")) {
+            /* the window and which layers take it: layer_types (Hugging Face's
+             * current key) and, where a period gives them, sliding_window_pattern
+             * (the published configs' key, which older versions read), alike;
+             * the window unused where no layer slides, Cohere2Config's default */
+            cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
+            if (c->window_period > 0) cJSON_AddNumberToObject(o, "sliding_window_pattern", c->window_period);
+            cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
+            for (int l = 0; lt && l < c->n_layers; l++)
+                cJSON_AddItemToArray(lt, cJSON_CreateString(zo_model_layer_sliding(c, l) ? "sliding_attention"
+                                                                                          : "full_attention"));
+        } else {
+            cJSON_AddBoolToObject(o, "use_qk_norm", c->qk_norm);
+        }
     } else {
         add_llama_keys(o, type, c);
     }

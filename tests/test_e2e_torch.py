@@ -8,7 +8,8 @@ norm, with grouped kv heads and two norms, or sequential, Falcon-RW with its ALi
 from row 2, Phi-2's kind with its partial rotary and its biased output layer, GPT-J with its rotary pairs
 interleaved over part of each head, Granite with its four multipliers, Granite-MoE with them on fused
 experts, Cohere with its interleaved rotary and, as command-r-plus, its LayerNorm on each q and k head
-with a weight row per head), a small model with the family's
+with a weight row per head, Cohere2 with its sliding layers over a window shorter than the sequence and
+its global layers without rotary), a small model with the family's
 real head size (GPT-2, OPT, GPT-J and Granite 64, Phi 80, the others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
@@ -79,8 +80,8 @@ Usage: test_e2e_torch.py --train PATH [--family NAME ...] [--workdir DIR] [--dev
 Exit: 0 every check held, 1 one did not (the first mismatches printed), 2 bad
 usage or train failed, 77 this python has no torch.
 (ctest runs one family per test through tests/run_python.sh, test_e2e_torch_*, or a few:
-test_e2e_torch_gpt2 runs GPT-2, OPT, Phi and GPT-J, test_e2e_torch_llama LLaMA, Granite, Cohere and
-Cohere with use_qk_norm.)
+test_e2e_torch_gpt2 runs GPT-2, OPT, Phi and GPT-J, test_e2e_torch_llama LLaMA, Granite, Cohere,
+Cohere with use_qk_norm and Cohere2.)
 """
 import argparse
 import array
@@ -450,6 +451,26 @@ FAMILIES["cohere"] = dict(
 # the saved folders as Cohere's
 FAMILIES["cohere_qk"] = dict(
     FAMILIES["cohere"], seed=77, config=dict(FAMILIES["cohere"]["config"], use_qk_norm=True), lora_ops=False)
+# Cohere2 (Cohere2ForCausalLM, Command-R7B's and Command-A's kind): Cohere's layers, 4 of them with
+# sliding_window_pattern 4 (layers 0, 1 and 2 over a window of 33 keys, the interleaved rotary on q
+# and k; layer 3 global over every key with q and k as projected, no rotary), 4 heads of 64 over 2 kv
+# heads, rows of 130 (past the window and two of the CPU attention's 48-row query blocks), tied, the
+# logits times 0.25; q_proj and k_proj drawn 2.5 times larger, so that the attention is sharp enough
+# for the window's edge and the global layer's unturned keys to show in the first loss (a window one
+# key wider or narrower moves it by 1e-3, rotary on the global layer by 3e-3); LoRA on PEFT's seven
+# modules; QLoRA
+FAMILIES["cohere2"] = dict(
+    seed=81,
+    config={"architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "num_hidden_layers": 4,
+            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+            "hidden_act": "silu", "layer_norm_eps": 1e-5, "rope_theta": 50000.0, "rope_scaling": None,
+            "attention_bias": False, "attention_dropout": 0.0, "logit_scale": 0.25, "sliding_window": 33,
+            "sliding_window_pattern": 4, "tie_word_embeddings": True, "torch_dtype": "float32"},
+    gain={"self_attn.q_proj.weight": 2.5, "self_attn.k_proj.weight": 2.5},
+    run=dict(micro_batch=2, seq=130, grad_accum=1, lr=1e-3, schedule="cosine", warmup=1, min_lr=1e-4),
+    lora=dict(r=8, alpha=16.0, targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", lr=2e-2),
+    qlora=True)
 # DeepSeekMoE (DeepseekForCausalLM, trust_remote_code's modeling_deepseek.py): LLaMA attention, a dense
 # first layer (first_k_dense_replace 1, intermediate_size), then MoE layers: softmax gate, top 3 of 6 not
 # renormalized, two shared experts as one MLP of 2 x moe_intermediate_size with no gate; the balance
@@ -1062,6 +1083,8 @@ def check_family(train, name, workdir):
     g = torch.Generator().manual_seed(spec["seed"])
     gpt = c["model_type"] == "gpt2"
     params = moe_params(c, g) if is_moe(c) else mf.PARAMS.get(c["model_type"], mf.llama_params)(c, g, std=1.0)
+    for suffix, gain in spec.get("gain", {}).items():  # tensors drawn larger (every layer's)
+        params = {k: v * gain if k.endswith(suffix) else v for k, v in params.items()}
     V = c["vocab_size"]
     data = torch.randint(0, V, (N_TRAIN + N_EVAL,), generator=g)
     for i in range(1, len(data), 2):  # something to learn: every odd token follows its predecessor
@@ -1107,6 +1130,16 @@ def check_family(train, name, workdir):
         variants["cohere"] = {"logit_scale": 1.0}
         if c.get("use_qk_norm"):
             variants["cohere"]["use_qk_norm"] = False
+    if c["model_type"] == "cohere2":  # the logits unscaled; every layer sliding (the global one turned)
+        variants["cohere2"] = {"logit_scale": 1.0, "sliding_window_pattern": c["num_hidden_layers"] + 1}
+    if c["model_type"] == "cohere2":  # the window one key wider, one narrower
+        with torch.no_grad():
+            given = micro_loss(c, params, data, run, 0).item()
+        for other in (c["sliding_window"] + 1, c["sliding_window"] - 1):
+            with torch.no_grad():
+                changed = micro_loss(dict(c, sliding_window=other), params, data, run, 0).item()
+            ck.fact(f"with sliding_window {other} the reference's loss moves ({given:.6f} -> {changed:.6f})",
+                    abs(changed - given) > 2 * REL * given)
     for key, other in variants.get(c["model_type"], {}).items():
         with torch.no_grad():
             changed = micro_loss(dict(c, **{key: other}), params, data, run, 0).item()

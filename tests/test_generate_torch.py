@@ -8,7 +8,8 @@ Qwen3, head size 128 with its q/k norms, GQA, tied, YaRN rope scaling; GPT-NeoX,
 one norm, or grouped kv heads with two; OPT, head size 64, learned positions
 from row 2, ReLU; Phi, head size 80, 32 rotary dimensions, one norm, a biased
 output layer; GPT-J, head size 64, 24 rotary dimensions interleaved in pairs, one
-norm, a biased output layer), a
+norm, a biased output layer; Cohere2, head size 64, GQA, layers over a window of 12 keys with
+the interleaved rotary and global layers without rotary, whose keys are cached unturned), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -292,6 +293,16 @@ FAMILIES["cohere"] = dict(
 # head)
 FAMILIES["cohere_qk"] = dict(
     FAMILIES["cohere"], seed=79, config=dict(FAMILIES["cohere"]["config"], use_qk_norm=True))
+
+# Cohere2 (Command-R7B's and Command-A's kind): test_e2e_torch's model with its layers as a layer_types
+# list (layers 0 and 2 sliding over a window of 12 keys with the interleaved rotary, 1 and 3 global
+# without rotary, their keys cached as projected), each prompt and its 32 new tokens past the window;
+# PEFT's seven modules (q's and k's lora_B in the file's row order in every layer)
+FAMILIES["cohere2"] = dict(
+    FAMILIES["cohere"], seed=83,
+    config=dict({k: v for k, v in e2e.FAMILIES["cohere2"]["config"].items() if k != "sliding_window_pattern"},
+                max_position_embeddings=128, eos_token_id=127, sliding_window=12,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]))
 
 # ---- the PyTorch side -------------------------------------------------------------------------
 

@@ -1140,7 +1140,7 @@ static void test_gemma2_config(void **state)
  * name; command-r-plus's use_qk_norm (a weight per head) read, sized and
  * laid out (its norms' columns permuted as q's rows); q_proj's and k_proj's rows (not v_proj's) carry the
  * interleaved rotary pairs over the whole head; each preset's config.json
- * read back alike; cohere2 refused by name, saying what it lacks. */
+ * read back alike. */
 static void test_cohere_config(void **state)
 {
     (void)state;
@@ -1219,9 +1219,85 @@ static void test_cohere_config(void **state)
         assert_true(back.rope_theta == c.rope_theta && back.norm_eps == c.norm_eps);
         assert_true(back.tied_embeddings && zo_model_params(&back) == zo_model_params(&c));
     }
-    assert_int_equal(zo_model_config_parse("{\"model_type\": \"cohere2\"}", "c2.json", &c), ZO_ERR_UNSUPPORTED);
-    printf("  refused: %s\n", zo_last_error());
-    assert_non_null(strstr(zo_last_error(), "sliding-window"));
+}
+
+/* Cohere2 as Cohere2Config reads it: c4ai-command-r7b-12-2024's config
+ * (Cohere's layers, a window of 4096 on three layers of four, the fourth
+ * global without rotary, logit_scale 0.25), the defaults (window 4096,
+ * pattern 4), layer_types alone and with a pattern alike; refused by name:
+ * a list the pattern contradicts, a list of no period, a null window, a
+ * pattern below 1, use_qk_norm, a head_dim other than hidden / heads; the
+ * preset's config.json read back with the same layers. */
+static void test_cohere2_config(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    load_hf_fixture("c4ai-command-r7b-12-2024.json", &c);
+    assert_string_equal(c.family, "cohere2");
+    assert_true(zo_model_cohere(&c) && zo_model_rot_interleaved(&c) && c.global_nope);
+    assert_true(c.arch == ZO_ARCH_LLAMA && c.layer_norm && !c.norm_bias && c.layer_norms == 1 && c.parallel_block);
+    assert_true(c.n_kv_heads == 8 && c.head_dim == 128 && c.rope_theta == 50000.0f && c.logit_div == 4.0f);
+    assert_true(c.tied_embeddings && !c.qk_norm && c.sliding_window == 4096 && c.window_period == 4);
+    for (int l = 0; l < c.n_layers; l++) {
+        int local = (l + 1) % 4 != 0;
+        assert_int_equal(zo_model_layer_window(&c, l), local ? 4096 : 0);
+        assert_int_equal(zo_model_layer_rotary(&c, l), local);
+    }
+    assert_true(zo_model_params(&c) == 8028033024ull);
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    /* Cohere's layers keep their rotary everywhere */
+    load_hf_fixture("aya-23-8b.json", &back);
+    for (int l = 0; l < back.n_layers; l++) assert_true(zo_model_layer_rotary(&back, l));
+#define C2 "{\"model_type\": \"cohere2\", \"num_hidden_layers\": 8, \"hidden_size\": 64, " \
+           "\"num_attention_heads\": 2, \"intermediate_size\": 96, \"vocab_size\": 100"
+    assert_int_equal(zo_model_config_parse(C2 "}", "defaults.json", &c), ZO_OK);
+    assert_true(c.sliding_window == 4096 && c.window_period == 4 && c.logit_div == 16.0f && c.rope_theta == 10000.0f);
+    assert_true(zo_model_layer_rotary(&c, 2) && !zo_model_layer_rotary(&c, 3) && !zo_model_layer_rotary(&c, 7));
+#define LT "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", " \
+           "\"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"]"
+    static const char *const alike[] = {C2 ", \"sliding_window\": 16, " LT "}",
+                                        C2 ", \"sliding_window\": 16, \"sliding_window_pattern\": 2, " LT "}",
+                                        C2 ", \"sliding_window\": 16, \"sliding_window_pattern\": 2}"};
+    for (size_t i = 0; i < sizeof alike / sizeof alike[0]; i++) {
+        if (zo_model_config_parse(alike[i], "lt.json", &c) != ZO_OK) fail_msg("%s", zo_last_error());
+        for (int l = 0; l < 8; l++) {
+            assert_int_equal(zo_model_layer_window(&c, l), l % 2 ? 0 : 16);
+            assert_int_equal(zo_model_layer_rotary(&c, l), l % 2 == 0);
+        }
+    }
+    static const struct {
+        const char *json, *key, *says;
+        zo_status code;
+    } bad[] = {
+        {C2 ", \"sliding_window_pattern\": 4, " LT "}", "layer_types", "sliding_window_pattern 4", ZO_ERR_FORMAT},
+        {C2 ", \"layer_types\": [\"sliding_attention\", \"full_attention\", \"full_attention\", "
+            "\"sliding_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+            "\"full_attention\"]}", "layer_types", "every p-th layer", ZO_ERR_UNSUPPORTED},
+        {C2 ", \"sliding_window\": null}", "sliding_window", "no rotary", ZO_ERR_UNSUPPORTED},
+        {C2 ", \"sliding_window\": 0}", "sliding_window", "at least 1", ZO_ERR_FORMAT},
+        {C2 ", \"sliding_window_pattern\": 0}", "sliding_window_pattern", "at least 1", ZO_ERR_FORMAT},
+        {C2 ", \"use_qk_norm\": true}", "use_qk_norm", "q/k norms", ZO_ERR_UNSUPPORTED},
+        {C2 ", \"head_dim\": 64}", "head_dim", "hidden_size / num_attention_heads", ZO_ERR_FORMAT},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(zo_model_config_parse(bad[i].json, "bad.json", &c), bad[i].code);
+        printf("  refused: %s\n", zo_last_error());
+        char want[64];
+        snprintf(want, sizeof want, "bad.json: field \"%s\"", bad[i].key);
+        assert_non_null(strstr(zo_last_error(), want));
+        assert_non_null(strstr(zo_last_error(), bad[i].says));
+    }
+#undef LT
+#undef C2
+    preset_round_trip("c4ai-command-r7b-12-2024", &c, &back);
+    assert_string_equal(back.family, "cohere2");
+    assert_true(back.logit_div == c.logit_div && back.global_nope && back.sliding_window == 4096);
+    assert_true(back.rope_theta == c.rope_theta && back.tied_embeddings && back.max_seq == 132096);
+    for (int l = 0; l < c.n_layers; l++) {
+        assert_int_equal(zo_model_layer_window(&back, l), zo_model_layer_window(&c, l));
+        assert_int_equal(zo_model_layer_rotary(&back, l), zo_model_layer_rotary(&c, l));
+    }
+    assert_true(zo_model_params(&back) == zo_model_params(&c));
 }
 
 /* Granite as GraniteConfig reads it: granite-3.1-8b's and -2b's multipliers
@@ -1730,6 +1806,7 @@ int main(void)
         cmocka_unit_test(test_granite_config),
         cmocka_unit_test(test_granitemoe_config),
         cmocka_unit_test(test_cohere_config),
+        cmocka_unit_test(test_cohere2_config),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
         cmocka_unit_test(test_falcon_qkv_rows),

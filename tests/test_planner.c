@@ -89,6 +89,10 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
      * bias + the final norm; 35.0B and 8.03B as published) */
     {"c4ai-command-r-v01", "c4ai-command-r-v01.json", 34980831232ull},
     {"aya-23-8b", "aya-23-8b.json", 8028033024ull},
+    /* CohereForAI/c4ai-command-r7b-12-2024, summed from the shapes in Python as aya-23-8b's
+     * (the same shapes; its windows and rotary-free global layers change no size; 8.03B as
+     * published) */
+    {"c4ai-command-r7b-12-2024", "c4ai-command-r7b-12-2024.json", 8028033024ull},
 };
 
 static void test_param_counts(void **state)

@@ -27,6 +27,8 @@ static int is_gemma(const tf_model *m) { return zo_family_gemma(m->cfg.family); 
 static int post_norms(const tf_model *m) { return zo_model_post_norms(&m->cfg); }
 /* Rotary positions: LLaMA's, GPT-NeoX's and Falcon's on GPT layers */
 static int has_rope(const tf_model *m) { return !is_gpt(m) || m->cfg.pos == ZO_POS_ROTARY; }
+/* Whether layer l turns its q and k (not Cohere2's global layers) */
+static int layer_rope(const tf_model *m, int l) { return has_rope(m) && zo_model_layer_rotary(&m->cfg, l); }
 /* GPT-NeoX's use_parallel_residual, Falcon's parallel_attn: x + attn(ln1(x)) + mlp(ln2(x)) */
 static int parallel_residual(const tf_model *m) { return m->cfg.parallel_block; }
 /* Falcon-7B: one norm for both (ln2 is ln1) */
@@ -2505,7 +2507,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                    (st = qk_norm_forward(m, s, a, W, blk, qkv)) != ZO_OK) {
             return st;
         }
-        if (has_rope(m) && (st = rope_rows(m, l, s, qkv, ld)) != ZO_OK) return st;
+        /* (Cohere2's global layers: q and k as projected, the keys cached so) */
+        if (layer_rope(m, l) && (st = rope_rows(m, l, s, qkv, ld)) != ZO_OK) return st;
         gpu_attn_desc ad = layer_attn(m, l);
         /* generation: the new keys and values into the caches, the queries against them */
         st = m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt),
@@ -2750,7 +2753,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         return st;
     gpu_attn_desc ad = layer_attn(m, l);
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
-    if (has_rope(m) && (st = rope_heads(m, l, s, dqkv, N, ld, 1)) != ZO_OK)
+    if (layer_rope(m, l) && (st = rope_heads(m, l, s, dqkv, N, ld, 1)) != ZO_OK)
         return st;
     if (is_mla(c)) {
         if ((st = mla_qkv_backward(m, l, bb, s, ln1)) != ZO_OK) return st;
