@@ -2,8 +2,7 @@
  * the softmax in registers (attention_mma.cu), the ops of attention.cu
  * (gpu/device.h) for what cuda_attn_mma_covers: the cases of the
  * tensor-core kernels (cuda_attn_tc_covers: 16-bit qkv, head sizes 64, 80,
- * 96 and 128, no sliding window that masks anything, no soft cap or ALiBi;
- * any scale, GQA). lse as the other paths save it, so a forward of one and
+ * 96 and 128, no ALiBi; any scale, GQA, sliding windows, soft caps). lse as the other paths save it, so a forward of one and
  * a backward of another agree; dout and dqkv of the backward may be fp32
  * or the type of qkv. ops_cuda.c takes them where ZO_ATTENTION=mma. */
 #ifndef ZO_GPU_CUDA_ATTENTION_MMA_H
