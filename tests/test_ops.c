@@ -1988,8 +1988,9 @@ static void softcap_grid(gpu_op_id op)
  * blocks and the CUDA tiles (t 97 to 130), with a window, GQA and a soft
  * cap beside it once each; past the GEMM path's 256-row blocks (t 257,
  * 300) with 6 heads (no power of two either, kept few: those cases cost
- * seconds a head in the shim), 16-bit inputs and fp32 gradients. From
- * their own stream, given back after. */
+ * seconds a head in the shim), 16-bit inputs and fp32 gradients (those
+ * the tensor-core kernels run too, cuda-shim-tc). From their own stream,
+ * given back after. */
 static void alibi_grid(gpu_op_id op)
 {
     uint64_t saved = rng;
@@ -3274,23 +3275,23 @@ static void test_every_op(void **state)
  * there): gemm gives the forced GEMM path's bits, tc the forced tensor-core
  * kernels', mma the forced mma.sync forward's, flash and auto the flash
  * kernel's, anything else ZO_ERR_INVALID naming the variable; tc and mma on
- * a case their kernels do not cover (ALiBi) give the automatic choice's
- * bits; a sliding window the tensor-core kernels take, and one no shorter
- * than the sequence is none. */
+ * a case their kernels do not cover (qkv off their 16-byte vector loads'
+ * alignment) give the automatic choice's bits; a sliding window the
+ * tensor-core kernels take, and one no shorter than the sequence is none. */
 static void test_attention_path_env(void **state)
 {
     (void)state;
     enum { B = 1, T = 40, HQ = 2, HKV = 1, D = 64, RUNS = 8 };
     const size_t nq = (size_t)B * T * (HQ + 2 * HKV) * D, no = (size_t)B * T * HQ * D;
-    uint16_t *qkv = malloc(nq * 2), *out[RUNS];
+    uint16_t *qkv = malloc((nq + 1) * 2), *out[RUNS];
     float *lse = malloc((size_t)B * HQ * T * sizeof *lse);
-    for (size_t i = 0; i < nq; i++) qkv[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
+    for (size_t i = 0; i < nq + 1; i++) qkv[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
     gpu_op_args a = {0};
     a.d.attn = (gpu_attn_desc){.b = B, .t = T, .hq = HQ, .hkv = HKV, .d = D};
     a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
     a.p[0] = lse;
     /* forced GEMM path; AUTO with ZO_ATTENTION gemm, flash, unset; forced
-     * tensor-core kernels; AUTO with tc; then ALiBi with tc, unset */
+     * tensor-core kernels; AUTO with tc; then qkv 2 bytes off with tc, unset */
     static const int forced[RUNS] = {CUDA_ATTN_GEMM, CUDA_ATTN_AUTO, CUDA_ATTN_AUTO, CUDA_ATTN_AUTO,
                                      CUDA_ATTN_TC,   CUDA_ATTN_AUTO, CUDA_ATTN_AUTO, CUDA_ATTN_AUTO};
     static const char *env[RUNS] = {NULL, "gemm", "flash", NULL, NULL, "tc", "tc", NULL};
@@ -3299,7 +3300,7 @@ static void test_attention_path_env(void **state)
     for (int k = 0; k < RUNS; k++) {
         out[k] = malloc(no * 2);
         x.exec.attn_path = forced[k];
-        a.d.attn.alibi = k >= 6 ? 1.0f : 0.0f;
+        a.t[1] = gpu_t(qkv + (k >= 6), ZO_DTYPE_BF16);
         if (env[k]) setenv("ZO_ATTENTION", env[k], 1);
         else unsetenv("ZO_ATTENTION");
         a.t[0] = gpu_t(out[k], ZO_DTYPE_BF16);
@@ -3315,7 +3316,7 @@ static void test_attention_path_env(void **state)
     assert_memory_equal(out[6], out[7], no * 2);
     /* a window as long as the sequence masks nothing: the automatic choice
      * takes the tensor-core kernels for it, and their bits */
-    a.d.attn.alibi = 0.0f;
+    a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
     a.d.attn.window = T;
     x.exec.attn_path = CUDA_ATTN_AUTO;
     a.t[0] = gpu_t(out[7], ZO_DTYPE_BF16);
@@ -3340,8 +3341,9 @@ static void test_attention_path_env(void **state)
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "ZO_ATTENTION=tensor"));
     /* mma: the forced mma.sync forward's bits (which may be the tensor-core
-     * kernels' too: both sum in fp32 before rounding to bf16); on ALiBi
-     * (which it does not cover) the automatic choice's, as tc gives */
+     * kernels' too: both sum in fp32 before rounding to bf16); on qkv off
+     * the alignment (which it does not cover) the automatic choice's, as tc
+     * gives */
     uint16_t *mma[2] = {malloc(no * 2), malloc(no * 2)};
     x.exec.attn_path = CUDA_ATTN_MMA;
     unsetenv("ZO_ATTENTION");
@@ -3352,7 +3354,7 @@ static void test_attention_path_env(void **state)
     a.t[0] = gpu_t(mma[1], ZO_DTYPE_BF16);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     assert_memory_equal(mma[0], mma[1], no * 2);
-    a.d.attn.alibi = 1.0f;
+    a.t[1] = gpu_t(qkv + 1, ZO_DTYPE_BF16);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     assert_memory_equal(mma[1], out[6], no * 2);
     free(mma[0]);

@@ -20,6 +20,10 @@ struct attn_fused_geom {
     size_t ldo; /* out's, hq d */
     float scale;
     float cap; /* > 0: soft-capped */
+    float alibi;    /* > 0: ALiBi's bias times this, added after the cap (gpu_alibi_at) */
+    int alibi_bf16; /* ... in Falcon's bf16 form */
+    /* query head h's ALiBi (no bias without) */
+    __device__ __forceinline__ gpu_alibi_head step(int h) const { return gpu_alibi_of(alibi, alibi_bf16, hq, h); }
     /* the score of a dot product: scaled, then capped */
     __device__ __forceinline__ float score(float dot) const
     {
@@ -57,6 +61,8 @@ static attn_fused_geom attn_fused_make_geom(const gpu_attn_desc *a)
     G.scale = gpu_attn_scale(a);
     G.window = zo_attn_window_masks(a->window, a->t) ? a->window : 0;
     G.cap = a->softcap > 0.0f ? a->softcap : 0.0f;
+    G.alibi = a->alibi > 0.0f ? a->alibi : 0.0f;
+    G.alibi_bf16 = a->alibi_bf16;
     return G;
 }
 

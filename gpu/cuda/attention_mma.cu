@@ -1,6 +1,7 @@
 /* Causal self-attention on mma.sync (FlashAttention-2's scheme with the
  * scores and the softmax in registers) for what cuda_attn_mma_covers
- * (attention_mma.h: the cases of the tensor-core kernels, attention_tc.cu).
+ * (attention_mma.h: the cases of the tensor-core kernels, attention_tc.cu,
+ * but ALiBi).
  * Same contract as attention.cu and attention_tc.cu (gpu/device.h): out,
  * lse [b, hq, t] (the log-sum-exp of the scores, natural log; a forward of
  * one path and a backward of another agree), dqkv overwritten. Scores,

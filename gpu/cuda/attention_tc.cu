@@ -1,11 +1,12 @@
 /* Causal self-attention on tensor cores in fused kernels (flash attention,
  * FlashAttention-2's scheme) for 16-bit qkv, head sizes CUDA_ATTN_TC_D
- * (cuda_impl.h), any scale, GQA, sliding windows and soft caps, no ALiBi:
+ * (cuda_impl.h), any scale, GQA, sliding windows, soft caps and ALiBi:
  * ops_cuda.c sends the rest to attention.cu or attention_gemm.cu. Same
  * contract as those (gpu/device.h): out, lse [b, hq, t] (the log-sum-exp
  * of the scores), dqkv overwritten. The score of query i, key j is
  * scale q_i . k_j, with a cap cap tanh(that / cap) (attn_fused_geom::score,
- * attention.cu's order); with a window query i sees keys i - window < j
+ * attention.cu's order), then with ALiBi plus the head's bias at (i, j)
+ * (gpu_alibi_at, Falcon's bf16 form too); with a window query i sees keys i - window < j
  * <= i only, and the tile loops skip the key tiles (forward, dQ: from the
  * tile of the block's first row's first key) and query tiles (dK/dV: up
  * to the last query that sees the block's last key) wholly outside every
@@ -100,6 +101,7 @@ __global__ void attention_tc_forward_kernel(gpu_tensor out, float *lse,
 
     const T *kb = base + (size_t)(G.hq + g) * D, *vb = base + (size_t)(G.hq + G.hkv + g) * D;
     const int last = i0 + n_rows - 1;
+    const gpu_alibi_head ab = G.step(h);
     float *S = Ss + (size_t)w * 16 * LDS, *O = Os + (size_t)w * 16 * LDO;
     T *P = reinterpret_cast<T *>(S); /* row r of P at the start of row r of S: stride 2 LDS */
     /* from the tile of the first key the block's first row sees */
@@ -129,8 +131,8 @@ __global__ void attention_tc_forward_kernel(gpu_tensor out, float *lse,
             const int r = w * 16 + rr, i = min(i0 + r, G.t - 1);
             float *s = S + (size_t)rr * LDS;
             const int ja = j0 + lane, jb = j0 + lane + WARP;
-            const float va = G.sees(i, ja) ? G.score(s[lane]) : -INFINITY;
-            const float vb2 = G.sees(i, jb) ? G.score(s[lane + WARP]) : -INFINITY;
+            const float va = G.sees(i, ja) ? G.score(s[lane]) + gpu_alibi_at(ab, i, ja) : -INFINITY;
+            const float vb2 = G.sees(i, jb) ? G.score(s[lane + WARP]) + gpu_alibi_at(ab, i, jb) : -INFINITY;
             const float m_old = Ms[r];
             const float m_new = fmaxf(m_old, warp_max(fmaxf(va, vb2)));
             /* with a window a row may see no key of the tile nor of those
@@ -349,7 +351,8 @@ __global__ void attention_tc_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dou
     /* the query tiles from the one of the first key up to the last query
      * that sees the block's last key */
     const int i_end = G.query_end(j0 + n_keys - 1);
-    for (int h = g * G.grp; h < (g + 1) * G.grp; h++)
+    for (int h = g * G.grp; h < (g + 1) * G.grp; h++) {
+        const gpu_alibi_head ab = G.step(h);
         for (int i0 = j0 / BR * BR; i0 < i_end; i0 += BR) {
             const int n_rows = min(BR, G.t - i0);
             __syncthreads(); /* the last tile's reads are done */
@@ -366,7 +369,7 @@ __global__ void attention_tc_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dou
                 for (int u = 0; u < 2; u++) {
                     const int c = lane + u * WARP, i = i0 + c;
                     float dc = 0.0f;
-                    p[u] = i < G.t && G.sees(i, j) ? expf(G.score_d(s[c], &dc) - Lq[c]) : 0.0f;
+                    p[u] = i < G.t && G.sees(i, j) ? expf(G.score_d(s[c], &dc) + gpu_alibi_at(ab, i, j) - Lq[c]) : 0.0f;
                     ds[u] = p[u] * (dp[c] - Dq[c]) * G.scale * dc;
                 }
                 tc_put_split<T>(s, p[0], p[1], split_p);
@@ -383,6 +386,7 @@ __global__ void attention_tc_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dou
                 if (split_do) tc_mma64<T, wmma::row_major>(dv[n], pt, 2 * LDS, dOl + n * 16, LDT);
             }
         }
+    }
     /* dK, dV of the warp's keys, staged in its rows of St and dPt (16 x (D+4) fp32 fits in 16 x 2 LDS) */
     __syncthreads();
     const int kr = min(16, max(0, n_keys - w * 16));
@@ -413,6 +417,7 @@ __global__ void attention_tc_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout
     const T *qw = Qs + (size_t)w * 16 * LDT, *dohw = dOh + (size_t)w * 16 * LDT;
     const T *dsw = reinterpret_cast<const T *>(dp);
     const int last = i0 + n_rows - 1;
+    const gpu_alibi_head ab = G.step(h);
     for (int j0 = G.first_key(i0) / BC * BC; j0 <= last; j0 += BC) {
         __syncthreads(); /* the last tile's reads are done (and the setup above) */
         tc_load_keys<T, D>(sm, base, G, g, j0, min(BC, G.t - j0));
@@ -428,7 +433,8 @@ __global__ void attention_tc_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout
             for (int u = 0; u < 2; u++) {
                 const int c = lane + u * WARP, j = j0 + c;
                 float dc = 0.0f;
-                const float p = i < G.t && G.sees(i, j) ? expf(G.score_d(sr[c], &dc) - Lr[r]) : 0.0f;
+                const float p =
+                    i < G.t && G.sees(i, j) ? expf(G.score_d(sr[c], &dc) + gpu_alibi_at(ab, i, j) - Lr[r]) : 0.0f;
                 ds[u] = p * (dpr[c] - Dr[r]) * G.scale * dc;
             }
             tc_put_split<T>(dpr, ds[0], ds[1], split_p);

@@ -71,10 +71,10 @@ static zo_status cuda_run_head_norm_backward(const cuda_exec *e, const gpu_op_ar
 
 /* Which kernels run attention over qkv of this shape (*path: CUDA_ATTN_FLASH,
  * _GEMM, _TC or _MMA). The tensor-core kernels when chosen (ZO_ATTENTION=tc)
- * and they cover the case (cuda_attn_tc_covers: 16-bit qkv, d 64/80/96/128,
- * no ALiBi; qkv 16-byte aligned, as their vector loads
+ * and they cover the case (cuda_attn_tc_covers: 16-bit qkv, d 64/80/96/128;
+ * qkv 16-byte aligned, as their vector loads
  * need); the mma.sync kernels (ZO_ATTENTION=mma, opt-in until a GPU has
- * timed them) for the same cases; what they do not cover falls back to
+ * timed them) for the same cases but ALiBi; what they do not cover falls back to
  * the automatic choice,
  * common/attn_path.h's zo_attn_auto_path (memplan times the same): the
  * tensor-core kernels where they cover the case at head sizes up to 64, or
