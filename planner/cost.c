@@ -441,23 +441,43 @@ static void tp_time(const zo_model_config *m, const plan_train *t, const ctx *c,
     o->tp_bwd = 2 * (t->sp ? 3 * ag : plan_allreduce_s(N, t->tp, bw, lat));
 }
 
+/* The share of causal attention's score elements a sliding window of w
+ * keys leaves over s (every query row sees min(i + 1, w) keys): what the
+ * tensor-core kernels compute of a windowed layer, skipping the key tiles
+ * outside every row's window. 1 for a window that masks nothing. */
+static double attn_window_work(int w, double s)
+{
+    if (!zo_attn_window_masks(w, (int)s)) return 1.0;
+    return (2.0 * w * s - (double)w * w) / (s * s);
+}
+
 /* The share of m's layers whose attention the runtime's tensor-core
  * kernels compute at this sequence length: common/attn_path.h's automatic
  * choice, the runtime's, layer by layer (Gemma-2's and -3's windowed layers
- * take another path than their global ones; a window no shorter than the
- * sequence masks nothing and counts as none: zo_attn_window_masks).
- * Latent attention's q/k and v head dims differ, which no kernel of the
- * runtime takes. */
-static double attn_tc_share(const zo_model_config *m, const plan_train *t, const ctx *c, double dqk, double dv)
+ * may take another path than their global ones; a window no shorter than
+ * the sequence masks nothing and counts as none: zo_attn_window_masks).
+ * *work: those layers' causal attention work, each windowed one at the
+ * share its window leaves (attn_window_work), summed and divided by the
+ * layers (the share itself without windows). Latent attention's q/k and v
+ * head dims differ, which no kernel of the runtime takes. */
+static double attn_tc_share(const zo_model_config *m, const plan_train *t, const ctx *c, double dqk, double dv,
+                            double *work)
 {
+    *work = 0;
     if (!t->flash_attn || !c->k || dqk != dv) return 0;
     const float alibi = m->pos == ZO_POS_ALIBI ? 1.0f : 0.0f;
     if (!zo_attn_window_masks(m->sliding_window, t->seq)) /* every layer alike */
-        return zo_attn_auto_path(c->esz == 2, 1, (int)dqk, 0, m->attn_softcap, alibi, t->seq, 1) == ZO_ATTN_TC;
+        return *work = zo_attn_auto_path(c->esz == 2, 1, (int)dqk, 0, m->attn_softcap, alibi, t->seq, 1) ==
+                       ZO_ATTN_TC;
     int n = 0;
-    for (int l = 0; l < m->n_layers; l++)
-        n += zo_attn_auto_path(c->esz == 2, 1, (int)dqk, zo_model_layer_window(m, l), m->attn_softcap, alibi,
-                               t->seq, 1) == ZO_ATTN_TC;
+    double wk = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const int w = zo_model_layer_window(m, l);
+        if (zo_attn_auto_path(c->esz == 2, 1, (int)dqk, w, m->attn_softcap, alibi, t->seq, 1) != ZO_ATTN_TC) continue;
+        n++;
+        wk += attn_window_work(w, t->seq);
+    }
+    *work = wk / m->n_layers;
     return (double)n / m->n_layers;
 }
 
@@ -482,13 +502,17 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
      * its core at qk_nope + qk_rope for both; the model's FLOPs above stay
      * the model's) */
     if (m->mla.kv_rank && t->runtime == PLAN_RUNTIME_ZOFFLOAD) dv = dqk;
-    const double tc = attn_tc_share(m, t, c, dqk, dv);
+    double tc_work;
+    const double tc = attn_tc_share(m, t, c, dqk, dv, &tc_work);
     attn_core_time(t, c, heads, dqk, dv, tc >= 1.0, &attn_f, &attn_b, &attn_rc);
-    if (tc > 0.0 && tc < 1.0) { /* some layers on each path: their mean */
+    if (tc >= 1.0) { /* every layer on the tensor-core kernels, windowed ones at their window's work */
+        attn_f *= tc_work;
+        attn_b *= tc_work;
+    } else if (tc > 0.0) { /* some layers on each path: their mean */
         double tf, tb, trc;
         attn_core_time(t, c, heads, dqk, dv, 1, &tf, &tb, &trc);
-        attn_f = tc * tf + (1.0 - tc) * attn_f;
-        attn_b = tc * tb + (1.0 - tc) * attn_b;
+        attn_f = tc_work * tf + (1.0 - tc) * attn_f;
+        attn_b = tc_work * tb + (1.0 - tc) * attn_b;
         attn_rc = tc * trc + (1.0 - tc) * attn_rc;
     }
     elementwise_time(c, T, elementwise_bytes(m, t, c, T, q, k, mlp_ew), a.outs / T, &ew_f, &ew_b);

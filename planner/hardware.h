@@ -58,7 +58,7 @@ typedef struct plan_kernels {
                                               backward with fp32 output gradients (the transformer's) */
     double attn_flash_fwd, attn_flash_bwd; /* the flash kernel (every other case) */
     double attn_tc_fwd[2], attn_tc_bwd[2]; /* the tensor-core kernels (16-bit qkv, head dim 64, 80, 96 or
-                                              128, no window, soft cap or ALiBi) at head dim <= 64 [0] and
+                                              128) at head dim <= 64 [0] and
                                               above [1]; taken at head dim <= 64, or below t
                                               PLAN_ATTN_GEMM_MIN_T (gpu/cuda/ops_cuda.c's choice) */
     double ew_eff;    /* fraction of hbm_bw the elementwise kernels reach (their bytes as the

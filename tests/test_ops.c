@@ -1988,8 +1988,9 @@ static void softcap_grid(gpu_op_id op)
  * blocks and the CUDA tiles (t 97 to 130), with a window, GQA and a soft
  * cap beside it once each; past the GEMM path's 256-row blocks (t 257,
  * 300) with 6 heads (no power of two either, kept few: those cases cost
- * seconds a head in the shim), 16-bit inputs and fp32 gradients. From
- * their own stream, given back after. */
+ * seconds a head in the shim), 16-bit inputs and fp32 gradients (those
+ * the tensor-core kernels run too, cuda-shim-tc). From their own stream,
+ * given back after. */
 static void alibi_grid(gpu_op_id op)
 {
     uint64_t saved = rng;
@@ -2015,9 +2016,14 @@ static void alibi_grid(gpu_op_id op)
 
 /* 16-bit sequences short of, at and just past the tensor-core kernels'
  * 64-row tiles and 16-row warp slices (t 1, 15, 64, 65), head size 96,
- * fp32 gradients at a head size of 64, and windows that mask nothing. From
- * their own stream, given back after, so the cases that follow draw what
- * they drew before. */
+ * fp32 gradients at a head size of 64, and windows that mask nothing; then
+ * windows of a tile and a tile and one (64, 65 at t 200: key tiles the
+ * kernels skip, rows that see no key of a tile they load, partial tiles at
+ * both ends of a row's keys) at head sizes 64 and 128 with GQA, one of
+ * them soft-capped with fp32 gradients. (The grids above add more of the
+ * kind: t 300 window 100, t 97 window 40, soft caps with and without a
+ * window at t 255 to 300.) From their own stream, given back after, so the
+ * cases that follow draw what they drew before. */
 static void tc_grid(gpu_op_id op)
 {
     uint64_t saved = rng;
@@ -2031,6 +2037,9 @@ static void tc_grid(gpu_op_id op)
      * tensor-core kernels take them */
     attention_case(op, 1, 65, 4, 2, 80, 65, E_F16);
     attention_case(op, 1, 70, 2, 1, 128, 4096, E_BF16);
+    attention_case(op, 1, 200, 4, 2, 64, 64, E_BF16);
+    attention_case(op, 1, 200, 2, 1, 128, 65, E_F16);
+    attention_case_sc(op, 1, 200, 4, 2, 64, 65, 0.0f, 2.0f, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
     rng = saved;
 }
 
@@ -3266,22 +3275,23 @@ static void test_every_op(void **state)
  * there): gemm gives the forced GEMM path's bits, tc the forced tensor-core
  * kernels', mma the forced mma.sync forward's, flash and auto the flash
  * kernel's, anything else ZO_ERR_INVALID naming the variable; tc and mma on
- * a case their kernels do not cover (a sliding window) give the automatic
- * choice's bits; a window no shorter than the sequence is none. */
+ * a case their kernels do not cover (qkv off their 16-byte vector loads'
+ * alignment) give the automatic choice's bits; a sliding window the
+ * tensor-core kernels take, and one no shorter than the sequence is none. */
 static void test_attention_path_env(void **state)
 {
     (void)state;
     enum { B = 1, T = 40, HQ = 2, HKV = 1, D = 64, RUNS = 8 };
     const size_t nq = (size_t)B * T * (HQ + 2 * HKV) * D, no = (size_t)B * T * HQ * D;
-    uint16_t *qkv = malloc(nq * 2), *out[RUNS];
+    uint16_t *qkv = malloc((nq + 1) * 2), *out[RUNS];
     float *lse = malloc((size_t)B * HQ * T * sizeof *lse);
-    for (size_t i = 0; i < nq; i++) qkv[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
+    for (size_t i = 0; i < nq + 1; i++) qkv[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
     gpu_op_args a = {0};
     a.d.attn = (gpu_attn_desc){.b = B, .t = T, .hq = HQ, .hkv = HKV, .d = D};
     a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
     a.p[0] = lse;
     /* forced GEMM path; AUTO with ZO_ATTENTION gemm, flash, unset; forced
-     * tensor-core kernels; AUTO with tc; then window 8 with tc, unset */
+     * tensor-core kernels; AUTO with tc; then qkv 2 bytes off with tc, unset */
     static const int forced[RUNS] = {CUDA_ATTN_GEMM, CUDA_ATTN_AUTO, CUDA_ATTN_AUTO, CUDA_ATTN_AUTO,
                                      CUDA_ATTN_TC,   CUDA_ATTN_AUTO, CUDA_ATTN_AUTO, CUDA_ATTN_AUTO};
     static const char *env[RUNS] = {NULL, "gemm", "flash", NULL, NULL, "tc", "tc", NULL};
@@ -3290,7 +3300,7 @@ static void test_attention_path_env(void **state)
     for (int k = 0; k < RUNS; k++) {
         out[k] = malloc(no * 2);
         x.exec.attn_path = forced[k];
-        a.d.attn.window = k >= 6 ? 8 : 0;
+        a.t[1] = gpu_t(qkv + (k >= 6), ZO_DTYPE_BF16);
         if (env[k]) setenv("ZO_ATTENTION", env[k], 1);
         else unsetenv("ZO_ATTENTION");
         a.t[0] = gpu_t(out[k], ZO_DTYPE_BF16);
@@ -3306,18 +3316,33 @@ static void test_attention_path_env(void **state)
     assert_memory_equal(out[6], out[7], no * 2);
     /* a window as long as the sequence masks nothing: the automatic choice
      * takes the tensor-core kernels for it, and their bits */
+    a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
     a.d.attn.window = T;
     x.exec.attn_path = CUDA_ATTN_AUTO;
     a.t[0] = gpu_t(out[7], ZO_DTYPE_BF16);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     assert_memory_equal(out[3], out[7], no * 2);
+    /* a window of 8 at d 64: the automatic choice takes the tensor-core
+     * kernels, and so does tc */
+    a.d.attn.window = 8;
+    uint16_t *win[2] = {malloc(no * 2), malloc(no * 2)};
+    for (int k = 0; k < 2; k++) {
+        x.exec.attn_path = k ? CUDA_ATTN_TC : CUDA_ATTN_AUTO;
+        a.t[0] = gpu_t(win[k], ZO_DTYPE_BF16);
+        assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    }
+    assert_memory_equal(win[0], win[1], no * 2);
+    assert_memory_not_equal(win[0], out[3], no * 2);
+    free(win[0]);
+    free(win[1]);
+    x.exec.attn_path = CUDA_ATTN_AUTO;
     a.d.attn.window = 0;
     setenv("ZO_ATTENTION", "tensor", 1);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "ZO_ATTENTION=tensor"));
     /* mma: the forced mma.sync forward's bits (which may be the tensor-core
-     * kernels' too: both sum in fp32 before rounding to bf16); on a window
-     * that masks (which it does not cover) the automatic choice's, as tc
+     * kernels' too: both sum in fp32 before rounding to bf16); on qkv off
+     * the alignment (which it does not cover) the automatic choice's, as tc
      * gives */
     uint16_t *mma[2] = {malloc(no * 2), malloc(no * 2)};
     x.exec.attn_path = CUDA_ATTN_MMA;
@@ -3329,7 +3354,7 @@ static void test_attention_path_env(void **state)
     a.t[0] = gpu_t(mma[1], ZO_DTYPE_BF16);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     assert_memory_equal(mma[0], mma[1], no * 2);
-    a.d.attn.window = 8;
+    a.t[1] = gpu_t(qkv + 1, ZO_DTYPE_BF16);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     assert_memory_equal(mma[1], out[6], no * 2);
     free(mma[0]);

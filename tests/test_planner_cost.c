@@ -565,24 +565,34 @@ static void test_runtime_kernels(void **state)
     double gl = 12 * 4.0 * 8 * 12 * 1024.0 * 1024 * 64 / 2;
     assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_FWD] - gl / 41.6e12) < 1e-9 * gl / 41.6e12);
     assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * gl / 18.6e12) < 1e-9 * gl / 18.6e12);
-    /* a sliding window, which the tensor-core kernels do not take: the flash
-     * kernel under 256 tokens */
+    /* a sliding window of 64 keys at 128 tokens: the tensor-core kernels,
+     * which skip the key tiles outside every row's window, at the causal
+     * score elements the window leaves, (128 * 64 - 64 * 64 / 2) of
+     * 128 * 128 / 2 (0.75) */
     setup w = a;
     w.t.seq = 128;
     w.m.sliding_window = 64;
     assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
     assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
-    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 5.35e12) < 1e-9 * fl / 5.35e12);
+    const double win = (128.0 * 64 - 64.0 * 64 / 2) / (128.0 * 128 / 2);
+    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - win * fl / 31.7e12) < 1e-9 * fl / 31.7e12);
+    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_BWD] - win * 2.5 * fl / 10.5e12) < 1e-9 * fl / 10.5e12);
     /* the window from layer 10 on (Qwen2's max_window_layers): the first 10
-     * of 40 layers on the tensor-core kernels, the rest on the flash kernel,
-     * layer by layer as the runtime chooses */
+     * of 40 layers at the whole causal work, the rest at the window's */
     w.m.window_from_layer = 10;
     assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
     assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
-    double mixed = 0.25 * fl / 31.7e12 + 0.75 * fl / 5.35e12;
+    double mixed = (0.25 + 0.75 * win) * fl / 31.7e12;
     assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - mixed) < 1e-9 * mixed);
-    mixed = 0.25 * 2.5 * fl / 10.5e12 + 0.75 * 2.5 * fl / 4.65e12;
+    mixed = (0.25 + 0.75 * win) * 2.5 * fl / 10.5e12;
     assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_BWD] - mixed) < 1e-9 * mixed);
+    /* fp32 qkv with the window: the flash kernel, at the whole causal work
+     * (memplan counts no window's saving there) */
+    w.t.dtype = ZO_DTYPE_F32;
+    assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
+    assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
+    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 5.35e12) < 1e-9 * fl / 5.35e12);
+    w.t.dtype = a.t.dtype;
     /* a window as long as the sequence masks nothing: every layer on the
      * tensor-core kernels, as the runtime passes it (no window) */
     w.m.sliding_window = 128;

@@ -7,14 +7,46 @@
 #ifndef ZO_GPU_CUDA_ATTENTION_FUSED_CUH
 #define ZO_GPU_CUDA_ATTENTION_FUSED_CUH
 
+#include "common/attn_path.h"   /* defines: zo_attn_window_masks */
 #include "gpu/cuda/kernels.cuh" /* defines: tload, warp_sum, ZO_LAUNCH, WARP, cuda_launch_check, cuda_status */
 
-/* What the kernels need of the shape. */
+/* What the kernels need of the shape, and the score's form as attention.cu
+ * computes it: scaled, then with a cap soft-capped, cap tanh(s / cap); with
+ * a window query i sees keys i - window < j <= i. */
 struct attn_fused_geom {
     int t, hq, hkv, grp;
+    int window; /* > 0 only where it masks something (zo_attn_window_masks) */
     size_t ld;  /* qkv's row stride, (hq + 2 hkv) d */
     size_t ldo; /* out's, hq d */
     float scale;
+    float cap; /* > 0: soft-capped */
+    float alibi;    /* > 0: ALiBi's bias times this, added after the cap (gpu_alibi_at) */
+    int alibi_bf16; /* ... in Falcon's bf16 form */
+    /* query head h's ALiBi (no bias without) */
+    __device__ __forceinline__ gpu_alibi_head step(int h) const { return gpu_alibi_of(alibi, alibi_bf16, hq, h); }
+    /* the score of a dot product: scaled, then capped */
+    __device__ __forceinline__ float score(float dot) const
+    {
+        return cap > 0.0f ? cap * tanhf(dot * scale / cap) : dot * scale;
+    }
+    /* the backward's score and in *dcap the cap's derivative there (1 -
+     * tanh^2, 1 without a cap) from one tanh: dS = P (dP - D) scale dcap */
+    __device__ __forceinline__ float score_d(float dot, float *dcap) const
+    {
+        if (cap <= 0.0f) {
+            *dcap = 1.0f;
+            return dot * scale;
+        }
+        const float th = tanhf(dot * scale / cap);
+        *dcap = 1.0f - th * th;
+        return cap * th;
+    }
+    /* the first key query i sees */
+    __device__ __forceinline__ int first_key(int i) const { return window > 0 && i >= window ? i - window + 1 : 0; }
+    /* whether query i sees key j */
+    __device__ __forceinline__ bool sees(int i, int j) const { return j <= i && (window <= 0 || i - j < window); }
+    /* one past the last query that sees key j (t without a window) */
+    __device__ __forceinline__ int query_end(int j) const { return window > 0 ? min(t, j + window) : t; }
 };
 
 static attn_fused_geom attn_fused_make_geom(const gpu_attn_desc *a)
@@ -27,6 +59,10 @@ static attn_fused_geom attn_fused_make_geom(const gpu_attn_desc *a)
     G.ld = (size_t)(a->hq + 2 * a->hkv) * a->d;
     G.ldo = (size_t)a->hq * a->d;
     G.scale = gpu_attn_scale(a);
+    G.window = zo_attn_window_masks(a->window, a->t) ? a->window : 0;
+    G.cap = a->softcap > 0.0f ? a->softcap : 0.0f;
+    G.alibi = a->alibi > 0.0f ? a->alibi : 0.0f;
+    G.alibi_bf16 = a->alibi_bf16;
     return G;
 }
 

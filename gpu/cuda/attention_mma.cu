@@ -1,9 +1,14 @@
 /* Causal self-attention on mma.sync (FlashAttention-2's scheme with the
  * scores and the softmax in registers) for what cuda_attn_mma_covers
- * (attention_mma.h: the cases of the tensor-core kernels, attention_tc.cu).
+ * (attention_mma.h: the cases of the tensor-core kernels, attention_tc.cu,
+ * but ALiBi).
  * Same contract as attention.cu and attention_tc.cu (gpu/device.h): out,
- * lse [b, hq, t] (the log-sum-exp of the scaled scores, natural log; a
- * forward of one path and a backward of another agree), dqkv overwritten.
+ * lse [b, hq, t] (the log-sum-exp of the scores, natural log; a forward of
+ * one path and a backward of another agree), dqkv overwritten. Scores,
+ * soft caps and sliding windows as attention_tc.cu computes them
+ * (attn_fused_geom): scale q . k, capped cap tanh(s / cap); a window masks
+ * keys before i - window + 1, and the loops skip the tiles wholly outside
+ * every row's window as attention_tc.cu's do.
  *
  * Products go through mma_ptx.cuh: mma.m16n8k16 (16-bit operands, fp32
  * accumulators) on fragments whose per-lane layout the PTX ISA documents,
@@ -15,7 +20,9 @@
  *   lane's part of the row sum l (rows lane / 4 and lane / 4 + 8).
  * Per key tile of MBC keys (K and V through shared memory, the next tile
  * streaming in by cp.async meanwhile): S = Q K^T in
- * registers (8 n-tiles of 4 floats), scaled to log2 units; the row max over
+ * registers (8 n-tiles of 4 floats), scored (scaled, capped) in log2 units,
+ * masked where a key of the tile lies past a row of the warp or before a
+ * row's window; the row max over
  * the lane's 16 values and its quad (shuffles xor 1, 2); P = 2^(S - m) in
  * place; O *= 2^(m_old - m_new); P rounded to the qkv type is the A operand
  * of P V as it lies (the C layout of n-tiles 2c and 2c + 1 is the A layout
@@ -157,8 +164,10 @@ __global__ void __launch_bounds__(MW * WARP)
     /* Q: staged in buffer 1's K while tile 0 streams into buffer 0, kept in
      * A fragments (the warp's 16 rows, k-chunks of 16) */
     const T *kb = base + (size_t)(G.hq + g) * D, *vb = base + (size_t)(G.hq + G.hkv + g) * D;
-    mma_load_tile_async<T, D, LDT>(buf, kb, G.ld, min(MBC, G.t), MBC);
-    mma_load_tile_async<T, D, LDT>(buf + MBC * LDT, vb, G.ld, min(MBC, G.t), MBC);
+    /* from the tile of the first key the block's first row sees */
+    const int j_first = G.first_key(i0) / MBC * MBC;
+    mma_load_tile_async<T, D, LDT>(buf, kb + (size_t)j_first * G.ld, G.ld, min(MBC, G.t - j_first), MBC);
+    mma_load_tile_async<T, D, LDT>(buf + MBC * LDT, vb + (size_t)j_first * G.ld, G.ld, min(MBC, G.t - j_first), MBC);
     cp_async_commit();
     mma_load_tile<T, D, LDT>(buf + 2 * MBC * LDT, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n_rows, MBR);
     __syncthreads();
@@ -175,7 +184,7 @@ __global__ void __launch_bounds__(MW * WARP)
     const int r0 = i0 + w * 16 + quad_row;
     const int row[2] = {min(r0, G.t - 1), min(r0 + 8, G.t - 1)};
     const int last = i0 + n_rows - 1;
-    for (int j0 = 0, u = 0; j0 <= last; j0 += MBC, u ^= 1) {
+    for (int j0 = j_first, u = 0; j0 <= last; j0 += MBC, u ^= 1) {
         /* tile j0 in buffer u: this thread's copies done, then everyone's;
          * the barrier also says every warp is done with buffer u ^ 1 (the
          * last tile, or Q), which tile j0 + MBC then streams into */
@@ -205,34 +214,40 @@ __global__ void __launch_bounds__(MW * WARP)
             }
         }
 
-        /* the online softmax in log2 units: the causal mask only where a key
-         * of the tile lies past a row of the warp (keys past t lie past every
-         * row); every row sees key j0 (j0 <= i0 <= its row): m is finite */
-        const bool edge = j0 + MBC - 1 > i0 + w * 16;
+        /* the online softmax in log2 units (soft-capped: cap tanh first):
+         * the mask only where a key of the tile lies past a row of the warp
+         * (keys past t lie past every row) or, with a window, before the
+         * first key of one. With a window a row may have seen no key yet
+         * (m stays -inf, p and alpha 0); its own key it sees, so m ends
+         * finite. */
+        const int w0 = i0 + w * 16; /* the warp's first row */
+        const bool edge = j0 + MBC - 1 > w0 || (G.window > 0 && j0 <= w0 + 15 - G.window);
         float mx[2] = {m[0], m[1]};
         ZO_UNROLL
         for (int n = 0; n < MBC / 8; n++) {
             ZO_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int j = j0 + n * 8 + quad_col + e % 2;
-                const float v = edge && j > row[e / 2] ? -INFINITY : s[n][e] * sl2;
+                const float sc = G.cap > 0.0f ? G.score(s[n][e]) * MMA_LOG2E : s[n][e] * sl2;
+                const float v = edge && !G.sees(row[e / 2], j) ? -INFINITY : sc;
                 s[n][e] = v;
                 mx[e / 2] = fmaxf(mx[e / 2], v);
             }
         }
-        float alpha[2], sum[2] = {0.0f, 0.0f};
+        float alpha[2], sum[2] = {0.0f, 0.0f}, msub[2];
         ZO_UNROLL
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
-            alpha[r] = exp2f(m[r] - mx[r]);
+            msub[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+            alpha[r] = exp2f(m[r] - msub[r]);
             m[r] = mx[r];
         }
         ZO_UNROLL
         for (int n = 0; n < MBC / 8; n++) {
             ZO_UNROLL
             for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[n][e] - m[e / 2]);
+                const float p = exp2f(s[n][e] - msub[e / 2]);
                 s[n][e] = p;
                 sum[e / 2] += p;
             }
@@ -283,10 +298,13 @@ __global__ void __launch_bounds__(MW * WARP)
 }
 
 /* ---- backward ------------------------------------------------------------------
- * With P = exp(scale Q K^T - lse) (masked), Di = dO_i . O_i (fp32, a pass of
- * its own), dP = dO V^T and dS = P (dP - D) scale: dV = P^T dO and dK =
- * dS^T Q per key tile (one block over every query tile from its first key
- * and every query head of its kv head's group, the warp's 16 keys' dK and dV
+ * With P = exp(score(Q K^T) - lse) (masked), Di = dO_i . O_i (fp32, a pass
+ * of its own), dP = dO V^T and dS = P (dP - D) scale dcap (dcap = 1 - tanh^2
+ * of the capped score, 1 without a cap): dV = P^T dO and dK = dS^T Q per
+ * key tile (one block over every query tile from its first key to its
+ * window's end and every query head of its kv head's group; S^T and dP^T
+ * both computed before P^T, since dcap needs S beside dP: 254 registers at
+ * bf16 d 128 on sm_90, no spills), the warp's 16 keys' dK and dV
  * in registers, written once); dQ = dS K per query tile (a second kernel
  * that recomputes S and dP, dQ in registers). The products' operands come
  * from shared memory by ldmatrix, the scores (S^T, dP^T in the first; S, dP
@@ -435,40 +453,39 @@ __global__ void __launch_bounds__(MW * WARP)
         for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
     }
     const int key[2] = {j0 + w * 16 + quad_row, j0 + w * 16 + quad_row + 8}; /* the lane's keys */
+    /* the query tiles from the one of the first key up to the last query
+     * that sees the block's last key */
+    const int i_end = G.query_end(j0 + n_keys - 1);
     for (int h = g * G.grp; h < (g + 1) * G.grp; h++)
-        for (int i0 = j0 / MBR * MBR; i0 < G.t; i0 += MBR) {
+        for (int i0 = j0 / MBR * MBR; i0 < i_end; i0 += MBR) {
             __syncthreads(); /* the last tile's reads are done (and K's, V's loads) */
             mma_load_queries<T, D>(sm, base, dout, lse, Drow, G, b, h, i0, min(MBR, G.t - i0));
             __syncthreads();
-            /* S^T = K Q^T: the warp's keys x the tile's queries; P^T */
-            float s[MBC / 8][4];
+            /* S^T = K Q^T: the warp's keys x the tile's queries; dP^T = V
+             * dO^T beside it (a soft cap's derivative needs S with dP) */
+            float s[MBC / 8][4], dp[MBC / 8][4];
             ZO_UNROLL
-            for (int n = 0; n < MBC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int n = 0; n < MBC / 8; n++) {
+                ZO_UNROLL
+                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+            }
             mma_abt64<T, D>(s, sm.K, w * 16, sm.Q);
+            mma_abt64<T, D>(dp, sm.V, w * 16, sm.dOh);
+            if (sm.dOl) mma_abt64<T, D>(dp, sm.V, w * 16, sm.dOl);
+            /* P^T; dS^T = P^T (dP^T - D) scale dcap */
             ZO_UNROLL
             for (int n = 0; n < MBC / 8; n++) {
                 ZO_UNROLL
                 for (int e = 0; e < 4; e++) {
                     const int c = n * 8 + quad_col + e % 2, i = i0 + c;
-                    s[n][e] = i < G.t && key[e / 2] <= i ? expf(s[n][e] * G.scale - sm.L[c]) : 0.0f;
+                    float dc = 0.0f;
+                    const float p = i < G.t && G.sees(i, key[e / 2]) ? expf(G.score_d(s[n][e], &dc) - sm.L[c]) : 0.0f;
+                    s[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - sm.Dd[c]) * G.scale * dc;
                 }
             }
             /* dV += P^T dO */
             mma_xb64<T, D>(dv, s, sm.dOh, sm.dOl);
-            /* dP^T = V dO^T; dS^T = P^T (dP^T - D) scale */
-            float dp[MBC / 8][4];
-            ZO_UNROLL
-            for (int n = 0; n < MBC / 8; n++) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-            mma_abt64<T, D>(dp, sm.V, w * 16, sm.dOh);
-            if (sm.dOl) mma_abt64<T, D>(dp, sm.V, w * 16, sm.dOl);
-            ZO_UNROLL
-            for (int n = 0; n < MBC / 8; n++) {
-                ZO_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    const int c = n * 8 + quad_col + e % 2;
-                    dp[n][e] = s[n][e] * (dp[n][e] - sm.Dd[c]) * G.scale;
-                }
-            }
             /* dK += dS^T Q */
             mma_xb64<T, D>(dk, dp, sm.Q, static_cast<const T *>(nullptr));
         }
@@ -498,7 +515,7 @@ __global__ void __launch_bounds__(MW * WARP)
     const int rr[2] = {w * 16 + quad_row, w * 16 + quad_row + 8}; /* the lane's rows in the tile */
     const int row[2] = {i0 + rr[0], i0 + rr[1]};
     const int last = i0 + n_rows - 1;
-    for (int j0 = 0; j0 <= last; j0 += MBC) {
+    for (int j0 = G.first_key(i0) / MBC * MBC; j0 <= last; j0 += MBC) {
         __syncthreads(); /* the last tile's reads are done (and the setup above) */
         const int n_keys = min(MBC, G.t - j0);
         mma_load_tile<T, D, LDT>(sm.K, base + (size_t)j0 * G.ld + (size_t)(G.hq + g) * D, G.ld, n_keys, MBC);
@@ -520,9 +537,10 @@ __global__ void __launch_bounds__(MW * WARP)
             ZO_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int j = j0 + n * 8 + quad_col + e % 2, r = e / 2;
+                float dc = 0.0f;
                 const float p =
-                    row[r] < G.t && j <= row[r] ? expf(s[n][e] * G.scale - sm.L[rr[r]]) : 0.0f;
-                dp[n][e] = p * (dp[n][e] - sm.Dd[rr[r]]) * G.scale;
+                    row[r] < G.t && G.sees(row[r], j) ? expf(G.score_d(s[n][e], &dc) - sm.L[rr[r]]) : 0.0f;
+                dp[n][e] = p * (dp[n][e] - sm.Dd[rr[r]]) * G.scale * dc;
             }
         }
         /* dQ += dS K */

@@ -1,10 +1,10 @@
 /* Private to the CUDA backend: attention on mma.sync with the scores and
  * the softmax in registers (attention_mma.cu), the ops of attention.cu
  * (gpu/device.h) for what cuda_attn_mma_covers: the cases of the
- * tensor-core kernels (cuda_attn_tc_covers: 16-bit qkv, head sizes 64, 80,
- * 96 and 128, no sliding window that masks anything, no soft cap or ALiBi;
- * any scale, GQA). lse as the other paths save it, so a forward of one and
- * a backward of another agree; dout and dqkv of the backward may be fp32
+ * tensor-core kernels but ALiBi (cuda_attn_tc_covers: 16-bit qkv, head
+ * sizes 64, 80, 96 and 128; any scale, GQA, sliding windows, soft caps).
+ * lse as the other paths save it, so a forward of one and a backward of
+ * another agree; dout and dqkv of the backward may be fp32
  * or the type of qkv. ops_cuda.c takes them where ZO_ATTENTION=mma. */
 #ifndef ZO_GPU_CUDA_ATTENTION_MMA_H
 #define ZO_GPU_CUDA_ATTENTION_MMA_H
@@ -16,7 +16,12 @@
 extern "C" {
 #endif
 
-static inline int cuda_attn_mma_covers(const gpu_attn_desc *a, zo_dtype qkv) { return cuda_attn_tc_covers(a, qkv); }
+/* (no ALiBi: its per-score term spilled the dK/dV kernel at d 128, 255
+ * registers and 8 bytes of spill loads on sm_90) */
+static inline int cuda_attn_mma_covers(const gpu_attn_desc *a, zo_dtype qkv)
+{
+    return cuda_attn_tc_covers(a, qkv) && a->alibi <= 0.0f;
+}
 
 zo_status cuda_launch_attention_mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse,
                                             gpu_tensor qkv);

@@ -1,9 +1,17 @@
 /* Causal self-attention on tensor cores in fused kernels (flash attention,
  * FlashAttention-2's scheme) for 16-bit qkv, head sizes CUDA_ATTN_TC_D
- * (cuda_impl.h), no sliding window, soft cap or ALiBi: ops_cuda.c sends
- * the rest to attention.cu or attention_gemm.cu. Same contract as those
- * (gpu/device.h): out, lse [b, hq, t] (the log-sum-exp of the scaled
- * scores), dqkv overwritten.
+ * (cuda_impl.h), any scale, GQA, sliding windows, soft caps and ALiBi:
+ * ops_cuda.c sends the rest to attention.cu or attention_gemm.cu. Same
+ * contract as those (gpu/device.h): out, lse [b, hq, t] (the log-sum-exp
+ * of the scores), dqkv overwritten. The score of query i, key j is
+ * scale q_i . k_j, with a cap cap tanh(that / cap) (attn_fused_geom::score,
+ * attention.cu's order), then with ALiBi plus the head's bias at (i, j)
+ * (gpu_alibi_at, Falcon's bf16 form too); with a window query i sees keys i - window < j
+ * <= i only, and the tile loops skip the key tiles (forward, dQ: from the
+ * tile of the block's first row's first key) and query tiles (dK/dV: up
+ * to the last query that sees the block's last key) wholly outside every
+ * row's window: a window of w over t tokens costs about 2 w / t of the
+ * causal work.
  *
  * Products go through nvcuda::wmma (16x16x16 fragments of the qkv type,
  * fp32 accumulators; the host shim has its own, shim_wmma.h). Nothing
@@ -15,8 +23,10 @@
  * Forward: one block per BR query rows of one head (TW warps, 16 rows
  * each); the key/value tiles of BC keys stream through shared memory up to
  * the block's last row; per tile S = scale Q K^T, the online softmax (row
- * max m, sum l, O *= exp(m_old - m_new)), P in the qkv type, O += P V; at
- * the end O / l and lse = m + log l. P and S never reach global memory.
+ * max m, sum l, O *= exp(m_old - m_new); with a window a row may see no
+ * key of a tile nor of those before it, and keeps m = -inf, l = 0 until
+ * one it sees), P in the qkv type, O += P V; at the end O / l and lse = m +
+ * log l. P and S never reach global memory.
  *
  * Every sum runs in a fixed order: results do not change from run to run. */
 #include "gpu/cuda/attention_tc.h" /* defines: cuda_attn_tc_covers */
@@ -91,9 +101,11 @@ __global__ void attention_tc_forward_kernel(gpu_tensor out, float *lse,
 
     const T *kb = base + (size_t)(G.hq + g) * D, *vb = base + (size_t)(G.hq + G.hkv + g) * D;
     const int last = i0 + n_rows - 1;
+    const gpu_alibi_head ab = G.step(h);
     float *S = Ss + (size_t)w * 16 * LDS, *O = Os + (size_t)w * 16 * LDO;
     T *P = reinterpret_cast<T *>(S); /* row r of P at the start of row r of S: stride 2 LDS */
-    for (int j0 = 0; j0 <= last; j0 += BC) {
+    /* from the tile of the first key the block's first row sees */
+    for (int j0 = G.first_key(i0) / BC * BC; j0 <= last; j0 += BC) {
         __syncthreads(); /* the last tile's reads are done (and the setup above) */
         const int n_keys = min(BC, G.t - j0);
         tc_load_tile<T, D, LDT>(Ks, kb + (size_t)j0 * G.ld, G.ld, n_keys, BC);
@@ -119,13 +131,16 @@ __global__ void attention_tc_forward_kernel(gpu_tensor out, float *lse,
             const int r = w * 16 + rr, i = min(i0 + r, G.t - 1);
             float *s = S + (size_t)rr * LDS;
             const int ja = j0 + lane, jb = j0 + lane + WARP;
-            const float va = ja <= i ? s[lane] * G.scale : -INFINITY;
-            const float vb2 = jb <= i ? s[lane + WARP] * G.scale : -INFINITY;
+            const float va = G.sees(i, ja) ? G.score(s[lane]) + gpu_alibi_at(ab, i, ja) : -INFINITY;
+            const float vb2 = G.sees(i, jb) ? G.score(s[lane + WARP]) + gpu_alibi_at(ab, i, jb) : -INFINITY;
             const float m_old = Ms[r];
             const float m_new = fmaxf(m_old, warp_max(fmaxf(va, vb2)));
-            /* every row sees key j0 (j0 <= i0 <= i): m_new is finite */
-            const float pa = expf(va - m_new), pb = expf(vb2 - m_new);
-            const float alpha = expf(m_old - m_new);
+            /* with a window a row may see no key of the tile nor of those
+             * before (then m_new is -inf and p, alpha, l stay 0); it sees
+             * its own key, so it ends finite */
+            const float m_sub = m_new == -INFINITY ? 0.0f : m_new;
+            const float pa = expf(va - m_sub), pb = expf(vb2 - m_sub);
+            const float alpha = expf(m_old - m_sub);
             const float sum = warp_sum(pa + pb);
             /* P's row overlays S's: every lane's reads of row rr before any
              * lane writes it (the shuffles above order no memory: racecheck
@@ -169,10 +184,12 @@ __global__ void attention_tc_forward_kernel(gpu_tensor out, float *lse,
 
 
 /* ---- backward ------------------------------------------------------------------
- * With P = exp(scale Q K^T - lse) (masked), Di = dO_i . O_i (fp32, a pass of
- * its own), dP = dO V^T and dS = P (dP - D) scale:
+ * With P = exp(score(Q K^T) - lse) (masked), Di = dO_i . O_i (fp32, a pass
+ * of its own), dP = dO V^T and dS = P (dP - D) scale dcap (dcap = 1 -
+ * tanh^2 of the capped score, recomputed from S with P; 1 without a cap):
  *   dV = P^T dO and dK = dS^T Q, per key tile (one block over every query
- *   tile past it and every query head of its kv head's group, fp32 in
+ *   tile from its first key to its window's end and every query head of
+ *   its kv head's group, fp32 in
  *   fragments, written once);
  *   dQ = dS K, per query tile (a second kernel that recomputes P and dP).
  * No atomics: every sum has one owner and a fixed order. P and dS enter
@@ -331,8 +348,12 @@ __global__ void attention_tc_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dou
     float *st = St + (size_t)w * 16 * LDS, *dpt = dPt + (size_t)w * 16 * LDS;
     const T *kw = Ks + (size_t)w * 16 * LDT, *vw = Vs + (size_t)w * 16 * LDT;
     const T *pt = reinterpret_cast<const T *>(st), *dst = reinterpret_cast<const T *>(dpt);
-    for (int h = g * G.grp; h < (g + 1) * G.grp; h++)
-        for (int i0 = j0 / BR * BR; i0 < G.t; i0 += BR) {
+    /* the query tiles from the one of the first key up to the last query
+     * that sees the block's last key */
+    const int i_end = G.query_end(j0 + n_keys - 1);
+    for (int h = g * G.grp; h < (g + 1) * G.grp; h++) {
+        const gpu_alibi_head ab = G.step(h);
+        for (int i0 = j0 / BR * BR; i0 < i_end; i0 += BR) {
             const int n_rows = min(BR, G.t - i0);
             __syncthreads(); /* the last tile's reads are done */
             tc_load_queries<T, D>(sm, base, dout, lse, Drow, G, b, h, i0, n_rows);
@@ -347,8 +368,9 @@ __global__ void attention_tc_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dou
                 float p[2], ds[2];
                 for (int u = 0; u < 2; u++) {
                     const int c = lane + u * WARP, i = i0 + c;
-                    p[u] = i < G.t && j <= i ? expf(s[c] * G.scale - Lq[c]) : 0.0f;
-                    ds[u] = p[u] * (dp[c] - Dq[c]) * G.scale;
+                    float dc = 0.0f;
+                    p[u] = i < G.t && G.sees(i, j) ? expf(G.score_d(s[c], &dc) + gpu_alibi_at(ab, i, j) - Lq[c]) : 0.0f;
+                    ds[u] = p[u] * (dp[c] - Dq[c]) * G.scale * dc;
                 }
                 tc_put_split<T>(s, p[0], p[1], split_p);
                 tc_put_split<T>(dp, ds[0], ds[1], split_p);
@@ -364,6 +386,7 @@ __global__ void attention_tc_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dou
                 if (split_do) tc_mma64<T, wmma::row_major>(dv[n], pt, 2 * LDS, dOl + n * 16, LDT);
             }
         }
+    }
     /* dK, dV of the warp's keys, staged in its rows of St and dPt (16 x (D+4) fp32 fits in 16 x 2 LDS) */
     __syncthreads();
     const int kr = min(16, max(0, n_keys - w * 16));
@@ -394,7 +417,8 @@ __global__ void attention_tc_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout
     const T *qw = Qs + (size_t)w * 16 * LDT, *dohw = dOh + (size_t)w * 16 * LDT;
     const T *dsw = reinterpret_cast<const T *>(dp);
     const int last = i0 + n_rows - 1;
-    for (int j0 = 0; j0 <= last; j0 += BC) {
+    const gpu_alibi_head ab = G.step(h);
+    for (int j0 = G.first_key(i0) / BC * BC; j0 <= last; j0 += BC) {
         __syncthreads(); /* the last tile's reads are done (and the setup above) */
         tc_load_keys<T, D>(sm, base, G, g, j0, min(BC, G.t - j0));
         __syncthreads();
@@ -408,8 +432,10 @@ __global__ void attention_tc_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout
             float ds[2];
             for (int u = 0; u < 2; u++) {
                 const int c = lane + u * WARP, j = j0 + c;
-                const float p = i < G.t && j <= i ? expf(sr[c] * G.scale - Lr[r]) : 0.0f;
-                ds[u] = p * (dpr[c] - Dr[r]) * G.scale;
+                float dc = 0.0f;
+                const float p =
+                    i < G.t && G.sees(i, j) ? expf(G.score_d(sr[c], &dc) + gpu_alibi_at(ab, i, j) - Lr[r]) : 0.0f;
+                ds[u] = p * (dpr[c] - Dr[r]) * G.scale * dc;
             }
             tc_put_split<T>(dpr, ds[0], ds[1], split_p);
         }

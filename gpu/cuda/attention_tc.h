@@ -1,8 +1,7 @@
 /* Private to the CUDA backend: the fused tensor-core attention
  * (attention_tc.cu), the same ops as attention.cu and attention_gemm.cu
  * (gpu/device.h) for what cuda_attn_tc_covers: 16-bit qkv, head sizes 64,
- * 80, 96 and 128, no sliding window that masks anything, no soft cap or
- * ALiBi (any scale, GQA).
+ * 80, 96 and 128 (any scale, GQA, sliding windows, soft caps, ALiBi).
  * dout and dqkv of the backward may be fp32 or the type of qkv. ops_cuda.c
  * chooses between the three. */
 #ifndef ZO_GPU_CUDA_ATTENTION_TC_H

@@ -74,8 +74,8 @@ static zo_status cuda_run_head_norm_backward(const cuda_exec *e, const gpu_op_ar
 
 /* Whether `path` computes attention over qkv of this shape: the
  * tensor-core and mma.sync kernels their cases (16-bit qkv, d 64/80/96/128,
- * no window that masks, soft cap or ALiBi) with qkv 16-byte aligned, as
- * their vector loads need; the GEMM path 16-bit qkv; the flash kernel all. */
+ * windows and soft caps; ALiBi on the tensor-core kernels only) with qkv
+ * 16-byte aligned, as their vector loads need; the GEMM path 16-bit qkv; the flash kernel all. */
 static int attention_covers(const gpu_attn_desc *d, gpu_tensor qkv, int path)
 {
     const int b16 = qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16;
@@ -105,10 +105,11 @@ static int attention_auto(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor
 /* Which kernels run attention over qkv of this shape (*path: CUDA_ATTN_FLASH,
  * _GEMM, _TC, _MMA, or _TUNE: the fastest of those that cover it, timed once
  * per shape). The tensor-core kernels when chosen (ZO_ATTENTION=tc) and
- * they cover the case; the mma.sync kernels (ZO_ATTENTION=mma, opt-in until
- * a GPU has timed them) for the same cases; what they do not cover falls
- * back to the automatic choice (attention_auto), as does tune without a
- * cache of the device's choices. */
+ * they cover the case (16-bit qkv, d 64/80/96/128, windows, soft caps and
+ * ALiBi; qkv 16-byte aligned); the mma.sync kernels (ZO_ATTENTION=mma,
+ * opt-in until a GPU has timed them) for the same cases but ALiBi; what they
+ * do not cover falls back to the automatic choice (attention_auto), as does
+ * tune without a cache of the device's choices. */
 static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv, int *path)
 {
     int p = e->attn_path;
