@@ -3378,7 +3378,7 @@ static void test_attention_path_env(void **state)
  * ZO_OPS_FILTER names no attention op. */
 typedef struct tune_case {
     int b, t, hq, hkv, d, window;
-    float softcap;
+    float softcap, alibi;
     zo_dtype qkv, grad; /* grad: dout's and dqkv's type */
     int backward;
 } tune_case;
@@ -3388,7 +3388,7 @@ static void tune_call(shim_exec *x, const tune_case *c, void *qkv, void *dout, v
 {
     gpu_op_args a = {0};
     a.d.attn = (gpu_attn_desc){.b = c->b, .t = c->t, .hq = c->hq, .hkv = c->hkv, .d = c->d, .window = c->window,
-                               .softcap = c->softcap};
+                               .softcap = c->softcap, .alibi = c->alibi};
     a.p[0] = lse;
     if (c->backward) {
         a.t[0] = gpu_t(o, c->grad), a.t[1] = gpu_t(dout, c->grad), a.t[2] = gpu_t(qkv, c->qkv);
@@ -3413,14 +3413,16 @@ static void test_attention_tune(void **state)
 {
     (void)state;
     static const tune_case cases[] = {
-        {1, 255, 2, 1, 64, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0},
-        {1, 255, 2, 1, 64, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1},
-        {1, 257, 2, 1, 128, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
-        {1, 257, 2, 1, 128, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1},
-        {2, 48, 4, 1, 128, 0, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1},     /* short: under ZO_OPS_SHIM_MAX_T too */
-        {2, 40, 2, 1, 64, 8, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0},     /* a window that masks */
-        {2, 40, 2, 1, 64, 0, 30.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1},    /* a soft cap */
-        {2, 40, 2, 1, 64, 0, 0.0f, ZO_DTYPE_F32, ZO_DTYPE_F32, 0},       /* fp32 qkv */
+        {1, 255, 2, 1, 64, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0},
+        {1, 255, 2, 1, 64, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1},
+        {1, 257, 2, 1, 128, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
+        {1, 257, 2, 1, 128, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1},
+        {2, 48, 4, 1, 128, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1}, /* short: under ZO_OPS_SHIM_MAX_T too */
+        {2, 40, 2, 1, 64, 8, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0}, /* a window that masks */
+        {2, 40, 2, 1, 64, 0, 30.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1}, /* a soft cap */
+        {2, 40, 2, 1, 64, 0, 0.0f, 1.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0}, /* ALiBi: tc's, not mma's */
+        {2, 40, 2, 1, 32, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0}, /* head dim 32: neither's */
+        {2, 40, 2, 1, 64, 0, 0.0f, 0.0f, ZO_DTYPE_F32, ZO_DTYPE_F32, 0},   /* fp32 qkv */
     };
     const int n_cases = (int)(sizeof cases / sizeof *cases);
     if (filter && !strstr(gpu_op_infos[GPU_OP_ATTENTION_FORWARD].name, filter) &&
@@ -3466,17 +3468,19 @@ static void test_attention_tune(void **state)
         assert_int_equal(x.tune.n, n_tuned);
         gpu_op_args a = {0};
         a.d.attn = (gpu_attn_desc){.b = c->b, .t = c->t, .hq = c->hq, .hkv = c->hkv, .d = c->d,
-                                   .window = c->window, .softcap = c->softcap};
+                                   .window = c->window, .softcap = c->softcap, .alibi = c->alibi};
         if (c->backward) a.t[0] = gpu_t(o[0], c->grad), a.t[1] = gpu_t(dout, c->grad), a.t[2] = gpu_t(qkv, c->qkv);
         else a.t[0] = gpu_t(o[0], c->qkv), a.t[1] = gpu_t(qkv, c->qkv);
         cuda_attn_shape key = cuda_attn_shape_of(&a, c->backward);
         const cuda_attn_tuned *e = cuda_attn_tune_find(&x.tune, &key);
         assert_non_null(e);
-        const int tc_case = c->qkv != ZO_DTYPE_F32 && c->window == 0 && c->softcap == 0.0f;
+        /* the tensor-core kernels: 16-bit qkv at head dims 64/80/96/128, any
+         * window, soft cap or ALiBi; mma.sync the same but ALiBi */
+        const int tc_case = c->qkv != ZO_DTYPE_F32 && (c->d == 64 || c->d == 128);
         const int want[CUDA_ATTN_PATHS] = {[CUDA_ATTN_FLASH] = 1, [CUDA_ATTN_GEMM] = c->qkv != ZO_DTYPE_F32,
-                                           [CUDA_ATTN_TC] = tc_case, [CUDA_ATTN_MMA] = tc_case};
-        printf("  tune %s b%d t%d hq%d hkv%d d%d w%d cap %g %s:", c->backward ? "backward" : "forward", c->b, c->t,
-               c->hq, c->hkv, c->d, c->window, (double)c->softcap, zo_dtype_name(c->qkv));
+                                           [CUDA_ATTN_TC] = tc_case, [CUDA_ATTN_MMA] = tc_case && c->alibi == 0.0f};
+        printf("  tune %s b%d t%d hq%d hkv%d d%d w%d cap %g alibi %g %s:", c->backward ? "backward" : "forward", c->b,
+               c->t, c->hq, c->hkv, c->d, c->window, (double)c->softcap, (double)c->alibi, zo_dtype_name(c->qkv));
         for (int p = CUDA_ATTN_FLASH; p < CUDA_ATTN_PATHS; p++) {
             if (e->us[p] >= 0) printf(" %s %.0f us", cuda_attn_path_name(p), e->us[p]);
             /* timed exactly when it covers the case: a warm-up and one run */
