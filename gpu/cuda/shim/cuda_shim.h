@@ -1,7 +1,9 @@
 /* The CUDA vocabulary of gpu/cuda/<family>.cu on the host (ZO_CUDA_SHIM, C++17):
  * the kernel sources compile with g++ with their bodies unchanged, and a
  * launch runs the kernel before it returns, every CUDA thread of a block a
- * fiber of its own on the calling OS thread (cuda_shim.cc, the runtime).
+ * fiber of its own on the calling OS thread (cuda_shim.cc, the runtime:
+ * the fibers' stacks start at staggered offsets, so that their frames do
+ * not all fall in the same cache sets).
  *
  * What it gives:
  * - qualifiers: __global__, __device__, __host__, __launch_bounds__ vanish; __forceinline__ is
