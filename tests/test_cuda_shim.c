@@ -1148,6 +1148,46 @@ static void test_attention_small(void **state)
     attention_case(40, 2, 1, 256, ZO_DTYPE_BF16);
 }
 
+/* The shim's wmma::mma_sync product (zo_shim_mma16_16, AVX-512 where the
+ * CPU has it): d = a b + c over 16 x 16 tiles with 16-bit a, b, against the
+ * documented sum, c + a_0 b_0 + ... + a_15 b_15 in that order in fp32 (one
+ * rounding an operation: this file is ISO C, nothing fused), bit for bit;
+ * d written over c too. */
+void zo_shim_mma16_16(float *d, const uint16_t *a, const uint16_t *b, const float *c, int bf16);
+
+static void test_wmma_product_bits(void **state)
+{
+    (void)state;
+    uint16_t a[256], b[256];
+    float c[256], d[256], want[256];
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int rep = 0; rep < 20; rep++) {
+            for (int i = 0; i < 256; i++) {
+                /* spread over magnitudes so the order of the sums shows */
+                float x = frand() * ldexpf(1.0f, (int)(frand() * 12.0f)), y = frand() * ldexpf(1.0f, (int)(frand() * 12.0f));
+                a[i] = bf16 ? zo_f32_to_bf16(x) : zo_f32_to_f16(x);
+                b[i] = bf16 ? zo_f32_to_bf16(y) : zo_f32_to_f16(y);
+                c[i] = frand() * 100.0f;
+            }
+            for (int r = 0; r < 16; r++)
+                for (int n = 0; n < 16; n++) {
+                    float s = c[r * 16 + n];
+                    for (int k = 0; k < 16; k++) {
+                        float ak = bf16 ? zo_bf16_to_f32(a[r * 16 + k]) : zo_f16_to_f32(a[r * 16 + k]);
+                        float bk = bf16 ? zo_bf16_to_f32(b[k * 16 + n]) : zo_f16_to_f32(b[k * 16 + n]);
+                        float p = ak * bk;
+                        s = s + p;
+                    }
+                    want[r * 16 + n] = s;
+                }
+            zo_shim_mma16_16(d, a, b, c, bf16);
+            for (int i = 0; i < 256; i++)
+                if (memcmp(&d[i], &want[i], sizeof d[i])) fail_msg("%s: element %d: got %.9g, want %.9g", bf16 ? "bf16" : "f16", i, d[i], want[i]);
+            zo_shim_mma16_16(c, a, b, c, bf16); /* in place */
+            assert_memory_equal(c, want, sizeof want);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1159,6 +1199,7 @@ int main(void)
         cmocka_unit_test(test_rounding_and_conversions),
         cmocka_unit_test(test_mma_fragments),
         cmocka_unit_test(test_ldmatrix_fragments),
+        cmocka_unit_test(test_wmma_product_bits),
         cmocka_unit_test(test_launch_refused),
         cmocka_unit_test(test_warp_misuse),
         cmocka_unit_test(test_beside_cuda_backend),

@@ -26,6 +26,9 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h> /* defines: _mm512_* (zo_shim_mma16's AVX-512 loops) */
+#endif
 
 #include <memory>
 #include <mutex>
@@ -138,7 +141,7 @@ struct warp_state {
 struct runtime {
     /* stacks: one mapping, each stack above a PROT_NONE guard page */
     char *map = nullptr;
-    size_t map_bytes = 0, stack_bytes = 0;
+    size_t map_bytes = 0, stack_bytes = 0, page = 0;
     unsigned n_stacks = 0;
 
     std::vector<fiber> fibers;
@@ -193,6 +196,13 @@ const size_t STACK_BYTES = 256u << 10; /* instrumented frames are several times 
 #else
 const size_t STACK_BYTES = 64u << 10;
 #endif
+/* Fiber i starts (i % 64) * 64 bytes below its stack's top, in room added
+ * above STACK_BYTES: the stacks are a whole number of pages apart, so
+ * without it every fiber's frames would sit at the same offsets within a
+ * page, in the same few sets of the data cache, and evict one another at
+ * every switch (it took the shim's warp shuffles from about 20 ns to
+ * about 8 ns a lane). */
+const size_t COLOR_BYTES = 64u * 64u;
 
 /* Dynamic shared memory a kernel may use without cudaFuncSetAttribute, and
  * the most it may be raised to: sm_80's 163 KiB, the smallest of the
@@ -221,8 +231,8 @@ void set_last(runtime &r, cudaError_t e, const char *fmt, ...)
 bool ensure_stacks(runtime &r, unsigned n)
 {
     if (r.n_stacks >= n) return true;
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    const size_t slot = STACK_BYTES + page;
+    const size_t page = r.page ? r.page : (r.page = (size_t)sysconf(_SC_PAGESIZE));
+    const size_t slot = STACK_BYTES + COLOR_BYTES + page;
     if (r.map) munmap(r.map, r.map_bytes);
     r.map = nullptr;
     r.n_stacks = 0;
@@ -236,18 +246,14 @@ bool ensure_stacks(runtime &r, unsigned n)
 #endif
     r.map = static_cast<char *>(m);
     r.map_bytes = bytes;
-    r.stack_bytes = STACK_BYTES;
+    r.stack_bytes = STACK_BYTES + COLOR_BYTES;
     for (unsigned i = 0; i < n; i++) /* overflow faults instead of corrupting the next stack */
         if (mprotect(r.map + slot * i, page, PROT_NONE) != 0) return false;
     r.n_stacks = n;
     return true;
 }
 
-char *stack_lo(runtime &r, unsigned i)
-{
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    return r.map + (r.stack_bytes + page) * i + page;
-}
+char *stack_lo(runtime &r, unsigned i) { return r.map + (r.stack_bytes + r.page) * i + r.page; }
 
 /* Save the current context into `from` and resume `to` (whose stack is
  * to_lo..+to_size); from_fake NULL when the current fiber never resumes. */
@@ -280,11 +286,13 @@ void fiber_entry_uc(unsigned hi, unsigned lo)
 }
 #endif
 
-/* Lay out fiber f's stack so that switching to it starts fiber_main. */
-void fiber_prepare(runtime &r, fiber &f)
+/* Lay out fiber f (the block's thread i) so that switching to it starts
+ * fiber_main, COLOR_BYTES's offset below its stack's top. */
+void fiber_prepare(runtime &r, fiber &f, unsigned i)
 {
+    const size_t color = (size_t)(i % (COLOR_BYTES / 64)) * 64;
 #ifdef ZO_SHIM_ASM_SWITCH
-    void **top = reinterpret_cast<void **>(f.stack_lo + r.stack_bytes); /* 16-byte aligned */
+    void **top = reinterpret_cast<void **>(f.stack_lo + r.stack_bytes - color); /* 16-byte aligned */
     top[-1] = reinterpret_cast<void *>(&zo_shim_fiber_start);           /* ret */
     top[-2] = nullptr;                                                  /* rbp */
     top[-3] = reinterpret_cast<void *>(&fiber_main);                    /* rbx: the entry */
@@ -294,7 +302,7 @@ void fiber_prepare(runtime &r, fiber &f)
 #else
     getcontext(&f.ctx.uc);
     f.ctx.uc.uc_stack.ss_sp = f.stack_lo;
-    f.ctx.uc.uc_stack.ss_size = r.stack_bytes;
+    f.ctx.uc.uc_stack.ss_size = r.stack_bytes - color;
     f.ctx.uc.uc_link = nullptr;
     uintptr_t p = reinterpret_cast<uintptr_t>(&r);
     makecontext(&f.ctx.uc, reinterpret_cast<void (*)()>(&fiber_entry_uc), 2,
@@ -303,8 +311,9 @@ void fiber_prepare(runtime &r, fiber &f)
 }
 
 /* Resume the next fiber that can run after the current one, round robin
- * from it (itself last); NULL when none can. */
-fiber *pick_next(runtime &r)
+ * from it (itself last); NULL when none can. Inlined, as wait_here, in
+ * every build: the sanitizer build's -O2 called both at every wait. */
+inline __attribute__((always_inline)) fiber *pick_next(runtime &r)
 {
     const unsigned n = r.n;
     unsigned i = r.cur;
@@ -381,7 +390,7 @@ inline void switch_fiber(runtime &r, fiber &from, fiber &to, bool from_dies)
 
 /* The current fiber waits (its state and generation set); run others until
  * it may go on. */
-void wait_here(runtime &r, fiber &self)
+inline __attribute__((always_inline)) void wait_here(runtime &r, fiber &self)
 {
     fiber *next = pick_next(r);
     if (!next) fail_deadlock(r);
@@ -452,7 +461,7 @@ void run_block(runtime &r)
         f.wait_gen = 0;
         f.stack_lo = stack_lo(r, i);
         f.asan_fake = nullptr;
-        fiber_prepare(r, f);
+        fiber_prepare(r, f, i);
     }
     r.cur = 0;
     zo_shim_threadIdx = r.fibers[0].tid;
@@ -657,6 +666,73 @@ extern "C" unsigned long long zo_shim_shfl(unsigned mask, unsigned long long v, 
 }
 
 extern "C" void *zo_shim_dynamic_smem(void) { return rt_cur->smem; }
+
+/* zo_shim_mma16's loops, compiled for each vector width (below): the loop
+ * over n vectorizes (gcc vectorizes the outer loop), every sum keeps its
+ * order, and -ffp-contract=off keeps each product and sum one rounding. */
+#define ZO_SHIM_MMA16_BODY                                                                         \
+    for (int r = 0; r < 16; r++)                                                                   \
+        for (int n = 0; n < 16; n++) {                                                             \
+            float s = c[r * 16 + n];                                                               \
+            for (int k = 0; k < 16; k++) s += a[r * 16 + k] * b[k * 16 + n];                      \
+            out[r * 16 + n] = s;                                                                   \
+        }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Eight rows at a time, so eight chains of additions overlap; b's 16 rows
+ * held in registers. */
+__attribute__((target("avx512f"))) ZO_UNCHECKED static void mma16_avx512(float *__restrict out,
+                                                                       const float *__restrict a,
+                                                                       const float *__restrict b,
+                                                                       const float *__restrict c)
+{
+    __m512 bk[16];
+    for (int k = 0; k < 16; k++) bk[k] = _mm512_loadu_ps(b + k * 16);
+    for (int r = 0; r < 16; r += 8) {
+        __m512 s[8];
+        for (int i = 0; i < 8; i++) s[i] = _mm512_loadu_ps(c + (r + i) * 16);
+        for (int k = 0; k < 16; k++)
+            for (int i = 0; i < 8; i++)
+                s[i] = _mm512_add_ps(s[i], _mm512_mul_ps(_mm512_set1_ps(a[(r + i) * 16 + k]), bk[k]));
+        for (int i = 0; i < 8; i++) _mm512_storeu_ps(out + (r + i) * 16, s[i]);
+    }
+}
+#endif
+
+ZO_UNCHECKED static void mma16_plain(float *__restrict out, const float *__restrict a,
+                                     const float *__restrict b, const float *__restrict c)
+{
+    ZO_SHIM_MMA16_BODY
+}
+
+/* The shim's arithmetic on its own copies (ZO_UNCHECKED): a tensor-core
+ * kernel's fragments, each lane's whole tile. It was most of the
+ * tensor-core kernels' time on the shim, every lane of a warp redoing it. */
+extern "C" ZO_UNCHECKED void zo_shim_mma16(float *out, const float *a, const float *b, const float *c)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f")) {
+        mma16_avx512(out, a, b, c);
+        return;
+    }
+#endif
+    mma16_plain(out, a, b, c);
+}
+
+/* flatten: the conversions inlined in every build (the sanitizer build's
+ * -O2 called a function an element). */
+extern "C" ZO_UNCHECKED __attribute__((flatten)) void zo_shim_mma16_16(float *d, const uint16_t *a,
+                                                                        const uint16_t *b, const float *c,
+                                                                        int bf16)
+{
+    float fa[256], fb[256], out[256];
+    if (bf16)
+        for (int i = 0; i < 256; i++) fa[i] = zo_bf16_to_f32(a[i]), fb[i] = zo_bf16_to_f32(b[i]);
+    else
+        for (int i = 0; i < 256; i++) fa[i] = zo_f16_to_f32(a[i]), fb[i] = zo_f16_to_f32(b[i]);
+    zo_shim_mma16(out, fa, fb, c);
+    memcpy(d, out, sizeof out);
+}
 
 /* ---- the runtime API ------------------------------------------------------------ */
 

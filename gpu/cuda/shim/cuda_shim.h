@@ -1,7 +1,9 @@
 /* The CUDA vocabulary of gpu/cuda/<family>.cu on the host (ZO_CUDA_SHIM, C++17):
  * the kernel sources compile with g++ with their bodies unchanged, and a
  * launch runs the kernel before it returns, every CUDA thread of a block a
- * fiber of its own on the calling OS thread (cuda_shim.cc, the runtime).
+ * fiber of its own on the calling OS thread (cuda_shim.cc, the runtime:
+ * the fibers' stacks start at staggered offsets, so that their frames do
+ * not all fall in the same cache sets).
  *
  * What it gives:
  * - qualifiers: __global__, __device__, __host__, __launch_bounds__ vanish; __forceinline__ is
@@ -106,6 +108,12 @@ void *zo_shim_dynamic_smem(void);
 /* A 16-byte vector load or store at addr, off a 16-byte boundary: the
  * launch's error (does not return). */
 [[noreturn]] void zo_shim_vec_fault(const void *addr);
+/* out = a b + c over 16 x 16 fp32 row-major tiles, each sum c + a_0 b_0 +
+ * ... + a_15 b_15 in that order, one rounding an operation (nvcuda::wmma's
+ * mma_sync, shim_wmma.h): the widest vectors the CPU has, the same bits. */
+void zo_shim_mma16(float *out, const float *a, const float *b, const float *c);
+/* The same with a and b 16-bit (bf16 != 0: bfloat16, else half), d may be c. */
+void zo_shim_mma16_16(float *d, const uint16_t *a, const uint16_t *b, const float *c, int bf16);
 cudaError_t zo_shim_take_last_error(int clear, char *detail, size_t cap);
 cudaError_t zo_shim_func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value);
 cudaError_t zo_shim_memcpy(void *dst, const void *src, size_t bytes);

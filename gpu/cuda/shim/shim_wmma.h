@@ -79,15 +79,16 @@ ZO_UNCHECKED inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, c
                      const fragment<matrix_b, 16, 16, 16, T, LB> &b,
                      const fragment<accumulator, 16, 16, 16, float> &c)
 {
-    float fa[256], fb[256], out[256];
-    for (int i = 0; i < 256; i++) fa[i] = shim_wmma_f(a.x[i]), fb[i] = shim_wmma_f(b.x[i]);
-    for (int r = 0; r < 16; r++)
-        for (int n = 0; n < 16; n++) {
-            float s = c.x[r * 16 + n];
-            for (int k = 0; k < 16; k++) s += fa[r * 16 + k] * fb[k * 16 + n];
-            out[r * 16 + n] = s;
-        }
-    for (int i = 0; i < 256; i++) d.x[i] = out[i];
+    if constexpr (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+        static_assert(sizeof(T) == 2, "16-bit operands");
+        zo_shim_mma16_16(d.x, reinterpret_cast<const uint16_t *>(a.x), reinterpret_cast<const uint16_t *>(b.x),
+                         c.x, std::is_same<T, __nv_bfloat16>::value);
+    } else {
+        float fa[256], fb[256], out[256];
+        for (int i = 0; i < 256; i++) fa[i] = shim_wmma_f(a.x[i]), fb[i] = shim_wmma_f(b.x[i]);
+        zo_shim_mma16(out, fa, fb, c.x);
+        for (int i = 0; i < 256; i++) d.x[i] = out[i];
+    }
 }
 
 } // namespace wmma
