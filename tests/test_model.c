@@ -1005,6 +1005,19 @@ static void test_hf_config_from_presets(void **state)
 }
 
 /* A fixture config.json (tests/fixtures/hf-configs/NAME) into c. */
+/* json (as "bad.json") refused with `code`, the error naming field `key`
+ * and, when `says` is given, saying it. */
+static void refused(const char *json, const char *key, const char *says, zo_status code)
+{
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse(json, "bad.json", &c), code);
+    printf("  refused: %s\n", zo_last_error());
+    char want[96];
+    snprintf(want, sizeof want, "bad.json: field \"%s\"", key);
+    assert_non_null(strstr(zo_last_error(), want));
+    if (says) assert_non_null(strstr(zo_last_error(), says));
+}
+
 static void load_hf_fixture(const char *name, zo_model_config *c)
 {
     char path[512];
@@ -1169,13 +1182,7 @@ static void test_cohere_config(void **state)
         {CO ", \"logit_scale\": 1e-300}", "logit_scale", ZO_ERR_FORMAT},
         {CO ", \"attention_bias\": true}", "attention_bias", ZO_ERR_UNSUPPORTED},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        assert_int_equal(zo_model_config_parse(bad[i].json, "bad.json", &c), bad[i].code);
-        printf("  refused: %s\n", zo_last_error());
-        char want[64];
-        snprintf(want, sizeof want, "bad.json: field \"%s\"", bad[i].key);
-        assert_non_null(strstr(zo_last_error(), want));
-    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) refused(bad[i].json, bad[i].key, NULL, bad[i].code);
     load_hf_fixture("c4ai-command-r-plus.json", &c);
     assert_true(c.qk_norm && c.qk_norm_heads && c.n_kv_heads == 8 && c.rope_theta == 7.5e7f);
     /* 256000 x 12288 tied + 64 x (q, k, v, o + gate, up, down + input_layernorm + q_norm [96, 128]
@@ -1279,14 +1286,7 @@ static void test_cohere2_config(void **state)
         {C2 ", \"use_qk_norm\": true}", "use_qk_norm", "q/k norms", ZO_ERR_UNSUPPORTED},
         {C2 ", \"head_dim\": 64}", "head_dim", "hidden_size / num_attention_heads", ZO_ERR_FORMAT},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        assert_int_equal(zo_model_config_parse(bad[i].json, "bad.json", &c), bad[i].code);
-        printf("  refused: %s\n", zo_last_error());
-        char want[64];
-        snprintf(want, sizeof want, "bad.json: field \"%s\"", bad[i].key);
-        assert_non_null(strstr(zo_last_error(), want));
-        assert_non_null(strstr(zo_last_error(), bad[i].says));
-    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) refused(bad[i].json, bad[i].key, bad[i].says, bad[i].code);
 #undef LT
 #undef C2
     preset_round_trip("c4ai-command-r7b-12-2024", &c, &back);
@@ -1328,13 +1328,7 @@ static void test_granite_config(void **state)
         {GR ", \"residual_multiplier\": 1e39}", "residual_multiplier"},
         {GR ", \"logits_scaling\": \"16\"}", "logits_scaling"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        assert_int_equal(zo_model_config_parse(bad[i].json, "bad.json", &c), ZO_ERR_FORMAT);
-        printf("  refused: %s\n", zo_last_error());
-        char want[64];
-        snprintf(want, sizeof want, "bad.json: field \"%s\"", bad[i].key);
-        assert_non_null(strstr(zo_last_error(), want));
-    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) refused(bad[i].json, bad[i].key, NULL, ZO_ERR_FORMAT);
     /* biases on the projections (attention_bias, mlp_bias) are LLaMA's: refused by name */
     assert_int_equal(zo_model_config_parse(GR ", \"mlp_bias\": true}", "bias.json", &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "mlp_bias"));
