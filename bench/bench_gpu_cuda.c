@@ -447,8 +447,9 @@ static int attention_row(const attn_shape *sh, void *stage, uint64_t seed)
         }
     unsetenv("ZO_ATTENTION");
     /* causal: half the t x t scores, forward 2 matmuls, backward 5; with a
-     * window the score elements it leaves, (2 w t - w^2) / t^2 of that (the
-     * tensor-core and mma.sync kernels skip the rest; memplan's work) */
+     * window the score elements it leaves, (2 w t - w^2) / t^2 of that
+     * (every path skips the tiles outside the window; memplan's
+     * attn_window_work), so the rates compare with the unwindowed rows' */
     const double w = sh->window;
     const double share = sh->window > 0 && sh->window < t ? (2.0 * w * t - w * w) / ((double)t * t) : 1.0;
     const double f = 2.0 * b * hq * (double)t * t * d * share;

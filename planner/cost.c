@@ -479,7 +479,8 @@ enum { ATTN_PATHS = ZO_ATTN_MMA + 1 };
  * their work (work[p]): causal attention's, summed and divided by the
  * layers, each windowed layer on the tensor-core or mma.sync kernels at the
  * share its window leaves (attn_window_work: they skip the key tiles
- * outside every row's window; the other paths compute them). Without this
+ * outside every row's window; the GEMM path and the flash kernel, which
+ * skip such blocks too, at the whole causal work). Without this
  * runtime's kernels (c->k) or with standard attention, every layer on
  * ZO_ATTN_AUTO (attn_core_time's models). Latent attention's q/k and v head
  * dims differ, which neither fused kernel takes. */
