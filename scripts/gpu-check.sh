@@ -510,9 +510,11 @@ step_test() {
   return $bad
 }
 
-# test_ops' attention again with the kernels the automatic choice does not
-# take yet forced (ZO_ATTENTION=mma, then tc; the shapes they do not cover
-# fall back to it), the CUDA backend against the double loops: a row each
+# test_ops' attention again with the fused kernels forced (ZO_ATTENTION=mma,
+# the automatic choice's first wherever it covers a shape, whose passing row
+# lets the bench and torch steps tune; then tc, which the automatic choice
+# takes only for ALiBi; the shapes they do not cover fall back to it), the
+# CUDA backend against the double loops: a row each
 # from its `backend cuda N runs, M failed` line. ZO_OPS_FILTER (default
 # attention) narrows the ops. Returns 1 when one failed.
 ops_attention_paths() {
