@@ -15,6 +15,9 @@
  *   forced through ZO_ATTENTION and alternating round after round as the
  *   GEMMs do, and each one's speedup over the flash kernel; started with
  *   ZO_ATTENTION=tune, the backend's tuned choice too (row causal_tune).
+ *   On the 13B layer's heads at t 2048 and 4096, and on other models'
+ *   attention (attn_shapes): GPT-2's heads of 64, a sliding window
+ *   (Mistral-7B's heads) and a soft cap (Gemma-2-27B's).
  * Every input is random (uniform in [-1, 1], a fixed seed), as training's
  * are: constant data toggles few bits in the multipliers and on the buses,
  * draws less power and lets the GPU hold clocks that real data would not,
@@ -355,19 +358,38 @@ static int bench_copies(void)
     return 0;
 }
 
-/* The two attention rows of one t: causal, 13B heads, sequences of t
- * (TOKENS / t of them), random inputs (seeds 5 + seed and 7 + seed) filled
+/* An attention shape the rows time: b sequences of t, hq query heads of
+ * d over hkv kv heads, a sliding window of `window` keys (0: none), scores
+ * soft-capped at `softcap` (0: none); every path times it (the flash
+ * kernel and the GEMM path take any, the tensor-core and mma.sync kernels
+ * these head sizes, windows and caps). */
+typedef struct attn_shape {
+    int b, t, hq, hkv, d, window;
+    float softcap;
+} attn_shape;
+
+static const attn_shape attn_shapes[] = {
+    {TOKENS / 2048, 2048, HEADS, HEADS, HEAD_DIM, 0, 0.0f}, /* the 13B layer */
+    {TOKENS / 4096, 4096, HEADS, HEADS, HEAD_DIM, 0, 0.0f},
+    {8, 1024, 12, 12, 64, 0, 0.0f},    /* GPT-2 (124M): 12 heads of 64 */
+    {1, 4096, 32, 8, 128, 1024, 0.0f}, /* Mistral-7B's heads (GQA 32/8) with a window of 1024: its own 4096
+                                          masks nothing at t 4096 */
+    {1, 4096, 32, 16, 128, 0, 50.0f},  /* Gemma-2-27B's heads (GQA 32/16), scores capped at 50 */
+};
+
+/* The rows of one shape: random inputs (seeds 5 + seed and 7 + seed) filled
  * through stage; forward and backward timed on each path. 0, or 1 on a
  * failure. */
-static int attention_row(int t, void *stage, uint64_t seed)
+static int attention_row(const attn_shape *sh, void *stage, uint64_t seed)
 {
-    int b = TOKENS / t;
-    attn_run r = {.a = {.b = b, .t = t, .hq = HEADS, .hkv = HEADS, .d = HEAD_DIM}};
-    size_t nqkv = (size_t)b * t * 3 * HEADS * HEAD_DIM, nout = (size_t)b * t * HEADS * HEAD_DIM;
+    const int b = sh->b, t = sh->t, hq = sh->hq, d = sh->d;
+    attn_run r = {.a = {.b = b, .t = t, .hq = hq, .hkv = sh->hkv, .d = d, .window = sh->window,
+                        .softcap = sh->softcap}};
+    size_t nqkv = (size_t)b * t * (hq + 2 * sh->hkv) * d, nout = (size_t)b * t * hq * d;
     void *qkv, *out, *dout, *dqkv, *lse, *dout32, *dqkv32;
     if (gpu_mem_alloc(dev, nqkv * 2, &qkv) != ZO_OK || gpu_mem_alloc(dev, nout * 2, &out) != ZO_OK ||
         gpu_mem_alloc(dev, nout * 2, &dout) != ZO_OK || gpu_mem_alloc(dev, nqkv * 2, &dqkv) != ZO_OK ||
-        gpu_mem_alloc(dev, (size_t)b * HEADS * t * 4, &lse) != ZO_OK ||
+        gpu_mem_alloc(dev, (size_t)b * hq * t * 4, &lse) != ZO_OK ||
         gpu_mem_alloc(dev, nout * 4, &dout32) != ZO_OK || gpu_mem_alloc(dev, nqkv * 4, &dqkv32) != ZO_OK)
         return fail("attention buffers");
     if (fill_random_bf16(qkv, nqkv, stage, 5 + seed) != ZO_OK ||
@@ -424,14 +446,21 @@ static int attention_row(int t, void *stage, uint64_t seed)
             }
         }
     unsetenv("ZO_ATTENTION");
-    /* causal: half the t x t scores; forward 2 matmuls, backward 5 */
-    double f = 2.0 * b * HEADS * (double)t * t * HEAD_DIM;
-    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, best[0][0] * 1e3,
-              f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12);
+    /* causal: half the t x t scores, forward 2 matmuls, backward 5; with a
+     * window the score elements it leaves, (2 w t - w^2) / t^2 of that
+     * (every path skips the tiles outside the window; memplan's
+     * attn_window_work), so the rates compare with the unwindowed rows' */
+    const double w = sh->window;
+    const double share = sh->window > 0 && sh->window < t ? (2.0 * w * t - w * w) / ((double)t * t) : 1.0;
+    const double f = 2.0 * b * hq * (double)t * t * d * share;
+    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8s %8s %10s %10s %4d %4d %6d %5g", "causal", b, t, hq,
+              best[0][0] * 1e3, f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12, "-", "-", "-",
+              "-", d, sh->hkv, sh->window, (double)sh->softcap);
     for (int p = 1; p < n_paths; p++)
-        bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f", rows[p], b, t, HEADS,
-                  best[p][0] * 1e3, f / best[p][0] * 1e-12, best[p][1] * 1e3, 2.5 * f / best[p][1] * 1e-12,
-                  best[0][0] / best[p][0], best[0][1] / best[p][1], best32[p] * 1e3, 2.5 * f / best32[p] * 1e-12);
+        bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f %4d %4d %6d %5g", rows[p],
+                  b, t, hq, best[p][0] * 1e3, f / best[p][0] * 1e-12, best[p][1] * 1e3, 2.5 * f / best[p][1] * 1e-12,
+                  best[0][0] / best[p][0], best[0][1] / best[p][1], best32[p] * 1e3, 2.5 * f / best32[p] * 1e-12, d,
+                  sh->hkv, sh->window, (double)sh->softcap);
     gpu_mem_free(dev, qkv);
     gpu_mem_free(dev, out);
     gpu_mem_free(dev, dout);
@@ -442,7 +471,9 @@ static int attention_row(int t, void *stage, uint64_t seed)
     return 0;
 }
 
-/* The attention rows: 13B heads, causal, sequences of 2048 and 4096, the
+/* The attention rows, one group per attn_shape (13B heads at sequences of
+ * 2048 and 4096, then GPT-2's, a window's and a soft cap's; the last four
+ * columns say the shape: head dim, kv heads, window, cap): the
  * flash kernel's row ("causal"), the GEMM path's ("causal_gemm") and the
  * fused tensor-core kernels' ("causal_tc"), each of the last two with its
  * speedup (the flash kernel's time over its own) and its backward with fp32
@@ -452,11 +483,11 @@ static int attention_row(int t, void *stage, uint64_t seed)
  * ZO_ATTENTION_LOG=1 prints what it chose); 0, or 1 on a failure. */
 static int bench_attention(void *stage)
 {
-    bench_row("%-11s %6s %6s %6s %10s %10s %10s %10s %8s %8s %10s %10s", "attention", "b", "t", "heads", "fwd_ms",
-              "fwd_TF/s", "bwd_ms", "bwd_TF/s", "fwd_x", "bwd_x", "bwd32_ms", "bwd32_TF/s");
-    const int seqs[2] = {2048, 4096};
-    for (int si = 0; si < 2; si++)
-        if (attention_row(seqs[si], stage, (uint64_t)si) != 0) return 1;
+    bench_row("%-11s %6s %6s %6s %10s %10s %10s %10s %8s %8s %10s %10s %4s %4s %6s %5s", "attention", "b", "t",
+              "heads", "fwd_ms", "fwd_TF/s", "bwd_ms", "bwd_TF/s", "fwd_x", "bwd_x", "bwd32_ms", "bwd32_TF/s", "d", "hkv",
+              "window", "cap");
+    for (size_t i = 0; i < sizeof attn_shapes / sizeof *attn_shapes; i++)
+        if (attention_row(&attn_shapes[i], stage, (uint64_t)i) != 0) return 1;
     return 0;
 }
 

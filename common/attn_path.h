@@ -8,7 +8,9 @@
 /* the GEMM path (16-bit qkv, with cuBLASLt) from this many tokens */
 #define ZO_ATTN_GEMM_MIN_T 256
 
-typedef enum zo_attn_path { ZO_ATTN_FLASH, ZO_ATTN_GEMM, ZO_ATTN_TC } zo_attn_path;
+/* ZO_ATTN_AUTO: the rule below (a plan's default, memory.h's plan_train);
+ * the rule itself returns one of the four kernel families */
+typedef enum zo_attn_path { ZO_ATTN_AUTO, ZO_ATTN_FLASH, ZO_ATTN_GEMM, ZO_ATTN_TC, ZO_ATTN_MMA } zo_attn_path;
 
 /* Whether a sliding window of `window` positions masks anything over t
  * keys: one no shorter than the keys (Mistral-7B-v0.1's 4096 at shorter
@@ -25,19 +27,37 @@ static inline int zo_attn_tc_covers(int qkv_16bit, int head_dim, int window, int
     return qkv_16bit && (head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128);
 }
 
+/* Whether the mma.sync kernels compute it: the tensor-core kernels' cases
+ * but ALiBi (gpu/cuda/attention_mma.h). */
+static inline int zo_attn_mma_covers(int qkv_16bit, int head_dim, int window, int t, float softcap, float alibi)
+{
+    return zo_attn_tc_covers(qkv_16bit, head_dim, window, t, softcap, alibi) && alibi <= 0.0f;
+}
+
 /* The automatic choice for t tokens a sequence (lt: the device has
- * cuBLASLt; tc_aligned: qkv is where the tensor-core kernels' 16-byte vector
- * loads can read it): the tensor-core kernels where they cover the layer and either
- * the head dim is at most 64 or the GEMM path is not taken; the GEMM path
- * for 16-bit qkv from ZO_ATTN_GEMM_MIN_T tokens; else the flash kernel. The
- * H200's rates behind it (b 8, t 1024, bf16): head dim 64 forward 41.6
- * TFLOP/s on the tensor-core kernels against the GEMM path's 16.3, backward
- * 18.6 against 11.0; head dim 128 forward 31.7 against 28.9, backward 10.5
- * against 22.7; the flash kernel 5 / 4.6 (H100, head dim 128). */
+ * cuBLASLt; tc_aligned: qkv is where the tensor-core and mma.sync kernels'
+ * 16-byte vector loads can read it): the mma.sync kernels wherever they
+ * cover the layer (16-bit qkv, head dim 64, 80, 96 or 128, windows, soft
+ * caps; no ALiBi); else the tensor-core kernels where they cover it and
+ * either the head dim is at most 64 or the GEMM path is not taken; the
+ * GEMM path for 16-bit qkv from ZO_ATTN_GEMM_MIN_T tokens; else the flash
+ * kernel.
+ * The rates behind it, TFLOP/s of the causal half, bf16: on an H100 80GB
+ * HBM3 (bench_gpu_cuda, 2026-11-27), LLaMA-2-13B's layer (40 heads of 128,
+ * causal) at b 2 t 2048 and b 1 t 4096, forward: mma.sync 141.6 / 159.7,
+ * the GEMM path 47.3 / 47.0, the tensor-core kernels 32.4 / 34.3, the
+ * flash kernel 5.2 (t 2048); backward with fp32 output gradients (the
+ * transformer's): mma.sync 32.7 / 35.5, GEMM 27.2 / 29.9, tensor-core 10.9
+ * / 11.6 (with 16-bit ones 39.0 / 42.6, 32.4 / 35.5, 23.0 / 24.9; flash 4.7).
+ * Head dim 64 was not measured on the mma.sync kernels: they take it as the
+ * same kernel design as at 128 (the next GPU run's bench measures it). At
+ * head dim 64 on the H200 (b 8, t 1024) the tensor-core kernels ran 41.6
+ * forward and 18.6 backward against the GEMM path's 16.3 and 11.0. */
 static inline zo_attn_path zo_attn_auto_path(int qkv_16bit, int tc_aligned, int head_dim, int window,
                                              float softcap, float alibi, int t, int lt)
 {
     const int gemm = qkv_16bit && lt && t >= ZO_ATTN_GEMM_MIN_T;
+    if (tc_aligned && zo_attn_mma_covers(qkv_16bit, head_dim, window, t, softcap, alibi)) return ZO_ATTN_MMA;
     if (tc_aligned && zo_attn_tc_covers(qkv_16bit, head_dim, window, t, softcap, alibi) && (head_dim <= 64 || !gemm))
         return ZO_ATTN_TC;
     return gemm ? ZO_ATTN_GEMM : ZO_ATTN_FLASH;

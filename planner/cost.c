@@ -332,30 +332,31 @@ static double mlp_time(const zo_model_config *m, const plan_train *t, const ctx 
 }
 
 /* The attention core of one rank (`heads` of them, head widths dqk and
- * dv): forward, backward and what selective recompute recomputes. */
-static void attn_core_time(const plan_train *t, const ctx *c, double heads, double dqk, double dv, int tc,
-                           double *f, double *b, double *rc)
+ * dv) on `path` (one of this runtime's kernels where it runs the plan with
+ * its measured rates, c->k; else ZO_ATTN_AUTO: the model's FlashAttention
+ * or standard attention): forward, backward and what selective recompute
+ * recomputes. */
+static void attn_core_time(const plan_train *t, const ctx *c, double heads, double dqk, double dv,
+                           zo_attn_path path, double *f, double *b, double *rc)
 {
-    double s = t->seq, mb = t->micro_batch, e = c->esz;
-    if (t->flash_attn && c->k && tc) {
-        /* the tensor-core kernels (tc: the runtime takes them for the
-         * layer), at their FLOP rate for the head size */
+    double s = t->seq, mb = t->micro_batch;
+    if (t->flash_attn && c->k && path != ZO_ATTN_AUTO) {
+        /* this runtime's kernels at their measured rates: the tensor-core and
+         * mma.sync kernels and the flash kernel at a FLOP rate (the fused
+         * ones for the head size); the GEMM path at its rate at head dim
+         * 128, where the score elements' kernels take most of the time:
+         * another head size keeps their time and moves the GEMMs' on the
+         * curve (extrapolated: only d 128 was measured) */
         double fl = 2 * s * s * (dqk + dv) * mb * heads * FLASH_CAUSAL;
         *rc = 0;
-        *f = fl / c->k->attn_tc_fwd[dqk > 64];
-        *b = FLASH_BWD * fl / c->k->attn_tc_bwd[dqk > 64];
-        return;
-    }
-    if (t->flash_attn && c->k) {
-        /* this runtime's kernels at their measured rates: the flash kernel
-         * at a FLOP rate; the GEMM path (16-bit qkv from PLAN_ATTN_GEMM_MIN_T
-         * on) at its rate at head dim 128, where the score elements'
-         * kernels take most of the time: another head size keeps their
-         * time and moves the GEMMs' on the curve (extrapolated: only d 128
-         * was measured) */
-        double fl = 2 * s * s * (dqk + dv) * mb * heads * FLASH_CAUSAL;
-        *rc = 0;
-        if (e != 2 || s < PLAN_ATTN_GEMM_MIN_T) {
+        if (path == ZO_ATTN_MMA || path == ZO_ATTN_TC) {
+            const double *fr = path == ZO_ATTN_MMA ? c->k->attn_mma_fwd : c->k->attn_tc_fwd;
+            const double *br = path == ZO_ATTN_MMA ? c->k->attn_mma_bwd : c->k->attn_tc_bwd;
+            *f = fl / fr[dqk > 64];
+            *b = FLASH_BWD * fl / br[dqk > 64];
+            return;
+        }
+        if (path == ZO_ATTN_FLASH) {
             *f = fl / c->k->attn_flash_fwd;
             *b = FLASH_BWD * fl / c->k->attn_flash_bwd;
             return;
@@ -374,8 +375,8 @@ static void attn_core_time(const plan_train *t, const ctx *c, double heads, doub
         *rc = 0; /* flash already recomputes the scores in its backward */
         return;
     }
-    double drop = t->dropout ? 1 : 0; /* mask bytes per element */
-    double n = mb * heads, sc = n * s * s; /* score elements per rank */
+    double e = c->esz, drop = t->dropout ? 1 : 0; /* mask bytes per element */
+    double n = mb * heads, sc = n * s * s;        /* score elements per rank */
     double core = ATTN_CORE_SLOW * (bmm(c, n, s, s, dqk) + bmm(c, n, s, dv, s));
     double soft = ATTN_CORE_SLOW * ew(c, sc * (2 * e + (t->dropout ? 2 * e + drop : 0)));
     *f = core + soft;
@@ -451,34 +452,63 @@ static double attn_window_work(int w, double s)
     return (2.0 * w * s - (double)w * w) / (s * s);
 }
 
-/* The share of m's layers whose attention the runtime's tensor-core
- * kernels compute at this sequence length: common/attn_path.h's automatic
- * choice, the runtime's, layer by layer (Gemma-2's and -3's windowed layers
- * may take another path than their global ones; a window no shorter than
- * the sequence masks nothing and counts as none: zo_attn_window_masks).
- * *work: those layers' causal attention work, each windowed one at the
- * share its window leaves (attn_window_work), summed and divided by the
- * layers (the share itself without windows). Latent attention's q/k and v
- * head dims differ, which no kernel of the runtime takes. */
-static double attn_tc_share(const zo_model_config *m, const plan_train *t, const ctx *c, double dqk, double dv,
-                            double *work)
+/* Which of this runtime's attention kernels computes a layer with a window
+ * of w keys (0: none): common/attn_path.h's automatic choice (qkv aligned,
+ * cuBLASLt there), or the path t forces where it covers the layer (as
+ * ZO_ATTENTION forces it: the automatic choice where it does not). */
+static zo_attn_path layer_attn_path(const zo_model_config *m, const plan_train *t, const ctx *c, int d, int w)
 {
-    *work = 0;
-    if (!t->flash_attn || !c->k || dqk != dv) return 0;
-    const float alibi = m->pos == ZO_POS_ALIBI ? 1.0f : 0.0f;
-    if (!zo_attn_window_masks(m->sliding_window, t->seq)) /* every layer alike */
-        return *work = zo_attn_auto_path(c->esz == 2, 1, (int)dqk, 0, m->attn_softcap, alibi, t->seq, 1) ==
-                       ZO_ATTN_TC;
-    int n = 0;
-    double wk = 0;
-    for (int l = 0; l < m->n_layers; l++) {
-        const int w = zo_model_layer_window(m, l);
-        if (zo_attn_auto_path(c->esz == 2, 1, (int)dqk, w, m->attn_softcap, alibi, t->seq, 1) != ZO_ATTN_TC) continue;
-        n++;
-        wk += attn_window_work(w, t->seq);
+    const int b16 = c->esz == 2;
+    const float cap = m->attn_softcap, alibi = m->pos == ZO_POS_ALIBI ? 1.0f : 0.0f;
+    const zo_attn_path rule = zo_attn_auto_path(b16, 1, d, w, cap, alibi, t->seq, 1);
+    switch (t->attn_path) {
+    case ZO_ATTN_MMA: return zo_attn_mma_covers(b16, d, w, t->seq, cap, alibi) ? ZO_ATTN_MMA : rule;
+    case ZO_ATTN_TC: return zo_attn_tc_covers(b16, d, w, t->seq, cap, alibi) ? ZO_ATTN_TC : rule;
+    case ZO_ATTN_GEMM: return b16 ? ZO_ATTN_GEMM : ZO_ATTN_FLASH;
+    case ZO_ATTN_FLASH: return ZO_ATTN_FLASH;
+    default: return rule;
     }
-    *work = wk / m->n_layers;
-    return (double)n / m->n_layers;
+}
+
+enum { ATTN_PATHS = ZO_ATTN_MMA + 1 };
+
+/* The share of m's layers on each attention path at this sequence length
+ * (share[p]), layer by layer (Gemma-2's and -3's windowed layers may take
+ * another path than their global ones; a window no shorter than the
+ * sequence masks nothing and counts as none: zo_attn_window_masks), and
+ * their work (work[p]): causal attention's, summed and divided by the
+ * layers, each windowed layer on the tensor-core or mma.sync kernels at the
+ * share its window leaves (attn_window_work: they skip the key tiles
+ * outside every row's window; the GEMM path and the flash kernel, which
+ * skip such blocks too, at the whole causal work). Without this
+ * runtime's kernels (c->k) or with standard attention, every layer on
+ * ZO_ATTN_AUTO (attn_core_time's models). Latent attention's q/k and v head
+ * dims differ, which neither fused kernel takes. */
+static void attn_path_shares(const zo_model_config *m, const plan_train *t, const ctx *c, double dqk, double dv,
+                             double share[ATTN_PATHS], double work[ATTN_PATHS])
+{
+    for (int p = 0; p < ATTN_PATHS; p++) share[p] = work[p] = 0;
+    if (!t->flash_attn || !c->k) {
+        share[ZO_ATTN_AUTO] = work[ZO_ATTN_AUTO] = 1;
+        return;
+    }
+    const int d = dqk == dv ? (int)dqk : 0;
+    if (!zo_attn_window_masks(m->sliding_window, t->seq)) { /* every layer alike */
+        const zo_attn_path p = layer_attn_path(m, t, c, d, 0);
+        share[p] = work[p] = 1;
+        return;
+    }
+    int n[ATTN_PATHS] = {0};
+    for (int l = 0; l < m->n_layers; l++) {
+        const int w = zo_model_layer_window(m, l), masks = zo_attn_window_masks(w, t->seq);
+        const zo_attn_path p = layer_attn_path(m, t, c, d, masks ? w : 0);
+        n[p]++;
+        work[p] += p == ZO_ATTN_TC || p == ZO_ATTN_MMA ? attn_window_work(w, t->seq) : 1.0;
+    }
+    for (int p = 0; p < ATTN_PATHS; p++) {
+        share[p] = (double)n[p] / m->n_layers;
+        work[p] /= m->n_layers;
+    }
 }
 
 /* One layer (dense, or with `moe` an MoE layer) on one rank, one micro-batch. */
@@ -502,18 +532,17 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
      * its core at qk_nope + qk_rope for both; the model's FLOPs above stay
      * the model's) */
     if (m->mla.kv_rank && t->runtime == PLAN_RUNTIME_ZOFFLOAD) dv = dqk;
-    double tc_work;
-    const double tc = attn_tc_share(m, t, c, dqk, dv, &tc_work);
-    attn_core_time(t, c, heads, dqk, dv, tc >= 1.0, &attn_f, &attn_b, &attn_rc);
-    if (tc >= 1.0) { /* every layer on the tensor-core kernels, windowed ones at their window's work */
-        attn_f *= tc_work;
-        attn_b *= tc_work;
-    } else if (tc > 0.0) { /* some layers on each path: their mean */
-        double tf, tb, trc;
-        attn_core_time(t, c, heads, dqk, dv, 1, &tf, &tb, &trc);
-        attn_f = tc_work * tf + (1.0 - tc) * attn_f;
-        attn_b = tc_work * tb + (1.0 - tc) * attn_b;
-        attn_rc = tc * trc + (1.0 - tc) * attn_rc;
+    /* the mean over the layers of each path's time at its layers' work */
+    double share[ATTN_PATHS], work[ATTN_PATHS];
+    attn_path_shares(m, t, c, dqk, dv, share, work);
+    attn_f = attn_b = attn_rc = 0;
+    for (int p = 0; p < ATTN_PATHS; p++) {
+        if (share[p] <= 0) continue;
+        double pf, pb, prc;
+        attn_core_time(t, c, heads, dqk, dv, (zo_attn_path)p, &pf, &pb, &prc);
+        attn_f += work[p] * pf;
+        attn_b += work[p] * pb;
+        attn_rc += share[p] * prc;
     }
     elementwise_time(c, T, elementwise_bytes(m, t, c, T, q, k, mlp_ew), a.outs / T, &ew_f, &ew_b);
     if (c->frozen) adapters_time(m, t, c, T, moe, &lf, &lb, &qf, &qb);

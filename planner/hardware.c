@@ -142,16 +142,25 @@ static const plan_hw_preset presets[] = {
  * bf16, docs/performance.md, "The third GPU run"): GPT-2's 12 heads of 64,
  * forward 41.6 and backward 18.6 TFLOP/s; the 1.35B LLaMA's heads of 128,
  * 31.7 and 10.5 (head dims 80 and 96 take 128's: not measured).
+ * The mma.sync attention (attention_mma.cu) from bench_gpu_cuda on the
+ * H100 (2026-11-27, the fifth GPU run's bench.log): LLaMA-2-13B's 40 heads
+ * of 128, causal, bf16, at b 2 t 2048 and b 1 t 4096: forward 141.6 and
+ * 159.7, backward with fp32 output gradients (the transformer's) 32.7 and
+ * 35.5: their means. Head dim 64 was not measured: it takes 128's, the
+ * same kernel design (the next GPU run's bench times GPT-2's shape).
  * The H200 (the same GH100 at the same clocks, faster HBM) takes the same
- * figures; the bandwidth fractions give it its faster memory. */
+ * figures, the tensor-core and mma.sync kernels' as the rest; the
+ * bandwidth fractions give it its faster memory. The other GPUs have none
+ * of this runtime's figures (FlashAttention at 0.75 of the curve). */
 static const plan_kernels kernels_gh100 = {
     .attn_gemm_fwd = 50.06 * TF, .attn_gemm_bwd = 26.91 * TF,
     .attn_flash_fwd = 5.35 * TF, .attn_flash_bwd = 4.65 * TF,
     .attn_tc_fwd = {41.6 * TF, 31.7 * TF}, .attn_tc_bwd = {18.6 * TF, 10.5 * TF},
+    .attn_mma_fwd = {150.65 * TF, 150.65 * TF}, .attn_mma_bwd = {34.1 * TF, 34.1 * TF},
     .ew_eff = 40 * 8192 * 998400.0 / (274.731e-3 * 3350 * GBs),
     .lora_eff = 40 * 8192 * 960512.0 / (147.996e-3 * 3350 * GBs),
     .nf4_rate = 80 * 317194240.0 / 139.688e-3,
-    .source = "H100 80GB HBM3, train --profile and bench_gpu_cuda, 2026-11-26",
+    .source = "H100 80GB HBM3, train --profile and bench_gpu_cuda, 2026-11-26 and -27",
 };
 
 static const plan_gpu_spec gpu_presets[] = {

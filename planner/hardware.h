@@ -59,8 +59,12 @@ typedef struct plan_kernels {
     double attn_flash_fwd, attn_flash_bwd; /* the flash kernel (every other case) */
     double attn_tc_fwd[2], attn_tc_bwd[2]; /* the tensor-core kernels (16-bit qkv, head dim 64, 80, 96 or
                                               128) at head dim <= 64 [0] and
-                                              above [1]; taken at head dim <= 64, or below t
-                                              PLAN_ATTN_GEMM_MIN_T (gpu/cuda/ops_cuda.c's choice) */
+                                              above [1]; taken where the mma.sync kernels are
+                                              not (ALiBi) at head dim <= 64, or below t
+                                              PLAN_ATTN_GEMM_MIN_T (common/attn_path.h's rule) */
+    double attn_mma_fwd[2], attn_mma_bwd[2]; /* the mma.sync kernels, the same cases but ALiBi, at
+                                                head dim <= 64 [0] and above [1]; taken wherever
+                                                they cover the layer */
     double ew_eff;    /* fraction of hbm_bw the elementwise kernels reach (their bytes as the
                          runtime moves them: 16-bit activations, fp32 gradients) */
     double lora_eff;  /* fraction of hbm_bw a LoRA GEMM (one dimension r) reaches over its bytes */

@@ -125,6 +125,10 @@ typedef struct plan_train {
     plan_pp_schedule pp_schedule; /* whose pipeline engine (time only) */
     plan_pp_partition pp_partition; /* how the layers are split into stages */
     int flash_attn;
+    zo_attn_path attn_path;   /* this runtime's attention kernels (time only): ZO_ATTN_AUTO (the
+                                 default) the runtime's automatic choice, layer by layer; another
+                                 path as ZO_ATTENTION forces it (where it does not cover a layer,
+                                 the automatic choice, as the runtime falls back) */
     int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
     int seq_is_default;       /* seq was not given: plan_train_defaults chose it (reports say so) */
     /* how the runtime schedules two things (cost model only, docs/memplan.md "Time"): */

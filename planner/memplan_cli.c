@@ -141,6 +141,16 @@ static int parse_train_flag(int c, const char *arg, cli_flags *f, zo_status *st)
         *st = zo_plan_flag_int(arg, "--loss-chunk", "training.loss_chunk", &f->loss_chunk);
         return 1;
     case OPT_NO_FLASH: return 1;
+    case OPT_ATTENTION: {
+        static const char *const names[] = {"auto", "flash", "gemm", "tc", "mma"};
+        for (int p = 0; p <= ZO_ATTN_MMA; p++)
+            if (!strcasecmp(arg, names[p])) {
+                f->attn_path = (zo_attn_path)p;
+                return 1;
+            }
+        *st = zo_error(ZO_ERR_INVALID, "--attention %s: expected auto, flash, gemm, tc or mma", arg);
+        return 1;
+    }
     case OPT_DROPOUT: f->dropout = 1; return 1;
     case OPT_NO_DROPOUT: f->dropout = 0; return 1;
     case OPT_RECOMPUTE:
@@ -325,6 +335,7 @@ void apply_train_flags(const cli_flags *f, plan_train *t)
     if (f->opt_state >= 0 && f->opt_state < ZO_PLAN_STATES) t->opt_state = (zo_plan_opt_state)f->opt_state;
     if (f->seen[OPT_LOSS_CHUNK]) t->loss_chunk = (int)f->loss_chunk;
     if (f->seen[OPT_NO_FLASH]) t->flash_attn = 0;
+    t->attn_path = f->attn_path;
     if (f->dropout >= 0) t->dropout = f->dropout;
 }
 

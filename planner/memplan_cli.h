@@ -44,7 +44,7 @@ enum {
     OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTERS_ON, OPT_SCHEDULE, OPT_DPU_WARMUP, OPT_OPT_THREADS,
     OPT_CLIP_STALE, OPT_REDUCE_DTYPE, OPT_RUNTIME, OPT_RECOMPUTE_LAYERS, OPT_NO_DP_OVERLAP,
     OPT_OPTIM_DTYPE, OPT_MASTER, OPT_LOSS_CHUNK, OPT_RECIPE, OPT_PP_SCHEDULE, OPT_PP_PARTITION,
-    OPT_FUSED_ACCUM, /* the last configuration flag */
+    OPT_ATTENTION, OPT_FUSED_ACCUM, /* the last configuration flag */
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP, OPT_VERSION, OPT_JSON_OUT,
     OPT_EXPLAIN, /* estimate */
     /* plan and max-model */
@@ -102,6 +102,7 @@ enum {
     {"recipe", required_argument, 0, OPT_RECIPE},                               \
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},                   \
     {"no-flash-attn", no_argument, 0, OPT_NO_FLASH},                            \
+    {"attention", required_argument, 0, OPT_ATTENTION},                         \
     {"dropout", no_argument, 0, OPT_DROPOUT},                                   \
     {"no-dropout", no_argument, 0, OPT_NO_DROPOUT},                             \
     {"recompute", required_argument, 0, OPT_RECOMPUTE},                         \
@@ -166,6 +167,7 @@ typedef struct cli_flags {
                                     -1: not given; PLAN_STATE_AUTO: plan searches them */
     long loss_chunk;             /* --loss-chunk N; 0: the whole sequence's logits */
     int dropout;                 /* --dropout 1, --no-dropout 0, -1: the model's */
+    zo_attn_path attn_path;      /* --attention (default auto) */
     int recompute;               /* a zo_plan_recompute; -1: not given */
     plan_buffers buf;            /* the working-buffer flags' values, where seen */
     method_flags mf;
@@ -208,7 +210,7 @@ void gpu_node_size(const plan_hw_flags *f, const plan_hw_basis *b, plan_hw *hw);
 
 /* The training flags over `t` (after its defaults): --seq, --dtype,
  * --grad-dtype, --reduce-dtype, --runtime, --optim, --no-flash-attn,
- * --dropout / --no-dropout. */
+ * --attention, --dropout / --no-dropout. */
 void apply_train_flags(const cli_flags *f, plan_train *t);
 
 /* The working-buffer flags given, over `b`. */

@@ -33,7 +33,7 @@ static const char usage_plan[] =
     "                          hardware overrides, named in the report's first lines\n"
     "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
-    "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
+    "  --dtype, --grad-dtype, --optim, --no-flash-attn, --attention, --dropout, --no-dropout   as for estimate\n"
     "  --optim-dtype auto      search the encodings of m and v too (fp32, bf16, 8bit), ranked by\n"
     "                          time with the rest; the report cites what each costs in accuracy\n"
     "  --lora R [--lora-targets LIST] [--lora-alpha A] [--qlora]   fine-tune adapters on a\n"

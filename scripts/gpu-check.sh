@@ -510,9 +510,11 @@ step_test() {
   return $bad
 }
 
-# test_ops' attention again with the kernels the automatic choice does not
-# take yet forced (ZO_ATTENTION=mma, then tc; the shapes they do not cover
-# fall back to it), the CUDA backend against the double loops: a row each
+# test_ops' attention again with the fused kernels forced (ZO_ATTENTION=mma,
+# the automatic choice's first wherever it covers a shape, whose passing row
+# lets the bench and torch steps tune; then tc, which the automatic choice
+# takes only for ALiBi; the shapes they do not cover fall back to it), the
+# CUDA backend against the double loops: a row each
 # from its `backend cuda N runs, M failed` line. ZO_OPS_FILTER (default
 # attention) narrows the ops. Returns 1 when one failed.
 ops_attention_paths() {
@@ -690,17 +692,20 @@ step_bench() {
   d2h=$(awk '$1 == "d2h" && $2 == "pinned" {print $3}' "$out" | tail -1)
   [ -n "$h2d" ] && echo "$h2d" > "$STATE/pcie_h2d_gbs"
   row bench "bench_gpu_cuda: pinned copies" info "h2d ${h2d:-?} GB/s, d2h ${d2h:-?} GB/s (ZO_GPUCHECK_PCIE_GBS=${h2d:-?} for run2, run3)"
-  row bench "bench_gpu_cuda: attention (bf16, causal)" info "$(awk '$1 == "causal" {printf "%st=%s fwd %s TF/s bwd %s TF/s", sep, $3, $6, $8; sep = "; "}' "$out")"
+  # each row's shape: t, and past the 13B layer's heads (columns 13-16) the
+  # query heads, head dim, kv heads, window and soft cap
+  local shape='function shape() { s = "t=" $3; if ($13 != "" && ($4 != 40 || $13 != 128 || $14 != 40 || $15 != 0 || $16 != 0)) s = s " hq=" $4 " d=" $13 " hkv=" $14 " window=" $15 " cap=" $16; return s }'
+  row bench "bench_gpu_cuda: attention (bf16, causal)" info "$(awk "$shape"' $1 == "causal" {printf "%s%s fwd %s TF/s bwd %s TF/s", sep, shape(), $6, $8; sep = "; "}' "$out")"
   # the GEMM path (tensor cores), its speedup over the flash kernel in the same run,
   # and its backward with fp32 gradients (the transformer's call)
-  row bench "bench_gpu_cuda: attention GEMM path / flash kernel" info "$(awk '$1 == "causal_gemm" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
+  row bench "bench_gpu_cuda: attention GEMM path / flash kernel" info "$(awk "$shape"' $1 == "causal_gemm" {printf "%s%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   # the fused tensor-core kernels (ZO_ATTENTION=tc), the same columns
-  row bench "bench_gpu_cuda: attention tensor-core kernels / flash kernel" info "$(awk '$1 == "causal_tc" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
+  row bench "bench_gpu_cuda: attention tensor-core kernels / flash kernel" info "$(awk "$shape"' $1 == "causal_tc" {printf "%s%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   # the mma.sync kernels (ZO_ATTENTION=mma), the same columns
-  row bench "bench_gpu_cuda: attention mma.sync kernels / flash kernel" info "$(awk '$1 == "causal_mma" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
+  row bench "bench_gpu_cuda: attention mma.sync kernels / flash kernel" info "$(awk "$shape"' $1 == "causal_mma" {printf "%s%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   # the tuned choice (ZO_ATTENTION=tune), the same columns; what it chose: bench.log
   [ ${#ATTN_ENV[@]} -gt 0 ] &&
-    row bench "bench_gpu_cuda: attention tuned choice / flash kernel" info "$(awk '$1 == "causal_tune" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
+    row bench "bench_gpu_cuda: attention tuned choice / flash kernel" info "$(awk "$shape"' $1 == "causal_tune" {printf "%s%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   return $bad
 }
 

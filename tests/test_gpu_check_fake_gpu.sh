@@ -255,7 +255,9 @@ cat > "$fb/bench/bench_gpu_cuda" <<'EOF'
 echo "stand-in bench: ZO_ATTENTION=${ZO_ATTENTION:-} ZO_ATTENTION_LOG=${ZO_ATTENTION_LOG:-}"
 [ "${ZO_ATTENTION:-}" = tune ] && [ "${ZO_ATTENTION_LOG:-}" = 1 ] &&
   echo "ZO_ATTENTION=tune: attention_forward b1 t2048 hq40 hkv40 d128 causal qkv bf16 out bf16: mma 1.0 us, tc 2.0 us, gemm 3.0 us, flash 4.0 us -> mma" >&2
-echo "causal_tune     1   2048     40       1.00      100.0       2.00      100.0     3.00     3.00       2.00      100.0"
+echo "causal_tune     1   2048     40       1.00      100.0       2.00      100.0     3.00     3.00       2.00      100.0  128   40      0     0"
+echo "causal_tune     8   1024     12       1.00       90.0       2.00       80.0     3.00     3.00       2.00       70.0   64   12      0     0"
+echo "causal_tune     1   4096     32       1.00       95.0       2.00       85.0     3.00     3.00       2.00       75.0  128    8   1024     0"
 echo "gpu_gemm / best cuBLASLt (geo. mean): 1.00"
 EOF
 chmod +x "$fb/gpu/test_ops" "$fb/bench/bench_gpu_cuda"
@@ -267,7 +269,7 @@ rc=$?
 want test "test_ops attention, ZO_ATTENTION=mma" ok "^backend cuda 12 runs, 0 failed"
 want test "test_ops attention, ZO_ATTENTION=tc" FAIL "1 failed"
 want bench "attention path" info "^ZO_ATTENTION=tune"
-want bench "bench_gpu_cuda: attention tuned choice / flash kernel" info "^t=2048 fwd 100.0 TF/s \(3.00x\)"
+want bench "bench_gpu_cuda: attention tuned choice / flash kernel" info "^t=2048 fwd 100.0 TF/s \(3.00x\) bwd 100.0 TF/s \(3.00x\), fp32 grads 100.0 TF/s; t=1024 hq=12 d=64 hkv=12 window=0 cap=0 fwd 90.0 TF/s \(3.00x\) bwd 80.0 TF/s \(3.00x\), fp32 grads 70.0 TF/s; t=4096 hq=32 d=128 hkv=8 window=1024 cap=0 fwd 95.0"
 want torch "attention path" info "^ZO_ATTENTION=tune"
 grep -q '^stand-in bench: ZO_ATTENTION=tune ZO_ATTENTION_LOG=1$' "$tmp/out/bench.log" ||
   fail "bench.log: the bench did not get ZO_ATTENTION=tune ZO_ATTENTION_LOG=1: $(grep stand-in "$tmp/out/bench.log")"

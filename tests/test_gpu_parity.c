@@ -598,7 +598,14 @@ static void test_attention(void **state)
         attention_case(t, 1, 40, 2, 1, 128, &bad); /* LLaMA head size, MQA */
     }
     attention_case(ZO_DTYPE_BF16, 1, 9, 2, 2, 256, &bad); /* the largest head */
-    /* t >= 256 with 16-bit qkv: the GEMM path on tensor cores (attention_gemm.cu) */
+    /* the automatic choice from 256 tokens (the mma.sync kernels), the
+     * transformer's fp32 gradients and a sliding window */
+    attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 520, 8, 4, 128, 0, &bad);
+    attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 600, 4, 1, 80, 100, &bad);
+    /* t >= 256 with 16-bit qkv: the GEMM path on tensor cores
+     * (attention_gemm.cu), chosen (the automatic choice takes the mma.sync
+     * kernels wherever they cover the case, as in the cases above) */
+    setenv("ZO_ATTENTION", "gemm", 1);
     attention_case(ZO_DTYPE_BF16, 1, 300, 8, 2, 128, &bad);
     attention_case(ZO_DTYPE_F16, 2, 257, 4, 4, 64, &bad);
     attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 600, 4, 1, 80, 100, &bad); /* a sliding window */
@@ -632,7 +639,8 @@ static void test_attention(void **state)
 }
 
 /* Same inputs twice: bitwise the same gradients (no atomics anywhere), from
- * the flash kernel (t 50), the GEMM path (t 300), the fused tensor-core
+ * the automatic choice (t 50 and 300: the mma.sync kernels), the flash
+ * kernel (t 50) and the GEMM path (t 300), chosen, the fused tensor-core
  * kernels (t 300, ZO_ATTENTION=tc), the mma.sync kernels (t 300,
  * ZO_ATTENTION=mma) and the tuned choice (t 300, ZO_ATTENTION=tune: the
  * first backward times every candidate before the choice). */
@@ -674,6 +682,10 @@ static void test_determinism(void **state)
 {
     (void)state;
     determinism_case(50);
+    determinism_case(300);
+    setenv("ZO_ATTENTION", "flash", 1);
+    determinism_case(50);
+    setenv("ZO_ATTENTION", "gemm", 1);
     determinism_case(300);
     setenv("ZO_ATTENTION", "tc", 1);
     determinism_case(300);

@@ -3300,13 +3300,15 @@ static void test_every_op(void **state)
 }
 
 #ifdef ZO_HAVE_CUDA_SHIM
-/* ZO_ATTENTION on the shim's automatic choice (which is the flash kernel
- * there): gemm gives the forced GEMM path's bits, tc the forced tensor-core
- * kernels', mma the forced mma.sync forward's, flash and auto the flash
- * kernel's, anything else ZO_ERR_INVALID naming the variable; tc and mma on
- * a case their kernels do not cover (qkv off their 16-byte vector loads'
- * alignment) give the automatic choice's bits; a sliding window the
- * tensor-core kernels take, and one no shorter than the sequence is none. */
+/* ZO_ATTENTION on the shim: gemm gives the forced GEMM path's bits, tc the
+ * forced tensor-core kernels', mma the forced mma.sync forward's, flash the
+ * flash kernel's, unset and auto the automatic choice's (the shim has no
+ * cuBLASLt: the mma.sync kernels where they cover the case, the
+ * tensor-core kernels for ALiBi, which mma.sync does not cover), anything
+ * else ZO_ERR_INVALID naming the variable; tc and mma on a case their
+ * kernels do not cover (qkv off their 16-byte vector loads' alignment) give
+ * the automatic choice's bits; a sliding window the mma.sync kernels take,
+ * and one no shorter than the sequence is none. */
 static void test_attention_path_env(void **state)
 {
     (void)state;
@@ -3336,27 +3338,25 @@ static void test_attention_path_env(void **state)
         assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     }
     assert_memory_equal(out[0], out[1], no * 2);
-    /* unset is auto: at d 64 the tensor-core kernels, where they cover the case */
-    assert_memory_equal(out[3], out[4], no * 2);
     assert_memory_not_equal(out[0], out[2], no * 2);
     assert_memory_equal(out[4], out[5], no * 2);
     assert_memory_not_equal(out[4], out[2], no * 2);
     assert_memory_not_equal(out[4], out[0], no * 2);
     assert_memory_equal(out[6], out[7], no * 2);
     /* a window as long as the sequence masks nothing: the automatic choice
-     * takes the tensor-core kernels for it, and their bits */
+     * takes the mma.sync kernels for it, and their bits */
     a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
     a.d.attn.window = T;
     x.exec.attn_path = CUDA_ATTN_AUTO;
     a.t[0] = gpu_t(out[7], ZO_DTYPE_BF16);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     assert_memory_equal(out[3], out[7], no * 2);
-    /* a window of 8 at d 64: the automatic choice takes the tensor-core
-     * kernels, and so does tc */
+    /* a window of 8 at d 64: the automatic choice takes the mma.sync
+     * kernels, as mma forced does */
     a.d.attn.window = 8;
     uint16_t *win[2] = {malloc(no * 2), malloc(no * 2)};
     for (int k = 0; k < 2; k++) {
-        x.exec.attn_path = k ? CUDA_ATTN_TC : CUDA_ATTN_AUTO;
+        x.exec.attn_path = k ? CUDA_ATTN_MMA : CUDA_ATTN_AUTO;
         a.t[0] = gpu_t(win[k], ZO_DTYPE_BF16);
         assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     }
@@ -3383,12 +3383,28 @@ static void test_attention_path_env(void **state)
     a.t[0] = gpu_t(mma[1], ZO_DTYPE_BF16);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     assert_memory_equal(mma[0], mma[1], no * 2);
+    /* unset is auto: at d 64 the mma.sync kernels, where they cover the case */
+    assert_memory_equal(mma[0], out[3], no * 2);
     a.t[1] = gpu_t(qkv + 1, ZO_DTYPE_BF16);
     assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
     assert_memory_equal(mma[1], out[6], no * 2);
+    /* ALiBi, which the mma.sync kernels do not cover: the automatic choice
+     * takes the tensor-core kernels (no cuBLASLt here), and so does mma
+     * forced, falling back to it */
+    unsetenv("ZO_ATTENTION");
+    a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
+    a.d.attn.alibi = 1.0f;
+    static const int alibi_path[3] = {CUDA_ATTN_AUTO, CUDA_ATTN_TC, CUDA_ATTN_MMA};
+    for (int k = 0; k < 3; k++) {
+        x.exec.attn_path = alibi_path[k];
+        a.t[0] = gpu_t(k ? mma[k - 1] : out[7], ZO_DTYPE_BF16);
+        assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    }
+    assert_memory_equal(out[7], mma[0], no * 2);
+    assert_memory_equal(out[7], mma[1], no * 2);
+    assert_memory_not_equal(out[7], out[3], no * 2);
     free(mma[0]);
     free(mma[1]);
-    unsetenv("ZO_ATTENTION");
     shim_exec_free(&x);
     for (int k = 0; k < RUNS; k++) free(out[k]);
     free(qkv);
@@ -3754,7 +3770,7 @@ int main(void)
         shim_exec_init(&shim_mma) != ZO_OK)
         return 1;
     /* each shim backend one attention path: the plain one the flash kernel
-     * (auto would take the tensor-core kernels at d 64) */
+     * (auto would take the mma.sync kernels wherever they cover the case) */
     shim.exec.attn_path = CUDA_ATTN_FLASH;
     shim_gemm.exec.attn_path = CUDA_ATTN_GEMM;
     shim_tc.exec.attn_path = CUDA_ATTN_TC;

@@ -454,8 +454,9 @@ static void test_cli_time(void **state)
 
 /* LLaMA-2-13B QLoRA as train ran it on an H100 (the plan of
  * that run's 13b.log, not kept): r 16 on every linear layer, one micro-batch
- * of 4 x 2048 tokens, bf16, everything on the GPU, no recompute. */
-static void qlora_13b(setup *s, const char *hw)
+ * of 4 x 2048 tokens, bf16, everything on the GPU, no recompute; attention
+ * on `path` (ZO_ATTN_AUTO: the runtime's automatic choice). */
+static void qlora_13b(setup *s, const char *hw, zo_attn_path path)
 {
     assert_int_equal(zo_model_preset_find("llama-2-13b", &s->m), ZO_OK);
     assert_int_equal(plan_hw_find(hw, &s->hw), ZO_OK);
@@ -466,6 +467,7 @@ static void qlora_13b(setup *s, const char *hw)
     s->t.recompute = PLAN_RECOMPUTE_NONE;
     s->t.method = PLAN_METHOD_QLORA;
     s->t.lora = (zo_lora_config){16, 8, ZO_LORA_ALL_LINEAR};
+    s->t.attn_path = path;
     assert_int_equal(plan_estimate_run(&s->m, &s->hw, &s->t, &s->e), ZO_OK);
     assert_int_equal(plan_time_run(&s->m, &s->hw, &s->t, &s->e, &s->pt), ZO_OK);
 }
@@ -477,12 +479,15 @@ static void qlora_13b(setup *s, const char *hw)
  * calls each), the base's eight GEMM shapes 523.965 ms, the elementwise
  * kernels (rmsnorm, cast, swiglu, rope, add) 274.731 ms, the LoRA GEMMs
  * 147.996 ms, nf4_dequantize 139.688 ms; memplan said 0.88 s before issue
- * 25's calibration. The model must put the step within 20% of it. */
+ * 25's calibration. The model must put the step within 20% of it. The
+ * run's attention took the GEMM path (the automatic choice then, before
+ * the mma.sync kernels were): the plan with that path forced, as
+ * ZO_ATTENTION=gemm forces it. */
 static void test_h100_qlora_13b(void **state)
 {
     (void)state;
     setup s;
-    qlora_13b(&s, "h100-80gb");
+    qlora_13b(&s, "h100-80gb", ZO_ATTN_GEMM);
     const double *op = s.pt.mb.ops;
     printf("  QLoRA 13B on the H100: %.1f ms a step (measured 1894.6 ms): matmuls %.1f, attention "
            "%.1f + %.1f, elementwise %.1f, LoRA %.1f, NF4 %.1f, ends %.1f\n",
@@ -529,89 +534,143 @@ static void test_runtime_kernels(void **state)
 {
     (void)state;
     setup a, b;
-    qlora_13b(&a, "h100-80gb");
+    qlora_13b(&a, "h100-80gb", ZO_ATTN_AUTO);
     /* the H200: the same kernels, the memory-bound ones at its HBM's speed */
-    qlora_13b(&b, "h200-141gb");
+    qlora_13b(&b, "h200-141gb", ZO_ATTN_AUTO);
     assert_true(fabs(b.pt.mb.ops[PLAN_OP_EW] / a.pt.mb.ops[PLAN_OP_EW] - 3350.0 / 4800) < 1e-9);
     assert_true(fabs(b.pt.mb.ops[PLAN_OP_LORA] / a.pt.mb.ops[PLAN_OP_LORA] - 3350.0 / 4800) < 1e-9);
     assert_true(b.pt.mb.ops[PLAN_OP_ATTN_BWD] == a.pt.mb.ops[PLAN_OP_ATTN_BWD]);
     assert_true(b.pt.mb.ops[PLAN_OP_NF4] == a.pt.mb.ops[PLAN_OP_NF4]);
-    /* under 256 tokens the tensor-core kernels at head dim 128: 31.7 TFLOP/s
-     * forward, 10.5 backward (the H200's profile at t 1024: extrapolated to
-     * short sequences), FLOPs of the causal half, the backward 2.5x */
+    /* the automatic choice at head dim 128, 2048 tokens: the mma.sync
+     * kernels, 150.65 TFLOP/s forward, 34.1 backward with fp32 gradients
+     * (bench_gpu_cuda on the H100, the means of b 2 t 2048 and b 1 t 4096:
+     * 141.6 and 159.7, 32.7 and 35.5), FLOPs of the causal half (40 layers,
+     * 4 b 40 heads t^2 128 / 2), the backward 2.5x */
+    double fl = 40 * 4.0 * 4 * 40 * 2048.0 * 2048 * 128 / 2;
+    assert_true(fabs(a.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 150.65e12) < 1e-9 * fl / 150.65e12);
+    assert_true(fabs(a.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * fl / 34.1e12) < 1e-9 * fl / 34.1e12);
+    /* ALiBi, which the mma.sync kernels do not cover: from 256 tokens at
+     * head dim 128 the GEMM path, as ZO_ATTENTION=gemm forced gives it; mma
+     * forced falls back to the same */
+    setup al = a, ag;
+    qlora_13b(&ag, "h100-80gb", ZO_ATTN_GEMM);
+    al.m.pos = ZO_POS_ALIBI;
+    ag.m.pos = ZO_POS_ALIBI;
+    for (int k = 0; k < 3; k++) {
+        setup *x = k == 2 ? &ag : &al;
+        x->t.attn_path = k == 1 ? ZO_ATTN_MMA : k == 2 ? ZO_ATTN_GEMM : ZO_ATTN_AUTO;
+        assert_int_equal(plan_estimate_run(&x->m, &x->hw, &x->t, &x->e), ZO_OK);
+        assert_int_equal(plan_time_run(&x->m, &x->hw, &x->t, &x->e, &x->pt), ZO_OK);
+    }
+    assert_true(al.pt.mb.ops[PLAN_OP_ATTN_FWD] == ag.pt.mb.ops[PLAN_OP_ATTN_FWD]);
+    assert_true(al.pt.mb.ops[PLAN_OP_ATTN_BWD] == ag.pt.mb.ops[PLAN_OP_ATTN_BWD]);
+    assert_true(al.pt.mb.ops[PLAN_OP_ATTN_FWD] > 2 * a.pt.mb.ops[PLAN_OP_ATTN_FWD]);
+    /* under 256 tokens: the mma.sync kernels at head dim 128 */
     setup c = a;
     c.t.seq = 128;
     assert_int_equal(plan_time_run(&c.m, &c.hw, &c.t, &c.e, &c.pt), ZO_OK);
-    double fl = 40 * 4.0 * 4 * 40 * 128 * 128 * 128 / 2;
-    assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 31.7e12) < 1e-9 * fl / 31.7e12);
-    assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * fl / 10.5e12) < 1e-9 * fl / 10.5e12);
+    fl = 40 * 4.0 * 4 * 40 * 128 * 128 * 128 / 2;
+    assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 150.65e12) < 1e-9 * fl / 150.65e12);
+    assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * fl / 34.1e12) < 1e-9 * fl / 34.1e12);
+    /* and with ALiBi the tensor-core kernels: 31.7 TFLOP/s forward, 10.5
+     * backward (the H200's profile at t 1024: extrapolated to short
+     * sequences); tc forced gives them without ALiBi too */
+    for (int k = 0; k < 2; k++) {
+        setup x = c;
+        if (k) x.t.attn_path = ZO_ATTN_TC;
+        else x.m.pos = ZO_POS_ALIBI;
+        assert_int_equal(plan_estimate_run(&x.m, &x.hw, &x.t, &x.e), ZO_OK);
+        assert_int_equal(plan_time_run(&x.m, &x.hw, &x.t, &x.e, &x.pt), ZO_OK);
+        assert_true(fabs(x.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 31.7e12) < 1e-9 * fl / 31.7e12);
+        assert_true(fabs(x.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * fl / 10.5e12) < 1e-9 * fl / 10.5e12);
+    }
     /* fp32 qkv: the flash kernel, 5.35 forward, 4.65 backward (bench_gpu_cuda's
-     * mean of t 2048 and 4096 on the H100) */
+     * mean of t 2048 and 4096 on the H100), whatever path is forced */
     c.t.dtype = ZO_DTYPE_F32;
-    assert_int_equal(plan_estimate_run(&c.m, &c.hw, &c.t, &c.e), ZO_OK);
-    assert_int_equal(plan_time_run(&c.m, &c.hw, &c.t, &c.e, &c.pt), ZO_OK);
-    assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 5.35e12) < 1e-9 * fl / 5.35e12);
-    assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * fl / 4.65e12) < 1e-9 * fl / 4.65e12);
-    /* head dim 64 (GPT-2: 12 layers of 12 heads): the tensor-core kernels at
-     * every length, 41.6 forward and 18.6 backward, here past the GEMM path's
-     * 256 tokens */
+    for (int k = 0; k < 2; k++) {
+        c.t.attn_path = k ? ZO_ATTN_MMA : ZO_ATTN_AUTO;
+        assert_int_equal(plan_estimate_run(&c.m, &c.hw, &c.t, &c.e), ZO_OK);
+        assert_int_equal(plan_time_run(&c.m, &c.hw, &c.t, &c.e, &c.pt), ZO_OK);
+        assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 5.35e12) < 1e-9 * fl / 5.35e12);
+        assert_true(fabs(c.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * fl / 4.65e12) < 1e-9 * fl / 4.65e12);
+    }
+    /* head dim 64 (GPT-2: 12 layers of 12 heads), here past the GEMM path's
+     * 256 tokens: the mma.sync kernels at head dim 128's rates (64 not
+     * measured); with ALiBi the tensor-core kernels, 41.6 forward and 18.6
+     * backward */
     setup g = a;
     assert_int_equal(zo_model_preset_find("gpt2", &g.m), ZO_OK);
     plan_train_defaults(&g.t, &g.m);
     g.t.seq = 1024;
     g.t.micro_batch = 8;
-    assert_int_equal(plan_estimate_run(&g.m, &g.hw, &g.t, &g.e), ZO_OK);
-    assert_int_equal(plan_time_run(&g.m, &g.hw, &g.t, &g.e, &g.pt), ZO_OK);
     double gl = 12 * 4.0 * 8 * 12 * 1024.0 * 1024 * 64 / 2;
-    assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_FWD] - gl / 41.6e12) < 1e-9 * gl / 41.6e12);
-    assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * gl / 18.6e12) < 1e-9 * gl / 18.6e12);
-    /* a sliding window of 64 keys at 128 tokens: the tensor-core kernels,
+    static const double g_fwd[2] = {150.65e12, 41.6e12}, g_bwd[2] = {34.1e12, 18.6e12};
+    for (int k = 0; k < 2; k++) {
+        if (k) g.m.pos = ZO_POS_ALIBI;
+        assert_int_equal(plan_estimate_run(&g.m, &g.hw, &g.t, &g.e), ZO_OK);
+        assert_int_equal(plan_time_run(&g.m, &g.hw, &g.t, &g.e, &g.pt), ZO_OK);
+        assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_FWD] - gl / g_fwd[k]) < 1e-9 * gl / g_fwd[k]);
+        assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * gl / g_bwd[k]) < 1e-9 * gl / g_bwd[k]);
+    }
+    /* a sliding window of 64 keys at 128 tokens: the mma.sync kernels,
      * which skip the key tiles outside every row's window, at the causal
      * score elements the window leaves, (128 * 64 - 64 * 64 / 2) of
-     * 128 * 128 / 2 (0.75) */
+     * 128 * 128 / 2 (0.75); tc forced the same on its rates */
     setup w = a;
     w.t.seq = 128;
     w.m.sliding_window = 64;
-    assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
-    assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
     const double win = (128.0 * 64 - 64.0 * 64 / 2) / (128.0 * 128 / 2);
-    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - win * fl / 31.7e12) < 1e-9 * fl / 31.7e12);
-    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_BWD] - win * 2.5 * fl / 10.5e12) < 1e-9 * fl / 10.5e12);
+    static const double w_fwd[2] = {150.65e12, 31.7e12}, w_bwd[2] = {34.1e12, 10.5e12};
+    for (int k = 0; k < 2; k++) {
+        w.t.attn_path = k ? ZO_ATTN_TC : ZO_ATTN_AUTO;
+        assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
+        assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
+        assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - win * fl / w_fwd[k]) < 1e-9 * fl / w_fwd[k]);
+        assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_BWD] - win * 2.5 * fl / w_bwd[k]) < 1e-9 * fl / w_bwd[k]);
+    }
+    w.t.attn_path = ZO_ATTN_AUTO;
     /* the window from layer 10 on (Qwen2's max_window_layers): the first 10
      * of 40 layers at the whole causal work, the rest at the window's */
     w.m.window_from_layer = 10;
     assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
     assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
-    double mixed = (0.25 + 0.75 * win) * fl / 31.7e12;
+    double mixed = (0.25 + 0.75 * win) * fl / 150.65e12;
     assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - mixed) < 1e-9 * mixed);
-    mixed = (0.25 + 0.75 * win) * 2.5 * fl / 10.5e12;
+    mixed = (0.25 + 0.75 * win) * 2.5 * fl / 34.1e12;
     assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_BWD] - mixed) < 1e-9 * mixed);
-    /* fp32 qkv with the window: the flash kernel, at the whole causal work
+    /* the flash kernel forced with the window: at the whole causal work
      * (memplan counts no window's saving there) */
+    w.t.attn_path = ZO_ATTN_FLASH;
+    assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
+    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 5.35e12) < 1e-9 * fl / 5.35e12);
+    w.t.attn_path = ZO_ATTN_AUTO;
+    /* fp32 qkv with the window: the flash kernel, at the whole causal work */
     w.t.dtype = ZO_DTYPE_F32;
     assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
     assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
     assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 5.35e12) < 1e-9 * fl / 5.35e12);
     w.t.dtype = a.t.dtype;
     /* a window as long as the sequence masks nothing: every layer on the
-     * tensor-core kernels, as the runtime passes it (no window) */
+     * mma.sync kernels at the whole work, as the runtime passes it (no window) */
     w.m.sliding_window = 128;
     assert_int_equal(plan_estimate_run(&w.m, &w.hw, &w.t, &w.e), ZO_OK);
     assert_int_equal(plan_time_run(&w.m, &w.hw, &w.t, &w.e, &w.pt), ZO_OK);
-    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 31.7e12) < 1e-9 * fl / 31.7e12);
+    assert_true(fabs(w.pt.mb.ops[PLAN_OP_ATTN_FWD] - fl / 150.65e12) < 1e-9 * fl / 150.65e12);
     /* where nothing was measured (A100): FlashAttention at 0.75 of the curve */
     setup d;
-    qlora_13b(&d, "a100-80gb");
+    qlora_13b(&d, "a100-80gb", ZO_ATTN_AUTO);
     fl = 40 * 4.0 * 4 * 40 * 2048.0 * 2048 * 128 / 2;
     double one = fl / 40, t = fl / (312e12 * plan_hw_gemm_eff(&d.hw, one) * 0.75);
     assert_true(fabs(d.pt.mb.ops[PLAN_OP_ATTN_FWD] - t) < 1e-9 * t);
     /* the GEMM path, twice the tokens a sequence: its time per score
      * element as at 2048 (the bench: 48.5 forward at 4096, 50.6 at 2048) */
-    setup e = a;
-    e.t.seq = 4096;
-    e.t.micro_batch = 2;
-    assert_int_equal(plan_time_run(&e.m, &e.hw, &e.t, &e.e, &e.pt), ZO_OK);
-    assert_true(fabs(e.pt.mb.ops[PLAN_OP_ATTN_FWD] / a.pt.mb.ops[PLAN_OP_ATTN_FWD] - 2) < 0.01);
+    setup e;
+    qlora_13b(&e, "h100-80gb", ZO_ATTN_GEMM);
+    setup e2 = e;
+    e2.t.seq = 4096;
+    e2.t.micro_batch = 2;
+    assert_int_equal(plan_time_run(&e2.m, &e2.hw, &e2.t, &e2.e, &e2.pt), ZO_OK);
+    assert_true(fabs(e2.pt.mb.ops[PLAN_OP_ATTN_FWD] / e.pt.mb.ops[PLAN_OP_ATTN_FWD] - 2) < 0.01);
     /* --explain prints them */
     memplan_says("estimate --model llama-2-13b --seq 2048 --micro-batch 4 --lora 16 --lora-targets all-linear "
                  "--qlora --explain",
@@ -620,6 +679,18 @@ static void test_runtime_kernels(void **state)
                                   "NF4 dequantization", NULL});
     memplan_says("estimate --model gpt2 --hw a100-80gb --explain",
                  (const char *[]){"no measurement of this runtime's kernels on the A100-80GB", NULL});
+    /* --attention forces a path as ZO_ATTENTION does: the profiled run's GEMM
+     * path (test_h100_qlora_13b's figures), the automatic choice's mma.sync */
+    memplan_says("estimate --model llama-2-13b --hw h100-80gb --seq 2048 --micro-batch 4 --lora 16 "
+                 "--lora-targets all-linear --qlora --explain --attention gemm",
+                 (const char *[]){"time per step    1.873 s", "137.77 ms", "638.92 ms", NULL});
+    memplan_says("estimate --model llama-2-13b --hw h100-80gb --seq 2048 --micro-batch 4 --lora 16 "
+                 "--lora-targets all-linear --qlora --explain --attention auto",
+                 (const char *[]){"time per step    1.645 s", "45.62 ms", "503.81 ms", NULL});
+    static char out[1 << 16];
+    int rc = run_memplan("estimate --model llama-2-13b --attention wmma", out, sizeof out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--attention wmma: expected auto, flash, gemm, tc or mma"));
 }
 
 int main(void)

@@ -5,10 +5,12 @@
  * sizes 64, 80, 96 and 128; any scale, GQA, sliding windows, soft caps).
  * lse as the other paths save it, so a forward of one and a backward of
  * another agree; dout and dqkv of the backward may be fp32
- * or the type of qkv. ops_cuda.c takes them where ZO_ATTENTION=mma. */
+ * or the type of qkv. ops_cuda.c takes them wherever they cover the layer
+ * (the automatic choice, common/attn_path.h) or ZO_ATTENTION=mma. */
 #ifndef ZO_GPU_CUDA_ATTENTION_MMA_H
 #define ZO_GPU_CUDA_ATTENTION_MMA_H
 
+#include "common/attn_path.h"      /* defines: zo_attn_mma_covers */
 #include "gpu/cuda/attention_tc.h" /* defines: cuda_attn_tc_covers */
 #include "gpu/cuda/cuda_impl.h"    /* defines: cudaStream_t, gpu_tensor, gpu_attn_desc */
 
@@ -20,7 +22,7 @@ extern "C" {
  * registers and 8 bytes of spill loads on sm_90) */
 static inline int cuda_attn_mma_covers(const gpu_attn_desc *a, zo_dtype qkv)
 {
-    return cuda_attn_tc_covers(a, qkv) && a->alibi <= 0.0f;
+    return zo_attn_mma_covers(qkv == ZO_DTYPE_F16 || qkv == ZO_DTYPE_BF16, a->d, a->window, a->t, a->softcap, a->alibi);
 }
 
 zo_status cuda_launch_attention_mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse,

@@ -89,14 +89,15 @@ static int attention_covers(const gpu_attn_desc *d, gpu_tensor qkv, int path)
 }
 
 /* The automatic choice, common/attn_path.h's zo_attn_auto_path (memplan
- * times the same): the tensor-core kernels where they cover the case at
- * head sizes up to 64, or where the GEMM path is not taken; the GEMM path
- * for 16-bit qkv on a device with cuBLASLt from t >= ZO_ATTN_GEMM_MIN_T;
- * else the flash kernel. */
+ * times the same): the mma.sync kernels wherever they cover the case (not
+ * ALiBi); the tensor-core kernels where they cover it at head sizes up to
+ * 64, or where the GEMM path is not taken; the GEMM path for 16-bit qkv on
+ * a device with cuBLASLt from t >= ZO_ATTN_GEMM_MIN_T; else the flash
+ * kernel. */
 static int attention_auto(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv)
 {
     static const int of[] = {[ZO_ATTN_FLASH] = CUDA_ATTN_FLASH, [ZO_ATTN_GEMM] = CUDA_ATTN_GEMM,
-                             [ZO_ATTN_TC] = CUDA_ATTN_TC};
+                             [ZO_ATTN_TC] = CUDA_ATTN_TC, [ZO_ATTN_MMA] = CUDA_ATTN_MMA};
     const int b16 = qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16;
     const int aligned = (uintptr_t)qkv.data % 16 == 0;
     return of[zo_attn_auto_path(b16, aligned, d->d, d->window, d->softcap, d->alibi, d->t, e->lt != NULL)];
@@ -106,9 +107,9 @@ static int attention_auto(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor
  * _GEMM, _TC, _MMA, or _TUNE: the fastest of those that cover it, timed once
  * per shape). The tensor-core kernels when chosen (ZO_ATTENTION=tc) and
  * they cover the case (16-bit qkv, d 64/80/96/128, windows, soft caps and
- * ALiBi; qkv 16-byte aligned); the mma.sync kernels (ZO_ATTENTION=mma,
- * opt-in until a GPU has timed them) for the same cases but ALiBi; what they
- * do not cover falls back to the automatic choice (attention_auto), as does
+ * ALiBi; qkv 16-byte aligned); the mma.sync kernels (ZO_ATTENTION=mma, and
+ * the automatic choice's first) for the same cases but ALiBi; what they do
+ * not cover falls back to the automatic choice (attention_auto), as does
  * tune without a cache of the device's choices. */
 static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv, int *path)
 {
