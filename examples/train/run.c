@@ -472,7 +472,7 @@ zo_status run_load_weights(train_run *r)
     zo_status st = weights_load(r->rt, &r->m, a, &into_s);
     if (st != ZO_OK) return st;
     const model_layout *l = &r->m.layout;
-    char what[160], src[64], detail[128], n[32];
+    char what[1200], src[64], detail[128], n[32];
     snprintf(src, sizeof src, "random, --seed %lld", (long long)a->seed);
     snprintf(what, sizeof what, "initial weights %s (%s%s)", zo_format_count(l->total_numel, n, sizeof n),
              a->weights ? a->weights : src, a->lora.r ? "; the frozen base, then the adapters" : "");
