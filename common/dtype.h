@@ -130,5 +130,12 @@ void zo_convert(void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n);
  * all), so a copy of gigabytes wants the team. */
 #define ZO_COPY_PIECE ((size_t)1 << 20)
 void zo_copy_team(void *dst, const void *src, size_t bytes, int n_threads);
+/* memset of `bytes` by such a team: each thread also takes the first touch
+ * (the page faults) of its own pieces, so a new allocation of gigabytes is
+ * backed in parallel. */
+void zo_memset_team(void *dst, int c, size_t bytes, int n_threads);
+/* zo_convert of n elements by such a team, pieces of ZO_COPY_PIECE / 4
+ * elements: each element converted alone, so the bytes are zo_convert's. */
+void zo_convert_team(void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n, int n_threads);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/clock.h"     /* defines: zo_now */
+#include "common/dtype.h"     /* defines: zo_memset_team */
 #include "gpu/device_impl.h" /* defines: gpu_backend_iface, struct gpu_stream/event */
 #include "gpu/ops_cpu.h"     /* defines: cpu_gemm, cpu_attention_forward, ... */
 
@@ -73,7 +74,11 @@ static int fault_copy(cpu_ctx *c)
  * left to the first use, the page faults landed in the first token's time
  * (a streamed generation's slots, the NVMe read-ahead ring, its forward's
  * buffers: issue 29) and in whichever op first wrote a buffer. */
-static void commit_pages(void *p, size_t bytes) { memset(p, 0, bytes); }
+static void commit_pages(const cpu_ctx *c, void *p, size_t bytes)
+{
+    /* by the device's team: gigabytes of faults are a start-up's seconds */
+    zo_memset_team(p, 0, bytes, c->n_threads);
+}
 
 static zo_status cpu_mem_alloc(gpu_device_t dev, size_t bytes, void **out)
 {
@@ -107,7 +112,7 @@ static zo_status cpu_mem_alloc(gpu_device_t dev, size_t bytes, void **out)
         return zo_error(ZO_ERR_NOMEM, "gpu_mem_alloc: host allocation of %zu bytes failed "
                                       "(backing the cpu device)", rounded);
     }
-    commit_pages(base, rounded + POOL_ALIGN);
+    commit_pages(c, base, rounded + POOL_ALIGN);
     alloc_header *h = (alloc_header *)base;
     h->magic = ALLOC_MAGIC;
     h->bytes = rounded;
@@ -166,7 +171,7 @@ static zo_status cpu_host_alloc(gpu_device_t dev, size_t bytes, void **out)
         return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes failed (injected)", rounded);
     char *base = aligned_alloc(HOST_ALIGN, (rounded + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN + HOST_ALIGN);
     if (!base) return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes failed", rounded);
-    commit_pages(base, (rounded + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN + HOST_ALIGN);
+    commit_pages(c, base, (rounded + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN + HOST_ALIGN);
     alloc_header *h = (alloc_header *)base;
     h->magic = ALLOC_MAGIC ^ 1u;
     h->bytes = rounded;

@@ -93,18 +93,26 @@ int offload_block_of(const offload_geom *g, size_t a)
 
 size_t offload_find_nonfinite(const float *p, size_t n)
 {
-    /* exponent all ones: inf or nan; the loop runs without a branch per value */
+    /* exponent all ones: inf or nan; the loop runs without a branch per
+     * value; chunks in order on each thread of the team (a block's weights,
+     * gigabytes, want more than one), the first over the team found by min */
     const uint32_t *u = (const uint32_t *)(const void *)p;
-    size_t chunk = 4096;
-    for (size_t a = 0; a < n; a += chunk) {
-        size_t e = n - a < chunk ? n : a + chunk;
+    const size_t chunk = 4096;
+    size_t chunks = (n + chunk - 1) / chunk, first = n;
+#pragma omp parallel for schedule(static) reduction(min : first) if (n >= ((size_t)1 << 22))
+    for (size_t c = 0; c < chunks; c++) {
+        size_t a = c * chunk, e = n - a < chunk ? n : a + chunk;
+        if (a >= first) continue; /* this thread found one earlier */
         uint32_t any = 0;
         for (size_t i = a; i < e; i++) any |= (uint32_t)((u[i] & 0x7f800000u) == 0x7f800000u);
         if (!any) continue;
         for (size_t i = a; i < e; i++)
-            if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
+            if ((u[i] & 0x7f800000u) == 0x7f800000u) {
+                if (i < first) first = i;
+                break;
+            }
     }
-    return n;
+    return first;
 }
 
 void offload_to_dtype(const offload_geom *g, void *dst, const float *src, size_t n)

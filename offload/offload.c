@@ -369,6 +369,39 @@ static zo_status create_frozen(offload_t *rt, int ring)
     return st != ZO_OK ? st : wgather_create(&rt->env, &rt->fg, inner, &view, &rt->fws);
 }
 
+/* Where offload_init's progress stands: the clock, the bytes per tier
+ * (the device's from its allocator), the pinned host bytes. */
+typedef struct init_mark {
+    double t;
+    uint64_t use[OFFLOAD_TIERS];
+    size_t pinned;
+} init_mark;
+
+static void init_mark_now(offload_t *rt, init_mark *m)
+{
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(rt->env.dev, &ms);
+    pthread_mutex_lock(&rt->acct.mu);
+    memcpy(m->use, rt->acct.use, sizeof m->use);
+    pthread_mutex_unlock(&rt->acct.mu);
+    m->use[OFFLOAD_DEVICE] = ms.in_use;
+    m->pinned = ms.host_pinned;
+    m->t = zo_now();
+}
+
+/* Part `what` is set up: what it took since *m, to the hook; *m restarts. */
+static void init_part_done(offload_t *rt, const char *what, init_mark *m)
+{
+    if (!rt->cfg.init_hook) return;
+    init_mark now;
+    init_mark_now(rt, &now);
+    offload_init_part p = {.what = what, .seconds = now.t - m->t,
+                           .pinned = now.pinned > m->pinned ? now.pinned - m->pinned : 0};
+    for (int t = 0; t < OFFLOAD_TIERS; t++) p.bytes[t] = now.use[t] > m->use[t] ? now.use[t] - m->use[t] : 0;
+    rt->cfg.init_hook(rt->cfg.init_hook_user, &p);
+    init_mark_now(rt, m); /* (the hook's own time is no part's) */
+}
+
 zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *model,
                        const offload_config *cfg)
 {
@@ -418,6 +451,8 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
         if (rt->fg.slot_bytes < fs) rt->fg.slot_bytes = fs;
     }
 
+    init_mark mark;
+    init_mark_now(rt, &mark);
     if ((st = gpu_stream_create(dev, &rt->env.h2d)) != ZO_OK) goto out_free;
     if ((st = gpu_stream_create(dev, &rt->env.d2h)) != ZO_OK) goto out_free;
     /* the weights' stores: the trainable ones where params_on says (with a
@@ -435,6 +470,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);
     if ((st = create_weights(rt, w_on, sc.n_slots)) != ZO_OK) goto out_free;
     if (frozen && (st = create_frozen(rt, sc.n_slots)) != ZO_OK) goto out_free;
+    init_part_done(rt, "weights", &mark);
     /* an MoE layer's routed experts stream apart where the store can (the
      * host tier, whole blocks on every rank: ZeRO-0): a slot holds the
      * largest dense part, and the experts the batch routes to go through
@@ -451,20 +487,24 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
      * runtime has the stores and the streaming alone) */
     if (rt->cfg.forward_only) goto streaming;
     if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
+    init_part_done(rt, "optimizer state", &mark);
     if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) == ZO_OK &&
         rt->cfg.master != ZO_PLAN_MASTER_FP32 && rt->cfg.schedule == OFFLOAD_SCHEDULE_DPU &&
         wstore_host_array(rt->ws))
         ostate_master_at(rt->os, wstore_host_array(offload_optim_shadow(rt->opt)));
-    if (st != ZO_OK ||
-        (st = offload_grads_create(&rt->env, &rt->g, &rt->og, rt->dep, rt->cfg.grad_accum, rt->os, rt->opt, &rt->gr)) !=
-            ZO_OK)
+    if (st != ZO_OK) goto out_free;
+    init_part_done(rt, "optimizer", &mark);
+    if ((st = offload_grads_create(&rt->env, &rt->g, &rt->og, rt->dep, rt->cfg.grad_accum, rt->os, rt->opt, &rt->gr)) !=
+        ZO_OK)
         goto out_free;
+    init_part_done(rt, "gradients", &mark);
 streaming:
     sc.ws = rt->ws;
     sc.fws = rt->fws;
     sc.gr = rt->gr;
     sc.opt = rt->opt;
     if ((st = offload_stream_create(&rt->env, &sc, &rt->sm)) != ZO_OK) goto out_free;
+    init_part_done(rt, "streaming", &mark);
     /* the checkpoints: the layers they read and write, the folder locked above */
     rt->ck = (offload_ckpt){.env = &rt->env, .cfg = &rt->cfg, .g = &rt->g, .og = &rt->og, .ws = rt->ws,
                             .os = rt->os, .opt = rt->opt, .gr = rt->gr, .lock = rt->ck.lock};

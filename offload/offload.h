@@ -204,6 +204,21 @@ zo_status offload_schedule_parse(const char *s, const char *what, offload_schedu
  * offload_save); a test blocks or kills the process there. */
 typedef void (*offload_ckpt_hook)(void *user, const char *point);
 
+/* Start-up progress (offload_config.init_hook): offload_init calls it
+ * after each part it sets up, in order: "weights" (the weight stores: with
+ * a frozen base, the base's too), "optimizer state" (master, m and v where
+ * opt_frac says, the host's gradient sums), "optimizer" (its thread and
+ * buffers), "gradients" (their device and pinned buffers), "streaming" (the
+ * device slots, the activation checkpoints); a forward-only runtime has
+ * "weights" and "streaming" alone. */
+typedef struct offload_init_part {
+    const char *what;
+    double seconds;                 /* the part's wall time */
+    uint64_t bytes[OFFLOAD_TIERS];  /* what it allocated per tier */
+    uint64_t pinned;                /* of bytes[OFFLOAD_CPU], pinned (page-locked) */
+} offload_init_part;
+typedef void (*offload_init_hook)(void *user, const offload_init_part *part);
+
 /* offload_config.recompute (the values of the transformer's tf_options.recompute) */
 enum { OFFLOAD_RECOMPUTE_NONE = 0, OFFLOAD_RECOMPUTE_FULL = 1, OFFLOAD_RECOMPUTE_OPS = 2 };
 
@@ -264,6 +279,8 @@ typedef struct offload_config {
     int keep_checkpoints;
     offload_ckpt_hook ckpt_hook;     /* (optional) test seam */
     void *ckpt_hook_user;
+    offload_init_hook init_hook;     /* (optional) offload_init's progress */
+    void *init_hook_user;
     /* Data parallelism (ZeRO-DP, docs/offload.md "Several ranks"): every
      * rank of `comm` runs its own runtime on its own micro-batches, and the
      * runtimes agree through collectives. NULL, or a communicator of one

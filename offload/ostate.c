@@ -176,6 +176,14 @@ static void copy_or_zero(float *dst, const float *src, size_t n)
     else memset(dst, 0, n * 4);
 }
 
+/* The same by a team of `threads` (0: OpenMP's default): a block's state,
+ * gigabytes, put by the host thread. */
+static void copy_or_zero_team(float *dst, const float *src, size_t n, int threads)
+{
+    if (src) zo_copy_team(dst, src, n * 4, threads);
+    else zo_memset_team(dst, 0, n * 4, threads);
+}
+
 /* ---- m and v in an encoding (issue 30) ------------------------------------------------ */
 
 /* bf16 or 8-bit m and v (cpu_adam's adam_state encodings) in chunks of
@@ -217,11 +225,12 @@ static zo_status enc_init(ostate_enc *e, zo_plan_opt_state state, size_t n, int 
 static int enc_on(const ostate_enc *e) { return e->chunk != 0; }
 
 /* The chunks of [rel, rel + k) of a region of n elements whose state is S:
- * for each, its buffer decoded into sm, sv (fp32 [chunk]). */
+ * for each, its buffer decoded into sm, sv (fp32 [chunk]), then (encode)
+ * coded again; `zeros`: fn puts zeros into both moments. */
 typedef zo_status (*enc_visit_fn)(void *ctx, size_t at, size_t len, size_t off, float *sm, float *sv);
 
 static zo_status enc_walk(const ostate_enc *e, void *S, size_t n, size_t rel, size_t k, float *sm, float *sv,
-                          int decode, int encode, enc_visit_fn fn, void *ctx)
+                          int decode, int encode, int zeros, enc_visit_fn fn, void *ctx)
 {
     zo_status st;
     size_t end = rel + k;
@@ -230,8 +239,15 @@ static zo_status enc_walk(const ostate_enc *e, void *S, size_t n, size_t rel, si
         size_t clen = n - c0 < e->chunk ? n - c0 : e->chunk;
         size_t stop = end < c0 + clen ? end : c0 + clen;
         void *buf = (char *)S + c * e->cbytes;
-        /* (a write of the whole chunk needs nothing from it) */
+        /* (a write of the whole chunk needs nothing from it; zeros over the
+         * whole chunk are the zero state: adam_state_init writes the bytes
+         * that coding them writes, without the coding) */
         int whole = rel == c0 && stop == c0 + clen;
+        if (encode && whole && zeros) {
+            if ((st = adam_state_init(e->kind, buf, clen, e->threads)) != ZO_OK) return st;
+            rel = stop;
+            continue;
+        }
         if ((decode || !whole) && (st = adam_state_to_f32(e->kind, buf, clen, sm, sv, e->threads)) != ZO_OK)
             return st;
         if ((st = fn(ctx, rel, stop - rel, rel - c0, sm, sv)) != ZO_OK) return st;
@@ -269,7 +285,7 @@ static zo_status enc_get(const ostate_enc *e, void *S, size_t n, size_t rel, siz
 {
     if (!M && !V) return ZO_OK;
     enc_io io = {.base = rel, .M = M, .V = V};
-    return enc_walk(e, S, n, rel, k, sm, sv, 1, 0, enc_get_fn, &io);
+    return enc_walk(e, S, n, rel, k, sm, sv, 1, 0, 0, enc_get_fn, &io);
 }
 
 /* ... and from M, V (NULL: zeros) */
@@ -277,7 +293,7 @@ static zo_status enc_put(const ostate_enc *e, void *S, size_t n, size_t rel, siz
                          const float *V, float *sm, float *sv)
 {
     enc_io io = {.base = rel, .cM = M, .cV = V};
-    return enc_walk(e, S, n, rel, k, sm, sv, 0, 1, enc_put_fn, &io);
+    return enc_walk(e, S, n, rel, k, sm, sv, 0, 1, !M && !V, enc_put_fn, &io);
 }
 
 typedef struct enc_upd {
@@ -305,7 +321,7 @@ static zo_status enc_update(const ostate_enc *e, void *S, size_t n, size_t rel, 
                             float *P, const oshard_update *u, float *sm, float *sv, size_t most)
 {
     enc_upd x = {.u = u, .flat0 = flat0, .rel0 = rel, .P = P, .most = most ? most : k};
-    return enc_walk(e, S, n, rel, k, sm, sv, 1, 1, enc_upd_fn, &x);
+    return enc_walk(e, S, n, rel, k, sm, sv, 1, 1, 0, enc_upd_fn, &x);
 }
 
 /* ---- host memory ----------------------------------------------------------------------- */
@@ -389,11 +405,12 @@ static zo_status host_write(oshard *sh, size_t first, size_t n, const float *P, 
 {
     host_shard *h = (host_shard *)sh;
     size_t r = first - sh->first;
+    int team = sh->env->n_threads;
     if (P && h->nomaster) mst_encode(h, r, n, P);
-    else if (P) memcpy(h->P + r, P, n * 4);
+    else if (P) zo_copy_team(h->P + r, P, n * 4, team);
     if (enc_on(&h->enc)) return enc_put(&h->enc, h->S, sh->n, r, n, M, V, h->sm, h->sv);
-    copy_or_zero(h->M + r, M, n);
-    copy_or_zero(h->V + r, V, n);
+    copy_or_zero_team(h->M + r, M, n, team);
+    copy_or_zero_team(h->V + r, V, n, team);
     return ZO_OK;
 }
 
@@ -503,7 +520,7 @@ static zo_status host_create(oshard *sh, const oshard_config *c)
             if ((st = offload_host_alloc(sh->env, bytes[i], 0, arr[i])) != ZO_OK)
                 return zo_error_wrap(st, "offload_init: bf16 weights of the optimizer (--master %s)",
                                      zo_plan_master_name(c->master));
-            memset(*arr[i], 0, bytes[i]);
+            zo_memset_team(*arr[i], 0, bytes[i], sh->env->n_threads);
         }
     }
     size_t p_bytes = h->nomaster ? 0 : sh->n * 4;
@@ -518,7 +535,7 @@ static zo_status host_create(oshard *sh, const oshard_config *c)
             if ((st = offload_host_alloc(sh->env, bytes[i], 0, arr[i])) != ZO_OK)
                 return zo_error_wrap(st, "offload_init: optimizer state in memory (%s m, v)",
                                      adam_state_name(h->enc.kind));
-            if (bytes[i]) memset(*arr[i], 0, bytes[i]);
+            if (bytes[i]) zo_memset_team(*arr[i], 0, bytes[i], sh->env->n_threads);
         }
         return ZO_OK;
     }
@@ -526,7 +543,7 @@ static zo_status host_create(oshard *sh, const oshard_config *c)
     for (int i = h->nomaster ? 1 : 0; i < 3; i++) {
         if ((st = offload_host_alloc(sh->env, sh->n * 4, 0, (void **)arr[i])) != ZO_OK)
             return zo_error_wrap(st, "offload_init: optimizer state in memory");
-        if (sh->n) memset(*arr[i], 0, sh->n * 4);
+        if (sh->n) zo_memset_team(*arr[i], 0, sh->n * 4, sh->env->n_threads);
     }
     return ZO_OK;
 }
@@ -997,6 +1014,21 @@ static zo_status dev_chunk_move(dev_shard *d, int b, size_t c0, size_t len, int 
     return adam_state_to_f32(d->kind, d->stage, len, d->sm, d->sv, env->n_threads);
 }
 
+/* The zero state of chunks [c0, c0 + len) of block b (c0 on a chunk, len
+ * whole chunks or to the block's end) set on the device: the bytes
+ * dev_chunk_move puts for zeros, enqueued on h2d and waited for. */
+static zo_status dev_zero_chunks(dev_shard *d, int b, size_t c0, size_t len)
+{
+    gpu_stream_t s = d->base.env->h2d;
+    size_t dv[4], hs[4], by[4];
+    int parts = dev_chunk_parts(d, b, c0, len, dv, hs, by);
+    int mcode = d->kind.type == ADAM_STATE_Q8 ? ADAM_Q8_ZERO_M_CODE : 0;
+    zo_status st;
+    for (int k = 0; k < parts; k++)
+        if (by[k] && (st = gpu_memset_async(s, d->S + dv[k], k ? 0 : mcode, by[k])) != ZO_OK) return st;
+    return gpu_stream_synchronize(s);
+}
+
 /* Encoded m and v of flat [first, first + n) out (M, V; either NULL:
  * skipped) or in (cM, cV; NULL: zeros), a chunk of whole 8-bit blocks of
  * one block at a time. */
@@ -1012,6 +1044,17 @@ static zo_status dev_enc_io(dev_shard *d, size_t first, size_t n, float *M, floa
         size_t c0 = rel / DEV_STAGE * DEV_STAGE, len = nb - c0 < DEV_STAGE ? nb - c0 : DEV_STAGE;
         size_t stop = end - g->off[b] < c0 + len ? end - g->off[b] : c0 + len, k = stop - rel;
         size_t at = pos - first;
+        /* zeros over whole chunks, as many of the block's as the range
+         * holds: the zero state's bytes (what coding zeros gives: m's zero
+         * code, v and the absmax 0) set on the device, nothing coded or
+         * copied */
+        size_t e_b = end - g->off[b] < nb ? end - g->off[b] : nb;
+        size_t r1 = e_b == nb ? nb : e_b / DEV_STAGE * DEV_STAGE;
+        if (put && !cM && !cV && rel == c0 && r1 > rel) {
+            if ((st = dev_zero_chunks(d, b, rel, r1 - rel)) != ZO_OK) return st;
+            pos += r1 - rel;
+            continue;
+        }
         /* (a write of the whole chunk needs nothing from it) */
         if ((!put || rel > c0 || stop < c0 + len) && (st = dev_chunk_move(d, b, c0, len, 0)) != ZO_OK) return st;
         if (put) {
@@ -1482,7 +1525,7 @@ static zo_status sums_create(ostate *os, const offload_geom *g)
     s->host_n = s->off[os->dev_block];
     if ((st = offload_host_alloc(os->env, s->host_n * sizeof(float), 0, (void **)&s->host)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: fp32 gradients");
-    if (s->host_n) memset(s->host, 0, s->host_n * sizeof(float));
+    if (s->host_n) zo_memset_team(s->host, 0, s->host_n * sizeof(float), os->env->n_threads);
     return ZO_OK;
 }
 

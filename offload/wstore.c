@@ -100,6 +100,14 @@ zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *
 
 /* ---- what the tiers share ----------------------------------------------------------------- */
 
+/* offload_to_dtype by the CPU Adam's team (the host thread's loads and
+ * puts; each element converted alone, so the bytes are the same). */
+static void to_dtype_team(const wstore *ws, void *dst, const float *src, size_t n)
+{
+    if (ws->g->dtype == ZO_DTYPE_F32) zo_copy_team(dst, src, n * sizeof(float), ws->env->n_threads);
+    else zo_convert_team(dst, ws->g->dtype, src, ZO_DTYPE_F32, n, ws->env->n_threads);
+}
+
 /* Put [rel, rel + n) of block b chunk by chunk, each chunk converted from
  * fp32 or copied as it is from element `done` of the source (the copy by
  * the CPU Adam's team: these run on the host thread, the optimizer's
@@ -112,7 +120,7 @@ static zo_status put_chunks(wstore *ws, int b, size_t rel, size_t n, const void 
         size_t k = n - done < ws->put_max ? n - done : ws->put_max;
         void *dst;
         if ((st = ws->ops->put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
-        if (f32) offload_to_dtype(ws->g, dst, (const float *)src + done, k);
+        if (f32) to_dtype_team(ws, dst, (const float *)src + done, k);
         else zo_copy_team(dst, (const char *)src + done * es, k * es, ws->env->n_threads);
         if ((st = wstore_put_host_done(ws, b, rel + done, k)) != ZO_OK) return st;
     }
@@ -393,7 +401,7 @@ static zo_status dev_load(wstore *ws, int b, size_t rel, size_t n, const float *
         size_t k = n - done < ws->put_max ? n - done : ws->put_max;
         void *dst;
         if ((st = dev_put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
-        offload_to_dtype(ws->g, dst, src + done, k);
+        to_dtype_team(ws, dst, src + done, k);
         if ((st = dev_copy_in(ws, b, rel + done, 0, k)) != ZO_OK) return st;
     }
     return ZO_OK;
@@ -661,7 +669,7 @@ static zo_status host_create(wstore *ws, const wstore_config *c)
     size_t bytes = ws->g->n * ws->g->es;
     zo_status st = offload_host_alloc(ws->env, bytes, 1, &h->host);
     if (st != ZO_OK) return zo_error_wrap(st, "offload_init: weights in pinned host memory");
-    if (bytes) memset(h->host, 0, bytes);
+    if (bytes) zo_memset_team(h->host, 0, bytes, ws->env->n_threads);
     ws->put_max = ws->g->largest;
     return staging_create(ws, c, &h->dev_stage, &h->dev_ev);
 }

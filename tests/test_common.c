@@ -647,6 +647,59 @@ static void test_copy_team(void **state)
     free(dst);
 }
 
+/* zo_memset_team sets every byte once and zo_convert_team writes
+ * zo_convert's bytes, whatever the team, at sizes around their pieces, and
+ * neither touches anything past them. */
+static void test_memset_convert_team(void **state)
+{
+    (void)state;
+    const size_t P = ZO_COPY_PIECE, E = ZO_COPY_PIECE / 4;
+    size_t bytes[] = {0, 1, 63, P - 1, P, P + 1, 2 * P + 3, 5 * P + 7};
+    size_t elems[] = {0, 1, 7, E - 1, E, E + 1, 2 * E + 3, 5 * E + 7};
+    int teams[] = {0, 1, 2, 3, 7, 64};
+    size_t most = 5 * P + 7 + 64;
+    unsigned char *buf = malloc(most);
+    float *src = malloc((5 * E + 7) * sizeof(float));
+    uint16_t *want = malloc((5 * E + 7 + 32) * 2), *got = malloc((5 * E + 7 + 32) * 2);
+    assert_non_null(buf);
+    assert_non_null(src);
+    assert_non_null(want);
+    assert_non_null(got);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < 5 * E + 7; i++) { /* every bit pattern class: normals, subnormals, inf, nan */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        src[i] = zo_bits_f32((uint32_t)(x >> 17));
+    }
+    for (size_t a = 0; a < sizeof bytes / sizeof *bytes; a++)
+        for (size_t t = 0; t < sizeof teams / sizeof *teams; t++) {
+            size_t n = bytes[a];
+            memset(buf, 0xA5, most);
+            zo_memset_team(buf + 3, 0x3c, n, teams[t]);
+            for (size_t i = 0; i < 3; i++) assert_int_equal(buf[i], 0xA5);
+            for (size_t i = 0; i < n; i++)
+                if (buf[3 + i] != 0x3c) fail_msg("memset size %zu team %d: byte %zu is %u", n, teams[t], i, buf[3 + i]);
+            for (size_t i = 3 + n; i < 3 + n + 64 && i < most; i++) assert_int_equal(buf[i], 0xA5);
+        }
+    zo_dtype to[] = {ZO_DTYPE_BF16, ZO_DTYPE_F16};
+    for (size_t d = 0; d < 2; d++)
+        for (size_t a = 0; a < sizeof elems / sizeof *elems; a++)
+            for (size_t t = 0; t < sizeof teams / sizeof *teams; t++) {
+                size_t n = elems[a];
+                memset(got, 0xA5, (n + 32) * 2);
+                zo_convert(want, to[d], src, ZO_DTYPE_F32, n);
+                zo_convert_team(got, to[d], src, ZO_DTYPE_F32, n, teams[t]);
+                for (size_t i = 0; i < n; i++)
+                    if (got[i] != want[i])
+                        fail_msg("convert to %s, %zu elements, team %d: element %zu is 0x%04x, not 0x%04x",
+                                 zo_dtype_name(to[d]), n, teams[t], i, got[i], want[i]);
+                for (size_t i = n; i < n + 32; i++) assert_int_equal(got[i], 0xA5A5);
+            }
+    free(buf);
+    free(src);
+    free(want);
+    free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -657,6 +710,7 @@ int main(void)
         cmocka_unit_test(test_format),           cmocka_unit_test(test_file_write_read),
         cmocka_unit_test(test_file_errors),      cmocka_unit_test(test_file_write_no_follow),
         cmocka_unit_test(test_dir_remove),       cmocka_unit_test(test_copy_team),
+        cmocka_unit_test(test_memset_convert_team),
         cmocka_unit_test(test_dir_lock),         cmocka_unit_test(test_dir_lock_other_user),         cmocka_unit_test(test_json_duplicates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

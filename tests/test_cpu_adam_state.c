@@ -653,7 +653,8 @@ static void test_threads_independent(void **state)
 
 /* adam_state_init and a buffer of zero bytes are the same zero state: the
  * same step from either gives the same parameters and state, and both read
- * back as zeros. */
+ * back as zeros; adam_state_from_f32 of zeros writes adam_state_init's
+ * bytes. */
 static void test_zero_state(void **state)
 {
     (void)state;
@@ -665,6 +666,14 @@ static void test_zero_state(void **state)
         void *a = xmalloc(sb), *b = xmalloc(sb);
         memset(a, 0x5a, sb);
         assert_int_equal(adam_state_init(k, a, n, 2), ZO_OK);
+        /* coding zeros writes adam_state_init's bytes, every one (the
+         * runtime's puts of zero moments write the zero state so) */
+        float *zeros = calloc(n, sizeof(float));
+        assert_non_null(zeros);
+        memset(b, 0xa5, sb);
+        assert_int_equal(adam_state_from_f32(k, b, n, zeros, zeros, 2), ZO_OK);
+        assert_memory_equal(a, b, sb);
+        free(zeros);
         memset(b, 0, sb);
         float *m = xmalloc(n * 4), *v = xmalloc(n * 4), *pa = xmalloc(n * 4), *pb = xmalloc(n * 4);
         float *g = xmalloc(n * 4);

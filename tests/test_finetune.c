@@ -731,8 +731,33 @@ static void write_mixtral(void)
                            "\"max_position_embeddings\": 128}\n");
 }
 
+/* Before its header, train prints a line per phase of its start-up, in the
+ * order they run, each with its seconds, the runtime's parts by name, the
+ * last the whole, which is at least the phases' sum (each rounded to 0.01 s). */
+static void check_start_lines(const char *head)
+{
+    static const char *const phases[] = {
+        "# start: inputs read in ", "# start: device cpu opened in ", "# start: model in ",
+        "# start: runtime's weights in ", "# start: runtime's optimizer state in ", "# start: runtime's optimizer in ",
+        "# start: runtime's gradients in ", "# start: runtime's streaming in ", "# start: initial weights ",
+        "# start: ready in "};
+    const int n = (int)(sizeof phases / sizeof *phases);
+    const char *at = out;
+    double sum = 0, secs = -1;
+    for (int i = 0; i < n; i++) {
+        const char *l = line_of(at, phases[i]);
+        if (!l || l > head) fail_msg("no \"%s\" line before the header, after the one before it:\n%s", phases[i], out);
+        const char *in = strstr(l, " in ");
+        assert_true(in && in < strchr(l, '\n') && sscanf(in, " in %lf s", &secs) == 1 && secs >= 0);
+        if (i < n - 1) sum += secs;
+        at = strchr(l, '\n') + 1;
+    }
+    if (secs + 0.06 < sum) fail_msg("ready in %.2f s, the phases' sum %.2f s:\n%s", secs, sum, out);
+}
+
 /* train's header names the model's family, the config's model_type: a
- * Mixtral is "mixtral", not the LLaMA layers it is built of. */
+ * Mixtral is "mixtral", not the LLaMA layers it is built of; the start-up's
+ * lines come before it. */
 static void test_header_family(void **state)
 {
     (void)state;
@@ -742,6 +767,7 @@ static void test_header_family(void **state)
     const char *head = line_of(out, "# train:");
     assert_non_null(head);
     assert_true(strstr(head, " (llama), ") && strstr(head, " (llama), ") < strchr(head, '\n'));
+    check_start_lines(head);
     write_mixtral();
     train("--steps 1", &r);
     head = line_of(out, "# train:");

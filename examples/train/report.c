@@ -73,6 +73,32 @@ void report_prediction(const offload_prediction *pr)
     printf("; step %.3g s\n", pr->step_s);
 }
 
+/* ---- the start-up ---------------------------------------------------------------------- */
+
+void report_start_phase(const char *what, double seconds, const char *detail)
+{
+    printf("# start: %s in %.2f s%s%s\n", what, seconds, detail ? ": " : "", detail ? detail : "");
+    fflush(stdout);
+}
+
+void report_init_part(void *user, const offload_init_part *part)
+{
+    (void)user;
+    char what[64], detail[256] = "", b[32], pb[32];
+    size_t n = 0;
+    for (int t = 0; t < OFFLOAD_TIERS; t++) {
+        if (!part->bytes[t]) continue;
+        n += (size_t)snprintf(detail + n, sizeof detail - n, "%s%s %s", n ? ", " : "",
+                              offload_tier_name((offload_tier)t), zo_format_bytes(part->bytes[t], b, sizeof b));
+        if (t == OFFLOAD_CPU && part->pinned && n < sizeof detail)
+            n += (size_t)snprintf(detail + n, sizeof detail - n, " (pinned %s)",
+                                  zo_format_bytes(part->pinned, pb, sizeof pb));
+        if (n >= sizeof detail) break;
+    }
+    snprintf(what, sizeof what, "runtime's %s", part->what);
+    report_start_phase(what, part->seconds, n ? detail : NULL);
+}
+
 /* ---- the run -------------------------------------------------------------------------- */
 
 void report_init(train_report *rp, const train_args *a)

@@ -39,6 +39,15 @@ void report_progress(train_report *rp, const train_run *r, long k, double loss);
 zo_status report_end(train_report *rp, train_run *r);
 void report_free(train_report *rp);
 
+/* "# start: WHAT in X s" and, when detail is not NULL, ": DETAIL": a phase
+ * of the start-up done, printed as it ends (flushed: a long start says what
+ * it is doing). */
+void report_start_phase(const char *what, double seconds, const char *detail);
+/* An offload_init_hook: each part of the runtime's set-up as a start line,
+ * "# start: runtime's PART in X s: cpu B (pinned P), gpu B, nvme B" (the
+ * tiers it allocated in). */
+void report_init_part(void *user, const offload_init_part *part);
+
 /* "# LoRA r ..." once the model is set up. */
 void report_lora(const train_args *a, const tf_model *m);
 /* "# placement: ..." and "# method: ..." of the run's configuration (the

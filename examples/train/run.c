@@ -14,6 +14,7 @@
 
 #include "common/capability.h"       /* defines: zo_capability_check */
 #include "common/clock.h"            /* defines: zo_now */
+#include "common/units.h"            /* defines: zo_format_bytes, zo_format_count */
 #include "examples/train/inputs.h"   /* defines: inputs_load_config, inputs_open_data, ... */
 #include "examples/train/report.h"   /* defines: report_lora, report_placement, ... */
 #include "examples/train/weights.h"  /* defines: weights_load, weights_save, weights_write */
@@ -108,7 +109,7 @@ zo_status run_init(train_run *r, train_args *a)
 {
     *r = (train_run){.a = a, .phase = RUN_INPUT, .eot = -1, .tokens = {.fd = -1}, .eval = {.fd = -1},
                      .ranks = 1, .accum = 1, .kill_rank = -1, .kill_step = -1, .fsize_rank = -1,
-                     .devfail_rank = -1};
+                     .devfail_rank = -1, .t_begin = zo_now()};
     catch_stop_signals();
     const char *kill_spec = getenv("ZO_TRAIN_KILL"); /* kills rank RANK in step STEP */
     if (kill_spec && sscanf(kill_spec, "%ld:%ld", &r->kill_rank, &r->kill_step) != 2)
@@ -273,7 +274,7 @@ static zo_status check_capability(train_run *r, int ranks)
     return st;
 }
 
-zo_status run_read_inputs(train_run *r)
+static zo_status read_inputs(train_run *r)
 {
     train_args *a = r->a;
     zo_status st;
@@ -297,6 +298,19 @@ zo_status run_read_inputs(train_run *r)
     if ((st = check_capability(r, ranks)) != ZO_OK) return st;
     if ((st = check_ep(a, &r->cfg, ranks)) != ZO_OK) r->quiet = r->launch.rank > 0; /* rank 0 says it */
     return st;
+}
+
+zo_status run_read_inputs(train_run *r)
+{
+    double t0 = zo_now();
+    zo_status st = read_inputs(r);
+    if (st != ZO_OK || r->launch.rank > 0) return st; /* (rank 0 speaks for the job) */
+    char detail[160];
+    int n = snprintf(detail, sizeof detail, "config, data %llu tokens", (unsigned long long)r->tokens.n);
+    if (r->a->eval_data && n > 0 && (size_t)n < sizeof detail)
+        snprintf(detail + n, sizeof detail - (size_t)n, ", eval data %llu tokens", (unsigned long long)r->eval.n);
+    report_start_phase("inputs read", zo_now() - t0, detail);
+    return ZO_OK;
 }
 
 /* --device NAME with --device-mem as the capacity: the CPU backend with its
@@ -370,8 +384,16 @@ zo_status run_setup(train_run *r)
     train_args *a = r->a;
     offload_config *oc = &a->p.cfg;
     r->phase = RUN_SETUP;
+    double t0 = zo_now();
     zo_status st = open_device_and_ranks(r);
     if (st != ZO_OK) return st;
+    char what[96], detail[96], b[32];
+    snprintf(what, sizeof what, "device %s opened%s", gpu_device_name(r->dev),
+             r->ranks > 1 ? " and the ranks met" : "");
+    report_start_phase(what, zo_now() - t0, NULL);
+    t0 = zo_now();
+    gpu_mem_stats m0, m1;
+    gpu_mem_get_stats(r->dev, &m0);
     oc->comm = r->comm;
     oc->ep_comm = r->ep_comm;
     oc->expert_comm = r->expert_comm;
@@ -384,6 +406,11 @@ zo_status run_setup(train_run *r)
         return st;
     if (a->lora.r) report_lora(a, &r->m);
     if ((st = tf_offload_model_init(&r->tm, &r->m)) != ZO_OK) return st;
+    gpu_mem_get_stats(r->dev, &m1);
+    snprintf(detail, sizeof detail, "gpu %s (activations and work buffers)",
+             zo_format_bytes(m1.in_use > m0.in_use ? m1.in_use - m0.in_use : 0, b, sizeof b));
+    report_start_phase("model", zo_now() - t0, detail);
+    oc->init_hook = report_init_part; /* "# start: runtime's ..." */
     if ((st = offload_init(&r->rt, r->dev, &r->tm.om, oc)) != ZO_OK) return st;
     if (a->profile && (st = start_profile(r)) != ZO_OK) return st;
     r->trained = a->lora.r ? &r->m.adapters : &r->m.layout;
@@ -441,15 +468,30 @@ zo_status run_load_weights(train_run *r)
 {
     const train_args *a = r->a;
     r->phase = RUN_INPUT;
-    zo_status st = weights_load(r->rt, &r->m, a);
-    if (st != ZO_OK || !a->resume) return st;
-    offload_ckpt_meta meta;
-    if ((st = offload_load(r->rt, a->resume, &meta)) != ZO_OK) return st;
-    if ((st = resume_position(r, &meta)) != ZO_OK) return st;
-    printf("# resumed from %s at step %ld\n", a->resume, r->k0);
-    /* the run ends well with nothing trained (its --save still written) */
-    if (r->k0 >= a->steps)
-        printf("# nothing left to train: %s is at step %ld of --steps %ld\n", a->resume, r->k0, a->steps);
+    double t0 = zo_now(), into_s;
+    zo_status st = weights_load(r->rt, &r->m, a, &into_s);
+    if (st != ZO_OK) return st;
+    const model_layout *l = &r->m.layout;
+    char what[1200], src[64], detail[128], n[32];
+    snprintf(src, sizeof src, "random, --seed %lld", (long long)a->seed);
+    snprintf(what, sizeof what, "initial weights %s (%s%s)", zo_format_count(l->total_numel, n, sizeof n),
+             a->weights ? a->weights : src, a->lora.r ? "; the frozen base, then the adapters" : "");
+    double dt = zo_now() - t0;
+    snprintf(detail, sizeof detail, "%s %.2f s, into the runtime %.2f s", a->weights ? "read" : "drawn", dt - into_s,
+             into_s);
+    report_start_phase(what, dt, detail);
+    if (a->resume) {
+        t0 = zo_now();
+        offload_ckpt_meta meta;
+        if ((st = offload_load(r->rt, a->resume, &meta)) != ZO_OK) return st;
+        if ((st = resume_position(r, &meta)) != ZO_OK) return st;
+        printf("# resumed from %s at step %ld\n", a->resume, r->k0);
+        /* the run ends well with nothing trained (its --save still written) */
+        if (r->k0 >= a->steps)
+            printf("# nothing left to train: %s is at step %ld of --steps %ld\n", a->resume, r->k0, a->steps);
+        report_start_phase("checkpoint read", zo_now() - t0, a->resume);
+    }
+    report_start_phase("ready", zo_now() - r->t_begin, NULL);
     return ZO_OK;
 }
 

@@ -71,6 +71,7 @@ typedef struct train_run {
     long devfail_rank;              /* test seam ZO_TRAIN_CKPT_DEVFAIL="RANK:POINT" */
     char devfail_point[32];
     int quiet;                      /* the failure is every rank's alike and rank 0 says it */
+    double t_begin;                 /* zo_now() at run_init: the start-up's clock */
 } train_run;
 
 /* Before anything: the stop signals (SIGINT, SIGTERM, SIGHUP end the run
@@ -81,7 +82,9 @@ zo_status run_init(train_run *r, train_args *a);
 /* The inputs: the model's config, the plan against it and the ranks, the
  * tokenizer, the data and the eval data, the LoRA choice; then whether the
  * runtime runs what they ask for on the launcher's ranks (the capability
- * table, common/capability.h: ZO_ERR_UNSUPPORTED, exit 2). */
+ * table, common/capability.h: ZO_ERR_UNSUPPORTED, exit 2). This and the
+ * next two print a "# start:" line per phase of the start-up as it ends
+ * (report_start_phase; rank 0 alone), the last "# start: ready". */
 zo_status run_read_inputs(train_run *r);
 
 /* The device (one GPU per rank of a node on "cuda"), the communicator, the

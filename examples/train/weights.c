@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include "common/clock.h"      /* defines: zo_now */
 #include "model/hf.h"          /* defines: model_hf_folder, model_hf_save */
 #include "model/lora.h"        /* defines: model_lora_save, model_lora_load */
 #include "model/safetensors.h" /* defines: model_save_streamed */
@@ -34,6 +35,22 @@ static size_t weights_frozen_largest(const tf_model *m)
 static zo_status set_block(void *ctx, int block, const void *buf)
 {
     return offload_set_block(ctx, block, buf);
+}
+
+/* A block sink timed: the seconds spent in it add to *seconds. */
+typedef struct timed_sink {
+    model_block_sink sink;
+    void *ctx;
+    double *seconds;
+} timed_sink;
+
+static zo_status timed_block(void *ctx, int block, const void *buf)
+{
+    timed_sink *t = ctx;
+    double t0 = zo_now();
+    zo_status st = t->sink(t->ctx, block, buf);
+    *t->seconds += zo_now() - t0;
+    return st;
 }
 
 /* The frozen base of a block, packed (NF4 where QLoRA says) into its store. */
@@ -71,13 +88,14 @@ static void **alloc_blocks(const model_layout *l)
 
 /* LoRA: the frozen base block by block, then the adapters (small: every
  * block at once) from --adapter or PEFT's init. */
-static zo_status load_lora(offload_t *rt, const tf_model *m, const train_args *a)
+static zo_status load_lora(offload_t *rt, const tf_model *m, const train_args *a, double *into_s)
 {
     const model_layout *ad = &m->adapters;
     size_t fbig = weights_frozen_largest(m);
     base_sink sink = {.rt = rt, .m = m, .packed = malloc(fbig)};
     if (!sink.packed) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu bytes", fbig);
-    zo_status st = tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_base_block, &sink);
+    timed_sink ts = {.sink = set_base_block, .ctx = &sink, .seconds = into_s};
+    zo_status st = tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, timed_block, &ts);
     free(sink.packed);
     if (st != ZO_OK) return st;
     void **blocks = alloc_blocks(ad);
@@ -88,15 +106,19 @@ static zo_status load_lora(offload_t *rt, const tf_model *m, const train_args *a
         uint64_t rng = tf_init_rng((uint64_t)a->seed + 1);
         for (int b = 0; b < ad->n_blocks; b++) tf_init_lora_block(ad, b, blocks[b], &rng);
     }
+    double t0 = zo_now();
     for (int b = 0; b < ad->n_blocks && st == ZO_OK; b++) st = offload_set_block(rt, b, blocks[b]);
+    *into_s += zo_now() - t0;
     free_blocks(blocks, ad->n_blocks);
     return st;
 }
 
-zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a)
+zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a, double *into_s)
 {
-    if (a->lora.r) return load_lora(rt, m, a);
-    return tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_block, rt);
+    *into_s = 0;
+    if (a->lora.r) return load_lora(rt, m, a, into_s);
+    timed_sink ts = {.sink = set_block, .ctx = rt, .seconds = into_s};
+    return tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, timed_block, &ts);
 }
 
 /* --model DIR: the adapter's base_model_name_or_path is the folder's name

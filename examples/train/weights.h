@@ -12,8 +12,9 @@
 
 /* The initial weights: a safetensors checkpoint (--weights) or random from
  * --seed; with LoRA, the frozen base from them (packed: NF4 with QLoRA) and
- * the adapters from --adapter or PEFT's init. */
-zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a);
+ * the adapters from --adapter or PEFT's init. *into_s: the seconds of it
+ * spent putting them into the runtime (the rest: reading or drawing them). */
+zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a, double *into_s);
 
 /* --save DIR: the trained model as a Hugging Face folder (model/hf.h:
  * config.json, the weights in --dtype, sharded past --max-shard-size, the

@@ -1,6 +1,7 @@
 /* The CUDA backend: device memory from the device's own stream-ordered pool
  * (cudaMemPool + cudaMallocFromPoolAsync) counted against a capacity with a
- * high-water mark, pinned host memory (cudaHostAlloc), CUDA streams and
+ * high-water mark, pinned host memory (cudaHostAlloc, or a mapping
+ * registered with cudaHostRegister for large ones), CUDA streams and
  * events, cudaMemcpyAsync, and the ops: cuBLASLt GEMMs and the kernels of
  * gpu/cuda/<family>.cu. Every CUDA and cuBLAS call is checked; a failure
  * becomes a zo_status whose message names the call. */
@@ -9,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "gpu/cuda/cuda_impl.h"   /* defines: cuda_ctx, cuda_stream, launchers */
 #include "gpu/cuda/device_cuda.h" /* defines: gpu_cuda_options, cuda_device_init */
@@ -96,6 +99,7 @@ struct cuda_alloc_node {
     void *p;
     size_t bytes;
     int host; /* pinned host memory, not device memory */
+    size_t mapped; /* host: the bytes of its mapping, registered (0: cudaHostAlloc's) */
     cuda_ctx *ctx;
     cuda_alloc_node *next;
 };
@@ -256,6 +260,69 @@ static void cuda_mem_reset_peak(gpu_device_t dev)
 
 /* ---- pinned host memory ------------------------------------------------------------------- */
 
+/* Pinned host memory of HOST_MAP_MIN bytes and more is an anonymous
+ * mapping whose pages a team of threads touches first, then registered
+ * whole (cudaHostRegister): cudaHostAlloc faults and zeroes every page on
+ * the calling thread, seconds per ten gigabytes, and a 13B model's weights
+ * and buffers are tens of them. Smaller requests, a mapping or a
+ * registration that fails, and ZO_CUDA_PINNED=alloc (to compare the two)
+ * take cudaHostAlloc. The bytes start as zeros either way (fresh pages). */
+#define HOST_MAP_MIN ((size_t)64 << 20)
+#define HOST_TOUCH_MAX 32 /* threads */
+
+typedef struct touch_run {
+    char *p;
+    size_t bytes;
+} touch_run;
+
+static void *touch(void *arg)
+{
+    const touch_run *r = arg;
+    memset(r->p, 0, r->bytes);
+    return NULL;
+}
+
+/* Every page of [p, p + bytes) (whole pages) backed now: a contiguous run
+ * per thread, a thread per online core up to HOST_TOUCH_MAX; a thread that
+ * cannot start has its run done by this one. */
+static void touch_pages(char *p, size_t bytes)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = cores < 1 ? 1 : cores > HOST_TOUCH_MAX ? HOST_TOUCH_MAX : (int)cores;
+    size_t page = 4096, pages = bytes / page;
+    touch_run run[HOST_TOUCH_MAX];
+    pthread_t th[HOST_TOUCH_MAX];
+    int started[HOST_TOUCH_MAX] = {0};
+    for (int t = 0; t < nt; t++) {
+        size_t lo = pages * (size_t)t / (size_t)nt * page, hi = pages * (size_t)(t + 1) / (size_t)nt * page;
+        run[t] = (touch_run){.p = p + lo, .bytes = hi - lo};
+        if (t > 0) started[t] = pthread_create(&th[t], NULL, touch, &run[t]) == 0;
+    }
+    for (int t = 0; t < nt; t++)
+        if (!started[t]) touch(&run[t]);
+    for (int t = 1; t < nt; t++)
+        if (started[t]) pthread_join(th[t], NULL);
+}
+
+/* The mapped way (above): the pointer, or NULL to take cudaHostAlloc. */
+static void *host_map(size_t bytes, size_t *mapped)
+{
+    const char *how = getenv("ZO_CUDA_PINNED");
+    if (bytes < HOST_MAP_MIN || (how && !strcmp(how, "alloc"))) return NULL;
+    size_t len = (bytes + 4095) / 4096 * 4096;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    (void)madvise(p, len, MADV_DONTFORK); /* a child never shares pages the device reads */
+    touch_pages(p, len);
+    if (cudaHostRegister(p, len, cudaHostRegisterPortable) != cudaSuccess) {
+        (void)cudaGetLastError(); /* (not sticky: cudaHostAlloc is tried next) */
+        munmap(p, len);
+        return NULL;
+    }
+    *mapped = len;
+    return p;
+}
+
 static zo_status cuda_host_alloc(gpu_device_t dev, size_t bytes, void **out)
 {
     cuda_ctx *c = ctx_of(dev);
@@ -268,7 +335,8 @@ static zo_status cuda_host_alloc(gpu_device_t dev, size_t bytes, void **out)
     void *p = NULL;
     if ((s = use_device(c)) != ZO_OK) goto out_free_node;
     /* portable: usable for copies with every device, not only this one */
-    if ((s = CU(cudaHostAlloc(&p, rounded, cudaHostAllocPortable))) != ZO_OK) {
+    p = host_map(rounded, &n->mapped);
+    if (!p && (s = CU(cudaHostAlloc(&p, rounded, cudaHostAllocPortable))) != ZO_OK) {
         if (s == ZO_ERR_CAPACITY) s = ZO_ERR_NOMEM; /* host memory has no capacity here */
         goto out_free_node;
     }
@@ -296,7 +364,12 @@ static void cuda_host_free(gpu_device_t dev, void *p)
     if (n) c->host_pinned -= n->bytes;
     unlock(c);
     if (!n) return;
-    (void)CU(cudaFreeHost(p));
+    if (n->mapped) {
+        (void)CU(cudaHostUnregister(p));
+        munmap(p, n->mapped);
+    } else {
+        (void)CU(cudaFreeHost(p));
+    }
     free(n);
 }
 
