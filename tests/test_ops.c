@@ -539,18 +539,23 @@ ZO_UNCHECKED static void ref_attention_backward(const gpu_op_args *a, hostv *h)
                     double p = exp(s[j] - L), dp = 0.0;
                     for (int e = 0; e < g.d; e++) dp += doi[e] * vj[e];
                     double ds = p * (dp - D) * g.scale * dc[j];
-                    for (int e = 0; e < g.d; e++) {
-                        dqi[e] += ds * kj[e];
-                        dkj[e] += ds * qi[e];
-                        dvj[e] += p * doi[e];
-                    }
-                    if (h->cond) { /* the sums of |terms| */
+                    if (!h->cond)
+                        for (int e = 0; e < g.d; e++) {
+                            dqi[e] += ds * kj[e];
+                            dkj[e] += ds * qi[e];
+                            dvj[e] += p * doi[e];
+                        }
+                    else { /* with the sums of |terms| */
                         double *cq = h->cond + gq(&g, b, i, hh), *ck = h->cond + gk(&g, b, j, hh);
                         double *cv = h->cond + gv(&g, b, j, hh);
+                        const double ads = fabs(ds);
                         for (int e = 0; e < g.d; e++) {
-                            cq[e] += fabs(ds * kj[e]);
-                            ck[e] += fabs(ds * qi[e]);
-                            cv[e] += fabs(p * doi[e]);
+                            dqi[e] += ds * kj[e];
+                            dkj[e] += ds * qi[e];
+                            dvj[e] += p * doi[e];
+                            cq[e] += ads * fabs(kj[e]);
+                            ck[e] += ads * fabs(qi[e]);
+                            cv[e] += p * fabs(doi[e]);
                         }
                     }
                 }
