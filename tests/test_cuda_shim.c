@@ -1188,6 +1188,51 @@ static void test_wmma_product_bits(void **state)
         }
 }
 
+/* The tensor cores' accumulation model (ZO_SHIM_TC_ACCUM, cuda_shim.cc),
+ * on sums whose IEEE value and truncated value differ, worked by hand. */
+void zo_shim_tc_accum_set(int block, int guard);
+float zo_shim_tc_dot16(float c, const float *a, const float *b, int ldb);
+
+static void test_tc_accum_model(void **state)
+{
+    (void)state;
+    float a[16], b[16];
+    for (int bits = 0; bits < 2; bits++) {
+        zo_shim_tc_accum_set(bits ? 16 : 0, 2);
+        /* 15 products of 2^-26, then 1: IEEE sums them first, 1 + 1.875
+         * 2^-23 rounds to 1 + 2^-22; aligned to 1 with 2 bits past fp32's 24
+         * (units of 2^-25) each small product truncates to 0 */
+        for (int k = 0; k < 16; k++) a[k] = ldexpf(1.0f, -13), b[k] = ldexpf(1.0f, -13);
+        a[15] = 1.0f, b[15] = 1.0f;
+        assert_true(zo_shim_tc_dot16(0.0f, a, b, 1) == (bits ? 1.0f : 1.0f + ldexpf(1.0f, -22)));
+        /* 1 + 3 2^-25 (0.75 of fp32's unit at 1): IEEE rounds up to 1 +
+         * 2^-23, the model keeps it (a multiple of 2^-25) and truncates the
+         * sum to 24 bits: 1; the same toward zero for -1 */
+        for (int k = 0; k < 16; k++) a[k] = 0.0f, b[k] = 0.0f;
+        a[5] = 3.0f * ldexpf(1.0f, -12), b[5] = ldexpf(1.0f, -13);
+        assert_true(zo_shim_tc_dot16(1.0f, a, b, 1) == (bits ? 1.0f : 1.0f + ldexpf(1.0f, -23)));
+        a[5] = -a[5];
+        assert_true(zo_shim_tc_dot16(-1.0f, a, b, 1) == (bits ? -1.0f : -1.0f - ldexpf(1.0f, -23)));
+        /* 1 - 1 + 2^-30: IEEE in order 2^-30; the model truncates 2^-30
+         * against the step's largest addend (1) first: 0 */
+        a[5] = 1.0f, b[5] = -1.0f, a[9] = ldexpf(1.0f, -15), b[9] = ldexpf(1.0f, -15);
+        assert_true(zo_shim_tc_dot16(1.0f, a, b, 1) == (bits ? 0.0f : ldexpf(1.0f, -30)));
+        /* b read with its stride: b[k ldb] */
+        float bs[32] = {0};
+        for (int k = 0; k < 16; k++) a[k] = 1.0f, bs[2 * k] = (float)k, bs[2 * k + 1] = 1000.0f;
+        assert_true(zo_shim_tc_dot16(0.5f, a, bs, 2) == 120.5f);
+    }
+    /* 1 + 2^-24 + 2^-24: in one step of 16, 1 + 2^-23 exactly; in steps of
+     * 8, each step's 1 + 2^-24 truncates to 1 */
+    for (int k = 0; k < 16; k++) a[k] = 0.0f, b[k] = 1.0f;
+    a[0] = 1.0f, a[1] = ldexpf(1.0f, -24), a[8] = ldexpf(1.0f, -24);
+    zo_shim_tc_accum_set(16, 2);
+    assert_true(zo_shim_tc_dot16(0.0f, a, b, 1) == 1.0f + ldexpf(1.0f, -23));
+    zo_shim_tc_accum_set(8, 2);
+    assert_true(zo_shim_tc_dot16(0.0f, a, b, 1) == 1.0f);
+    zo_shim_tc_accum_set(0, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1200,6 +1245,7 @@ int main(void)
         cmocka_unit_test(test_mma_fragments),
         cmocka_unit_test(test_ldmatrix_fragments),
         cmocka_unit_test(test_wmma_product_bits),
+        cmocka_unit_test(test_tc_accum_model),
         cmocka_unit_test(test_launch_refused),
         cmocka_unit_test(test_warp_misuse),
         cmocka_unit_test(test_beside_cuda_backend),

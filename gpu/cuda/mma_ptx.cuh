@@ -60,7 +60,8 @@ static inline float mma_shim_hi(unsigned r, bool bf16)
 
 /* d = A B + c over one m16n8k16 tile; T (__nv_bfloat16 or __half) the
  * operands' type. Sums in fp32, k = 0 .. 15 in order after c (a tensor
- * core's order is its own: the results agree to fp32 rounding). */
+ * core's order is its own: the results agree to fp32 rounding), or as the
+ * hardware sums them (ZO_SHIM_TC_ACCUM, cuda_shim.h). */
 template <typename T>
 static inline void mma_m16n8k16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4])
 {
@@ -79,10 +80,13 @@ static inline void mma_m16n8k16(float d[4], const unsigned a[4], const unsigned 
     s.c[g + 8][2 * q] = c[2], s.c[g + 8][2 * q + 1] = c[3];
     __syncwarp();
     float out[4];
+    const bool hw = zo_shim_tc_block() > 0; /* the hardware's accumulation (ZO_SHIM_TC_ACCUM) */
     for (int i = 0; i < 4; i++) {
         const int r = g + 8 * (i / 2), n = 2 * q + i % 2;
         float acc = s.c[r][n];
-        for (int k = 0; k < 16; k++) acc += s.a[r][k] * s.b[k][n];
+        if (hw) acc = zo_shim_tc_dot16(acc, s.a[r], &s.b[0][n], 8);
+        else
+            for (int k = 0; k < 16; k++) acc += s.a[r][k] * s.b[k][n];
         out[i] = acc;
     }
     __syncwarp(); /* every lane's reads are done: the scratch is free */

@@ -11,7 +11,7 @@ static double at(const void *p, int f32, size_t i)
 }
 
 static int close_count(const char *what, const void *got, const void *want, int f32, size_t n,
-                       double atol, double rtol, int scaled)
+                       double atol, double rtol, int scaled, const double *extra)
 {
     double scale = 0.0, maxd = 0.0;
     if (scaled)
@@ -22,7 +22,7 @@ static int close_count(const char *what, const void *got, const void *want, int 
     for (size_t i = 0; i < n; i++) {
         double g = at(got, f32, i), w = at(want, f32, i), d = fabs(g - w);
         if (d > maxd || isnan(d)) maxd = d;
-        if (!(d <= abs_tol + rtol * fabs(w)) && !(isinf(w) && g == w)) { /* the same infinity matches */
+        if (!(d <= abs_tol + rtol * fabs(w) + (extra ? extra[i] : 0.0)) && !(isinf(w) && g == w)) { /* the same infinity matches */
             if (bad < 5) printf("  %s[%zu]: got %.8g want %.8g\n", what, i, g, w);
             bad++;
         }
@@ -38,17 +38,23 @@ static int close_count(const char *what, const void *got, const void *want, int 
 int check_close_f64(const char *what, const double *got, const double *want, size_t n,
                     double atol, double rtol)
 {
-    return close_count(what, got, want, 0, n, atol, rtol, 0);
+    return close_count(what, got, want, 0, n, atol, rtol, 0, NULL);
+}
+
+int check_close_f64_each(const char *what, const double *got, const double *want, size_t n, double atol,
+                         double rtol, const double *extra)
+{
+    return close_count(what, got, want, 0, n, atol, rtol, 0, extra);
 }
 
 int check_close_f32(const char *what, const float *got, const float *want, size_t n,
                     double atol, double rtol)
 {
-    return close_count(what, got, want, 1, n, atol, rtol, 0);
+    return close_count(what, got, want, 1, n, atol, rtol, 0, NULL);
 }
 
 int check_close_scaled_f32(const char *what, const float *got, const float *want, size_t n,
                            double atol, double rtol)
 {
-    return close_count(what, got, want, 1, n, atol, rtol, 1);
+    return close_count(what, got, want, 1, n, atol, rtol, 1, NULL);
 }

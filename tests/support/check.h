@@ -10,6 +10,9 @@
  * matches; an infinity only the same infinity); prints the first 5 and a summary line; returns their count. */
 int check_close_f64(const char *what, const double *got, const double *want, size_t n,
                     double atol, double rtol);
+/* The same with extra[i] (>= 0) added to element i's tolerance. */
+int check_close_f64_each(const char *what, const double *got, const double *want, size_t n, double atol,
+                         double rtol, const double *extra);
 int check_close_f32(const char *what, const float *got, const float *want, size_t n,
                     double atol, double rtol);
 

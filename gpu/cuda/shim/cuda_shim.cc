@@ -719,6 +719,93 @@ extern "C" ZO_UNCHECKED void zo_shim_mma16(float *out, const float *a, const flo
     mma16_plain(out, a, b, c);
 }
 
+/* ---- the tensor cores' accumulation (ZO_SHIM_TC_ACCUM) --------------------------
+ * Off (unset, or "ieee"): every product and sum one IEEE fp32 operation,
+ * k = 0 .. 15 in order. "rz[:B[:G]]": the published model of NVIDIA's
+ * tensor cores with 16-bit operands and an fp32 accumulator (Fasi, Higham,
+ * Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ CS
+ * 2021; Khattak, Mikaitis, "Accurate models of NVIDIA tensor cores", 2025):
+ * the k products in blocks of B, each block with the accumulator c in one
+ * step: the products exact, every addend aligned to the largest exponent of
+ * the step and truncated (toward zero) below G bits past fp32's 24, summed
+ * exactly, the sum truncated to 24 significant bits (round toward zero).
+ * B 16 and G 2 unless given: the values an H100 gave for test_ops'
+ * attention backward (docs/testing.md). */
+static int tc_block = -1, tc_guard = 2;
+
+static void tc_accum_init(void)
+{
+    const char *e = getenv("ZO_SHIM_TC_ACCUM");
+    int b = 0, g = 2;
+    if (e && strncmp(e, "rz", 2) == 0) {
+        b = 16;
+        if (e[2] == ':') sscanf(e + 3, "%d:%d", &b, &g);
+        if (b < 1 || b > 16 || 16 % b != 0 || g < 0 || g > 20) {
+            fprintf(stderr, "ZO_SHIM_TC_ACCUM=%s: expected rz[:B[:G]] with B 1, 2, 4, 8 or 16, G 0 .. 20\n", e);
+            abort();
+        }
+    } else if (e && *e && strcmp(e, "ieee") != 0) {
+        fprintf(stderr, "ZO_SHIM_TC_ACCUM=%s: expected ieee or rz[:B[:G]]\n", e);
+        abort();
+    }
+    tc_guard = g;
+    __atomic_store_n(&tc_block, b, __ATOMIC_RELEASE);
+}
+
+extern "C" void zo_shim_tc_accum_set(int block, int guard)
+{
+    tc_guard = guard;
+    __atomic_store_n(&tc_block, block, __ATOMIC_RELEASE);
+}
+
+extern "C" int zo_shim_tc_block(void)
+{
+    int b = __atomic_load_n(&tc_block, __ATOMIC_ACQUIRE);
+    if (b < 0) {
+        static std::once_flag once;
+        std::call_once(once, tc_accum_init);
+        b = __atomic_load_n(&tc_block, __ATOMIC_ACQUIRE);
+    }
+    return b;
+}
+
+/* x truncated toward zero to a multiple of q (a power of two; r = 1 / q) */
+static inline double tc_trunc(double x, double q, double r) { return trunc(x * r) * q; }
+
+/* One step of the model: c plus n exact products p */
+static float tc_step(float c, const double *p, int n)
+{
+    double mx = fabs((double)c);
+    for (int i = 0; i < n; i++) mx = fabs(p[i]) > mx ? fabs(p[i]) : mx;
+    if (mx == 0.0 || !isfinite(mx)) {
+        double s = c;
+        for (int i = 0; i < n; i++) s += p[i];
+        return (float)s;
+    }
+    int e;
+    frexp(mx, &e); /* the largest addend's leading bit is 2^(e-1), its fp32 unit 2^(e-24) */
+    const double q = ldexp(1.0, e - 24 - tc_guard), r = ldexp(1.0, 24 + tc_guard - e);
+    double s = tc_trunc(c, q, r); /* every addend a multiple of q below 2^e: the sum is exact */
+    for (int i = 0; i < n; i++) s += tc_trunc(p[i], q, r);
+    if (s == 0.0) return 0.0f;
+    int es;
+    frexp(s, &es);
+    return (float)tc_trunc(s, ldexp(1.0, es - 24), ldexp(1.0, 24 - es));
+}
+
+extern "C" float zo_shim_tc_dot16(float c, const float *a, const float *b, int ldb)
+{
+    const int blk = zo_shim_tc_block();
+    if (blk == 0) {
+        for (int k = 0; k < 16; k++) c += a[k] * b[(size_t)k * ldb];
+        return c;
+    }
+    double p[16];
+    for (int k = 0; k < 16; k++) p[k] = (double)a[k] * b[(size_t)k * ldb];
+    for (int k = 0; k < 16; k += blk) c = tc_step(c, p + k, blk);
+    return c;
+}
+
 /* flatten: the conversions inlined in every build (the sanitizer build's
  * -O2 called a function an element). */
 extern "C" ZO_UNCHECKED __attribute__((flatten)) void zo_shim_mma16_16(float *d, const uint16_t *a,
@@ -730,7 +817,10 @@ extern "C" ZO_UNCHECKED __attribute__((flatten)) void zo_shim_mma16_16(float *d,
         for (int i = 0; i < 256; i++) fa[i] = zo_bf16_to_f32(a[i]), fb[i] = zo_bf16_to_f32(b[i]);
     else
         for (int i = 0; i < 256; i++) fa[i] = zo_f16_to_f32(a[i]), fb[i] = zo_f16_to_f32(b[i]);
-    zo_shim_mma16(out, fa, fb, c);
+    if (zo_shim_tc_block() > 0) /* the hardware's accumulation (ZO_SHIM_TC_ACCUM) */
+        for (int r = 0; r < 16; r++)
+            for (int n = 0; n < 16; n++) out[r * 16 + n] = zo_shim_tc_dot16(c[r * 16 + n], fa + r * 16, fb + n, 16);
+    else zo_shim_mma16(out, fa, fb, c);
     memcpy(d, out, sizeof out);
 }
 

@@ -114,6 +114,15 @@ void *zo_shim_dynamic_smem(void);
 void zo_shim_mma16(float *out, const float *a, const float *b, const float *c);
 /* The same with a and b 16-bit (bf16 != 0: bfloat16, else half), d may be c. */
 void zo_shim_mma16_16(float *d, const uint16_t *a, const uint16_t *b, const float *c, int bf16);
+/* The tensor cores' accumulation the shim models for 16-bit operands
+ * (ZO_SHIM_TC_ACCUM, cuda_shim.cc): 0 IEEE fp32 (the default), else the
+ * products a block step takes (rz[:B[:G]]). */
+int zo_shim_tc_block(void);
+/* The same chosen by a test (block 0: IEEE), over the environment's. */
+void zo_shim_tc_accum_set(int block, int guard);
+/* c + a[0] b[0] + ... + a[15] b[15 ldb] as the tensor cores' accumulation
+ * above sums it (IEEE: in that order, one rounding an operation). */
+float zo_shim_tc_dot16(float c, const float *a, const float *b, int ldb);
 cudaError_t zo_shim_take_last_error(int clear, char *detail, size_t cap);
 cudaError_t zo_shim_func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value);
 cudaError_t zo_shim_memcpy(void *dst, const void *src, size_t bytes);
