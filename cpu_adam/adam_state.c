@@ -322,14 +322,24 @@ zo_status adam_state_from_f32_impl(adam_impl impl, adam_state_kind kind, void *s
     zo_status st = state_conversion(who, kind, state, n, m, v, &s);
     if (st != ZO_OK) return st;
     if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK || n == 0) return st;
-    int nt = adam_plan_threads(n, nthreads);
-    uint64_t bad = UINT64_MAX;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : bad)
-    for (uint64_t i = 0; i < n; i++)
-        if (v[i] < 0.0f && i < bad) bad = i;
-    if (bad != UINT64_MAX)
+    int nt = adam_plan_threads(n, nthreads), negative = 0;
+    /* refused before anything is written; a loop the compiler vectorizes
+     * (an index search in it made it a scalar pass costing as much as the
+     * vector coding), the index looked for only when there is one */
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : negative)
+    {
+        size_t lo, hi;
+        adam_chunk(n, ADAM_GRAIN, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        int any = 0;
+        for (size_t i = lo; i < hi; i++) any |= v[i] < 0.0f;
+        negative |= any;
+    }
+    if (negative) {
+        uint64_t bad = 0;
+        while (!(v[bad] < 0.0f)) bad++;
         return zo_error(ZO_ERR_INVALID, "%s: v[%llu] = %g is negative (a second moment is not)",
                         who, (unsigned long long)bad, (double)v[bad]);
+    }
     const adam_q8_tables *t = kind.type == ADAM_STATE_Q8 ? adam_q8_tables_get() : NULL;
     state_codec c = pick_codec(impl);
 #pragma omp parallel num_threads(nt) if (nt > 1)
