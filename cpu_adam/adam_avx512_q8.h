@@ -16,7 +16,9 @@
  * only about 8 other vector instructions and 2 gathers per 16 lanes run
  * beside them free, and the coding takes more. Gathers for the
  * dequantization too, or pass 2 of a block interleaved with pass 1 of the
- * next, measured no faster (docs/performance.md, "q8 state"). */
+ * next, measured no faster (docs/performance.md, "q8 state").
+ * With ADAM_AVX512_Q8_CODEC defined (adam_q8_avx512.c), the same lookups and
+ * coder also make adam_state_to_f32's and adam_state_from_f32's kernels. */
 #include <immintrin.h>
 #include <stdint.h>
 
