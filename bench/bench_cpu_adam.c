@@ -442,7 +442,8 @@ static void usage(void)
             "  -t  comma-separated thread counts (default 1,<omp max>)\n"
             "  -g  gradient type (default fp16); -o 16-bit copy type (default fp16)\n"
             "  -m  optimizer state encodings timed against each other (default fp32,bf16,q8;\n"
-            "      q8/<block> for another block size; none skips them)\n"
+            "      q8/<block> for another block size; none skips them), and the bf16 and q8\n"
+            "      ones' conversions to and from fp32 (their scalar rows too, whatever -q)\n"
             "  -s  minimum seconds timed per row (default 1)\n"
             "  -S  start offset step between arrays inside 2 MiB pages (default 266304)\n"
             "  -q  skip the scalar reference (slow)\n");
