@@ -9,10 +9,14 @@
  * Rows: variant, threads, Gparam/s, GB/s, % of roof. Then the optimizer
  * state encodings (fp32, bf16, q8: adam_state_update), each against a roof
  * with its own traffic (the moments' bytes differ), all of them timed in turn
- * in one set, so that they see the same load. The last lines are params/s
+ * in one set, so that they see the same load. Then the conversions of the
+ * bf16 and q8 encodings to and from fp32 (adam_state_to_f32 / _from_f32,
+ * the runtime's decode and code passes), scalar and vector, against a roof
+ * with their bytes. The last lines are params/s
  * of the chosen case (default: fp32 master, fp16 gradients in, fp16 copy
  * out) with the automatic implementation and the most threads, and the
- * encodings' speeds as ratios to fp32's.
+ * encodings' speeds as ratios to fp32's, and the conversions' %roof and
+ * speed over the scalar conversion.
  *
  *   bench_cpu_adam [-n params] [-t 1,2] [-g fp16] [-o fp16|bf16|none]
  *                  [-m fp32,bf16,q8|none] [-s seconds] [-S stagger_bytes] [-q]
@@ -328,6 +332,76 @@ static void stats_run(void *arg)
     bench_sink(&s);
 }
 
+/* ---- conversions of encoded state (adam_state_to_f32, adam_state_from_f32) ------------ */
+
+/* One conversion of a state case's buffer to or from the fp32 m and v of the
+ * update rows, by one implementation; or (roof) a stream with its traffic:
+ * the state's m and v read and fp32 m and v written (to), or the reverse
+ * (from), with trivial arithmetic. */
+typedef struct conv_args {
+    const state_case *sc;
+    int from;     /* 0: to_f32, 1: from_f32 */
+    int roof;     /* the streaming kernel instead of the library */
+    adam_impl impl;
+    size_t n;
+    float *m, *v; /* fp32 [n] */
+    int threads;
+    zo_status st;
+} conv_args;
+
+/* 16 state values at element i (ms bytes each) to fp32, or back. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
+roof_conv_avx512(size_t n, int from, int ms, void *q, float *f)
+{
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        if (!from) {
+            __m512i w = ms == 1 ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((uint8_t *)q + i)))
+                                : _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                                        (const __m256i *)((uint16_t *)q + i))), 16);
+            _mm512_storeu_ps(f + i, _mm512_castsi512_ps(w));
+        } else {
+            __m512i w = _mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(f + i)), 16);
+            if (ms == 1) _mm_storeu_si128((__m128i *)((uint8_t *)q + i), _mm512_cvtepi32_epi8(w));
+            else _mm256_storeu_si256((__m256i *)((uint16_t *)q + i), _mm512_cvtepi32_epi16(w));
+        }
+    }
+}
+
+static void roof_conv_scalar(size_t n, int from, int ms, void *q, float *f)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!from) f[i] = zo_bits_f32(ms == 1 ? ((uint8_t *)q)[i] : (uint32_t)((uint16_t *)q)[i] << 16);
+        else if (ms == 1) ((uint8_t *)q)[i] = (uint8_t)(zo_f32_bits(f[i]) >> 16);
+        else ((uint16_t *)q)[i] = (uint16_t)(zo_f32_bits(f[i]) >> 16);
+    }
+}
+
+static void conv_run(void *arg)
+{
+    conv_args *a = arg;
+    const state_case *sc = a->sc;
+    if (!a->roof) {
+        zo_status st = a->from ? adam_state_from_f32_impl(a->impl, sc->kind, sc->state, a->n, a->m,
+                                                          a->v, a->threads)
+                               : adam_state_to_f32_impl(a->impl, sc->kind, sc->state, a->n, a->m,
+                                                        a->v, a->threads);
+        if (st != ZO_OK) a->st = st;
+        return;
+    }
+    int ms = sc->roofs[0].ms, avx512 = adam_best_impl() == ADAM_IMPL_AVX512;
+#pragma omp parallel num_threads(a->threads)
+    {
+        size_t lo, hi;
+        split(a->n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        for (int k = 0; k < 2; k++) {
+            void *q = (char *)(k ? sc->roofs[0].v : sc->roofs[0].m) + lo * (size_t)ms;
+            float *f = (k ? a->v : a->m) + lo;
+            if (avx512) roof_conv_avx512(hi - lo, a->from, ms, q, f);
+            else roof_conv_scalar(hi - lo, a->from, ms, q, f);
+        }
+    }
+}
+
 /* ---- interleaved timing ------------------------------------------------------------ */
 
 /* The machine is shared: other jobs take memory bandwidth in bursts. Timing
@@ -368,7 +442,8 @@ static void usage(void)
             "  -t  comma-separated thread counts (default 1,<omp max>)\n"
             "  -g  gradient type (default fp16); -o 16-bit copy type (default fp16)\n"
             "  -m  optimizer state encodings timed against each other (default fp32,bf16,q8;\n"
-            "      q8/<block> for another block size; none skips them)\n"
+            "      q8/<block> for another block size; none skips them), and the bf16 and q8\n"
+            "      ones' conversions to and from fp32 (their scalar rows too, whatever -q)\n"
             "  -s  minimum seconds timed per row (default 1)\n"
             "  -S  start offset step between arrays inside 2 MiB pages (default 266304)\n"
             "  -q  skip the scalar reference (slow)\n");
@@ -498,6 +573,9 @@ typedef struct bench_run {
     double main_rate;
     state_case *cases;
     double state_bpp[MAX_STATES], state_rate[MAX_STATES], state_roof[MAX_STATES];
+    /* the conversions at the most threads: [kind][to, from] */
+    double conv_speedup[MAX_STATES][2], conv_roof[MAX_STATES][2];
+    int conv_failed;
 } bench_run;
 
 /* The header, the arrays (filled), the implementations this CPU supports and
@@ -715,6 +793,79 @@ static void bench_state_scalar_rows(bench_run *b)
     }
 }
 
+/* The conversion rows at th threads (bf16 and q8 encodings): for each, to
+ * and from fp32, a roof with the conversion's bytes (the state's m and v
+ * one way, fp32 m and v the other), the scalar conversion (the code before
+ * the vector paths), every implementation and the automatic one, all timed
+ * in turn. The fp32 side is the update rows' m and v, refilled first (the
+ * roof of those rows leaves v negative, which from_f32 refuses). */
+static void bench_conv_rows(bench_run *b, int th)
+{
+    const bench_opts *o = &b->o;
+    enum { PER = 2 * 10 };
+    variant vs[MAX_STATES * PER];
+    conv_args args[MAX_STATES * PER];
+    char names[MAX_STATES * PER][40];
+    int nv = 0, first[MAX_STATES][2], last[MAX_STATES][2];
+    fill(o->n, b->r0.p, b->r0.m, b->r0.v, (void *)b->r0.g, o->gd, b->r0.out, o->od, o->tmax);
+    for (int ki = 0; ki < o->nk; ki++) {
+        const state_case *sc = &b->cases[ki];
+        first[ki][0] = first[ki][1] = -1;
+        if (sc->kind.type == ADAM_STATE_F32) continue;
+        /* a state coded from these moments (the state rows' roof left it
+         * anything); from here on each round's "to" rows decode it into m
+         * and v and its "from" rows code them back, so the moments stay
+         * ordinary numbers with v >= 0 whatever the roofs write */
+        if (adam_state_from_f32(sc->kind, sc->state, o->n, b->r0.m, b->r0.v, th) != ZO_OK) {
+            fprintf(stderr, "bench_cpu_adam: %s\n", zo_last_error());
+            b->conv_failed = 1;
+            return;
+        }
+        for (int from = 0; from < 2; from++) {
+            first[ki][from] = nv;
+            const char *dir = from ? "from" : "to";
+            /* the roof, the scalar, the vector ones, auto last */
+            for (int ii = -2; ii <= b->ni; ii++) {
+                adam_impl impl = ii == -1 ? ADAM_IMPL_SCALAR : ii < b->ni && ii >= 0 ? b->impls[ii]
+                                                                                      : ADAM_IMPL_AUTO;
+                if (ii >= 0 && ii < b->ni && (impl == ADAM_IMPL_SCALAR || impl == ADAM_IMPL_AVX512_NO_BF16))
+                    continue;
+                args[nv] = (conv_args){.sc = sc, .from = from, .roof = ii == -2, .impl = impl,
+                                       .n = o->n, .m = b->r0.m, .v = b->r0.v, .threads = th};
+                snprintf(names[nv], sizeof names[nv], "%s %s %s", adam_state_name(sc->kind), dir,
+                         ii == -2 ? "roof" : adam_impl_name(impl));
+                vs[nv] = (variant){.name = names[nv], .fn = conv_run, .arg = &args[nv]};
+                nv++;
+            }
+            last[ki][from] = nv - 1;
+        }
+    }
+    if (!nv) return;
+    time_interleaved(vs, nv, 3, o->min_s);
+    for (int ki = 0; ki < o->nk; ki++)
+        for (int from = 0; from < 2; from++) {
+            int f0 = first[ki][from];
+            if (f0 < 0) continue;
+            /* bytes a parameter: 8 fp32, the state's m and v, q8's absmax */
+            adam_state_kind k = o->kinds[ki];
+            double bpp = 8.0 + 2.0 * b->cases[ki].roofs[0].ms +
+                         (k.type == ADAM_STATE_Q8 ? 8.0 / k.block : 0.0);
+            for (int i = f0; i <= last[ki][from]; i++) {
+                double r = (double)o->n / vs[i].best * 1e-9;
+                bench_row("%-16s %7d %9.3f %8.2f %8.2f %8.1f", vs[i].name, th, r, bpp, r * bpp,
+                          100.0 * vs[f0].best / vs[i].best);
+                if (args[i].st != ZO_OK) {
+                    fprintf(stderr, "bench_cpu_adam: %s: %s\n", vs[i].name, zo_last_error());
+                    b->conv_failed = 1;
+                }
+            }
+            if (th == o->tmax) {
+                b->conv_speedup[ki][from] = vs[f0 + 1].best / vs[last[ki][from]].best;
+                b->conv_roof[ki][from] = 100.0 * vs[f0].best / vs[last[ki][from]].best;
+            }
+        }
+}
+
 /* The gradient statistics rows at th threads, against a read-only stream. */
 static void bench_stats_rows(bench_run *b, int th)
 {
@@ -757,6 +908,18 @@ static void bench_report(const bench_run *b)
                  adam_state_name(o->kinds[ki]), tmax, tmax > 1 ? "s" : "");
         bench_result(label, b->state_roof[ki]);
     }
+    for (int ki = 0; ki < o->nk; ki++)
+        for (int from = 0; from < 2; from++) {
+            if (b->conv_speedup[ki][from] <= 0) continue;
+            char label[96];
+            const char *kn = adam_state_name(o->kinds[ki]), *dir = from ? "from_f32" : "to_f32";
+            snprintf(label, sizeof label, "%s %s %%roof (auto, %d thread%s)", kn, dir, tmax,
+                     tmax > 1 ? "s" : "");
+            bench_result(label, b->conv_roof[ki][from]);
+            snprintf(label, sizeof label, "%s %s auto/scalar speed (%d thread%s)", kn, dir, tmax,
+                     tmax > 1 ? "s" : "");
+            bench_result(label, b->conv_speedup[ki][from]);
+        }
 }
 
 /* The first failed update call, reported; 0 or the exit code. */
@@ -807,6 +970,13 @@ int main(int argc, char **argv)
     for (int ti = 0; ti < o->nt && o->nk; ti++) bench_state_rows(b, o->tlist[ti]);
     if (!o->quick) bench_state_scalar_rows(b);
     if ((rc = bench_check_states(b))) return rc;
+
+    /* the conversions of encoded state (the runtime's decode and code passes) */
+    if (o->nk)
+        bench_row("%-16s %7s %9s %8s %8s %8s", "# convert", "threads", "Gparam/s", "B/param",
+                  "GB/s", "%roof");
+    for (int ti = 0; ti < o->nt && o->nk; ti++) bench_conv_rows(b, o->tlist[ti]);
+    if (b->conv_failed) return 1;
 
     bench_row("%-16s %7s %9s %8s %8s", "# grad stats", "threads", "Gparam/s", "GB/s", "%roof");
     for (int ti = 0; ti < o->nt; ti++) bench_stats_rows(b, o->tlist[ti]);

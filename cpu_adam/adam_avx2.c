@@ -258,6 +258,100 @@ void adam_update_q8_avx2(const adam_consts *c, const adam_q8_tables *t, size_t b
 #undef CALL
 }
 
+/* ---- adam_state_to_f32 and adam_state_from_f32 (bf16 and q8 state) ----------------------
+ * 8 lanes at a time with the step's conversions and coder; the elements past
+ * the last multiple of 8 (of a block) take the scalar sequence. */
+
+void adam_bf16_decode_avx2(size_t n, const uint16_t *restrict qm, const uint16_t *restrict qv,
+                           float *restrict m, float *restrict v)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(m + i, avx2_load_grad(qm, i, ZO_DTYPE_BF16));
+        _mm256_storeu_ps(v + i, avx2_load_grad(qv, i, ZO_DTYPE_BF16));
+    }
+    for (; i < n; i++) {
+        m[i] = zo_bf16_to_f32(qm[i]);
+        v[i] = zo_bf16_to_f32(qv[i]);
+    }
+}
+
+void adam_bf16_encode_avx2(size_t n, const float *restrict m, const float *restrict v,
+                           uint16_t *restrict qm, uint16_t *restrict qv)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm_storeu_si128((__m128i *)(qm + i), avx2_to_bf16(_mm256_loadu_ps(m + i)));
+        _mm_storeu_si128((__m128i *)(qv + i), avx2_to_bf16(_mm256_loadu_ps(v + i)));
+    }
+    for (; i < n; i++) {
+        qm[i] = zo_f32_to_bf16(m[i]);
+        qv[i] = zo_f32_to_bf16(v[i]);
+    }
+}
+
+void adam_q8_decode_avx2(const adam_q8_tables *t, size_t block, size_t n,
+                         const uint8_t *restrict qm, const uint8_t *restrict qv,
+                         const float *restrict am, const float *restrict av, float *restrict m,
+                         float *restrict v)
+{
+    for (size_t i0 = 0, b = 0; i0 < n; i0 += block, b++) {
+        size_t len = n - i0 < block ? n - i0 : block, i = i0;
+        const __m256 a = _mm256_set1_ps(am[b]), c = _mm256_set1_ps(av[b]);
+        for (; i + 8 <= i0 + len; i += 8) {
+            __m256i cm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qm + i)));
+            __m256i cv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qv + i)));
+            _mm256_storeu_ps(m + i, _mm256_mul_ps(_mm256_i32gather_ps(t->map_m, cm, 4), a));
+            _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_i32gather_ps(t->map_v, cv, 4), c));
+        }
+        for (; i < i0 + len; i++) {
+            m[i] = t->map_m[qm[i]] * am[b];
+            v[i] = t->map_v[qv[i]] * av[b];
+        }
+    }
+}
+
+void adam_q8_encode_avx2(const adam_q8_tables *t, size_t block, size_t n,
+                         const float *restrict m, const float *restrict v, uint8_t *restrict qm,
+                         uint8_t *restrict qv, float *restrict am, float *restrict av)
+{
+    const __m256i mag = _mm256_set1_epi32(0x7fffffff);
+    for (size_t i0 = 0, b = 0; i0 < n; i0 += block, b++) {
+        size_t len = n - i0 < block ? n - i0 : block, i = 0;
+        const float *bm = m + i0, *bv = v + i0;
+        uint8_t *cm = qm + i0, *cv = qv + i0;
+        /* the largest magnitudes (v's too: a v of -0 is allowed here) */
+        __m256i max_m = _mm256_setzero_si256(), max_v = max_m;
+        for (; i + 8 <= len; i += 8) {
+            max_m = _mm256_max_epu32(max_m, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(bm + i)), mag));
+            max_v = _mm256_max_epu32(max_v, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(bv + i)), mag));
+        }
+        uint32_t lanes_m[8], lanes_v[8], mx_m = 0, mx_v = 0;
+        _mm256_storeu_si256((__m256i *)lanes_m, max_m);
+        _mm256_storeu_si256((__m256i *)lanes_v, max_v);
+        for (int j = 0; j < 8; j++) {
+            if (lanes_m[j] > mx_m) mx_m = lanes_m[j];
+            if (lanes_v[j] > mx_v) mx_v = lanes_v[j];
+        }
+        for (size_t k = i; k < len; k++) {
+            if (adam_q8_mag(bm[k]) > mx_m) mx_m = adam_q8_mag(bm[k]);
+            if (adam_q8_mag(bv[k]) > mx_v) mx_v = adam_q8_mag(bv[k]);
+        }
+        float inv_m, inv_v;
+        am[b] = adam_q8_scale(mx_m, &inv_m);
+        av[b] = adam_q8_scale(mx_v, &inv_v);
+        const __m256 im = _mm256_set1_ps(inv_m), iv = _mm256_set1_ps(inv_v);
+        for (i = 0; i + 8 <= len; i += 8) {
+            avx2_q8_store8(cm + i, avx2_q8_code8(t->lut_m, _mm256_loadu_ps(bm + i), im, 1));
+            avx2_q8_store8(cv + i, avx2_q8_code8(t->lut_v, _mm256_loadu_ps(bv + i), iv, 0));
+        }
+        for (; i < len; i++) {
+            cm[i] = adam_q8_code(t->thr_m, bm[i] * inv_m);
+            cv[i] = adam_q8_code(t->thr_v, bv[i] * inv_v);
+        }
+    }
+}
+
 /* Squares of 8 fp32 lanes widened to double, added into two accumulators
  * (exact squares: 48 significant bits of double's 53; the FMA rounds only
  * the addition). */

@@ -8,4 +8,6 @@
 #define ADAM_AVX512_BF16S adam_update_bf16s_avx512
 #define ADAM_AVX512_SUMSQ adam_sumsq_avx512
 #define ADAM_AVX512_SUMSQ_PART adam_sumsq_part_avx512
+#define ADAM_AVX512_BF16_DECODE adam_bf16_decode_avx512
+#define ADAM_AVX512_BF16_ENCODE adam_bf16_encode_avx512
 #include "adam_avx512_body.h"

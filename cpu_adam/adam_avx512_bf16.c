@@ -5,4 +5,5 @@
 #define ADAM_AVX512_NATIVE_BF16 1
 #define ADAM_AVX512_UPDATE adam_update_avx512_bf16
 #define ADAM_AVX512_BF16S adam_update_bf16s_avx512_bf16
+#define ADAM_AVX512_BF16_ENCODE adam_bf16_encode_avx512_bf16
 #include "adam_avx512_body.h"

@@ -8,6 +8,8 @@
  *   ADAM_AVX512_BF16S        the update over bf16 state
  *   ADAM_AVX512_SUMSQ        the sum of squares
  *   ADAM_AVX512_SUMSQ_PART   ... taken in pieces
+ *   ADAM_AVX512_BF16_DECODE  bf16 state to fp32 (adam_state_to_f32)
+ *   ADAM_AVX512_BF16_ENCODE  fp32 to bf16 state (adam_state_from_f32)
  * (adam_q8_avx512.c includes it for the helpers alone.) Only cpu_adam.c and
  * adam_state.c call these, and only after cpuid said the CPU has the ISA. */
 #include <immintrin.h>
@@ -183,6 +185,42 @@ void ADAM_AVX512_BF16S(const adam_consts *c, size_t n, float *restrict p, const 
 #define CALL(GD, OD, L2) avx512_update_t(c, n, p, g, GD, m, v, ST_BF16, out, OD, L2)
     ADAM_DISPATCH(gd, out, od, c->use_l2, CALL)
 #undef CALL
+}
+#endif
+
+#ifdef ADAM_AVX512_BF16_DECODE
+/* adam_state_to_f32 on bf16 state: widen (exact). */
+void ADAM_AVX512_BF16_DECODE(size_t n, const uint16_t *restrict qm, const uint16_t *restrict qv,
+                             float *restrict m, float *restrict v)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(m + i, avx512_load_grad(qm, i, ZO_DTYPE_BF16, 0xffff, 0));
+        _mm512_storeu_ps(v + i, avx512_load_grad(qv, i, ZO_DTYPE_BF16, 0xffff, 0));
+    }
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(m + i, k, avx512_load_grad(qm, i, ZO_DTYPE_BF16, k, 1));
+        _mm512_mask_storeu_ps(v + i, k, avx512_load_grad(qv, i, ZO_DTYPE_BF16, k, 1));
+    }
+}
+#endif
+
+#ifdef ADAM_AVX512_BF16_ENCODE
+/* adam_state_from_f32 on bf16 state: the step's rounding (avx512_to_bf16). */
+void ADAM_AVX512_BF16_ENCODE(size_t n, const float *restrict m, const float *restrict v,
+                             uint16_t *restrict qm, uint16_t *restrict qv)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        avx512_store_moment(qm, i, _mm512_loadu_ps(m + i), ST_BF16, 0xffff, 0);
+        avx512_store_moment(qv, i, _mm512_loadu_ps(v + i), ST_BF16, 0xffff, 0);
+    }
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        avx512_store_moment(qm, i, _mm512_maskz_loadu_ps(k, m + i), ST_BF16, k, 1);
+        avx512_store_moment(qv, i, _mm512_maskz_loadu_ps(k, v + i), ST_BF16, k, 1);
+    }
 }
 #endif
 

@@ -16,7 +16,9 @@
  * only about 8 other vector instructions and 2 gathers per 16 lanes run
  * beside them free, and the coding takes more. Gathers for the
  * dequantization too, or pass 2 of a block interleaved with pass 1 of the
- * next, measured no faster (docs/performance.md, "q8 state"). */
+ * next, measured no faster (docs/performance.md, "q8 state").
+ * With ADAM_AVX512_Q8_CODEC defined (adam_q8_avx512.c), the same lookups and
+ * coder also make adam_state_to_f32's and adam_state_from_f32's kernels. */
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -138,7 +140,9 @@ ADAM_INLINE void q8_update64(const avx512_k *K, const adam_q8_tables *t, size_t 
     }
 }
 
-/* Pass 2 on elements [i, i + 64): code the scratch values (tail: the first r). */
+/* Pass 2 on elements [i, i + 64): code the values of sm and sv (the step's
+ * scratch, or adam_state_from_f32's arrays at any 4-byte alignment; tail:
+ * only the first r are read and coded). */
 ADAM_INLINE void q8_code64(const adam_q8_tables *t, size_t i, size_t r, const int tail,
                            const float *restrict sm, const float *restrict sv, __m512 inv_m,
                            __m512 inv_v, uint8_t *restrict qm, uint8_t *restrict qv)
@@ -146,8 +150,12 @@ ADAM_INLINE void q8_code64(const adam_q8_tables *t, size_t i, size_t r, const in
     __m512i em[4], ev[4];
     __mmask16 neg[4];
     for (int j = 0; j < 4; j++) {
-        em[j] = q8_code16(t->lut_m, _mm512_load_ps(sm + i + 16 * j), inv_m, 1, &neg[j]);
-        ev[j] = q8_code16(t->lut_v, _mm512_load_ps(sv + i + 16 * j), inv_v, 0, NULL);
+        const float *a = sm + i + 16 * j, *b = sv + i + 16 * j;
+        __mmask16 k = tail ? q8_span_mask(r, j) : 0xffff;
+        __m512 xm = tail ? _mm512_maskz_loadu_ps(k, a) : _mm512_loadu_ps(a);
+        __m512 xv = tail ? _mm512_maskz_loadu_ps(k, b) : _mm512_loadu_ps(b);
+        em[j] = q8_code16(t->lut_m, xm, inv_m, 1, &neg[j]);
+        ev[j] = q8_code16(t->lut_v, xv, inv_v, 0, NULL);
     }
     __mmask64 negative = _mm512_kunpackd(_mm512_kunpackw(neg[3], neg[2]),
                                          _mm512_kunpackw(neg[1], neg[0]));
@@ -219,3 +227,85 @@ void ADAM_AVX512_Q8(const adam_consts *c, const adam_q8_tables *t, size_t block,
     ADAM_DISPATCH(gd, out, od, c->use_l2, CALL)
 #undef CALL
 }
+
+#ifdef ADAM_AVX512_Q8_CODEC
+/* ---- adam_state_to_f32 and adam_state_from_f32 on q8 state --------------------------------
+ * The step's two halves on their own: the byte lookups of pass 1 (decode),
+ * and the absmax and pass 2 (encode), bit for bit adam_q8_encode_scalar. */
+
+/* Elements [i, i + 64) of a block (tail: the first r): map[code] * absmax. */
+ADAM_INLINE void q8_decode64(const adam_q8_tables *t, size_t i, size_t r, const int tail,
+                             const uint8_t *restrict qm, const uint8_t *restrict qv, __m512 am,
+                             __m512 av, float *restrict m, float *restrict v)
+{
+    __mmask64 k64 = tail ? (__mmask64)(((uint64_t)1 << r) - 1) : ~(__mmask64)0;
+    __m512 dm[4], dv[4];
+    q8_dequant64(t->plane_m, tail ? _mm512_maskz_loadu_epi8(k64, qm + i) : _mm512_loadu_si512(qm + i), dm);
+    q8_dequant64(t->plane_v, tail ? _mm512_maskz_loadu_epi8(k64, qv + i) : _mm512_loadu_si512(qv + i), dv);
+    for (int j = 0; j < 4; j++) {
+        float *a = m + i + 16 * j, *b = v + i + 16 * j;
+        __m512 xm = _mm512_mul_ps(dm[j], am), xv = _mm512_mul_ps(dv[j], av);
+        if (tail) {
+            __mmask16 k = q8_span_mask(r, j);
+            _mm512_mask_storeu_ps(a, k, xm);
+            _mm512_mask_storeu_ps(b, k, xv);
+        } else {
+            _mm512_storeu_ps(a, xm);
+            _mm512_storeu_ps(b, xv);
+        }
+    }
+}
+
+void ADAM_AVX512_Q8_DECODE(const adam_q8_tables *t, size_t block, size_t n,
+                           const uint8_t *restrict qm, const uint8_t *restrict qv,
+                           const float *restrict am, const float *restrict av, float *restrict m,
+                           float *restrict v)
+{
+    for (size_t i0 = 0, b = 0; i0 < n; i0 += block, b++) {
+        size_t len = n - i0 < block ? n - i0 : block, i = 0;
+        __m512 a = _mm512_set1_ps(am[b]), c = _mm512_set1_ps(av[b]);
+        for (; i + 64 <= len; i += 64) q8_decode64(t, i0 + i, 64, 0, qm, qv, a, c, m, v);
+        if (i < len) q8_decode64(t, i0 + i, len - i, 1, qm, qv, a, c, m, v);
+    }
+}
+
+/* The largest magnitudes (adam_q8_mag: a nan above inf) of 16 lanes of x
+ * (tail: those in k) into *max. Unlike the step's v, a v given here may be
+ * -0 (from_f32 refuses only v < 0), so v's sign bit is cleared too. */
+ADAM_INLINE void q8_max16(const float *x, __mmask16 k, const int tail, __m512i *max)
+{
+    __m512 a = tail ? _mm512_maskz_loadu_ps(k, x) : _mm512_loadu_ps(x);
+    *max = _mm512_max_epu32(*max, _mm512_and_si512(_mm512_castps_si512(a),
+                                                   _mm512_set1_epi32(0x7fffffff)));
+}
+
+void ADAM_AVX512_Q8_ENCODE(const adam_q8_tables *t, size_t block, size_t n,
+                           const float *restrict m, const float *restrict v,
+                           uint8_t *restrict qm, uint8_t *restrict qv, float *restrict am,
+                           float *restrict av)
+{
+    for (size_t i0 = 0, b = 0; i0 < n; i0 += block, b++) {
+        size_t len = n - i0 < block ? n - i0 : block, i = 0;
+        const float *bm = m + i0, *bv = v + i0;
+        /* two accumulators a moment: the max's latency, not its throughput */
+        __m512i mm[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        __m512i mv[2] = {mm[0], mm[0]};
+        for (; i + 32 <= len; i += 32)
+            for (int j = 0; j < 2; j++) {
+                q8_max16(bm + i + 16 * j, 0xffff, 0, &mm[j]);
+                q8_max16(bv + i + 16 * j, 0xffff, 0, &mv[j]);
+            }
+        for (; i < len; i += 16) {
+            __mmask16 k = len - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - i)) - 1);
+            q8_max16(bm + i, k, 1, &mm[0]);
+            q8_max16(bv + i, k, 1, &mv[0]);
+        }
+        float inv_m, inv_v;
+        am[b] = adam_q8_scale(_mm512_reduce_max_epu32(_mm512_max_epu32(mm[0], mm[1])), &inv_m);
+        av[b] = adam_q8_scale(_mm512_reduce_max_epu32(_mm512_max_epu32(mv[0], mv[1])), &inv_v);
+        __m512 im = _mm512_set1_ps(inv_m), iv = _mm512_set1_ps(inv_v);
+        for (i = 0; i + 64 <= len; i += 64) q8_code64(t, i, 64, 0, bm, bv, im, iv, qm + i0, qv + i0);
+        if (i < len) q8_code64(t, i, len - i, 1, bm, bv, im, iv, qm + i0, qv + i0);
+    }
+}
+#endif

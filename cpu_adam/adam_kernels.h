@@ -56,6 +56,27 @@ typedef void adam_q8_kernel(const adam_consts *c, const adam_q8_tables *t, size_
                             uint8_t *restrict qm, uint8_t *restrict qv, float *restrict am,
                             float *restrict av, void *restrict out, zo_dtype od);
 
+/* The conversions of an encoded state (adam_state_to_f32, adam_state_from_f32)
+ * over one thread's range: elements [0, n) in blocks of `block` (q8: a
+ * multiple of 64; the last block may be shorter), codes qm, qv [n], absmax
+ * am, av [ceil(n / block)]; bf16 moments qm, qv [n]. Every implementation
+ * gives the scalar one's bits (adam_q8_encode_scalar: codes and absmax;
+ * map[code] * absmax; zo_f32_to_bf16, zo_bf16_to_f32). The fp32 arrays need
+ * only 4-byte alignment. */
+typedef void adam_q8_decode_kernel(const adam_q8_tables *t, size_t block, size_t n,
+                                   const uint8_t *restrict qm, const uint8_t *restrict qv,
+                                   const float *restrict am, const float *restrict av,
+                                   float *restrict m, float *restrict v);
+typedef void adam_q8_encode_kernel(const adam_q8_tables *t, size_t block, size_t n,
+                                   const float *restrict m, const float *restrict v,
+                                   uint8_t *restrict qm, uint8_t *restrict qv,
+                                   float *restrict am, float *restrict av);
+typedef void adam_bf16_decode_kernel(size_t n, const uint16_t *restrict qm,
+                                     const uint16_t *restrict qv, float *restrict m,
+                                     float *restrict v);
+typedef void adam_bf16_encode_kernel(size_t n, const float *restrict m, const float *restrict v,
+                                     uint16_t *restrict qm, uint16_t *restrict qv);
+
 /* The 16-bit copy a vector kernel writes: none, fp16 or bf16. */
 enum { OUT_NONE = 0, OUT_F16, OUT_BF16 };
 
@@ -184,6 +205,14 @@ adam_bf16s_kernel adam_update_bf16s_scalar, adam_update_bf16s_avx2, adam_update_
     adam_update_bf16s_avx512_bf16;
 adam_q8_kernel adam_update_q8_scalar, adam_update_q8_avx2, adam_update_q8_avx512,
     adam_update_q8_avx512_bf16;
+/* The conversions: scalar (adam_scalar.c), AVX2 (adam_avx2.c), AVX-512
+ * (bf16: adam_avx512.c, the encoder also in _bf16.c; q8: adam_q8_avx512.c,
+ * with VBMI, the step's own lookups and coder). */
+adam_q8_decode_kernel adam_q8_decode_scalar, adam_q8_decode_avx2, adam_q8_decode_avx512;
+adam_q8_encode_kernel adam_q8_encode_blocks_scalar, adam_q8_encode_avx2, adam_q8_encode_avx512;
+adam_bf16_decode_kernel adam_bf16_decode_scalar, adam_bf16_decode_avx2, adam_bf16_decode_avx512;
+adam_bf16_encode_kernel adam_bf16_encode_scalar, adam_bf16_encode_avx2, adam_bf16_encode_avx512,
+    adam_bf16_encode_avx512_bf16;
 
 /* cpu_adam.c: what the CPU has, and the checks and the split every entry
  * point shares. */

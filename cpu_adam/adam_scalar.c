@@ -51,6 +51,46 @@ void adam_q8_encode_scalar(const adam_q8_tables *t, size_t n, const float *m, co
     }
 }
 
+void adam_q8_encode_blocks_scalar(const adam_q8_tables *t, size_t block, size_t n,
+                                  const float *restrict m, const float *restrict v,
+                                  uint8_t *restrict qm, uint8_t *restrict qv, float *restrict am,
+                                  float *restrict av)
+{
+    for (size_t i = 0, b = 0; i < n; i += block, b++)
+        adam_q8_encode_scalar(t, n - i < block ? n - i : block, m + i, v + i, qm + i, qv + i,
+                              am + b, av + b);
+}
+
+void adam_q8_decode_scalar(const adam_q8_tables *t, size_t block, size_t n,
+                           const uint8_t *restrict qm, const uint8_t *restrict qv,
+                           const float *restrict am, const float *restrict av, float *restrict m,
+                           float *restrict v)
+{
+    /* as the step dequantizes */
+    for (size_t i = 0; i < n; i++) {
+        m[i] = t->map_m[qm[i]] * am[i / block];
+        v[i] = t->map_v[qv[i]] * av[i / block];
+    }
+}
+
+void adam_bf16_decode_scalar(size_t n, const uint16_t *restrict qm, const uint16_t *restrict qv,
+                             float *restrict m, float *restrict v)
+{
+    for (size_t i = 0; i < n; i++) {
+        m[i] = zo_bf16_to_f32(qm[i]);
+        v[i] = zo_bf16_to_f32(qv[i]);
+    }
+}
+
+void adam_bf16_encode_scalar(size_t n, const float *restrict m, const float *restrict v,
+                             uint16_t *restrict qm, uint16_t *restrict qv)
+{
+    for (size_t i = 0; i < n; i++) {
+        qm[i] = zo_f32_to_bf16(m[i]);
+        qv[i] = zo_f32_to_bf16(v[i]);
+    }
+}
+
 /* One block of n <= ADAM_Q8_BLOCK_MAX elements: dequantize, update in fp32
  * (the parameters from the unrounded moments), code the new moments. */
 static void q8_block_scalar(const adam_consts *c, const adam_q8_tables *t, size_t n,

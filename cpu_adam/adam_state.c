@@ -243,32 +243,64 @@ zo_status adam_state_init(adam_state_kind kind, void *state, uint64_t n, int nth
     return ZO_OK;
 }
 
-zo_status adam_state_to_f32(adam_state_kind kind, const void *state, uint64_t n, float *m,
-                            float *v, int nthreads)
+/* The conversion kernels of impl (resolved), as the step picks its kernel:
+ * AVX-512's q8 coder needs VBMI too, without it AVX2's runs. */
+typedef struct state_codec {
+    adam_q8_decode_kernel *q8_dec;
+    adam_q8_encode_kernel *q8_enc;
+    adam_bf16_decode_kernel *bf16_dec;
+    adam_bf16_encode_kernel *bf16_enc;
+} state_codec;
+
+static state_codec pick_codec(adam_impl impl)
 {
+    adam_cpu cpu = adam_cpu_detect();
+    state_codec avx2 = {adam_q8_decode_avx2, adam_q8_encode_avx2, adam_bf16_decode_avx2,
+                        adam_bf16_encode_avx2};
+    state_codec c = {adam_q8_decode_scalar, adam_q8_encode_blocks_scalar,
+                     adam_bf16_decode_scalar, adam_bf16_encode_scalar};
+    switch (impl) {
+    case ADAM_IMPL_AVX2: return avx2;
+    case ADAM_IMPL_AVX512:
+    case ADAM_IMPL_AVX512_NO_BF16:
+        c = avx2;
+        if (cpu.avx512_vbmi) c.q8_dec = adam_q8_decode_avx512, c.q8_enc = adam_q8_encode_avx512;
+        c.bf16_dec = adam_bf16_decode_avx512;
+        c.bf16_enc = impl == ADAM_IMPL_AVX512 && cpu.avx512_bf16 ? adam_bf16_encode_avx512_bf16
+                                                                  : adam_bf16_encode_avx512;
+        return c;
+    default: return c;
+    }
+}
+
+zo_status adam_state_to_f32_impl(adam_impl impl, adam_state_kind kind, const void *state,
+                                 uint64_t n, float *m, float *v, int nthreads)
+{
+    const char *who = "adam_state_to_f32";
     state_parts s;
-    zo_status st = state_conversion("adam_state_to_f32", kind, state, n, m, v, &s);
-    if (st != ZO_OK || n == 0) return st;
+    zo_status st = state_conversion(who, kind, state, n, m, v, &s);
+    if (st != ZO_OK) return st;
+    if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK || n == 0) return st;
     const adam_q8_tables *t = kind.type == ADAM_STATE_Q8 ? adam_q8_tables_get() : NULL;
+    state_codec c = pick_codec(impl);
     int nt = adam_plan_threads(n, nthreads);
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         size_t lo, hi, b;
         state_split(&s, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b);
-        for (size_t i = lo; i < hi; i++) {
+        if (hi > lo) {
             switch (kind.type) {
             case ADAM_STATE_F32:
-                m[i] = ((const float *)(void *)s.m)[i];
-                v[i] = ((const float *)(void *)s.v)[i];
+                memcpy(m + lo, s.m + 4 * lo, 4 * (hi - lo));
+                memcpy(v + lo, s.v + 4 * lo, 4 * (hi - lo));
                 break;
             case ADAM_STATE_BF16:
-                m[i] = zo_bf16_to_f32(((const uint16_t *)(void *)s.m)[i]);
-                v[i] = zo_bf16_to_f32(((const uint16_t *)(void *)s.v)[i]);
+                c.bf16_dec(hi - lo, (const uint16_t *)(void *)s.m + lo,
+                           (const uint16_t *)(void *)s.v + lo, m + lo, v + lo);
                 break;
             default:
-                /* as the step dequantizes */
-                m[i] = t->map_m[(uint8_t)s.m[i]] * s.am[i / s.grain];
-                v[i] = t->map_v[(uint8_t)s.v[i]] * s.av[i / s.grain];
+                c.q8_dec(t, s.grain, hi - lo, (const uint8_t *)s.m + lo,
+                         (const uint8_t *)s.v + lo, s.am + b, s.av + b, m + lo, v + lo);
                 break;
             }
         }
@@ -276,48 +308,69 @@ zo_status adam_state_to_f32(adam_state_kind kind, const void *state, uint64_t n,
     return ZO_OK;
 }
 
-zo_status adam_state_from_f32(adam_state_kind kind, void *state, uint64_t n, const float *m,
-                              const float *v, int nthreads)
+zo_status adam_state_to_f32(adam_state_kind kind, const void *state, uint64_t n, float *m,
+                            float *v, int nthreads)
+{
+    return adam_state_to_f32_impl(ADAM_IMPL_AUTO, kind, state, n, m, v, nthreads);
+}
+
+zo_status adam_state_from_f32_impl(adam_impl impl, adam_state_kind kind, void *state, uint64_t n,
+                                   const float *m, const float *v, int nthreads)
 {
     const char *who = "adam_state_from_f32";
     state_parts s;
     zo_status st = state_conversion(who, kind, state, n, m, v, &s);
-    if (st != ZO_OK || n == 0) return st;
-    int nt = adam_plan_threads(n, nthreads);
-    uint64_t bad = UINT64_MAX;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : bad)
-    for (uint64_t i = 0; i < n; i++)
-        if (v[i] < 0.0f && i < bad) bad = i;
-    if (bad != UINT64_MAX)
+    if (st != ZO_OK) return st;
+    if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK || n == 0) return st;
+    int nt = adam_plan_threads(n, nthreads), negative = 0;
+    /* refused before anything is written; a loop the compiler vectorizes
+     * (an index search in it made it a scalar pass costing as much as the
+     * vector coding), the index looked for only when there is one */
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : negative)
+    {
+        size_t lo, hi;
+        adam_chunk(n, ADAM_GRAIN, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        int any = 0;
+        for (size_t i = lo; i < hi; i++) any |= v[i] < 0.0f;
+        negative |= any;
+    }
+    if (negative) {
+        uint64_t bad = 0;
+        while (!(v[bad] < 0.0f)) bad++;
         return zo_error(ZO_ERR_INVALID, "%s: v[%llu] = %g is negative (a second moment is not)",
                         who, (unsigned long long)bad, (double)v[bad]);
+    }
     const adam_q8_tables *t = kind.type == ADAM_STATE_Q8 ? adam_q8_tables_get() : NULL;
-#pragma omp parallel num_threads(nt)
+    state_codec c = pick_codec(impl);
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         size_t lo, hi, b;
         state_split(&s, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b);
-        switch (kind.type) {
-        case ADAM_STATE_F32:
-            memcpy(s.m + 4 * lo, m + lo, 4 * (hi - lo));
-            memcpy(s.v + 4 * lo, v + lo, 4 * (hi - lo));
-            break;
-        case ADAM_STATE_BF16:
-            for (size_t i = lo; i < hi; i++) {
-                ((uint16_t *)(void *)s.m)[i] = zo_f32_to_bf16(m[i]);
-                ((uint16_t *)(void *)s.v)[i] = zo_f32_to_bf16(v[i]);
+        if (hi > lo) {
+            switch (kind.type) {
+            case ADAM_STATE_F32:
+                memcpy(s.m + 4 * lo, m + lo, 4 * (hi - lo));
+                memcpy(s.v + 4 * lo, v + lo, 4 * (hi - lo));
+                break;
+            case ADAM_STATE_BF16:
+                c.bf16_enc(hi - lo, m + lo, v + lo, (uint16_t *)(void *)s.m + lo,
+                           (uint16_t *)(void *)s.v + lo);
+                break;
+            default:
+                c.q8_enc(t, s.grain, hi - lo, m + lo, v + lo, (uint8_t *)s.m + lo,
+                         (uint8_t *)s.v + lo, s.am + b, s.av + b);
+                break;
             }
-            break;
-        default:
-            for (size_t i = lo; i < hi; i += s.grain, b++) {
-                size_t len = hi - i < s.grain ? hi - i : s.grain;
-                adam_q8_encode_scalar(t, len, m + i, v + i, (uint8_t *)s.m + i,
-                                      (uint8_t *)s.v + i, s.am + b, s.av + b);
-            }
-            break;
         }
     }
     state_zero_gaps(&s);
     return ZO_OK;
+}
+
+zo_status adam_state_from_f32(adam_state_kind kind, void *state, uint64_t n, const float *m,
+                              const float *v, int nthreads)
+{
+    return adam_state_from_f32_impl(ADAM_IMPL_AUTO, kind, state, n, m, v, nthreads);
 }
 
 /* ---- the step ---------------------------------------------------------------------------- */

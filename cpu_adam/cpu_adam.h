@@ -244,5 +244,11 @@ zo_status adam_state_to_f32(adam_state_kind kind, const void *state, uint64_t n,
  * to_f32 then from_f32. ZO_ERR_INVALID for a v below zero (named by index). */
 zo_status adam_state_from_f32(adam_state_kind kind, void *state, uint64_t n, const float *m,
                               const float *v, int nthreads);
+/* The same with a chosen implementation (every one gives the scalar one's
+ * bits; ZO_ERR_UNSUPPORTED where the CPU cannot run it): tests and benches. */
+zo_status adam_state_to_f32_impl(adam_impl impl, adam_state_kind kind, const void *state,
+                                 uint64_t n, float *m, float *v, int nthreads);
+zo_status adam_state_from_f32_impl(adam_impl impl, adam_state_kind kind, void *state, uint64_t n,
+                                   const float *m, const float *v, int nthreads);
 
 #endif

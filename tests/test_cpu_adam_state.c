@@ -5,7 +5,8 @@
  * reference in double, with the quantization error of every block; every
  * implementation against the scalar reference bit for bit (odd sizes,
  * partial blocks, shifted pointers, both decay modes, 16-bit copies,
- * inf/nan); thread-count independence; conversions to and from fp32; and a
+ * inf/nan); thread-count independence; conversions to and from fp32 (every
+ * implementation against the scalar coder bit for bit); and a
  * short training run whose final loss must stay within 2% of fp32 AdamW's. */
 #include <math.h>
 #include <setjmp.h>
@@ -774,6 +775,159 @@ static void test_conversions(void **state)
     free(m), free(v), free(m2), free(v2), free(sb), free(sb2), free(sq), free(sq2);
 }
 
+/* A moment value that stresses the coders: ordinary values of a per-block
+ * scale, +-0, subnormals, huge values, and (where `special`) inf, -inf, nan
+ * with either sign; v's are magnitudes (a -0 allowed: only v < 0 is refused). */
+static float conv_value(size_t i, uint64_t *s, int is_v, int special)
+{
+    float x;
+    switch (rng_next(s) % 64) {
+    case 0: x = 0.0f; break;
+    case 1: x = -0.0f; break;
+    case 2: x = 1e-40f; break;
+    case 3: x = -3e-39f; break;
+    case 4: x = 3e38f; break;
+    case 5: x = special ? INFINITY : 1.0f; break;
+    case 6: x = special ? -INFINITY : 1.0f; break;
+    case 7: x = special ? (rng_next(s) & 1 ? NAN : -NAN) : 1.0f; break;
+    default: x = (float)(rng_unit(s) * pow(10.0, (double)((i / 97) % 13) - 10)); break;
+    }
+    if (is_v && !(x != x) && (zo_f32_bits(x) != 0x80000000u)) x = fabsf(x);
+    return x;
+}
+
+/* Fill m, v [n]: per 64-element stretch one of the patterns a block may have
+ * (ordinary values, specials, all zero, all subnormal, one negative |m| the
+ * largest, values of one magnitude). */
+static void conv_fill(float *m, float *v, size_t n, uint64_t *s, int special)
+{
+    for (size_t i = 0; i < n; i++) {
+        int pat = (int)((i / 64 + *s % 7) % 7);
+        switch (pat) {
+        case 0: m[i] = v[i] = 0.0f; break;
+        case 1: m[i] = -1e-41f * (float)(i % 5); v[i] = 2e-42f * (float)(i % 3); break;
+        case 2: m[i] = i % 64 == 9 ? -7.5f : (float)rng_unit(s); v[i] = 0.25f; break;
+        default:
+            m[i] = conv_value(i, s, 0, special && pat == 3);
+            v[i] = conv_value(i, s, 1, special && pat == 4);
+            break;
+        }
+    }
+}
+
+/* adam_state_from_f32 and adam_state_to_f32 of every implementation against
+ * the scalar one (adam_q8_encode_scalar's codes and absmax; zo_f32_to_bf16),
+ * bit for bit over the whole buffer (gaps included), at odd lengths around
+ * 16, 64 and the block, shifted (unaligned) fp32 arrays, 1 to 3 threads; the
+ * decoded floats also against map[code] * absmax from the test's own maps
+ * (q8) and the widened bits (bf16), of the coded states and of states of
+ * random bytes (every code, absmax nan, inf, 0, subnormal). */
+static int conv_case(adam_impl impl, adam_state_kind k, size_t n, size_t off, int threads,
+                     uint64_t seed)
+{
+    size_t sb = adam_state_bytes(k, n), N = n + off + 3;
+    float *m = xmalloc(4 * N), *v = xmalloc(4 * N), *dm[2], *dv[2];
+    void *st[2];
+    int bad = 0;
+    conv_fill(m + off, v + off, n, &seed, (int)(seed & 1) || n > 1000);
+    for (int r = 0; r < 2; r++) {
+        st[r] = xmalloc(sb);
+        memset(st[r], r ? 0x5c : 0xc5, sb);
+        dm[r] = xmalloc(4 * N), dv[r] = xmalloc(4 * N);
+        memset(dm[r], 0xee, 4 * N), memset(dv[r], 0xee, 4 * N);
+    }
+    /* from fp32 */
+    assert_int_equal(adam_state_from_f32_impl(ADAM_IMPL_SCALAR, k, st[0], n, m + off, v + off, 1), ZO_OK);
+    assert_int_equal(adam_state_from_f32_impl(impl, k, st[1], n, m + off, v + off, threads), ZO_OK);
+    bad += diff_state(k, n, st[0], st[1], adam_impl_name(impl));
+    if (memcmp(st[0], st[1], sb) && bad++ < 4) print_error("state buffers differ\n");
+    /* to fp32, of the coded state and then of random bytes */
+    for (int pass = 0; pass < 2 && !bad; pass++) {
+        if (pass == 1) {
+            for (size_t i = 0; i < sb; i++) ((uint8_t *)st[0])[i] = (uint8_t)rng_next(&seed);
+            if (k.type == ADAM_STATE_Q8) {
+                static const float am_special[] = {0.0f, 1e-40f, INFINITY, NAN, 1.0f, 3e38f};
+                parts q = parts_of(k, st[0], n);
+                for (size_t b = 0; b < q.l.n_blocks; b++) {
+                    float a = b % 2 ? am_special[rng_next(&seed) % 6]
+                                    : (float)fabs(rng_unit(&seed) * 1e-3);
+                    memcpy(q.base + q.l.off_absmax_m + 4 * b, &a, 4);
+                    a = b % 3 ? (float)fabs(rng_unit(&seed)) : am_special[rng_next(&seed) % 6];
+                    memcpy(q.base + q.l.off_absmax_v + 4 * b, &a, 4);
+                }
+            }
+        }
+        assert_int_equal(adam_state_to_f32_impl(ADAM_IMPL_SCALAR, k, st[0], n, dm[0] + off, dv[0] + off, 1), ZO_OK);
+        assert_int_equal(adam_state_to_f32_impl(impl, k, st[0], n, dm[1] + off, dv[1] + off, threads), ZO_OK);
+        parts q = parts_of(k, st[0], n);
+        for (size_t i = 0; i < N; i++) {
+            uint32_t want = zo_f32_bits(dm[0][i]), got = zo_f32_bits(dm[1][i]);
+            uint32_t want_v = zo_f32_bits(dv[0][i]), got_v = zo_f32_bits(dv[1][i]);
+            if ((want != got || want_v != got_v) && bad++ < 4)
+                print_error("%s pass %d: decoded m/v[%zu]: want %08x %08x got %08x %08x\n",
+                            adam_impl_name(impl), pass, i, want, want_v, got, got_v);
+            if (i < off || i >= off + n) {
+                if ((got != 0xeeeeeeeeu || got_v != 0xeeeeeeeeu) && bad++ < 4)
+                    print_error("decoded [%zu] outside the range written\n", i);
+                continue;
+            }
+            size_t e = i - off;
+            float xm, xv;
+            if (k.type == ADAM_STATE_Q8) {
+                xm = (float)map_m[qm_of(&q)[e]] * absmax_m(&q, e / k.block);
+                xv = (float)map_v[qv_of(&q)[e]] * absmax_v(&q, e / k.block);
+            } else {
+                uint16_t bm, bv;
+                memcpy(&bm, qm_of(&q) + 2 * e, 2);
+                memcpy(&bv, qv_of(&q) + 2 * e, 2);
+                xm = zo_bits_f32((uint32_t)bm << 16), xv = zo_bits_f32((uint32_t)bv << 16);
+            }
+            if ((!same_f32(xm, dm[1][i]) || !same_f32(xv, dv[1][i])) && bad++ < 4)
+                print_error("%s pass %d: decoded m/v[%zu] %.9g %.9g, map * absmax %.9g %.9g\n",
+                            adam_impl_name(impl), pass, e, dm[1][i], dv[1][i], xm, xv);
+        }
+    }
+    if (bad)
+        print_error("case: state %s/%u impl %s n %zu off %zu threads %d\n", adam_state_name(k),
+                    k.block, adam_impl_name(impl), n, off, threads);
+    for (int r = 0; r < 2; r++) free(st[r]), free(dm[r]), free(dv[r]);
+    free(m), free(v);
+    return bad;
+}
+
+static void test_conversions_impls(void **state)
+{
+    (void)state;
+    const adam_state_kind ks[5] = {adam_state_bf16(), adam_state_q8(64), adam_state_q8(256),
+                                   adam_state_q8(2048), adam_state_q8(4096)};
+    int ran = 0;
+    for (int ii = 0; ii < N_IMPLS; ii++) {
+        if (!adam_impl_supported(all_impls[ii])) continue;
+        for (int ki = 0; ki < 5; ki++) {
+            size_t blk = ks[ki].block ? ks[ki].block : 64;
+            const size_t lens[] = {1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129,
+                                   blk - 1, blk + 1, 2 * blk + 37, 3 * blk + 16 * 7 + 5};
+            for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                size_t off = (li + (size_t)ki) % 4;
+                assert_int_equal(conv_case(all_impls[ii], ks[ki], lens[li], off, 1 + (int)(li % 2),
+                                           1000 + 31 * li + ki),
+                                 0);
+                ran++;
+            }
+        }
+        /* several threads, each on whole blocks */
+        const adam_state_kind kt[2] = {adam_state_bf16(), adam_state_q8(2048)};
+        for (int ki = 0; ki < 2; ki++)
+            for (int th = 2; th <= 3; th++) {
+                assert_int_equal(conv_case(all_impls[ii], kt[ki], 3 * 32768 + 2 * 2048 + 77,
+                                           (size_t)th - 1, th, 77 + (uint64_t)th),
+                                 0);
+                ran++;
+            }
+    }
+    print_message("# %d conversion cases\n", ran);
+}
+
 /* ---- training -------------------------------------------------------------------------------- */
 
 /* Sparse logistic regression: N samples of 16 nonzero features out of D,
@@ -967,6 +1121,7 @@ int main(void)
         cmocka_unit_test(test_threads_independent),
         cmocka_unit_test(test_zero_state),
         cmocka_unit_test(test_conversions),
+        cmocka_unit_test(test_conversions_impls),
         cmocka_unit_test(test_training),
         cmocka_unit_test(test_v_decay),
         cmocka_unit_test(test_state_invalid_args),
