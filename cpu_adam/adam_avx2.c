@@ -175,6 +175,37 @@ ADAM_INLINE void avx2_q8_store8(uint8_t *q, __m256i code)
     _mm_storel_epi64((__m128i *)q, x);
 }
 
+/* The largest of 8 unsigned lanes. */
+ADAM_INLINE uint32_t avx2_max_lane(__m256i x)
+{
+    uint32_t lanes[8], mx = 0;
+    _mm256_storeu_si256((__m256i *)lanes, x);
+    for (int j = 0; j < 8; j++)
+        if (lanes[j] > mx) mx = lanes[j];
+    return mx;
+}
+
+/* The second half of a block (the step's and adam_state_from_f32's): its
+ * absmax values from the largest magnitudes, then the codes of its n
+ * moments, 8 lanes at a time and the rest one by one. */
+ADAM_INLINE void avx2_q8_code_block(const adam_q8_tables *t, size_t n, const float *sm, const float *sv,
+                                    uint32_t mx_m, uint32_t mx_v, uint8_t *qm, uint8_t *qv, float *am, float *av)
+{
+    float inv_m, inv_v;
+    *am = adam_q8_scale(mx_m, &inv_m);
+    *av = adam_q8_scale(mx_v, &inv_v);
+    const __m256 im = _mm256_set1_ps(inv_m), iv = _mm256_set1_ps(inv_v);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        avx2_q8_store8(qm + i, avx2_q8_code8(t->lut_m, _mm256_loadu_ps(sm + i), im, 1));
+        avx2_q8_store8(qv + i, avx2_q8_code8(t->lut_v, _mm256_loadu_ps(sv + i), iv, 0));
+    }
+    for (; i < n; i++) {
+        qm[i] = adam_q8_code(t->thr_m, sm[i] * inv_m);
+        qv[i] = adam_q8_code(t->thr_v, sv[i] * inv_v);
+    }
+}
+
 /* One block of n <= ADAM_Q8_BLOCK_MAX elements. */
 ADAM_INLINE void avx2_q8_block(const adam_consts *c, const avx2_k *K, const adam_q8_tables *t,
                                size_t n, float *restrict p, const void *restrict g,
@@ -201,13 +232,7 @@ ADAM_INLINE void avx2_q8_block(const adam_consts *c, const avx2_k *K, const adam
         max_m = _mm256_max_epu32(max_m, _mm256_and_si256(_mm256_castps_si256(mm), mag));
         max_v = _mm256_max_epu32(max_v, _mm256_and_si256(_mm256_castps_si256(vv), mag));
     }
-    uint32_t lanes_m[8], lanes_v[8], mx_m = 0, mx_v = 0;
-    _mm256_storeu_si256((__m256i *)lanes_m, max_m);
-    _mm256_storeu_si256((__m256i *)lanes_v, max_v);
-    for (int j = 0; j < 8; j++) {
-        if (lanes_m[j] > mx_m) mx_m = lanes_m[j];
-        if (lanes_v[j] > mx_v) mx_v = lanes_v[j];
-    }
+    uint32_t mx_m = avx2_max_lane(max_m), mx_v = avx2_max_lane(max_v);
     zo_dtype odt = od == OUT_BF16 ? ZO_DTYPE_BF16 : ZO_DTYPE_F16;
     for (size_t k = i; k < n; k++) {
         sm[k] = t->map_m[qm[k]] * *am;
@@ -217,18 +242,7 @@ ADAM_INLINE void avx2_q8_block(const adam_consts *c, const avx2_k *K, const adam
         if (adam_q8_mag(sm[k]) > mx_m) mx_m = adam_q8_mag(sm[k]);
         if (adam_q8_mag(sv[k]) > mx_v) mx_v = adam_q8_mag(sv[k]);
     }
-    float inv_m, inv_v;
-    *am = adam_q8_scale(mx_m, &inv_m);
-    *av = adam_q8_scale(mx_v, &inv_v);
-    const __m256 im = _mm256_set1_ps(inv_m), iv = _mm256_set1_ps(inv_v);
-    for (i = 0; i + 8 <= n; i += 8) {
-        avx2_q8_store8(qm + i, avx2_q8_code8(t->lut_m, _mm256_load_ps(sm + i), im, 1));
-        avx2_q8_store8(qv + i, avx2_q8_code8(t->lut_v, _mm256_load_ps(sv + i), iv, 0));
-    }
-    for (; i < n; i++) {
-        qm[i] = adam_q8_code(t->thr_m, sm[i] * inv_m);
-        qv[i] = adam_q8_code(t->thr_v, sv[i] * inv_v);
-    }
+    avx2_q8_code_block(t, n, sm, sv, mx_m, mx_v, qm, qv, am, av);
 }
 
 ADAM_INLINE void avx2_q8_update_t(const adam_consts *c, const adam_q8_tables *t, size_t block,
@@ -326,29 +340,12 @@ void adam_q8_encode_avx2(const adam_q8_tables *t, size_t block, size_t n,
             max_m = _mm256_max_epu32(max_m, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(bm + i)), mag));
             max_v = _mm256_max_epu32(max_v, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(bv + i)), mag));
         }
-        uint32_t lanes_m[8], lanes_v[8], mx_m = 0, mx_v = 0;
-        _mm256_storeu_si256((__m256i *)lanes_m, max_m);
-        _mm256_storeu_si256((__m256i *)lanes_v, max_v);
-        for (int j = 0; j < 8; j++) {
-            if (lanes_m[j] > mx_m) mx_m = lanes_m[j];
-            if (lanes_v[j] > mx_v) mx_v = lanes_v[j];
-        }
+        uint32_t mx_m = avx2_max_lane(max_m), mx_v = avx2_max_lane(max_v);
         for (size_t k = i; k < len; k++) {
             if (adam_q8_mag(bm[k]) > mx_m) mx_m = adam_q8_mag(bm[k]);
             if (adam_q8_mag(bv[k]) > mx_v) mx_v = adam_q8_mag(bv[k]);
         }
-        float inv_m, inv_v;
-        am[b] = adam_q8_scale(mx_m, &inv_m);
-        av[b] = adam_q8_scale(mx_v, &inv_v);
-        const __m256 im = _mm256_set1_ps(inv_m), iv = _mm256_set1_ps(inv_v);
-        for (i = 0; i + 8 <= len; i += 8) {
-            avx2_q8_store8(cm + i, avx2_q8_code8(t->lut_m, _mm256_loadu_ps(bm + i), im, 1));
-            avx2_q8_store8(cv + i, avx2_q8_code8(t->lut_v, _mm256_loadu_ps(bv + i), iv, 0));
-        }
-        for (; i < len; i++) {
-            cm[i] = adam_q8_code(t->thr_m, bm[i] * inv_m);
-            cv[i] = adam_q8_code(t->thr_v, bv[i] * inv_v);
-        }
+        avx2_q8_code_block(t, len, bm, bv, mx_m, mx_v, cm, cv, am + b, av + b);
     }
 }
 
