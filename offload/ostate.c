@@ -978,7 +978,10 @@ static zo_status dev_wait(dev_shard *d, offload_time_part part)
 
 /* The parts of chunk [c0, c0 + len) of block b's encoded state: byte
  * offsets and lengths in the device buffer (dev) and in a host state
- * buffer of len values (host), m, v and (8-bit) the two absmax parts. */
+ * buffer of len values (host), indexed by dev_part: m, v and (8-bit) the
+ * two absmax parts. */
+enum dev_part { DEV_PART_M, DEV_PART_V, DEV_PART_ABSMAX_M, DEV_PART_ABSMAX_V };
+
 static int dev_chunk_parts(const dev_shard *d, int b, size_t c0, size_t len, size_t dev[4], size_t host[4],
                            size_t bytes[4])
 {
@@ -988,10 +991,12 @@ static int dev_chunk_parts(const dev_shard *d, int b, size_t c0, size_t len, siz
     size_t es = d->kind.type == ADAM_STATE_F32 ? 4 : d->kind.type == ADAM_STATE_BF16 ? 2 : 1;
     size_t base = d->s_off[b - d->b0];
     size_t q0 = d->kind.block ? c0 / d->kind.block : 0;
-    dev[0] = base + lb.off_m + es * c0, host[0] = lc.off_m, bytes[0] = es * len;
-    dev[1] = base + lb.off_v + es * c0, host[1] = lc.off_v, bytes[1] = es * len;
-    dev[2] = base + lb.off_absmax_m + 4 * q0, host[2] = lc.off_absmax_m, bytes[2] = 4 * lc.n_blocks;
-    dev[3] = base + lb.off_absmax_v + 4 * q0, host[3] = lc.off_absmax_v, bytes[3] = 4 * lc.n_blocks;
+    dev[DEV_PART_M] = base + lb.off_m + es * c0, host[DEV_PART_M] = lc.off_m, bytes[DEV_PART_M] = es * len;
+    dev[DEV_PART_V] = base + lb.off_v + es * c0, host[DEV_PART_V] = lc.off_v, bytes[DEV_PART_V] = es * len;
+    dev[DEV_PART_ABSMAX_M] = base + lb.off_absmax_m + 4 * q0, host[DEV_PART_ABSMAX_M] = lc.off_absmax_m,
+    bytes[DEV_PART_ABSMAX_M] = 4 * lc.n_blocks;
+    dev[DEV_PART_ABSMAX_V] = base + lb.off_absmax_v + 4 * q0, host[DEV_PART_ABSMAX_V] = lc.off_absmax_v,
+    bytes[DEV_PART_ABSMAX_V] = 4 * lc.n_blocks;
     return d->kind.type == ADAM_STATE_Q8 ? 4 : 2;
 }
 
@@ -1025,7 +1030,8 @@ static zo_status dev_zero_chunks(dev_shard *d, int b, size_t c0, size_t len)
     int mcode = d->kind.type == ADAM_STATE_Q8 ? ADAM_Q8_ZERO_M_CODE : 0;
     zo_status st;
     for (int k = 0; k < parts; k++)
-        if (by[k] && (st = gpu_memset_async(s, d->S + dv[k], k ? 0 : mcode, by[k])) != ZO_OK) return st;
+        if (by[k] && (st = gpu_memset_async(s, d->S + dv[k], k == DEV_PART_M ? mcode : 0, by[k])) != ZO_OK)
+            return st;
     return gpu_stream_synchronize(s);
 }
 
