@@ -160,13 +160,15 @@ int main(int argc, char **argv)
                      ['B'] = &sh.batch,  ['T'] = &sh.seq,    ['t'] = &sh.threads, ['r'] = &sh.rounds};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        zo_status st = ZO_OK;
-        if (o == 's') state = optarg;
-        else if (o > 0 && o < (int)(sizeof field / sizeof field[0]) && field[o])
-            st = zo_parse_int(optarg, "bench_opt_state flag", o == 't' ? 1 : 2, o == 'r' ? MAX_ROUNDS : 1 << 20,
-                              field[o]);
-        else st = zo_error(ZO_ERR_INVALID, "usage: bench_opt_state [--layers N] [--hidden N] [--ffn N] [--vocab N] "
-                           "[--batch N] [--seq N] [--threads N] [--rounds N] [--state 8bit|bf16]");
+        zo_status st = zo_error(ZO_ERR_INVALID, "usage: bench_opt_state [--layers N] [--hidden N] [--ffn N] "
+                                "[--vocab N] [--batch N] [--seq N] [--threads N] [--rounds N] [--state 8bit|bf16]");
+        if (o == 's') {
+            state = optarg;
+            st = ZO_OK;
+        }
+        for (int i = 0; opts[i].name && o != 's'; i++) /* (the flag's name in the message) */
+            if (opts[i].val == o)
+                st = zo_parse_int(optarg, opts[i].name, o == 't' ? 1 : 2, o == 'r' ? MAX_ROUNDS : 1 << 20, field[o]);
         if (st != ZO_OK) {
             fprintf(stderr, "bench_opt_state: %s\n", zo_last_error());
             return 2;
