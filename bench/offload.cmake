@@ -20,3 +20,9 @@ target_link_libraries(bench_lora PRIVATE zo_bench_harness zo_offload zo_transfor
 # placements; the largest relative difference last.
 add_executable(bench_schedule ${CMAKE_CURRENT_SOURCE_DIR}/bench_schedule.c)
 target_link_libraries(bench_schedule PRIVATE zo_bench_harness zo_offload zo_transformer zo_planner_calibrate m)
+
+# bench_opt_state: the host update of 8-bit (or bf16) m and v, whole chunks
+# fused against decoded and coded a chunk at a time and against fp32 state,
+# one step each in turn; the ratios last.
+add_executable(bench_opt_state ${CMAKE_CURRENT_SOURCE_DIR}/bench_opt_state.c)
+target_link_libraries(bench_opt_state PRIVATE zo_bench_harness zo_offload zo_transformer)

@@ -184,14 +184,32 @@ static zo_status state_parts_of(const char *who, adam_state_kind kind, const voi
     return ZO_OK;
 }
 
-/* Elements [*lo, *hi) of thread t of nt, and (q8) its first block. */
-static void state_split(const state_parts *s, int t, int nt, size_t *lo, size_t *hi, size_t *b0)
+/* Elements [*lo, *hi) of thread t of nt over [first, first + n) (first
+ * a multiple of the q8 block), and (q8) its first block. */
+static void state_split(const state_parts *s, size_t first, size_t n, int t, int nt, size_t *lo,
+                        size_t *hi, size_t *b0)
 {
-    size_t units = (s->l.n + s->grain - 1) / s->grain, ulo, uhi;
+    size_t units = (n + s->grain - 1) / s->grain, ulo, uhi;
     adam_chunk(units, 1, t, nt, &ulo, &uhi);
-    *b0 = ulo;
-    *lo = ulo * s->grain < s->l.n ? ulo * s->grain : s->l.n;
-    *hi = uhi * s->grain < s->l.n ? uhi * s->grain : s->l.n;
+    *lo = first + (ulo * s->grain < n ? ulo * s->grain : n);
+    *hi = first + (uhi * s->grain < n ? uhi * s->grain : n);
+    *b0 = *lo / s->grain;
+}
+
+/* A range [first, first + n) of the state of s->l.n parameters: inside it,
+ * and (q8) of whole blocks, the last one maybe short at the end. */
+static zo_status state_range_check(const char *who, const state_parts *s, adam_state_kind kind,
+                                   uint64_t first, uint64_t n)
+{
+    if (first > s->l.n || n > s->l.n - first)
+        return zo_error(ZO_ERR_INVALID, "%s: elements %llu..%llu outside the state of %llu", who,
+                        (unsigned long long)first, (unsigned long long)(first + n),
+                        (unsigned long long)s->l.n);
+    if (kind.type == ADAM_STATE_Q8 && (first % kind.block || ((first + n) % kind.block && first + n != s->l.n)))
+        return zo_error(ZO_ERR_INVALID, "%s: elements %llu..%llu are not whole blocks of %u (of %llu)", who,
+                        (unsigned long long)first, (unsigned long long)(first + n), kind.block,
+                        (unsigned long long)s->l.n);
+    return ZO_OK;
 }
 
 /* Zero the bytes between the parts, so a buffer's bytes depend only on the
@@ -208,12 +226,13 @@ static void state_zero_gaps(const state_parts *s)
 
 /* ---- zero state, conversions --------------------------------------------------------------- */
 
-/* The checks of a conversion. */
+/* The checks of a conversion of [first, first + n) of the state of total. */
 static zo_status state_conversion(const char *who, adam_state_kind kind, const void *state,
-                                  uint64_t n, const float *m, const float *v, state_parts *s)
+                                  uint64_t total, uint64_t first, uint64_t n, const float *m, const float *v,
+                                  state_parts *s)
 {
-    zo_status st = state_parts_of(who, kind, state, n, s);
-    if (st != ZO_OK) return st;
+    zo_status st = state_parts_of(who, kind, state, total, s);
+    if (st != ZO_OK || (st = state_range_check(who, s, kind, first, n)) != ZO_OK) return st;
     if (n && (!m || !v)) return zo_error(ZO_ERR_INVALID, "%s: m or v is NULL", who);
     return ZO_OK;
 }
@@ -230,7 +249,7 @@ zo_status adam_state_init(adam_state_kind kind, void *state, uint64_t n, int nth
 #pragma omp parallel num_threads(nt)
     {
         size_t lo, hi, b0;
-        state_split(&s, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b0);
+        state_split(&s, 0, n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b0);
         memset(s.m + lo * s.es, mcode, (hi - lo) * s.es);
         memset(s.v + lo * s.es, 0, (hi - lo) * s.es);
         if (kind.type == ADAM_STATE_Q8) {
@@ -273,12 +292,13 @@ static state_codec pick_codec(adam_impl impl)
     }
 }
 
-zo_status adam_state_to_f32_impl(adam_impl impl, adam_state_kind kind, const void *state,
-                                 uint64_t n, float *m, float *v, int nthreads)
+/* The conversions over [first, first + n) of the state of `total`; m and v
+ * point at element first. */
+static zo_status state_to_f32(const char *who, adam_impl impl, adam_state_kind kind, const void *state,
+                              uint64_t total, uint64_t first, uint64_t n, float *m, float *v, int nthreads)
 {
-    const char *who = "adam_state_to_f32";
     state_parts s;
-    zo_status st = state_conversion(who, kind, state, n, m, v, &s);
+    zo_status st = state_conversion(who, kind, state, total, first, n, m, v, &s);
     if (st != ZO_OK) return st;
     if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK || n == 0) return st;
     const adam_q8_tables *t = kind.type == ADAM_STATE_Q8 ? adam_q8_tables_get() : NULL;
@@ -287,25 +307,32 @@ zo_status adam_state_to_f32_impl(adam_impl impl, adam_state_kind kind, const voi
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         size_t lo, hi, b;
-        state_split(&s, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b);
+        state_split(&s, first, n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b);
+        float *mo = m + (lo - first), *vo = v + (lo - first);
         if (hi > lo) {
             switch (kind.type) {
             case ADAM_STATE_F32:
-                memcpy(m + lo, s.m + 4 * lo, 4 * (hi - lo));
-                memcpy(v + lo, s.v + 4 * lo, 4 * (hi - lo));
+                memcpy(mo, s.m + 4 * lo, 4 * (hi - lo));
+                memcpy(vo, s.v + 4 * lo, 4 * (hi - lo));
                 break;
             case ADAM_STATE_BF16:
                 c.bf16_dec(hi - lo, (const uint16_t *)(void *)s.m + lo,
-                           (const uint16_t *)(void *)s.v + lo, m + lo, v + lo);
+                           (const uint16_t *)(void *)s.v + lo, mo, vo);
                 break;
             default:
                 c.q8_dec(t, s.grain, hi - lo, (const uint8_t *)s.m + lo,
-                         (const uint8_t *)s.v + lo, s.am + b, s.av + b, m + lo, v + lo);
+                         (const uint8_t *)s.v + lo, s.am + b, s.av + b, mo, vo);
                 break;
             }
         }
     }
     return ZO_OK;
+}
+
+zo_status adam_state_to_f32_impl(adam_impl impl, adam_state_kind kind, const void *state,
+                                 uint64_t n, float *m, float *v, int nthreads)
+{
+    return state_to_f32("adam_state_to_f32", impl, kind, state, n, 0, n, m, v, nthreads);
 }
 
 zo_status adam_state_to_f32(adam_state_kind kind, const void *state, uint64_t n, float *m,
@@ -314,12 +341,19 @@ zo_status adam_state_to_f32(adam_state_kind kind, const void *state, uint64_t n,
     return adam_state_to_f32_impl(ADAM_IMPL_AUTO, kind, state, n, m, v, nthreads);
 }
 
-zo_status adam_state_from_f32_impl(adam_impl impl, adam_state_kind kind, void *state, uint64_t n,
-                                   const float *m, const float *v, int nthreads)
+zo_status adam_state_to_f32_range(adam_state_kind kind, const void *state, uint64_t total, uint64_t first,
+                                  uint64_t n, float *m, float *v, int nthreads)
 {
-    const char *who = "adam_state_from_f32";
+    return state_to_f32("adam_state_to_f32_range", ADAM_IMPL_AUTO, kind, state, total, first, n, m, v,
+                        nthreads);
+}
+
+static zo_status state_from_f32(const char *who, adam_impl impl, adam_state_kind kind, void *state,
+                                uint64_t total, uint64_t first, uint64_t n, const float *m, const float *v,
+                                int nthreads)
+{
     state_parts s;
-    zo_status st = state_conversion(who, kind, state, n, m, v, &s);
+    zo_status st = state_conversion(who, kind, state, total, first, n, m, v, &s);
     if (st != ZO_OK) return st;
     if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK || n == 0) return st;
     int nt = adam_plan_threads(n, nthreads), negative = 0;
@@ -338,26 +372,27 @@ zo_status adam_state_from_f32_impl(adam_impl impl, adam_state_kind kind, void *s
         uint64_t bad = 0;
         while (!(v[bad] < 0.0f)) bad++;
         return zo_error(ZO_ERR_INVALID, "%s: v[%llu] = %g is negative (a second moment is not)",
-                        who, (unsigned long long)bad, (double)v[bad]);
+                        who, (unsigned long long)(first + bad), (double)v[bad]);
     }
     const adam_q8_tables *t = kind.type == ADAM_STATE_Q8 ? adam_q8_tables_get() : NULL;
     state_codec c = pick_codec(impl);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         size_t lo, hi, b;
-        state_split(&s, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b);
+        state_split(&s, first, n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b);
+        const float *mi = m + (lo - first), *vi = v + (lo - first);
         if (hi > lo) {
             switch (kind.type) {
             case ADAM_STATE_F32:
-                memcpy(s.m + 4 * lo, m + lo, 4 * (hi - lo));
-                memcpy(s.v + 4 * lo, v + lo, 4 * (hi - lo));
+                memcpy(s.m + 4 * lo, mi, 4 * (hi - lo));
+                memcpy(s.v + 4 * lo, vi, 4 * (hi - lo));
                 break;
             case ADAM_STATE_BF16:
-                c.bf16_enc(hi - lo, m + lo, v + lo, (uint16_t *)(void *)s.m + lo,
+                c.bf16_enc(hi - lo, mi, vi, (uint16_t *)(void *)s.m + lo,
                            (uint16_t *)(void *)s.v + lo);
                 break;
             default:
-                c.q8_enc(t, s.grain, hi - lo, m + lo, v + lo, (uint8_t *)s.m + lo,
+                c.q8_enc(t, s.grain, hi - lo, mi, vi, (uint8_t *)s.m + lo,
                          (uint8_t *)s.v + lo, s.am + b, s.av + b);
                 break;
             }
@@ -367,10 +402,23 @@ zo_status adam_state_from_f32_impl(adam_impl impl, adam_state_kind kind, void *s
     return ZO_OK;
 }
 
+zo_status adam_state_from_f32_impl(adam_impl impl, adam_state_kind kind, void *state, uint64_t n,
+                                   const float *m, const float *v, int nthreads)
+{
+    return state_from_f32("adam_state_from_f32", impl, kind, state, n, 0, n, m, v, nthreads);
+}
+
 zo_status adam_state_from_f32(adam_state_kind kind, void *state, uint64_t n, const float *m,
                               const float *v, int nthreads)
 {
     return adam_state_from_f32_impl(ADAM_IMPL_AUTO, kind, state, n, m, v, nthreads);
+}
+
+zo_status adam_state_from_f32_range(adam_state_kind kind, void *state, uint64_t total, uint64_t first,
+                                    uint64_t n, const float *m, const float *v, int nthreads)
+{
+    return state_from_f32("adam_state_from_f32_range", ADAM_IMPL_AUTO, kind, state, total, first, n, m, v,
+                          nthreads);
 }
 
 /* ---- the step ---------------------------------------------------------------------------- */
@@ -402,17 +450,18 @@ static adam_q8_kernel *pick_q8(adam_impl impl)
     }
 }
 
-zo_status adam_state_update_impl(adam_impl impl, const adam_hparams *hp, adam_state_kind kind,
-                                 size_t n, float *param, const void *grad, zo_dtype grad_dtype,
-                                 void *state, void *out16, zo_dtype out_dtype, int nthreads)
+/* The step over [first, first + n) of the state of `total`; param, grad
+ * and out16 point at element first. */
+static zo_status state_update(const char *who, adam_impl impl, const adam_hparams *hp, adam_state_kind kind,
+                              size_t total, size_t first, size_t n, float *param, const void *grad,
+                              zo_dtype grad_dtype, void *state, void *out16, zo_dtype out_dtype, int nthreads)
 {
-    const char *who = "adam_state_update";
     state_parts s;
-    zo_status st = state_parts_of(who, kind, state, n, &s);
-    if (st != ZO_OK) return st;
+    zo_status st = state_parts_of(who, kind, state, total, &s);
+    if (st != ZO_OK || (st = state_range_check(who, &s, kind, first, n)) != ZO_OK) return st;
     if (kind.type == ADAM_STATE_F32)
-        return adam_update_impl(impl, hp, n, param, grad, grad_dtype, (float *)(void *)s.m,
-                                (float *)(void *)s.v, out16, out_dtype, nthreads);
+        return adam_update_impl(impl, hp, n, param, grad, grad_dtype, (float *)(void *)s.m + first,
+                                (float *)(void *)s.v + first, out16, out_dtype, nthreads);
     if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK) return st;
     size_t gs = zo_dtype_size(grad_dtype), os = out16 ? zo_dtype_size(out_dtype) : 0;
     adam_array arr[4] = {
@@ -434,10 +483,10 @@ zo_status adam_state_update_impl(adam_impl impl, const adam_hparams *hp, adam_st
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         size_t lo, hi, b0;
-        state_split(&s, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b0);
-        float *p = param + lo;
-        const void *g = (const char *)grad + lo * gs;
-        void *o = out16 ? (char *)out16 + lo * os : NULL;
+        state_split(&s, first, n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi, &b0);
+        float *p = param + (lo - first);
+        const void *g = (const char *)grad + (lo - first) * gs;
+        void *o = out16 ? (char *)out16 + (lo - first) * os : NULL;
         if (hi > lo && bf16s)
             bf16s(&c, hi - lo, p, g, grad_dtype, (uint16_t *)(void *)s.m + lo,
                   (uint16_t *)(void *)s.v + lo, o, out_dtype);
@@ -448,10 +497,26 @@ zo_status adam_state_update_impl(adam_impl impl, const adam_hparams *hp, adam_st
     return ZO_OK;
 }
 
+zo_status adam_state_update_impl(adam_impl impl, const adam_hparams *hp, adam_state_kind kind,
+                                 size_t n, float *param, const void *grad, zo_dtype grad_dtype,
+                                 void *state, void *out16, zo_dtype out_dtype, int nthreads)
+{
+    return state_update("adam_state_update", impl, hp, kind, n, 0, n, param, grad, grad_dtype, state, out16,
+                        out_dtype, nthreads);
+}
+
 zo_status adam_state_update(const adam_hparams *hp, adam_state_kind kind, size_t n,
                             float *param, const void *grad, zo_dtype grad_dtype, void *state,
                             void *out16, zo_dtype out_dtype, int nthreads)
 {
     return adam_state_update_impl(ADAM_IMPL_AUTO, hp, kind, n, param, grad, grad_dtype, state,
                                   out16, out_dtype, nthreads);
+}
+
+zo_status adam_state_update_range(const adam_hparams *hp, adam_state_kind kind, size_t total, size_t first,
+                                  size_t n, float *param, const void *grad, zo_dtype grad_dtype, void *state,
+                                  void *out16, zo_dtype out_dtype, int nthreads)
+{
+    return state_update("adam_state_update_range", ADAM_IMPL_AUTO, hp, kind, total, first, n, param, grad,
+                        grad_dtype, state, out16, out_dtype, nthreads);
 }

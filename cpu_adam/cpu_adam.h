@@ -244,6 +244,22 @@ zo_status adam_state_to_f32(adam_state_kind kind, const void *state, uint64_t n,
  * to_f32 then from_f32. ZO_ERR_INVALID for a v below zero (named by index). */
 zo_status adam_state_from_f32(adam_state_kind kind, void *state, uint64_t n, const float *m,
                               const float *v, int nthreads);
+/* The step and the conversions over elements [first, first + n) of the
+ * state of `total` parameters in `state` (a part of a buffer, as the
+ * runtime's chunks are updated piece by piece): param, grad, out16, m and v
+ * point at element `first`; the rest of the buffer is left as it is. q8:
+ * first is a multiple of the block, and first + n too unless it is total
+ * (whole blocks, each with its absmax); any range for bf16 and fp32. The
+ * bits are those of the whole-buffer calls on the same elements.
+ * ZO_ERR_INVALID as those, and for a range outside the state or (q8) not
+ * of whole blocks. */
+zo_status adam_state_update_range(const adam_hparams *hp, adam_state_kind kind, size_t total, size_t first,
+                                  size_t n, float *param, const void *grad, zo_dtype grad_dtype, void *state,
+                                  void *out16, zo_dtype out_dtype, int nthreads);
+zo_status adam_state_to_f32_range(adam_state_kind kind, const void *state, uint64_t total, uint64_t first,
+                                  uint64_t n, float *m, float *v, int nthreads);
+zo_status adam_state_from_f32_range(adam_state_kind kind, void *state, uint64_t total, uint64_t first,
+                                    uint64_t n, const float *m, const float *v, int nthreads);
 /* The same with a chosen implementation (every one gives the scalar one's
  * bits; ZO_ERR_UNSUPPORTED where the CPU cannot run it): tests and benches. */
 zo_status adam_state_to_f32_impl(adam_impl impl, adam_state_kind kind, const void *state,

@@ -46,6 +46,8 @@ typedef struct offload_acct {
                                             optimizer's thread left (the host thread's) */
     int64_t grad_stats_fused; /* blocks' statistics taken by the addition that completed the sum */
     int64_t grad_stats_read;  /* ... by a pass of their own over the host sum, read again */
+    uint64_t state_fused;     /* elements of encoded m and v the host updated a whole chunk in place */
+    uint64_t state_decoded;   /* ... decoded, updated in fp32, coded again */
 } offload_acct;
 
 typedef struct offload_dp offload_dp; /* dp.h */

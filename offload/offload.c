@@ -87,6 +87,7 @@ void offload_config_defaults(offload_config *c)
     c->swap_buffers = 3;
     c->grad_accum = 1;
     c->reduce_dtype = ZO_DTYPE_F32;
+    c->state_unfused = getenv("ZO_STATE_UNFUSED") != NULL;
     c->adam = (offload_adamw){.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                               .weight_decay = 0.1f, .clip = 1.0f};
 }
@@ -797,6 +798,8 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->grad_sums_beside = a->grad_sums_beside;
     o->grad_stats_fused = a->grad_stats_fused;
     o->grad_stats_read = a->grad_stats_read;
+    o->state_fused = a->state_fused;
+    o->state_decoded = a->state_decoded;
     o->n_expert_slots = rt->sm->c.n_slots ? rt->sm->c.expert_slots : 0;
     o->expert_slot_bytes = o->n_expert_slots ? rt->sm->c.expert_numel * rt->g.es : 0;
     o->experts_fetched = a->experts_fetched;
@@ -835,6 +838,7 @@ void offload_reset_times(offload_t *rt)
     a->comm_calls = 0;
     a->grad_sums = a->grad_sums_beside = 0;
     a->grad_stats_fused = a->grad_stats_read = 0;
+    a->state_fused = a->state_decoded = 0;
 }
 
 void offload_format_peak_vs_plan(char *buf, size_t n, uint64_t measured, const offload_prediction *pr,
@@ -905,6 +909,8 @@ zo_status offload_stats_json(const offload_t *rt, const offload_prediction *pred
     cJSON_AddNumberToObject(op, "grad_sums_beside", (double)s.grad_sums_beside);
     cJSON_AddNumberToObject(op, "grad_stats_fused", (double)s.grad_stats_fused);
     cJSON_AddNumberToObject(op, "grad_stats_read", (double)s.grad_stats_read);
+    cJSON_AddNumberToObject(op, "state_fused", (double)s.state_fused);
+    cJSON_AddNumberToObject(op, "state_decoded", (double)s.state_decoded);
     cJSON_AddNumberToObject(o, "micro_batches", (double)s.micro_batches);
     cJSON_AddNumberToObject(o, "steps", (double)s.steps);
     cJSON_AddNumberToObject(o, "skipped", (double)s.skipped);

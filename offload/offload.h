@@ -256,6 +256,10 @@ typedef struct offload_config {
     int swap_buffers;                /* sub-group buffers of the NVMe pipeline; 0 = 3 */
     int grad_accum;                  /* micro-batches per step; 0 = 1 */
     int n_threads;                   /* CPU Adam threads; 0 = OpenMP's default */
+    int state_unfused;               /* bf16/8-bit m and v on the host: every chunk decoded, updated in
+                                        fp32, coded again, as before the fused update (the same bits;
+                                        tests and benchmarks). Default: the environment variable
+                                        ZO_STATE_UNFUSED set (offload_config_defaults) */
     offload_schedule schedule;       /* when the update runs (default SERIAL) */
     int clip_stale;                  /* OVERLAP: clip with the previous step's norm, so that
                                         updates start during backward */
@@ -512,6 +516,11 @@ typedef struct offload_stats {
      * pass of their own that reads the sum again (reductions over the
      * ranks, experts kept apart) */
     int64_t grad_stats_fused, grad_stats_read;
+    /* bf16 or 8-bit m and v in host memory or on NVMe: the elements the
+     * host updated a whole chunk in place (cpu_adam's fused step), and
+     * those decoded, updated in fp32 and coded again (part of a chunk, no
+     * fp32 master, an expert left as it is, offload_config.state_unfused) */
+    uint64_t state_fused, state_decoded;
     /* Data parallelism: the collectives of this rank since init (or the
      * last reset), in model elements, the ZeRO paper's unit: an all-reduce
      * of n elements counts 2n (a reduce-scatter and an all-gather), a

@@ -175,10 +175,38 @@ static void round_stochastic(int64_t step, int b, size_t first, float *P, uint16
     }
 }
 
+/* The optimizer's time of an update from t0 on (busy0: the device was
+ * computing then): overlapped when the device was computing at both ends. */
+static void busy_add(offload_optim *o, double t0, int busy0)
+{
+    double dt = zo_now() - t0;
+    int busy1 = offload_device_busy(o->env->acct);
+    pthread_mutex_lock(&o->env->acct->mu);
+    o->env->acct->opt_busy_s += dt;
+    if (busy0 && busy1) o->env->acct->opt_overlap_s += dt;
+    pthread_mutex_unlock(&o->env->acct->mu);
+}
+
+/* The weights P of the optimizer's [rel, rel + n) of block b into the
+ * store (the dtype's nearest), in puts of at most put_max. */
+static zo_status put_weights(step_ctx *c, int b, size_t rel, size_t n, const float *P)
+{
+    wstore *ws = c->dst;
+    zo_status st;
+    for (size_t d = 0; d < n;) {
+        size_t k = n - d < ws->put_max ? n - d : ws->put_max;
+        void *dst;
+        if ((st = ws->ops->put_host(ws, b, rel + d, k, &dst)) != ZO_OK) return st;
+        zo_convert(dst, c->o->m->dtype, P + d, ZO_DTYPE_F32, k);
+        if ((st = wstore_put_host_done(ws, b, rel + d, k)) != ZO_OK) return st;
+        d += k;
+    }
+    return ZO_OK;
+}
+
 /* One AdamW call over the optimizer's flat [a, e) of block b, all with or
  * without decay; P, M, V point at element a; the new weights go to the
- * store. The time it takes counts as overlapped when the device was
- * computing at both ends. */
+ * store. */
 static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay, int expert, float *P,
                               float *M, float *V)
 {
@@ -187,14 +215,8 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     size_t rel = a - o->og->off[b], n = e - a;
     adam_hparams hp = o->hp;
     if (!decay) hp.weight_decay = 0.0f;
-    if (expert_untouched(o, b, expert, &hp.step)) {
-        /* an expert no token went to: its weights put back as they are */
-        void *dst;
-        zo_status st = ws->ops->put_host(ws, b, rel, n, &dst);
-        if (st != ZO_OK) return st;
-        zo_convert(dst, o->m->dtype, P, ZO_DTYPE_F32, n);
-        return wstore_put_host_done(ws, b, rel, n);
-    }
+    /* an expert no token went to: its weights put back as they are */
+    if (expert_untouched(o, b, expert, &hp.step)) return put_weights(c, b, rel, n, P);
     double t0 = zo_now();
     int busy0 = offload_device_busy(o->env->acct);
     void *dst;
@@ -214,12 +236,7 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     size_t run; /* (a piece lies in one run of the part: piece_part) */
     if (sr) round_stochastic(o->hp.step, b, offload_dp_part_at(o->env->dp, b, rel, &run), P, dst, n);
     st = wstore_put_host_done(ws, b, rel, n);
-    double dt = zo_now() - t0;
-    int busy1 = offload_device_busy(o->env->acct);
-    pthread_mutex_lock(&o->env->acct->mu);
-    o->env->acct->opt_busy_s += dt;
-    if (busy0 && busy1) o->env->acct->opt_overlap_s += dt;
-    pthread_mutex_unlock(&o->env->acct->mu);
+    busy_add(o, t0, busy0);
     return st;
 }
 
@@ -260,6 +277,94 @@ static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float 
             pos = e;
         }
         if (pos == off[b + 1] && (st = block_complete(c, b)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* ---- the update of a chunk of encoded m and v ------------------------------------------- */
+
+/* The optimizer's flat [a, e) of block b, one piece (piece_part), whose
+ * moments are elements [r, r + e - a) of the state S of a chunk of cn
+ * elements (r and e - a whole units of the encoding, or to the chunk's
+ * end): cpu_adam's fused step on it, P the master at a. The new weights go
+ * straight into the store's memory when one put takes them, else from P
+ * after the step (fp32 weights, or puts shorter than an 8-bit block). */
+static zo_status update_fused(step_ctx *c, int b, size_t a, size_t e, int decay, adam_state_kind kind, void *S,
+                              size_t cn, size_t r, float *P)
+{
+    offload_optim *o = c->o;
+    wstore *ws = c->dst;
+    size_t rel = a - o->og->off[b], n = e - a;
+    adam_hparams hp = o->hp;
+    if (!decay) hp.weight_decay = 0.0f;
+    double t0 = zo_now();
+    int busy0 = offload_device_busy(o->env->acct);
+    int direct = o->m->dtype != ZO_DTYPE_F32 && n <= ws->put_max;
+    void *dst = NULL;
+    zo_status st = direct ? ws->ops->put_host(ws, b, rel, n, &dst) : ZO_OK;
+    if (st != ZO_OK) return st;
+    oshard_sum sum;
+    ostate_grad_sum(o->os, b, &sum);
+    st = adam_state_update_range(&hp, kind, cn, r, n, P, sum.part + rel, ZO_DTYPE_F32, S, dst, o->m->dtype,
+                                 o->threads);
+    if (st != ZO_OK)
+        return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu (%s m, v)", b, rel, rel + n,
+                             adam_state_name(kind));
+    st = direct ? wstore_put_host_done(ws, b, rel, n) : put_weights(c, b, rel, n, P);
+    busy_add(o, t0, busy0);
+    return st;
+}
+
+/* A host shard's whole chunk of encoded m and v (S: the state of flat
+ * [first, first + n), kind; P the fp32 master at first) in one pass a
+ * piece (oshard_update.host_state): each run of whole units (8-bit blocks,
+ * bf16 elements) inside one piece (a block's decay range) is cpu_adam's
+ * fused step, cut where a put of the new weights ends; a unit that two
+ * pieces share is decoded into sm, sv, updated by update_host, coded again.
+ * Every unit is decoded, updated and coded as the chunk's decode,
+ * update_host and code would (the fused step is that sequence, bit for bit:
+ * cpu_adam.h), so the bits are the same. *done 0, nothing touched: a piece
+ * of an expert that stays as it is (the whole chunk's decode and code
+ * re-codes it: left to that). */
+static zo_status update_host_state(void *ctx, size_t first, size_t n, float *P, adam_state_kind kind, void *S,
+                                   float *sm, float *sv, int *done)
+{
+    step_ctx *c = ctx;
+    offload_optim *o = c->o;
+    const size_t *off = o->og->off;
+    size_t unit = kind.type == ADAM_STATE_Q8 ? kind.block : 1, end = first + n;
+    size_t most = c->dst->put_max / unit * unit; /* (elements a put takes, whole units) */
+    int decay, expert;
+    long step;
+    zo_status st;
+    *done = 0;
+    for (size_t pos = first; pos < end;) {
+        int b = offload_block_of(o->og, pos);
+        size_t bend = off[b + 1] < end ? off[b + 1] : end;
+        pos = off[b] + piece_part(o, b, pos - off[b], bend - off[b], &decay, &expert);
+        if (expert_untouched(o, b, expert, &step)) return ZO_OK;
+    }
+    *done = 1;
+    for (size_t r = 0; r < n;) { /* (r: a unit's first element) */
+        size_t pos = first + r, ulen = n - r < unit ? n - r : unit;
+        int b = offload_block_of(o->og, pos);
+        size_t bend = off[b + 1] < end ? off[b + 1] : end;
+        size_t e = off[b] + piece_part(o, b, pos - off[b], bend - off[b], &decay, &expert);
+        if (e - first < r + ulen) { /* the unit is shared (update_host's puts: at most put_max) */
+            if ((st = adam_state_to_f32_range(kind, S, n, r, ulen, sm, sv, o->threads)) != ZO_OK) return st;
+            for (size_t f = 0, k; f < ulen; f += k) {
+                k = ulen - f < c->dst->put_max ? ulen - f : c->dst->put_max;
+                if ((st = update_host(ctx, pos + f, k, P + r + f, sm + f, sv + f)) != ZO_OK) return st;
+            }
+            if ((st = adam_state_from_f32_range(kind, S, n, r, ulen, sm, sv, o->threads)) != ZO_OK) return st;
+            r += ulen;
+            continue;
+        }
+        size_t stop = e == end ? n : (e - first) / unit * unit;
+        if (most && stop - r > most) stop = r + most;
+        if ((st = update_fused(c, b, pos, first + stop, decay, kind, S, n, r, P + r)) != ZO_OK) return st;
+        if (first + stop == off[b + 1] && (st = block_complete(c, b)) != ZO_OK) return st;
+        r = stop;
     }
     return ZO_OK;
 }
@@ -415,7 +520,10 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void
 
 static oshard_update updater(step_ctx *c)
 {
-    return (oshard_update){.host = update_host, .dev = update_dev, .ctx = c};
+    /* (an fp32 master: the host shards' encoded m and v updated in one pass) */
+    int fused = c->o->cfg->master == ZO_PLAN_MASTER_FP32 && !c->o->cfg->state_unfused;
+    return (oshard_update){.host = update_host, .host_state = fused ? update_host_state : NULL,
+                           .dev = update_dev, .ctx = c};
 }
 
 /* ---- the jobs ---------------------------------------------------------------------------- */

@@ -190,9 +190,10 @@ static void copy_or_zero_team(float *dst, const float *src, size_t n, int thread
  * `chunk` elements from the start of a shard (or of an NVMe sub-group), each
  * chunk one adam_state buffer of its own, so that any range is reached a
  * chunk at a time: decoded into fp32 scratch, updated by the fp32 path,
- * coded again (what adam_state_update does in one pass: the same fp32
- * sequence, the moments coded after it; adam_state_from_f32 codes as the
- * step does). The master stays fp32. */
+ * coded again. The step updates a whole chunk in place instead, with an
+ * fp32 master (oshard_update.host_state: adam_state_update a piece, the
+ * same fp32 sequence with the moments coded after it, bit for bit; an
+ * 8-bit block that two pieces share goes the first way alone). */
 typedef struct ostate_enc {
     adam_state_kind kind;
     size_t chunk;       /* elements a chunk: a multiple of the 8-bit block */
@@ -316,12 +317,31 @@ static zo_status enc_upd_fn(void *ctx, size_t at, size_t len, size_t off, float 
     return ZO_OK;
 }
 
-/* The update of [rel, rel + k) (flat index flat0 at rel), P its master. */
+/* The update of [rel, rel + k) (flat index flat0 at rel), P its master:
+ * each whole chunk by u->host_state when there is one and it takes it (an
+ * fp32 master), the rest a chunk at a time decoded, updated by u->host and
+ * coded again (a range that starts or ends inside a chunk: the chunk's
+ * other elements are coded again too, as they were decoded). */
 static zo_status enc_update(const ostate_enc *e, void *S, size_t n, size_t rel, size_t k, size_t flat0,
-                            float *P, const oshard_update *u, float *sm, float *sv, size_t most)
+                            float *P, const oshard_update *u, float *sm, float *sv, size_t most, offload_acct *a)
 {
     enc_upd x = {.u = u, .flat0 = flat0, .rel0 = rel, .P = P, .most = most ? most : k};
-    return enc_walk(e, S, n, rel, k, sm, sv, 1, 1, 0, enc_upd_fn, &x);
+    zo_status st;
+    for (size_t at = rel, end = rel + k; at < end;) {
+        size_t c = at / e->chunk, c0 = c * e->chunk;
+        size_t clen = n - c0 < e->chunk ? n - c0 : e->chunk;
+        size_t stop = end < c0 + clen ? end : c0 + clen;
+        int done = 0;
+        if (u->host_state && P && at == c0 && stop == c0 + clen &&
+            (st = u->host_state(u->ctx, flat0 + (c0 - rel), clen, P + (c0 - rel), e->kind,
+                                (char *)S + c * e->cbytes, sm, sv, &done)) != ZO_OK)
+            return st;
+        if (!done && (st = enc_walk(e, S, n, at, stop - at, sm, sv, 1, 1, 0, enc_upd_fn, &x)) != ZO_OK) return st;
+        if (done) a->state_fused += stop - at;
+        else a->state_decoded += stop - at;
+        at = stop;
+    }
+    return ZO_OK;
 }
 
 /* ---- host memory ----------------------------------------------------------------------- */
@@ -432,7 +452,7 @@ static zo_status host_step_range(oshard *sh, size_t first, size_t n, const oshar
     }
     float *P0 = h->nomaster ? NULL : h->P + r0;
     if (enc_on(&h->enc)) return enc_update(&h->enc, h->S, sh->n, r0, n, first, P0, u, h->sm, h->sv,
-                                          h->sub_group);
+                                          h->sub_group, sh->env->acct);
     for (size_t f = 0; f < n; f += h->sub_group) {
         size_t k = n - f < h->sub_group ? n - f : h->sub_group, r = r0 + f;
         if ((st = u->host(u->ctx, first + f, k, P0 ? P0 + f : NULL, h->M + r, h->V + r)) != ZO_OK) return st;
@@ -735,7 +755,8 @@ static zo_status nvs_update(void *user, size_t group, size_t first, size_t n, fl
     nvs_step_ctx *c = user;
     nvme_shard *s = (nvme_shard *)c->sh;
     if (enc_on(&s->enc))
-        return enc_update(&s->enc, m, n, 0, n, c->sh->first + first, master, c->u, s->sm, s->sv, s->group);
+        return enc_update(&s->enc, m, n, 0, n, c->sh->first + first, master, c->u, s->sm, s->sv, s->group,
+                          c->sh->env->acct);
     return c->u->host(c->u->ctx, c->sh->first + first, n, master, m, v);
 }
 
@@ -754,7 +775,7 @@ static zo_status nvs_step_range(oshard *sh, size_t first, size_t n, const oshard
         size_t stop = end < gf + gn ? end : gf + gn, o = rel - gf;
         if (enc_on(&s->enc))
             st = enc_update(&s->enc, s->cache[1], gn, o, stop - rel, sh->first + rel, s->cache[0] + o, u, s->sm,
-                            s->sv, s->group);
+                            s->sv, s->group, sh->env->acct);
         else
             st = u->host(u->ctx, sh->first + rel, stop - rel, s->cache[0] + o, s->cache[1] + o, s->cache[2] + o);
         if (st != ZO_OK) return st;
@@ -814,7 +835,11 @@ static void nvs_destroy(oshard *sh)
 static void nvs_image_key(const oshard *sh, char *key, size_t len, uint64_t *bytes)
 {
     const nvme_shard *s = (const nvme_shard *)sh;
-    *bytes = enc_on(&s->enc) ? enc_bytes(&s->enc, sh->n / s->group * s->group) + enc_bytes(&s->enc, sh->n % s->group) : 0;
+    /* (each group's chunks from its own first element: a group that is not
+     * whole chunks ends in a short one, so the groups' bytes add up, not
+     * the bytes of their elements together) */
+    *bytes = enc_on(&s->enc) ? sh->n / s->group * enc_bytes(&s->enc, s->group) + enc_bytes(&s->enc, sh->n % s->group)
+                             : 0;
     snprintf(key, len, "nvme %zu+%zu %s group %zu chunk %zu", sh->first, sh->n,
              enc_on(&s->enc) ? adam_state_name(s->enc.kind) : "fp32", s->group, s->enc.chunk);
 }

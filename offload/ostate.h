@@ -15,12 +15,23 @@
 #ifndef ZO_OFFLOAD_OSTATE_H
 #define ZO_OFFLOAD_OSTATE_H
 
-#include "offload/dp.h" /* defines: offload_dp, offload_env, offload_geom */
+#include "cpu_adam/cpu_adam.h" /* defines: adam_state_kind */
+#include "offload/dp.h"        /* defines: offload_dp, offload_env, offload_geom */
 
 /* The step, as the shards call it. */
 typedef struct oshard_update {
     /* host state of flat [first, first + n): master P, moments M and V */
     zo_status (*host)(void *ctx, size_t first, size_t n, float *P, float *M, float *V);
+    /* (optional) host state of flat [first, first + n) with m and v
+     * encoded: a whole chunk, S its state buffer (cpu_adam's adam_state
+     * layout of `kind` over the n elements), P its fp32 master; sm, sv fp32
+     * scratch of at least one 8-bit block. Updated in place without
+     * decoding the chunk, the same bits as `host` on the decoded moments
+     * with the chunk coded again after it; *done 0 when it takes nothing
+     * (then nothing is touched: the shard decodes, calls `host`, codes).
+     * NULL: always that. */
+    zo_status (*host_state)(void *ctx, size_t first, size_t n, float *P, adam_state_kind kind, void *S, float *sm,
+                            float *sv, int *done);
     /* device state of block b: P, the moments (fp32 M and V; or, with
      * m and v encoded, S: the block's state buffer, the layout of
      * cpu_adam's adam_state over the block's elements) and the fp32

@@ -372,16 +372,18 @@ typedef struct worst {
 /* One AdamW step of the q8 state in double, from the decoded state: every
  * parameter, absmax and code of `got` (the kernel's step from `before`)
  * checked; the errors of the coded moments gathered in *w. */
-static int check_q8_step(const adam_hparams *hp, adam_state_kind k, size_t n,
+static int check_q8_step(const adam_hparams *hps, size_t every, adam_state_kind k, size_t n,
                          const float *p0, const float *g, void *before, const float *p1,
                          void *got, worst *w)
 {
     parts a = parts_of(k, before, n), b = parts_of(k, got, n);
-    double lr = hp->lr, b1 = hp->beta1, b2 = hp->beta2, eps = hp->eps, wd = hp->weight_decay;
-    double bc1 = 1.0 - pow(b1, (double)hp->step), bc2 = 1.0 - pow(b2, (double)hp->step);
     double *m = xmalloc(n * 8), *v = xmalloc(n * 8);
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
+        /* (element i's hyperparameters: hps[i / every], or hps[0]) */
+        const adam_hparams *hp = &hps[every ? i / every : 0];
+        double lr = hp->lr, b1 = hp->beta1, b2 = hp->beta2, eps = hp->eps, wd = hp->weight_decay;
+        double bc1 = 1.0 - pow(b1, (double)hp->step), bc2 = 1.0 - pow(b2, (double)hp->step);
         size_t bl = i / k.block;
         double mo = map_m[qm_of(&a)[i]] * absmax_m(&a, bl), vo = map_v[qv_of(&a)[i]] * absmax_v(&a, bl);
         double gi = (double)g[i] * hp->grad_mult, pi = p0[i];
@@ -451,7 +453,7 @@ static void test_q8_step_vs_double(void **state)
                 assert_int_equal(adam_state_update_impl(all_impls[ii], &hp, k, n, p, g,
                                                         ZO_DTYPE_F32, st, NULL, ZO_DTYPE_F16, 2),
                                  ZO_OK);
-                assert_int_equal(check_q8_step(&hp, k, n, p0, g, st0, p, st, &w), 0);
+                assert_int_equal(check_q8_step(&hp, 0, k, n, p0, g, st0, p, st, &w), 0);
             }
             if (ii == 0)
                 print_message("# q8/%u: largest error / absmax: m %.5f v %.5f; relative error "
@@ -1061,6 +1063,94 @@ static void test_v_decay(void **state)
 
 /* ---- arguments ---------------------------------------------------------------------------- */
 
+/* adam_state_update_range on pieces of a buffer (the runtime's chunks
+ * updated a piece at a time): 8-bit pieces of whole blocks with their own
+ * hyperparameters (AdamW decay, none, L2), each step checked element by
+ * element against the double reference of its piece; a piece's call leaves
+ * the rest of the buffer as it was; the conversions of a range give the
+ * whole buffer's values there and code only their blocks. */
+static void test_state_ranges(void **state)
+{
+    (void)state;
+    static const uint32_t blocks[] = {2048, 256};
+    const size_t n = 5 * 2048 + 77, cut[4] = {0, 2048, 3 * 2048, 5 * 2048 + 77};
+    for (size_t bi = 0; bi < 2; bi++) {
+        adam_state_kind k = adam_state_q8(blocks[bi]);
+        size_t sb = adam_state_bytes(k, n);
+        float *p = xmalloc(n * 4), *p0 = xmalloc(n * 4), *g = xmalloc(n * 4);
+        float *m = xmalloc(n * 4), *v = xmalloc(n * 4), *m2 = xmalloc(n * 4), *v2 = xmalloc(n * 4);
+        void *st = xmalloc(sb), *st0 = xmalloc(sb), *st2 = xmalloc(sb);
+        uint64_t seed = 91 + bi;
+        for (size_t i = 0; i < n; i++) p[i] = (float)rng_unit(&seed);
+        assert_int_equal(adam_state_init(k, st, n, 2), ZO_OK);
+        worst w = {0};
+        for (int t = 1; t <= 6; t++) {
+            /* per 2048 elements: piece 0 AdamW, piece 1 no decay, piece 2 L2 */
+            adam_hparams hps[6];
+            for (int j = 0; j < 6; j++) hps[j] = hp_make(j >= 3 ? ADAM_DECAY_L2 : ADAM_DECAY_ADAMW, t);
+            hps[1].weight_decay = hps[2].weight_decay = 0.0f;
+            for (size_t i = 0; i < n; i++)
+                g[i] = (float)(rng_unit(&seed) * pow(10.0, (double)((i / 997) % 5) - 3));
+            memcpy(p0, p, n * 4);
+            memcpy(st0, st, sb);
+            static const int order[3] = {2, 0, 1};
+            for (int q = 0; q < 3; q++) {
+                int j = order[q];
+                size_t a = cut[j], e = cut[j + 1];
+                assert_int_equal(adam_state_update_range(&hps[a / 2048], k, n, a, e - a, p + a, g + a, ZO_DTYPE_F32,
+                                                         st, NULL, ZO_DTYPE_F16, 1 + q % 2),
+                                 ZO_OK);
+                if (q != 1) continue;
+                /* pieces 2 and 0 done: piece 1's parameters, codes and absmax as they were */
+                parts x = parts_of(k, st0, n), y = parts_of(k, st, n);
+                assert_memory_equal(p + 2048, p0 + 2048, 2 * 2048 * 4);
+                assert_memory_equal(qm_of(&y) + 2048, qm_of(&x) + 2048, 2 * 2048);
+                assert_memory_equal(qv_of(&y) + 2048, qv_of(&x) + 2048, 2 * 2048);
+                for (size_t bl = 2048 / k.block; bl < 3 * 2048 / k.block; bl++)
+                    assert_true(same_f32(absmax_m(&y, bl), absmax_m(&x, bl)) &&
+                                same_f32(absmax_v(&y, bl), absmax_v(&x, bl)));
+            }
+            assert_int_equal(check_q8_step(hps, 2048, k, n, p0, g, st0, p, st, &w), 0);
+        }
+        /* the conversions of the middle piece */
+        assert_int_equal(adam_state_to_f32(k, st, n, m, v, 2), ZO_OK);
+        memset(m2, 0xff, n * 4), memset(v2, 0xff, n * 4);
+        assert_int_equal(adam_state_to_f32_range(k, st, n, 2048, 2 * 2048, m2 + 2048, v2 + 2048, 2), ZO_OK);
+        assert_memory_equal(m2 + 2048, m + 2048, 2 * 2048 * 4);
+        assert_memory_equal(v2 + 2048, v + 2048, 2 * 2048 * 4);
+        assert_int_equal(((uint32_t *)(void *)m2)[2047], 0xffffffffu); /* (nothing written outside) */
+        assert_int_equal(((uint32_t *)(void *)m2)[3 * 2048], 0xffffffffu);
+        /* other values coded there alone: the nearest codes of their blocks' absmax, the rest as it was */
+        for (size_t i = 2048; i < 3 * 2048; i++) m2[i] = m[i] * 0.5f, v2[i] = v[i] * 0.25f;
+        memcpy(m2, m, 2048 * 4), memcpy(v2, v, 2048 * 4);
+        memcpy(m2 + 3 * 2048, m + 3 * 2048, (n - 3 * 2048) * 4), memcpy(v2 + 3 * 2048, v + 3 * 2048, (n - 3 * 2048) * 4);
+        memcpy(st2, st, sb);
+        assert_int_equal(adam_state_from_f32_range(k, st2, n, 2048, 2 * 2048, m2 + 2048, v2 + 2048, 1), ZO_OK);
+        parts x = parts_of(k, st, n), y = parts_of(k, st2, n);
+        assert_memory_equal(qm_of(&y), qm_of(&x), 2048);
+        assert_memory_equal(qm_of(&y) + 3 * 2048, qm_of(&x) + 3 * 2048, n - 3 * 2048);
+        for (size_t i = 2048; i < 3 * 2048; i++) {
+            size_t bl = i / k.block;
+            int cm = qm_of(&y)[i], cv = qv_of(&y)[i];
+            double am = absmax_m(&y, bl), av = absmax_v(&y, bl);
+            if (!ref_code_ok(map_m, m2[i] / am, cm, 2e-6) || !ref_code_ok(map_v, v2[i] / av, cv, 2e-6))
+                fail_msg("q8/%u range code [%zu]: m %d v %d", blocks[bi], i, cm, cv);
+        }
+        /* ranges not of whole blocks, or outside the state */
+        adam_hparams hd = adam_hparams_default();
+        assert_int_equal(adam_state_update_range(&hd, k, n, 64, 2048, p, g, ZO_DTYPE_F32, st, NULL, ZO_DTYPE_F16, 1),
+                         ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "whole blocks"));
+        assert_int_equal(adam_state_update_range(&hd, k, n, 2048, n, p, g, ZO_DTYPE_F32, st, NULL, ZO_DTYPE_F16, 1),
+                         ZO_ERR_INVALID);
+        assert_int_equal(adam_state_to_f32_range(k, st, n, 0, 100, m, v, 1), ZO_ERR_INVALID);
+        assert_int_equal(adam_state_from_f32_range(k, st, n, 4096, n - 4096 + 1, m, v, 1), ZO_ERR_INVALID);
+        free(p), free(p0), free(g), free(m), free(v), free(m2), free(v2), free(st), free(st0), free(st2);
+        print_message("# q8/%u in pieces: largest error / absmax m %.5f v %.5f\n", blocks[bi], w.m_abs, w.v_abs);
+        assert_true(w.m_abs <= 0.00704 && w.v_abs <= 0.00353);
+    }
+}
+
 static void test_state_invalid_args(void **state)
 {
     (void)state;
@@ -1124,6 +1214,7 @@ int main(void)
         cmocka_unit_test(test_conversions_impls),
         cmocka_unit_test(test_training),
         cmocka_unit_test(test_v_decay),
+        cmocka_unit_test(test_state_ranges),
         cmocka_unit_test(test_state_invalid_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1830,6 +1830,118 @@ static void test_device_optimizer_state(void **state)
     }
 }
 
+/* The bytes of `name` in the latest checkpoint under dir (*n of them). */
+static char *ckpt_file(const char *dir, const char *name, size_t *n)
+{
+    char path[700], step[64] = {0};
+    snprintf(path, sizeof path, "%s/latest", dir);
+    FILE *f = fopen(path, "r");
+    if (!f || !fgets(step, sizeof step, f)) fail_msg("%s: no checkpoint", path);
+    fclose(f);
+    step[strcspn(step, "\r\n")] = 0;
+    snprintf(path, sizeof path, "%s/%s/%s", dir, step, name);
+    if (!(f = fopen(path, "rb"))) fail_msg("%s: missing", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return buf;
+}
+
+/* The host's update of bf16 and 8-bit m and v, a whole chunk in place
+ * (cpu_adam's fused step, oshard_update.host_state) against every chunk
+ * decoded, updated in fp32 and coded again (state_unfused, the path before
+ * it): the same bits in the losses, the weights, the fp32 master, m and v
+ * and the encoded bytes (the checkpoint's files) after 4 steps of a 2-layer
+ * LLaMA of 1M parameters whose flat index crosses chunks of 2^18 inside
+ * its blocks and its decay ranges (8-bit blocks shared by two pieces), with
+ * a shard of one chunk or several (the last one short), NVMe sub-groups
+ * smaller than a chunk, sub-groups smaller than an 8-bit block (puts of the
+ * new weights shorter than the fused call), fp32 and bf16 weights, a clip
+ * that binds, 2 micro-batches, updates during backward (ranges that start
+ * and end inside chunks), and Kahan's master (decoded both ways). */
+static void test_state_fused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        zo_plan_opt_state st;
+        zo_dtype dt;
+        double nvme; /* the optimizer's NVMe share (the rest in host memory) */
+        size_t sub_group;
+        offload_schedule sched;
+        zo_plan_master master;
+        int accum;
+    } v[] = {
+        {"8-bit, bf16 weights, host", ZO_PLAN_STATE_8BIT, ZO_DTYPE_BF16, 0, 1u << 20, OFFLOAD_SCHEDULE_SERIAL,
+         ZO_PLAN_MASTER_FP32, 2},
+        {"8-bit, fp32 weights, host/nvme, sub-group 3000", ZO_PLAN_STATE_8BIT, ZO_DTYPE_F32, 0.5, 3000,
+         OFFLOAD_SCHEDULE_SERIAL, ZO_PLAN_MASTER_FP32, 1},
+        {"8-bit, sub-group 1000, overlap", ZO_PLAN_STATE_8BIT, ZO_DTYPE_BF16, 0, 1000, OFFLOAD_SCHEDULE_OVERLAP,
+         ZO_PLAN_MASTER_FP32, 2},
+        {"bf16, host/nvme", ZO_PLAN_STATE_BF16, ZO_DTYPE_BF16, 0.3, 4096, OFFLOAD_SCHEDULE_SERIAL,
+         ZO_PLAN_MASTER_FP32, 1},
+        {"8-bit, kahan master", ZO_PLAN_STATE_8BIT, ZO_DTYPE_BF16, 0, 4096, OFFLOAD_SCHEDULE_SERIAL,
+         ZO_PLAN_MASTER_KAHAN, 1},
+    };
+    static const char *files[] = {"model.safetensors", "optimizer.safetensors", "optimizer.image"};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        run base = {.cfg = tiny_llama(2, 192, 256), .dt = v[i].dt, .B = 2, .T = 16, .steps = 4};
+        base_config(&base.oc);
+        base.oc.opt_state = v[i].st;
+        base.oc.sub_group = v[i].sub_group;
+        base.oc.schedule = v[i].sched;
+        base.oc.clip_stale = v[i].sched == OFFLOAD_SCHEDULE_OVERLAP;
+        base.oc.master = v[i].master;
+        base.oc.grad_accum = v[i].accum;
+        base.oc.opt_frac[OFFLOAD_CPU] = 1.0 - v[i].nvme;
+        base.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
+        base.steps = 4;
+        base.save_at = 4;
+        run r[2];
+        char dir[2][300];
+        int skipped = 0;
+        for (int f = 0; f < 2; f++) { /* f 0: fused, 1: decoded */
+            snprintf(dir[f], sizeof dir[f], "%s/state-fused-%d", nvme_dir, f);
+            files_remove_tree(dir[f]);
+            r[f] = base;
+            r[f].oc.state_unfused = f;
+            r[f].save_dir = dir[f];
+            skipped |= do_run(&r[f]) == ZO_ERR_UNSUPPORTED;
+        }
+        if (skipped) {
+            printf("  %s: not run (this build has no NVMe)\n", v[i].name);
+            continue;
+        }
+        int clipped = 0;
+        for (int k = 0; k < base.steps; k++) clipped += r[0].info[k].grad_norm > base.oc.adam.clip;
+        printf("  %-48s loss %.6f at step 3 (clip engaged %d of 4); fused %llu, decoded %llu elements; "
+               "decoded only: fused 0, decoded %llu\n", v[i].name, (double)r[0].loss[3], clipped,
+               (unsigned long long)r[0].stats.state_fused, (unsigned long long)r[0].stats.state_decoded,
+               (unsigned long long)r[1].stats.state_decoded);
+        assert_same_losses(v[i].name, &r[0], &r[1]);
+        for (size_t j = 0; j < sizeof files / sizeof files[0]; j++) {
+            size_t na, nb;
+            char *a = ckpt_file(dir[0], files[j], &na), *b = ckpt_file(dir[1], files[j], &nb);
+            assert_int_equal(na, nb);
+            size_t at = 0;
+            while (at < na && a[at] == b[at]) at++;
+            if (at < na) fail_msg("%s: %s differs from byte %zu of %zu", v[i].name, files[j], at, na);
+            free(a), free(b);
+        }
+        /* the fused path ran (an fp32 master), and the other did not */
+        assert_true(r[1].stats.state_fused == 0 && r[1].stats.state_decoded > 0);
+        if (v[i].master == ZO_PLAN_MASTER_FP32) assert_true(r[0].stats.state_fused > 0);
+        else assert_true(r[0].stats.state_fused == 0);
+        if (v[i].sched == OFFLOAD_SCHEDULE_SERIAL && v[i].master == ZO_PLAN_MASTER_FP32)
+            assert_true(r[0].stats.state_decoded == 0);
+        for (int f = 0; f < 2; f++) files_remove_tree(dir[f]);
+    }
+}
+
 /* The device share's state counts against the device's capacity: a run
  * trains within the peak it measured without a limit, and one whose limit
  * leaves no room for the optimizer's device share is refused at init. */
@@ -2295,6 +2407,7 @@ int main(void)
         cmocka_unit_test(test_device_optimizer),
         cmocka_unit_test(test_device_optimizer_resume),
         cmocka_unit_test(test_device_optimizer_state),
+        cmocka_unit_test(test_state_fused),
         cmocka_unit_test(test_device_optimizer_capacity),
         cmocka_unit_test(test_plan_selective),
     };

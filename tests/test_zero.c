@@ -926,7 +926,9 @@ static void assert_losses_close(const double *got, const double *want, int from,
 /* 8-bit m and v (issue 30) on 2 ranks at ZeRO-2, in memory, on NVMe and on
  * the GPU: each rank writes its shards' encoded bytes beside its optimizer
  * file (optimizer-<r>-of-2.image, in the manifest), and the run resumed on
- * 2 ranks prints the uninterrupted run's losses. */
+ * 2 ranks prints the uninterrupted run's losses, with the host's update
+ * decoding every chunk (ZO_STATE_UNFUSED) where the uninterrupted run
+ * updated whole chunks in place. */
 static void test_train_resume_8bit(void **state)
 {
     (void)state;
@@ -953,13 +955,16 @@ static void test_train_resume_8bit(void **state)
     assert_int_equal(zo_file_read_all(path, 1 << 20, "manifest", &text, NULL), ZO_OK);
     assert_non_null(strstr(text, "optimizer-00001-of-00002.image"));
     free(text);
+    /* (resumed with the host's update decoding every chunk, the way before
+     * the fused one: the same bits on each rank's shards) */
     snprintf(extra, sizeof extra, "%s --steps 8 --nvme-dir %s --resume %s/ck8", flags, tmp_dir, tmp_dir);
-    rc = train_run(2, "", "", extra, out, sizeof out, NULL);
+    rc = train_run(2, "ZO_STATE_UNFUSED=1", "", extra, out, sizeof out, NULL);
     if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     run_train_losses(out, got, 8);
     for (int k = 4; k < 8; k++) assert_true(got[k] == full[k]);
-    printf("  8-bit state, ZeRO-2, 2 ranks: resumed at step 4, steps 4-7 print the uninterrupted run's losses\n");
+    printf("  8-bit state, ZeRO-2, 2 ranks: resumed at step 4 (decoding every chunk), steps 4-7 print the "
+           "uninterrupted run's losses (whole chunks fused)\n");
 }
 
 /* A checkpoint of 4 ranks (ZeRO 0: one rank's form; 1-3: a shard per rank
