@@ -141,6 +141,8 @@ typedef struct run {
     int base_changed;      /* out: a block's frozen base read back differs */
     int count_gemms;       /* when set: the op profile counts the steps' GEMMs */
     double gemms;          /* out: their number */
+    const offload_decay_range *decay; /* when set: these decay ranges in place of the model's */
+    int n_decay;
 } run;
 
 /* VmHWM or VmRSS of this process, bytes; 0 when /proc says nothing. */
@@ -300,6 +302,7 @@ static zo_status do_run(run *r)
     assert_int_equal(st, ZO_OK);
     tf_offload_model tm;
     assert_int_equal(tf_offload_model_init(&tm, &m), ZO_OK);
+    if (r->decay) tm.om.decay = r->decay, tm.om.n_decay = r->n_decay;
     offload_t *rt = NULL;
     st = r->init_status = offload_init(&rt, dev, &tm.om, &r->oc);
     if (st == ZO_ERR_UNSUPPORTED) goto out_model;
@@ -1875,18 +1878,26 @@ static void test_state_fused(void **state)
         offload_schedule sched;
         zo_plan_master master;
         int accum;
+        int ranges; /* decay only on `decay` below: no-decay runs of whole 8-bit blocks */
     } v[] = {
         {"8-bit, bf16 weights, host", ZO_PLAN_STATE_8BIT, ZO_DTYPE_BF16, 0, 1u << 20, OFFLOAD_SCHEDULE_SERIAL,
-         ZO_PLAN_MASTER_FP32, 2},
+         ZO_PLAN_MASTER_FP32, 2, 0},
         {"8-bit, fp32 weights, host/nvme, sub-group 3000", ZO_PLAN_STATE_8BIT, ZO_DTYPE_F32, 0.5, 3000,
-         OFFLOAD_SCHEDULE_SERIAL, ZO_PLAN_MASTER_FP32, 1},
+         OFFLOAD_SCHEDULE_SERIAL, ZO_PLAN_MASTER_FP32, 1, 0},
         {"8-bit, sub-group 1000, overlap", ZO_PLAN_STATE_8BIT, ZO_DTYPE_BF16, 0, 1000, OFFLOAD_SCHEDULE_OVERLAP,
-         ZO_PLAN_MASTER_FP32, 2},
+         ZO_PLAN_MASTER_FP32, 2, 0},
         {"bf16, host/nvme", ZO_PLAN_STATE_BF16, ZO_DTYPE_BF16, 0.3, 4096, OFFLOAD_SCHEDULE_SERIAL,
-         ZO_PLAN_MASTER_FP32, 1},
+         ZO_PLAN_MASTER_FP32, 1, 0},
         {"8-bit, kahan master", ZO_PLAN_STATE_8BIT, ZO_DTYPE_BF16, 0, 4096, OFFLOAD_SCHEDULE_SERIAL,
-         ZO_PLAN_MASTER_KAHAN, 1},
+         ZO_PLAN_MASTER_KAHAN, 1, 0},
+        {"8-bit, decay ranges of their own", ZO_PLAN_STATE_8BIT, ZO_DTYPE_BF16, 0, 1u << 20, OFFLOAD_SCHEDULE_SERIAL,
+         ZO_PLAN_MASTER_FP32, 1, 1},
     };
+    /* (the model's own no-decay ranges, its norms of 192, lie inside 8-bit
+     * blocks that decaying elements share, which take the decoding path:
+     * these leave whole blocks of the layers' 295296 elements without
+     * decay, and decay on ranges that start and end off a block's edge) */
+    static const offload_decay_range decay[] = {{1, 0, 20000}, {2, 5000, 30000}};
     static const char *files[] = {"model.safetensors", "optimizer.safetensors", "optimizer.image"};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run base = {.cfg = tiny_llama(2, 192, 256), .dt = v[i].dt, .B = 2, .T = 16, .steps = 4};
@@ -1901,6 +1912,7 @@ static void test_state_fused(void **state)
         base.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
         base.steps = 4;
         base.save_at = 4;
+        if (v[i].ranges) base.decay = decay, base.n_decay = 2;
         run r[2];
         char dir[2][300];
         int skipped = 0;
