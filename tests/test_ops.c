@@ -2095,6 +2095,25 @@ static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, i
     attention_case_g(op, b, t, hq, hkv, d, window, ty, ty);
 }
 
+#define MMA256_SEED 0x1f83d9abfb41bd6bull
+
+/* Head size 256 (Gemma's) across the mma.sync kernels' 32-row tiles there
+ * (two warps a 16-row slice, each half of the columns): t short of, at and
+ * past one and two tiles, MQA and GQA, windows of a tile and a tile and
+ * one, a soft cap, fp16 and bf16, fp32 gradients (the grids add t 70, 257,
+ * 260 and 300 with caps and windows). From their own stream, given back. */
+static void mma256_grid(gpu_op_id op)
+{
+    uint64_t saved = rng;
+    rng = MMA256_SEED;
+    attention_case(op, 1, 31, 2, 1, 256, 0, E_F16);
+    attention_case(op, 1, 32, 4, 2, 256, 0, E_BF16);
+    attention_case(op, 1, 33, 2, 2, 256, 0, E_BF16);
+    attention_case(op, 1, 64, 4, 1, 256, 32, E_F16);
+    attention_case_sc(op, 1, 65, 4, 2, 256, 33, 0.0f, 2.0f, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
+    rng = saved;
+}
+
 #define SOFTCAP_SEED 0xbb67ae8584caa73bull
 
 /* Gemma-2's attention: scores soft-capped (caps of 1 to 3 against scores of
@@ -2270,6 +2289,7 @@ static void attention_grid(gpu_op_id op)
         attention_case_g(op, 1, 300, 4, 2, 128, 0, E_BF16, E_F32);
         attention_case_g(op, 1, 257, 2, 1, 80, 64, E_F16, E_F32);
     }
+    mma256_grid(op);
     softcap_grid(op);
     alibi_grid(op);
     tc_grid(op);
@@ -3520,6 +3540,24 @@ static void test_attention_path_env(void **state)
     assert_memory_equal(out[7], mma[0], no * 2);
     assert_memory_equal(out[7], mma[1], no * 2);
     assert_memory_not_equal(out[7], out[3], no * 2);
+    /* head dim 256 (Gemma's): auto takes the mma.sync kernels, forced mma's
+     * bits, not the flash kernel's (ZO_ATTENTION=flash) */
+    const size_t nq2 = nq / D * 256, no2 = no / D * 256;
+    uint16_t *q2 = malloc(nq2 * 2), *o2[3] = {malloc(no2 * 2), malloc(no2 * 2), malloc(no2 * 2)};
+    for (size_t i = 0; i < nq2; i++) q2[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
+    a.d.attn = (gpu_attn_desc){.b = B, .t = T, .hq = HQ, .hkv = HKV, .d = 256};
+    a.t[1] = gpu_t(q2, ZO_DTYPE_BF16);
+    for (int k = 0; k < 3; k++) {
+        x.exec.attn_path = k == 1 ? CUDA_ATTN_MMA : CUDA_ATTN_AUTO;
+        if (k == 2) setenv("ZO_ATTENTION", "flash", 1);
+        a.t[0] = gpu_t(o2[k], ZO_DTYPE_BF16);
+        assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    }
+    unsetenv("ZO_ATTENTION");
+    assert_memory_equal(o2[0], o2[1], no2 * 2);
+    assert_memory_not_equal(o2[0], o2[2], no2 * 2);
+    for (int k = 0; k < 3; k++) free(o2[k]);
+    free(q2);
     free(mma[0]);
     free(mma[1]);
     shim_exec_free(&x);
