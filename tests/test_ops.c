@@ -1312,9 +1312,14 @@ static zo_status shim_mma_run(gpu_op_id id, const gpu_op_args *a)
     return shim_cuda_ops[id](&shim_mma.exec, a);
 }
 
+/* (At head size 256 past 256 tokens only the windowed cases: the others
+ * cost the shim seconds a case there, and the windowed ones cross the same
+ * row tiles.) */
 static int takes_mma_attention(const pcase *c)
 {
-    return takes_gemm_attention(c) && cuda_attn_mma_covers(&c->a.d.attn, ZO_DTYPE_BF16);
+    const gpu_attn_desc *d = &c->a.d.attn;
+    if (d->d == 256 && d->t > 256 && !zo_attn_window_masks(d->window, d->t)) return 0;
+    return takes_gemm_attention(c) && cuda_attn_mma_covers(d, ZO_DTYPE_BF16);
 }
 #endif
 
@@ -2095,25 +2100,6 @@ static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, i
     attention_case_g(op, b, t, hq, hkv, d, window, ty, ty);
 }
 
-#define MMA256_SEED 0x1f83d9abfb41bd6bull
-
-/* Head size 256 (Gemma's) across the mma.sync kernels' 32-row tiles there
- * (two warps a 16-row slice, each half of the columns): t short of, at and
- * past one and two tiles, MQA and GQA, windows of a tile and a tile and
- * one, a soft cap, fp16 and bf16, fp32 gradients (the grids add t 70, 257,
- * 260 and 300 with caps and windows). From their own stream, given back. */
-static void mma256_grid(gpu_op_id op)
-{
-    uint64_t saved = rng;
-    rng = MMA256_SEED;
-    attention_case(op, 1, 31, 2, 1, 256, 0, E_F16);
-    attention_case(op, 1, 32, 4, 2, 256, 0, E_BF16);
-    attention_case(op, 1, 33, 2, 2, 256, 0, E_BF16);
-    attention_case(op, 1, 64, 4, 1, 256, 32, E_F16);
-    attention_case_sc(op, 1, 65, 4, 2, 256, 33, 0.0f, 2.0f, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
-    rng = saved;
-}
-
 #define SOFTCAP_SEED 0xbb67ae8584caa73bull
 
 /* Gemma-2's attention: scores soft-capped (caps of 1 to 3 against scores of
@@ -2187,8 +2173,12 @@ static void alibi_grid(gpu_op_id op)
  * both ends of a row's keys) at head sizes 64 and 128 with GQA, one of
  * them soft-capped with fp32 gradients. (The grids above add more of the
  * kind: t 300 window 100, t 97 window 40, soft caps with and without a
- * window at t 255 to 300.) From their own stream, given back after, so the
- * cases that follow draw what they drew before. */
+ * window at t 255 to 300.) Last, head size 256 across the mma.sync
+ * kernels' 32-row tiles there (two warps a 16-row slice, each half of the
+ * columns): t short of and past one tile, at and past two, MQA and GQA,
+ * windows of a tile and a tile and one, a soft cap, fp32 gradients (the
+ * grids add t 70, 257, 260 and 300). From their own stream, given back
+ * after, so the cases that follow draw what they drew before. */
 static void tc_grid(gpu_op_id op)
 {
     uint64_t saved = rng;
@@ -2205,6 +2195,10 @@ static void tc_grid(gpu_op_id op)
     attention_case(op, 1, 200, 4, 2, 64, 64, E_BF16);
     attention_case(op, 1, 200, 2, 1, 128, 65, E_F16);
     attention_case_sc(op, 1, 200, 4, 2, 64, 65, 0.0f, 2.0f, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
+    attention_case(op, 1, 31, 2, 1, 256, 0, E_F16);
+    attention_case(op, 1, 33, 4, 2, 256, 0, E_BF16);
+    attention_case(op, 1, 64, 2, 1, 256, 32, E_F16);
+    attention_case_sc(op, 1, 65, 2, 1, 256, 33, 0.0f, 2.0f, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
     rng = saved;
 }
 
@@ -2280,8 +2274,8 @@ static void attention_grid(gpu_op_id op)
     attention_case(op, 2, 300, 4, 1, 128, 0, E_BF16);
     attention_case(op, 1, 300, 6, 3, 80, 100, E_F16);
     attention_case(op, 1, 300, 2, 2, 64, 300, E_BF16);
-    /* head_dim 256 (Gemma), multi-query as gemma-2b: the flash path and, past
-     * 256 tokens, the GEMM path */
+    /* head_dim 256 (Gemma), multi-query as gemma-2b: the flash path, the
+     * mma.sync kernels (on the shim t 70) and, past 256 tokens, the GEMM path */
     attention_case(op, 1, 97, 2, 1, 256, 0, E_F32);
     attention_case(op, 1, 70, 4, 1, 256, 0, E_BF16);
     attention_case(op, 1, 260, 2, 1, 256, 0, E_BF16);
@@ -2289,7 +2283,6 @@ static void attention_grid(gpu_op_id op)
         attention_case_g(op, 1, 300, 4, 2, 128, 0, E_BF16, E_F32);
         attention_case_g(op, 1, 257, 2, 1, 80, 64, E_F16, E_F32);
     }
-    mma256_grid(op);
     softcap_grid(op);
     alibi_grid(op);
     tc_grid(op);

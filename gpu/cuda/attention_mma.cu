@@ -47,7 +47,7 @@
  * and dV both: 256 registers a lane) would not fit: MB 32 and NH 2, the
  * two warps of a row slice computing the same scores (Q K^T over all of D)
  * and each its half of the outputs; the backward's shared memory with an
- * fp32 dO is 84.5 KiB (at MB 64 it would be 165.5, past sm_80's 163). */
+ * fp32 dO is 82.75 KiB (at MB 64 it would be 165.5, past sm_80's 163). */
 template <int D>
 struct mma_tiles {
     static constexpr int NH = D > 128 ? 2 : 1;
