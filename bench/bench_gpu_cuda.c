@@ -17,7 +17,8 @@
  *   ZO_ATTENTION=tune, the backend's tuned choice too (row causal_tune).
  *   On the 13B layer's heads at t 2048 and 4096, and on other models'
  *   attention (attn_shapes): GPT-2's heads of 64, a sliding window
- *   (Mistral-7B's heads) and a soft cap (Gemma-2-27B's).
+ *   (Mistral-7B's heads), a soft cap (Gemma-2-27B's) and Gemma-2-9B's
+ *   heads of 256 (window and cap).
  * Every input is random (uniform in [-1, 1], a fixed seed), as training's
  * are: constant data toggles few bits in the multipliers and on the buses,
  * draws less power and lets the GPU hold clocks that real data would not,
@@ -35,6 +36,7 @@
 #include <cuda_runtime_api.h> /* defines: cudaStreamCreate, cudaGetDeviceProperties */
 
 #include "bench/bench.h"          /* defines: bench_header, bench_time_best, bench_row */
+#include "common/attn_path.h"     /* defines: zo_attn_tc_covers */
 #include "common/dtype.h"         /* defines: zo_f32_to_bf16 */
 #include "gpu/device.h"           /* defines: gpu_device_open, gpu_gemm, gpu_attention_forward, ... */
 
@@ -362,7 +364,8 @@ static int bench_copies(void)
  * d over hkv kv heads, a sliding window of `window` keys (0: none), scores
  * soft-capped at `softcap` (0: none); every path times it (the flash
  * kernel and the GEMM path take any, the tensor-core and mma.sync kernels
- * these head sizes, windows and caps). */
+ * these windows and caps; head size 256 the mma.sync kernels but not the
+ * tensor-core ones, whose row it leaves out). */
 typedef struct attn_shape {
     int b, t, hq, hkv, d, window;
     float softcap;
@@ -375,6 +378,8 @@ static const attn_shape attn_shapes[] = {
     {1, 4096, 32, 8, 128, 1024, 0.0f}, /* Mistral-7B's heads (GQA 32/8) with a window of 1024: its own 4096
                                           masks nothing at t 4096 */
     {1, 4096, 32, 16, 128, 0, 50.0f},  /* Gemma-2-27B's heads (GQA 32/16), scores capped at 50 */
+    {1, 4096, 16, 8, 256, 4096, 50.0f}, /* Gemma-2-9B's layer: 16 / 8 heads of 256, its window of 4096
+                                           (masks nothing at t 4096) and cap of 50 */
 };
 
 /* The rows of one shape: random inputs (seeds 5 + seed and 7 + seed) filled
@@ -418,11 +423,14 @@ static int attention_row(const attn_shape *sh, void *stage, uint64_t seed)
     static const char *names[PATHS] = {"", " (GEMM path)", " (tensor-core kernels)", " (mma.sync)", " (tuned)"};
     static const char *rows[PATHS] = {"causal", "causal_gemm", "causal_tc", "causal_mma", "causal_tune"};
     const int n_paths = attn_tune ? PATHS : PATHS - 1;
+    /* forced tc on a head size it does not cover would time the rule's choice */
+    const int tc = zo_attn_tc_covers(1, d, sh->window, t, sh->softcap, 0.0f);
     double best[PATHS][2], best32[PATHS];
     for (int p = 0; p < PATHS; p++) best[p][0] = best[p][1] = best32[p] = INFINITY;
     char what[96];
     for (int round = 0; round < ROUNDS; round++)
         for (int p = 0; p < n_paths; p++) {
+            if (p == 2 && !tc) continue;
             setenv("ZO_ATTENTION", paths[p], 1);
             r.backward = 0;
             if (gpu_attention_forward(S, &r.a, r.out, r.lse, r.qkv) != ZO_OK ||
@@ -457,10 +465,11 @@ static int attention_row(const attn_shape *sh, void *stage, uint64_t seed)
               best[0][0] * 1e3, f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12, "-", "-", "-",
               "-", d, sh->hkv, sh->window, (double)sh->softcap);
     for (int p = 1; p < n_paths; p++)
-        bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f %4d %4d %6d %5g", rows[p],
-                  b, t, hq, best[p][0] * 1e3, f / best[p][0] * 1e-12, best[p][1] * 1e3, 2.5 * f / best[p][1] * 1e-12,
-                  best[0][0] / best[p][0], best[0][1] / best[p][1], best32[p] * 1e3, 2.5 * f / best32[p] * 1e-12, d,
-                  sh->hkv, sh->window, (double)sh->softcap);
+        if (p != 2 || tc)
+            bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f %4d %4d %6d %5g",
+                      rows[p], b, t, hq, best[p][0] * 1e3, f / best[p][0] * 1e-12, best[p][1] * 1e3,
+                      2.5 * f / best[p][1] * 1e-12, best[0][0] / best[p][0], best[0][1] / best[p][1], best32[p] * 1e3,
+                      2.5 * f / best32[p] * 1e-12, d, sh->hkv, sh->window, (double)sh->softcap);
     gpu_mem_free(dev, qkv);
     gpu_mem_free(dev, out);
     gpu_mem_free(dev, dout);
@@ -472,7 +481,8 @@ static int attention_row(const attn_shape *sh, void *stage, uint64_t seed)
 }
 
 /* The attention rows, one group per attn_shape (13B heads at sequences of
- * 2048 and 4096, then GPT-2's, a window's and a soft cap's; the last four
+ * 2048 and 4096, then GPT-2's, a window's, a soft cap's and Gemma-2-9B's
+ * (no causal_tc row: head size 256); the last four
  * columns say the shape: head dim, kv heads, window, cap): the
  * flash kernel's row ("causal"), the GEMM path's ("causal_gemm") and the
  * fused tensor-core kernels' ("causal_tc"), each of the last two with its

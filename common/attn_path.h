@@ -28,17 +28,18 @@ static inline int zo_attn_tc_covers(int qkv_16bit, int head_dim, int window, int
 }
 
 /* Whether the mma.sync kernels compute it: the tensor-core kernels' cases
- * but ALiBi (gpu/cuda/attention_mma.h). */
+ * but ALiBi, and head dim 256 (Gemma's; gpu/cuda/attention_mma.h). */
 static inline int zo_attn_mma_covers(int qkv_16bit, int head_dim, int window, int t, float softcap, float alibi)
 {
-    return zo_attn_tc_covers(qkv_16bit, head_dim, window, t, softcap, alibi) && alibi <= 0.0f;
+    const int d256 = qkv_16bit && head_dim == 256;
+    return (zo_attn_tc_covers(qkv_16bit, head_dim, window, t, softcap, alibi) || d256) && alibi <= 0.0f;
 }
 
 /* The automatic choice for t tokens a sequence (lt: the device has
  * cuBLASLt; tc_aligned: qkv is where the tensor-core and mma.sync kernels'
  * 16-byte vector loads can read it): the mma.sync kernels wherever they
- * cover the layer (16-bit qkv, head dim 64, 80, 96 or 128, windows, soft
- * caps; no ALiBi); else the tensor-core kernels where they cover it and
+ * cover the layer (16-bit qkv, head dim 64, 80, 96, 128 or 256, windows,
+ * soft caps; no ALiBi); else the tensor-core kernels where they cover it and
  * either the head dim is at most 64 or the GEMM path is not taken; the
  * GEMM path for 16-bit qkv from ZO_ATTN_GEMM_MIN_T tokens; else the flash
  * kernel.
@@ -49,8 +50,11 @@ static inline int zo_attn_mma_covers(int qkv_16bit, int head_dim, int window, in
  * flash kernel 5.2 (t 2048); backward with fp32 output gradients (the
  * transformer's): mma.sync 32.7 / 35.5, GEMM 27.2 / 29.9, tensor-core 10.9
  * / 11.6 (with 16-bit ones 39.0 / 42.6, 32.4 / 35.5, 23.0 / 24.9; flash 4.7).
- * Head dim 64 was not measured on the mma.sync kernels: they take it as the
- * same kernel design as at 128 (the next GPU run's bench measures it). At
+ * Head dims 64 and 256 were not measured on the mma.sync kernels: they take
+ * them at 128's rates (64: the same kernel design; 256: 32-row tiles whose
+ * two warps a row slice both compute the scores, each half of the outputs,
+ * likely slower than 128 and, unmeasured, assumed to beat the GEMM path as
+ * 128 does; the next GPU run's bench measures both). At
  * head dim 64 on the H200 (b 8, t 1024) the tensor-core kernels ran 41.6
  * forward and 18.6 backward against the GEMM path's 16.3 and 11.0. */
 static inline zo_attn_path zo_attn_auto_path(int qkv_16bit, int tc_aligned, int head_dim, int window,

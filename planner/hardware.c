@@ -147,7 +147,9 @@ static const plan_hw_preset presets[] = {
  * of 128, causal, bf16, at b 2 t 2048 and b 1 t 4096: forward 141.6 and
  * 159.7, backward with fp32 output gradients (the transformer's) 32.7 and
  * 35.5: their means. Head dim 64 was not measured: it takes 128's, the
- * same kernel design (the next GPU run's bench times GPT-2's shape).
+ * same kernel design (the next GPU run's bench times GPT-2's shape); nor
+ * was 256 (Gemma's): it takes 128's too, likely high (32-row tiles, the
+ * scores computed by two warps; the bench times Gemma-2-9B's shape).
  * The H200 (the same GH100 at the same clocks, faster HBM) takes the same
  * figures, the tensor-core and mma.sync kernels' as the rest; the
  * bandwidth fractions give it its faster memory. The other GPUs have none

@@ -62,9 +62,10 @@ typedef struct plan_kernels {
                                               above [1]; taken where the mma.sync kernels are
                                               not (ALiBi) at head dim <= 64, or below t
                                               PLAN_ATTN_GEMM_MIN_T (common/attn_path.h's rule) */
-    double attn_mma_fwd[2], attn_mma_bwd[2]; /* the mma.sync kernels, the same cases but ALiBi, at
-                                                head dim <= 64 [0] and above [1]; taken wherever
-                                                they cover the layer */
+    double attn_mma_fwd[2], attn_mma_bwd[2]; /* the mma.sync kernels, the same cases but ALiBi and
+                                                head dim 256 too, at head dim <= 64 [0] and above
+                                                [1] (256 unmeasured: 128's); taken wherever they
+                                                cover the layer */
     double ew_eff;    /* fraction of hbm_bw the elementwise kernels reach (their bytes as the
                          runtime moves them: 16-bit activations, fp32 gradients) */
     double lora_eff;  /* fraction of hbm_bw a LoRA GEMM (one dimension r) reaches over its bytes */

@@ -1312,9 +1312,14 @@ static zo_status shim_mma_run(gpu_op_id id, const gpu_op_args *a)
     return shim_cuda_ops[id](&shim_mma.exec, a);
 }
 
+/* (At head size 256 past 256 tokens only the windowed cases: the others
+ * cost the shim seconds a case there, and the windowed ones cross the same
+ * row tiles.) */
 static int takes_mma_attention(const pcase *c)
 {
-    return takes_gemm_attention(c) && cuda_attn_mma_covers(&c->a.d.attn, ZO_DTYPE_BF16);
+    const gpu_attn_desc *d = &c->a.d.attn;
+    if (d->d == 256 && d->t > 256 && !zo_attn_window_masks(d->window, d->t)) return 0;
+    return takes_gemm_attention(c) && cuda_attn_mma_covers(d, ZO_DTYPE_BF16);
 }
 #endif
 
@@ -2168,8 +2173,12 @@ static void alibi_grid(gpu_op_id op)
  * both ends of a row's keys) at head sizes 64 and 128 with GQA, one of
  * them soft-capped with fp32 gradients. (The grids above add more of the
  * kind: t 300 window 100, t 97 window 40, soft caps with and without a
- * window at t 255 to 300.) From their own stream, given back after, so the
- * cases that follow draw what they drew before. */
+ * window at t 255 to 300.) Last, head size 256 across the mma.sync
+ * kernels' 32-row tiles there (two warps a 16-row slice, each half of the
+ * columns): t short of and past one tile, at and past two, MQA and GQA,
+ * windows of a tile and a tile and one, a soft cap, fp32 gradients (the
+ * grids add t 70, 257, 260 and 300). From their own stream, given back
+ * after, so the cases that follow draw what they drew before. */
 static void tc_grid(gpu_op_id op)
 {
     uint64_t saved = rng;
@@ -2186,6 +2195,10 @@ static void tc_grid(gpu_op_id op)
     attention_case(op, 1, 200, 4, 2, 64, 64, E_BF16);
     attention_case(op, 1, 200, 2, 1, 128, 65, E_F16);
     attention_case_sc(op, 1, 200, 4, 2, 64, 65, 0.0f, 2.0f, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
+    attention_case(op, 1, 31, 2, 1, 256, 0, E_F16);
+    attention_case(op, 1, 33, 4, 2, 256, 0, E_BF16);
+    attention_case(op, 1, 64, 2, 1, 256, 32, E_F16);
+    attention_case_sc(op, 1, 65, 2, 1, 256, 33, 0.0f, 2.0f, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
     rng = saved;
 }
 
@@ -2261,8 +2274,8 @@ static void attention_grid(gpu_op_id op)
     attention_case(op, 2, 300, 4, 1, 128, 0, E_BF16);
     attention_case(op, 1, 300, 6, 3, 80, 100, E_F16);
     attention_case(op, 1, 300, 2, 2, 64, 300, E_BF16);
-    /* head_dim 256 (Gemma), multi-query as gemma-2b: the flash path and, past
-     * 256 tokens, the GEMM path */
+    /* head_dim 256 (Gemma), multi-query as gemma-2b: the flash path, the
+     * mma.sync kernels (on the shim t 70) and, past 256 tokens, the GEMM path */
     attention_case(op, 1, 97, 2, 1, 256, 0, E_F32);
     attention_case(op, 1, 70, 4, 1, 256, 0, E_BF16);
     attention_case(op, 1, 260, 2, 1, 256, 0, E_BF16);
@@ -3520,6 +3533,24 @@ static void test_attention_path_env(void **state)
     assert_memory_equal(out[7], mma[0], no * 2);
     assert_memory_equal(out[7], mma[1], no * 2);
     assert_memory_not_equal(out[7], out[3], no * 2);
+    /* head dim 256 (Gemma's): auto takes the mma.sync kernels, forced mma's
+     * bits, not the flash kernel's (ZO_ATTENTION=flash) */
+    const size_t nq2 = nq / D * 256, no2 = no / D * 256;
+    uint16_t *q2 = malloc(nq2 * 2), *o2[3] = {malloc(no2 * 2), malloc(no2 * 2), malloc(no2 * 2)};
+    for (size_t i = 0; i < nq2; i++) q2[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
+    a.d.attn = (gpu_attn_desc){.b = B, .t = T, .hq = HQ, .hkv = HKV, .d = 256};
+    a.t[1] = gpu_t(q2, ZO_DTYPE_BF16);
+    for (int k = 0; k < 3; k++) {
+        x.exec.attn_path = k == 1 ? CUDA_ATTN_MMA : CUDA_ATTN_AUTO;
+        if (k == 2) setenv("ZO_ATTENTION", "flash", 1);
+        a.t[0] = gpu_t(o2[k], ZO_DTYPE_BF16);
+        assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    }
+    unsetenv("ZO_ATTENTION");
+    assert_memory_equal(o2[0], o2[1], no2 * 2);
+    assert_memory_not_equal(o2[0], o2[2], no2 * 2);
+    for (int k = 0; k < 3; k++) free(o2[k]);
+    free(q2);
     free(mma[0]);
     free(mma[1]);
     shim_exec_free(&x);

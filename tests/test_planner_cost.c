@@ -612,6 +612,29 @@ static void test_runtime_kernels(void **state)
         assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_FWD] - gl / g_fwd[k]) < 1e-9 * gl / g_fwd[k]);
         assert_true(fabs(g.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * gl / g_bwd[k]) < 1e-9 * gl / g_bwd[k]);
     }
+    /* head dim 256 (Gemma-7B: 28 layers of 16 heads), past the GEMM path's
+     * 256 tokens: the mma.sync kernels at head dim 128's rates (256 not
+     * measured), mma forced the same; gemm forced the GEMM path, slower
+     * (its score-element kernels' time moves less at 256) */
+    setup gm = a;
+    assert_int_equal(zo_model_preset_find("gemma-7b", &gm.m), ZO_OK);
+    plan_train_defaults(&gm.t, &gm.m);
+    gm.t.seq = 1024;
+    gm.t.micro_batch = 2;
+    const double gml = 28 * 4.0 * 2 * 16 * 1024.0 * 1024 * 256 / 2;
+    double gm_gemm = 0;
+    for (int k = 0; k < 3; k++) {
+        gm.t.attn_path = k == 1 ? ZO_ATTN_MMA : k == 2 ? ZO_ATTN_GEMM : ZO_ATTN_AUTO;
+        assert_int_equal(plan_estimate_run(&gm.m, &gm.hw, &gm.t, &gm.e), ZO_OK);
+        assert_int_equal(plan_time_run(&gm.m, &gm.hw, &gm.t, &gm.e, &gm.pt), ZO_OK);
+        if (k == 2) {
+            gm_gemm = gm.pt.mb.ops[PLAN_OP_ATTN_FWD];
+            continue;
+        }
+        assert_true(fabs(gm.pt.mb.ops[PLAN_OP_ATTN_FWD] - gml / 150.65e12) < 1e-9 * gml / 150.65e12);
+        assert_true(fabs(gm.pt.mb.ops[PLAN_OP_ATTN_BWD] - 2.5 * gml / 34.1e12) < 1e-9 * gml / 34.1e12);
+    }
+    assert_true(gm_gemm > 1.5 * gml / 150.65e12);
     /* a sliding window of 64 keys at 128 tokens: the mma.sync kernels,
      * which skip the key tiles outside every row's window, at the causal
      * score elements the window leaves, (128 * 64 - 64 * 64 / 2) of

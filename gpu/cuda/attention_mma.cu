@@ -13,14 +13,16 @@
  * Products go through mma_ptx.cuh: mma.m16n8k16 (16-bit operands, fp32
  * accumulators) on fragments whose per-lane layout the PTX ISA documents,
  * loaded from shared memory by ldmatrix. One block per MBR query rows of
- * one head, MW warps of 16 rows; per warp, for the whole key loop:
+ * one head (64; 32 at D 256, mma_tiles), MW warps of 16 rows (at D 256 two
+ * warps a 16-row slice, each half of O's columns); per warp, for the whole
+ * key loop:
  *   Q's fragments (16 x D, A operands, D / 16 k-chunks of 4 registers);
- *   O (16 x D fp32, D / 8 n-tiles of 4 floats: rows lane / 4 and
+ *   O (16 x DC fp32, DC / 8 n-tiles of 4 floats: rows lane / 4 and
  *   lane / 4 + 8, columns 2 (lane % 4) and the next), the row max m and the
  *   lane's part of the row sum l (rows lane / 4 and lane / 4 + 8).
- * Per key tile of MBC keys (K and V through shared memory, the next tile
- * streaming in by cp.async meanwhile): S = Q K^T in
- * registers (8 n-tiles of 4 floats), scored (scaled, capped) in log2 units,
+ * Per key tile of MBC = MBR keys (K and V through shared memory, the next
+ * tile streaming in by cp.async meanwhile): S = Q K^T in
+ * registers (MBC / 8 n-tiles of 4 floats), scored (scaled, capped) in log2 units,
  * masked where a key of the tile lies past a row of the warp or before a
  * row's window; the row max over
  * the lane's 16 values and its quad (shuffles xor 1, 2); P = 2^(S - m) in
@@ -35,9 +37,23 @@
 #include "gpu/cuda/kernels.cuh"     /* defines: tstore, ZO_LAUNCH, WARP, FULL_MASK */
 #include "gpu/cuda/mma_ptx.cuh"     /* defines: mma_m16n8k16, ldmatrix_x4, ldmatrix_x4_trans, mma_pack */
 
-#define MW 4          /* warps per block */
-#define MBR (16 * MW) /* query rows per block */
-#define MBC 64        /* keys per tile */
+#define MW 4 /* warps per block */
+
+/* The tiles by head dim: MB query rows a block and keys a tile (the
+ * backward's dK/dV block: MB keys, query tiles of MB), the warps' outputs
+ * in NH column parts of DC = D / NH (warp w: rows 16 (w / NH) .. of the
+ * tile, columns DC (w % NH) ..). Up to D 128: MB 64, NH 1, each warp all
+ * of a row's D columns. At D 256 a warp's 16 x 256 fp32 accumulators (dK
+ * and dV both: 256 registers a lane) would not fit: MB 32 and NH 2, the
+ * two warps of a row slice computing the same scores (Q K^T over all of D)
+ * and each its half of the outputs; the backward's shared memory with an
+ * fp32 dO is 82.75 KiB (at MB 64 it would be 165.5, past sm_80's 163). */
+template <int D>
+struct mma_tiles {
+    static constexpr int NH = D > 128 ? 2 : 1;
+    static constexpr int MB = 16 * MW / NH;
+    static constexpr int DC = D / NH;
+};
 
 #define MMA_LOG2E 1.4426950408889634f
 #define MMA_LN2 0.6931471805599453f
@@ -143,17 +159,19 @@ __device__ __forceinline__ void mma_load_tile_async(T *dst, const T *src, size_t
 /* Dynamic shared memory: two buffers of Ks, Vs [MBC][D+8] (Q staged in the
  * second's Ks first): tile j + 1 streams in by cp.async while tile j is
  * computed. The 8 elements of padding put the 8 rows an ldmatrix reads in
- * distinct banks. */
+ * distinct banks. MBR = MBC = mma_tiles' MB; warp w computes the scores of
+ * rows 16 (w / NH) .. and columns wc = DC (w % NH) .. of O. */
 template <typename T, int D>
 __global__ void __launch_bounds__(MW * WARP)
     attention_mma_forward_kernel(gpu_tensor out, float *lse, const T *qkv, mma_geom G)
 {
+    constexpr int MBR = mma_tiles<D>::MB, MBC = mma_tiles<D>::MB, NH = mma_tiles<D>::NH, DC = mma_tiles<D>::DC;
     static_assert(MBR == MBC, "Q is staged in K's tile");
-    static_assert(D % 16 == 0, "k-chunks of 16");
+    static_assert(D % 16 == 0 && DC % 16 == 0, "k-chunks of 16");
     constexpr int LDT = D + 8;
     ZO_EXTERN_SHARED(float, smem);
     T *const buf = reinterpret_cast<T *>(smem); /* buffer u: K at buf + 2 u MBC LDT, V after it */
-    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP / NH, wc = threadIdx.x / WARP % NH * DC;
     const int quad_row = lane / 4, quad_col = 2 * (lane % 4); /* the lane's place in a C fragment */
     /* the row blocks in z, the slowest index, from the last (the longest) of
      * every head and sequence down */
@@ -175,9 +193,9 @@ __global__ void __launch_bounds__(MW * WARP)
     ZO_UNROLL
     for (int k = 0; k < D / 16; k++) mma_frag_a<LDT>(qf[k], buf + 2 * MBC * LDT, w * 16, k * 16);
 
-    float o[D / 8][4];
+    float o[DC / 8][4];
     ZO_UNROLL
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < DC / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float sl2 = G.scale * MMA_LOG2E;
     /* the lane's rows; a row past t masks as the last row does (its results are dropped) */
@@ -255,21 +273,21 @@ __global__ void __launch_bounds__(MW * WARP)
         ZO_UNROLL
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
         ZO_UNROLL
-        for (int n = 0; n < D / 8; n++) {
+        for (int n = 0; n < DC / 8; n++) {
             o[n][0] *= alpha[0], o[n][1] *= alpha[0];
             o[n][2] *= alpha[1], o[n][3] *= alpha[1];
         }
 
         /* O += P V: k-chunk c of P is n-tiles 2c, 2c + 1 of S; V's n-tiles
-         * 2p, 2p + 1 (dims 16p ..) from one ldmatrix .trans */
+         * 2p, 2p + 1 (dims wc + 16p ..) from one ldmatrix .trans */
         ZO_UNROLL
         for (int c = 0; c < MBC / 16; c++) {
             unsigned pf[4];
             mma_a_from_c<T>(pf, s[2 * c], s[2 * c + 1]);
             ZO_UNROLL
-            for (int p = 0; p < D / 16; p++) {
+            for (int p = 0; p < DC / 16; p++) {
                 unsigned vf[4];
-                mma_frag_bt<LDT>(vf, Vs, c * 16, p * 16);
+                mma_frag_bt<LDT>(vf, Vs, c * 16, wc + p * 16);
                 mma_m16n8k16<T>(o[2 * p], pf, vf, o[2 * p]);
                 mma_m16n8k16<T>(o[2 * p + 1], pf, vf + 2, o[2 * p + 1]);
             }
@@ -287,13 +305,13 @@ __global__ void __launch_bounds__(MW * WARP)
         const int i = r0 + 8 * r;
         if (i >= G.t) continue;
         const float inv = 1.0f / l[r];
-        const size_t first = ((size_t)b * G.t + i) * G.ldo + (size_t)h * D + quad_col;
+        const size_t first = ((size_t)b * G.t + i) * G.ldo + (size_t)h * D + wc + quad_col;
         ZO_UNROLL
-        for (int n = 0; n < D / 8; n++) {
+        for (int n = 0; n < DC / 8; n++) {
             tstore(out, first + n * 8, o[n][2 * r] * inv);
             tstore(out, first + n * 8 + 1, o[n][2 * r + 1] * inv);
         }
-        if (lane % 4 == 0) lse[((size_t)b * G.hq + h) * G.t + i] = m[r] * MMA_LN2 + logf(l[r]);
+        if (lane % 4 == 0 && wc == 0) lse[((size_t)b * G.hq + h) * G.t + i] = m[r] * MMA_LN2 + logf(l[r]);
     }
 }
 
@@ -314,9 +332,9 @@ __global__ void __launch_bounds__(MW * WARP)
  * element has one writer, every sum a fixed order. */
 
 
-/* The backward kernels' dynamic shared memory: L, Dd [MBR] fp32 (the query
- * rows' lse and D), K, V [MBC][D+8], Q, dOh, dOl [MBR][D+8] (dOl with an
- * fp32 dO, else null). */
+/* The backward kernels' dynamic shared memory: L, Dd [MB] fp32 (the query
+ * rows' lse and D), K, V, Q, dOh, dOl [MB][D+8] (dOl with an fp32 dO, else
+ * null; MB of mma_tiles). */
 template <typename T>
 struct mma_bwd_smem {
     float *L, *Dd;
@@ -326,7 +344,7 @@ struct mma_bwd_smem {
 template <typename T, int D>
 __device__ __forceinline__ mma_bwd_smem<T> mma_bwd_carve(int split_do)
 {
-    constexpr int LDT = D + 8;
+    constexpr int LDT = D + 8, MBR = mma_tiles<D>::MB, MBC = mma_tiles<D>::MB;
     ZO_EXTERN_SHARED(float, smem);
     float *L = smem, *Dd = L + MBR;
     T *K = reinterpret_cast<T *>(Dd + MBR), *V = K + MBC * LDT, *Q = V + MBC * LDT, *dOh = Q + MBR * LDT;
@@ -341,7 +359,7 @@ __device__ __forceinline__ void mma_load_queries(const mma_bwd_smem<T> &sm, cons
                                                  const float *lse, const float *Drow, const mma_geom &G, int b, int h,
                                                  int i0, int n)
 {
-    constexpr int LDT = D + 8;
+    constexpr int LDT = D + 8, MBR = mma_tiles<D>::MB;
     mma_load_tile<T, D, LDT>(sm.Q, base + (size_t)i0 * G.ld + (size_t)h * D, G.ld, n, MBR);
     const size_t first = ((size_t)b * G.t + i0) * G.ldo + (size_t)h * D;
     for (int x = threadIdx.x; x < MBR * D / 2; x += blockDim.x) {
@@ -363,12 +381,13 @@ __device__ __forceinline__ void mma_load_queries(const mma_bwd_smem<T> &sm, cons
     }
 }
 
-/* c[MBC / 8] (16 rows x 64 columns, fp32) += A B^T over D: A the tile
- * `a`'s rows r0 .. r0 + 15, B the tile `b`'s 64 rows (both [rows][D+8]). */
+/* c[MB / 8] (16 rows x MB columns, fp32) += A B^T over D: A the tile
+ * `a`'s rows r0 .. r0 + 15, B the tile `b`'s MB rows (both [rows][D+8];
+ * MB of mma_tiles). */
 template <typename T, int D>
-__device__ __forceinline__ void mma_abt64(float (*c)[4], const T *a, int r0, const T *b)
+__device__ __forceinline__ void mma_abt(float (*c)[4], const T *a, int r0, const T *b)
 {
-    constexpr int LDT = D + 8;
+    constexpr int LDT = D + 8, MBC = mma_tiles<D>::MB;
     ZO_UNROLL
     for (int k = 0; k < D / 16; k++) {
         unsigned af[4];
@@ -383,27 +402,28 @@ __device__ __forceinline__ void mma_abt64(float (*c)[4], const T *a, int r0, con
     }
 }
 
-/* acc[D / 8] (16 rows x D, fp32) += X B with X (16 x 64) the C fragments
- * x[MBC / 8] as two 16-bit parts (hi + lo) and B the tile `b` [64][D+8]
- * (stored [k][n]); with b2, also += hi(X) b2. */
+/* acc[DC / 8] (16 rows x DC, fp32) += X B with X (16 x MB) the C
+ * fragments x[MB / 8] as two 16-bit parts (hi + lo) and B columns n0 ..
+ * n0 + DC - 1 of the tile `b` [MB][D+8] (stored [k][n]); with b2, also +=
+ * hi(X) b2 (MB, DC of mma_tiles). */
 template <typename T, int D>
-__device__ __forceinline__ void mma_xb64(float (*acc)[4], const float (*x)[4], const T *b, const T *b2)
+__device__ __forceinline__ void mma_xb(float (*acc)[4], const float (*x)[4], const T *b, const T *b2, int n0)
 {
-    constexpr int LDT = D + 8;
+    constexpr int LDT = D + 8, MBC = mma_tiles<D>::MB, DC = mma_tiles<D>::DC;
     ZO_UNROLL
     for (int c = 0; c < MBC / 16; c++) {
         unsigned hi[4], lo[4];
         mma_split_a<T>(hi, lo, x[2 * c], x[2 * c + 1]);
         ZO_UNROLL
-        for (int p = 0; p < D / 16; p++) {
+        for (int p = 0; p < DC / 16; p++) {
             unsigned bf[4];
-            mma_frag_bt<LDT>(bf, b, c * 16, p * 16);
+            mma_frag_bt<LDT>(bf, b, c * 16, n0 + p * 16);
             mma_m16n8k16<T>(acc[2 * p], hi, bf, acc[2 * p]);
             mma_m16n8k16<T>(acc[2 * p + 1], hi, bf + 2, acc[2 * p + 1]);
             mma_m16n8k16<T>(acc[2 * p], lo, bf, acc[2 * p]);
             mma_m16n8k16<T>(acc[2 * p + 1], lo, bf + 2, acc[2 * p + 1]);
             if (b2) {
-                mma_frag_bt<LDT>(bf, b2, c * 16, p * 16);
+                mma_frag_bt<LDT>(bf, b2, c * 16, n0 + p * 16);
                 mma_m16n8k16<T>(acc[2 * p], hi, bf, acc[2 * p]);
                 mma_m16n8k16<T>(acc[2 * p + 1], hi, bf + 2, acc[2 * p + 1]);
             }
@@ -430,15 +450,17 @@ __device__ __forceinline__ void mma_store_rows(gpu_tensor dst, size_t first, siz
     }
 }
 
-/* dK, dV of MBC keys of one kv head; each warp 16 keys. */
+/* dK, dV of MBC keys of one kv head; each warp 16 keys, columns wc ..
+ * wc + DC - 1 (mma_tiles). */
 template <typename T, int D>
 __global__ void __launch_bounds__(MW * WARP)
     attention_mma_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, const T *qkv, const float *lse,
                                       const float *Drow, mma_geom G, int split_do)
 {
-    constexpr int LDT = D + 8;
+    constexpr int LDT = D + 8, MBR = mma_tiles<D>::MB, MBC = mma_tiles<D>::MB, NH = mma_tiles<D>::NH,
+                  DC = mma_tiles<D>::DC;
     const mma_bwd_smem<T> sm = mma_bwd_carve<T, D>(split_do);
-    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP / NH, wc = threadIdx.x / WARP % NH * DC;
     const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
     const int j0 = blockIdx.z * MBC, g = blockIdx.x, b = blockIdx.y; /* the first keys (the longest) first */
     const int n_keys = min(MBC, G.t - j0);
@@ -446,9 +468,9 @@ __global__ void __launch_bounds__(MW * WARP)
     mma_load_tile<T, D, LDT>(sm.K, base + (size_t)j0 * G.ld + (size_t)(G.hq + g) * D, G.ld, n_keys, MBC);
     mma_load_tile<T, D, LDT>(sm.V, base + (size_t)j0 * G.ld + (size_t)(G.hq + G.hkv + g) * D, G.ld, n_keys, MBC);
 
-    float dk[D / 8][4], dv[D / 8][4];
+    float dk[DC / 8][4], dv[DC / 8][4];
     ZO_UNROLL
-    for (int n = 0; n < D / 8; n++) {
+    for (int n = 0; n < DC / 8; n++) {
         ZO_UNROLL
         for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
     }
@@ -469,9 +491,9 @@ __global__ void __launch_bounds__(MW * WARP)
                 ZO_UNROLL
                 for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
             }
-            mma_abt64<T, D>(s, sm.K, w * 16, sm.Q);
-            mma_abt64<T, D>(dp, sm.V, w * 16, sm.dOh);
-            if (sm.dOl) mma_abt64<T, D>(dp, sm.V, w * 16, sm.dOl);
+            mma_abt<T, D>(s, sm.K, w * 16, sm.Q);
+            mma_abt<T, D>(dp, sm.V, w * 16, sm.dOh);
+            if (sm.dOl) mma_abt<T, D>(dp, sm.V, w * 16, sm.dOl);
             /* P^T; dS^T = P^T (dP^T - D) scale dcap */
             ZO_UNROLL
             for (int n = 0; n < MBC / 8; n++) {
@@ -485,33 +507,35 @@ __global__ void __launch_bounds__(MW * WARP)
                 }
             }
             /* dV += P^T dO */
-            mma_xb64<T, D>(dv, s, sm.dOh, sm.dOl);
+            mma_xb<T, D>(dv, s, sm.dOh, sm.dOl, wc);
             /* dK += dS^T Q */
-            mma_xb64<T, D>(dk, dp, sm.Q, static_cast<const T *>(nullptr));
+            mma_xb<T, D>(dk, dp, sm.Q, static_cast<const T *>(nullptr), wc);
         }
-    const size_t first = (size_t)b * G.t * G.ld;
-    mma_store_rows<D>(dqkv, first + (size_t)(G.hq + g) * D, G.ld, key, G.t, dk);
-    mma_store_rows<D>(dqkv, first + (size_t)(G.hq + G.hkv + g) * D, G.ld, key, G.t, dv);
+    const size_t first = (size_t)b * G.t * G.ld + wc;
+    mma_store_rows<DC>(dqkv, first + (size_t)(G.hq + g) * D, G.ld, key, G.t, dk);
+    mma_store_rows<DC>(dqkv, first + (size_t)(G.hq + G.hkv + g) * D, G.ld, key, G.t, dv);
 }
 
-/* dQ of MBR query rows of one head; each warp 16 rows. */
+/* dQ of MBR query rows of one head; each warp 16 rows, columns wc .. wc +
+ * DC - 1 (mma_tiles). */
 template <typename T, int D>
 __global__ void __launch_bounds__(MW * WARP)
     attention_mma_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, const T *qkv, const float *lse,
                                      const float *Drow, mma_geom G, int split_do)
 {
-    constexpr int LDT = D + 8;
+    constexpr int LDT = D + 8, MBR = mma_tiles<D>::MB, MBC = mma_tiles<D>::MB, NH = mma_tiles<D>::NH,
+                  DC = mma_tiles<D>::DC;
     const mma_bwd_smem<T> sm = mma_bwd_carve<T, D>(split_do);
-    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP / NH, wc = threadIdx.x / WARP % NH * DC;
     const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
     const int i0 = (gridDim.z - 1 - blockIdx.z) * MBR, h = blockIdx.x, b = blockIdx.y, g = h / G.grp;
     const int n_rows = min(MBR, G.t - i0);
     const T *base = qkv + (size_t)b * G.t * G.ld;
     mma_load_queries<T, D>(sm, base, dout, lse, Drow, G, b, h, i0, n_rows);
 
-    float dq[D / 8][4];
+    float dq[DC / 8][4];
     ZO_UNROLL
-    for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    for (int n = 0; n < DC / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
     const int rr[2] = {w * 16 + quad_row, w * 16 + quad_row + 8}; /* the lane's rows in the tile */
     const int row[2] = {i0 + rr[0], i0 + rr[1]};
     const int last = i0 + n_rows - 1;
@@ -529,9 +553,9 @@ __global__ void __launch_bounds__(MW * WARP)
             ZO_UNROLL
             for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
         }
-        mma_abt64<T, D>(s, sm.Q, w * 16, sm.K);
-        mma_abt64<T, D>(dp, sm.dOh, w * 16, sm.V);
-        if (sm.dOl) mma_abt64<T, D>(dp, sm.dOl, w * 16, sm.V);
+        mma_abt<T, D>(s, sm.Q, w * 16, sm.K);
+        mma_abt<T, D>(dp, sm.dOh, w * 16, sm.V);
+        if (sm.dOl) mma_abt<T, D>(dp, sm.dOl, w * 16, sm.V);
         ZO_UNROLL
         for (int n = 0; n < MBC / 8; n++) {
             ZO_UNROLL
@@ -544,9 +568,9 @@ __global__ void __launch_bounds__(MW * WARP)
             }
         }
         /* dQ += dS K */
-        mma_xb64<T, D>(dq, dp, sm.K, static_cast<const T *>(nullptr));
+        mma_xb<T, D>(dq, dp, sm.K, static_cast<const T *>(nullptr), wc);
     }
-    mma_store_rows<D>(dqkv, (size_t)b * G.t * G.ld + (size_t)h * D, G.ld, row, G.t, dq);
+    mma_store_rows<DC>(dqkv, (size_t)b * G.t * G.ld + (size_t)h * D + wc, G.ld, row, G.t, dq);
 }
 
 /* ---- launchers ---------------------------------------------------------------- */
@@ -556,12 +580,13 @@ __global__ void __launch_bounds__(MW * WARP)
 template <typename T, int D>
 static zo_status mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv)
 {
-    /* two buffers of 2 MBC (D + 8) 16-bit elements: 68 KiB at D 128, 36 KiB
-     * at D 64 */
-    const size_t smem = 4 * (size_t)MBC * (D + 8) * sizeof(T);
+    /* two buffers of 2 MB (D + 8) 16-bit elements: 68 KiB at D 128, 36 KiB
+     * at D 64, 66 KiB at D 256 (MB 32) */
+    constexpr int MB = mma_tiles<D>::MB;
+    const size_t smem = 4 * (size_t)MB * (D + 8) * sizeof(T);
     zo_status s = attn_fused_allow_smem(attention_mma_forward_kernel<T, D>, smem, "attention_mma_forward_kernel");
     if (s != ZO_OK) return s;
-    dim3 grid(a->hq, a->b, (a->t + MBR - 1) / MBR);
+    dim3 grid(a->hq, a->b, (a->t + MB - 1) / MB);
     auto *attention_mma_forward = attention_mma_forward_kernel<T, D>; /* one macro argument */
     ZO_LAUNCH(attention_mma_forward, grid, MW * WARP, smem, st, out, lse, static_cast<const T *>(qkv.data),
               attn_fused_make_geom(a));
@@ -575,13 +600,15 @@ static zo_status mma_forward_t(cudaStream_t st, const gpu_attn_desc *a, gpu_tens
     case 64: return mma_forward<T, 64>(st, a, out, lse, qkv);
     case 80: return mma_forward<T, 80>(st, a, out, lse, qkv);
     case 96: return mma_forward<T, 96>(st, a, out, lse, qkv);
+    case 256: return mma_forward<T, 256>(st, a, out, lse, qkv);
     default: return mma_forward<T, 128>(st, a, out, lse, qkv);
     }
 }
 
 static zo_status mma_check(const char *op, const gpu_attn_desc *a, gpu_tensor qkv)
 {
-    return attn_fused_check(op, "mma.sync", a, qkv, cuda_attn_mma_covers(a, qkv.dtype), MBR);
+    const int rows = a->d == 256 ? mma_tiles<256>::MB : mma_tiles<128>::MB; /* a block's */
+    return attn_fused_check(op, "mma.sync", a, qkv, cuda_attn_mma_covers(a, qkv.dtype), rows);
 }
 
 extern "C" zo_status cuda_launch_attention_mma_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
@@ -600,8 +627,8 @@ static zo_status mma_backward(cudaStream_t st, const gpu_attn_desc *a, gpu_tenso
 {
     /* dO in two parts when it is not in qkv's type (the transformer's fp32 gradient) */
     const int split_do = dout.dtype != qkv.dtype;
-    const size_t smem =
-        2 * (size_t)MBR * 4 + (size_t)(2 * MBC + (split_do ? 3 : 2) * MBR) * (D + 8) * sizeof(T);
+    constexpr int MB = mma_tiles<D>::MB;
+    const size_t smem = 2 * (size_t)MB * 4 + (size_t)(2 * MB + (split_do ? 3 : 2) * MB) * (D + 8) * sizeof(T);
     zo_status s =
         attn_fused_allow_smem(attention_mma_backward_dkv_kernel<T, D>, smem, "attention_mma_backward_dkv_kernel");
     if (s == ZO_OK)
@@ -609,12 +636,12 @@ static zo_status mma_backward(cudaStream_t st, const gpu_attn_desc *a, gpu_tenso
     if (s != ZO_OK) return s;
     const mma_geom G = attn_fused_make_geom(a);
     const T *q = static_cast<const T *>(qkv.data);
-    dim3 grid_kv(a->hkv, a->b, (a->t + MBC - 1) / MBC);
+    dim3 grid_kv(a->hkv, a->b, (a->t + MB - 1) / MB);
     auto *attention_mma_backward_dkv = attention_mma_backward_dkv_kernel<T, D>; /* one macro argument */
     auto *attention_mma_backward_dq = attention_mma_backward_dq_kernel<T, D>;
     ZO_LAUNCH(attention_mma_backward_dkv, grid_kv, MW * WARP, smem, st, dqkv, dout, q, lse, Drow, G, split_do);
     if ((s = cuda_launch_check("attention_mma_backward_dkv_kernel")) != ZO_OK) return s;
-    dim3 grid_q(a->hq, a->b, (a->t + MBR - 1) / MBR);
+    dim3 grid_q(a->hq, a->b, (a->t + MB - 1) / MB);
     ZO_LAUNCH(attention_mma_backward_dq, grid_q, MW * WARP, smem, st, dqkv, dout, q, lse, Drow, G, split_do);
     return cuda_launch_check("attention_mma_backward_dq_kernel");
 }
@@ -627,6 +654,7 @@ static zo_status mma_backward_t(cudaStream_t st, const gpu_attn_desc *a, gpu_ten
     case 64: return mma_backward<T, 64>(st, a, dqkv, dout, qkv, Drow, lse);
     case 80: return mma_backward<T, 80>(st, a, dqkv, dout, qkv, Drow, lse);
     case 96: return mma_backward<T, 96>(st, a, dqkv, dout, qkv, Drow, lse);
+    case 256: return mma_backward<T, 256>(st, a, dqkv, dout, qkv, Drow, lse);
     default: return mma_backward<T, 128>(st, a, dqkv, dout, qkv, Drow, lse);
     }
 }

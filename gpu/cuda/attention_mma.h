@@ -2,7 +2,8 @@
  * the softmax in registers (attention_mma.cu), the ops of attention.cu
  * (gpu/device.h) for what cuda_attn_mma_covers: the cases of the
  * tensor-core kernels but ALiBi (cuda_attn_tc_covers: 16-bit qkv, head
- * sizes 64, 80, 96 and 128; any scale, GQA, sliding windows, soft caps).
+ * sizes 64, 80, 96 and 128; any scale, GQA, sliding windows, soft caps),
+ * and the same at head size 256 (Gemma's).
  * lse as the other paths save it, so a forward of one and a backward of
  * another agree; dout and dqkv of the backward may be fp32
  * or the type of qkv. ops_cuda.c takes them wherever they cover the layer
