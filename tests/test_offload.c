@@ -803,7 +803,10 @@ static void recompute_runs(const run *base, const char *name, run *none, run *fu
  * rebuilds each adapter's x A (GPT's c_attn, c_fc, down; LLaMA's q, k, v,
  * gate, down, Gemma-2's down beside its kept output) and runs o's and up's
  * adapters whole, 6 GEMMs a GPT layer and 11 a LLaMA one more than no
- * recompute. Recompute by op of the first K layers, or with host
+ * recompute. Three steps of two micro-batches: the first on the initial
+ * weights, the second and third on updated ones (a re-forward that read
+ * stale weights or state differs there); every step after runs the same
+ * code again. Recompute by op of the first K layers, or with host
  * checkpoints, is refused at init. */
 static void test_recompute_ops(void **state)
 {
@@ -820,7 +823,7 @@ static void test_recompute_ops(void **state)
     static const char *const names[4] = {"gpt fp32 recompute none", "llama bf16 recompute none",
                                          "qwen3 bf16 recompute none", "gemma2 bf16 recompute none"};
     for (int c = 0; c < 4; c++) {
-        run base = {.cfg = cfgs[c], .dt = dts[c], .B = 2, .T = 16, .steps = 6};
+        run base = {.cfg = cfgs[c], .dt = dts[c], .B = 2, .T = 16, .steps = 3};
         base_config(&base.oc);
         base.oc.grad_accum = 2;
         base.count_gemms = 1;
@@ -844,7 +847,7 @@ static void test_recompute_ops(void **state)
     static const int lora_cfg[5] = {0, 1, 2, 3, 1};
     for (int c = 0; c < 5; c++) {
         const int k = lora_cfg[c];
-        run base = {.cfg = cfgs[k], .dt = dts[k], .B = 2, .T = 16, .steps = 4};
+        run base = {.cfg = cfgs[k], .dt = dts[k], .B = 2, .T = 16, .steps = 3};
         base_config(&base.oc);
         base.oc.grad_accum = 2;
         base.count_gemms = 1;
@@ -888,7 +891,8 @@ static void test_recompute_ops(void **state)
  * the sequential one's. The GEMMs of a step, counted by the op profile, are
  * those a layer's forward, recompute and backward need, by hand: a parallel
  * residual's recompute runs no attention output GEMM (its LoRA adapter's A
- * att only, the losses unchanged). */
+ * att only, the losses unchanged). Three steps, as test_recompute_ops:
+ * the initial weights, then updated ones. */
 static void test_neox_recompute(void **state)
 {
     (void)state;
@@ -897,7 +901,7 @@ static void test_neox_recompute(void **state)
     for (int par = 0; par < 4; par++) {
         /* GPT-NeoX sequential and parallel; then Falcon with one norm and with two */
         run base = {.cfg = par < 2 ? tiny_neox(L, 64, 128, par) : tiny_falcon(L, 64, 128, par - 1),
-                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6, .count_gemms = 1};
+                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 3, .count_gemms = 1};
         base_config(&base.oc);
         base.oc.grad_accum = accum;
         static const char *const names[] = {"neox sequential bf16, recompute none", "neox parallel bf16, recompute none",

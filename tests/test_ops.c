@@ -107,6 +107,10 @@ struct pcase {
     /* (optional) make inputs consistent (a forward's saved values) */
     void (*prep)(const pcase *c, hostv *h);
     int param[4]; /* the generator's, for prep */
+    /* the fiber kernels' paths in it all run in other cases of the grid
+     * (marked by the generator: fiber_repeat); ZO_OPS_SHIM_LEAN leaves it
+     * out of those backends */
+    int fiber_repeat;
 };
 
 /* Below this, fp16 stores subnormals: one step of them is the error floor. */
@@ -147,11 +151,16 @@ static int add_buf(pcase *c, char slot, int index, etype type, size_t n, fill_ki
 #define IN_P(c, k, ty, n) add_buf(c, 'p', k, ty, n, FILL_UNIFORM, -1.0, 1.0, 0)
 #define OUT_P(c, k, ty, n) add_buf(c, 'p', k, ty, n, FILL_UNIFORM, -1.0, 1.0, 1)
 
+/* Set by a generator around the cases whose fiber-kernel paths other
+ * cases run too (pcase.fiber_repeat). */
+static int fiber_repeat;
+
 static pcase new_case(gpu_op_id op, const char *fmt, ...)
 {
     pcase c;
     memset(&c, 0, sizeof c);
     c.op = op;
+    c.fiber_repeat = fiber_repeat;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c.label, sizeof c.label, fmt, ap);
@@ -1162,8 +1171,9 @@ typedef struct backend {
                * to 10 mantissa bits, so their tolerance is fp16's */
     /* (optional) the cases it runs; NULL: every case */
     int (*takes)(const pcase *c);
-    int fibers;  /* the host shim's fiber kernels: ZO_OPS_SHIM_MAX_T applies */
+    int fibers;  /* the host shim's fiber kernels: ZO_OPS_SHIM_MAX_T and _LEAN apply */
     int skipped; /* attention cases past ZO_OPS_SHIM_MAX_T not run here */
+    int lean;    /* cases left out by ZO_OPS_SHIM_LEAN */
 } backend;
 
 /* ZO_OPS_SHIM_MAX_T=N (the sanitizer build's ctest entry sets it): the
@@ -1180,6 +1190,20 @@ static int long_for_fibers(const backend *be, const pcase *c)
     return be->fibers && shim_max_t > 0 &&
            (c->op == GPU_OP_ATTENTION_FORWARD || c->op == GPU_OP_ATTENTION_BACKWARD) &&
            c->a.d.attn.t > shim_max_t;
+}
+
+/* ZO_OPS_SHIM_LEAN=1 (the sanitizer build's ctest entry sets it too): the
+ * fiber kernels leave out the attention cases marked fiber_repeat, whose
+ * paths (head size, GQA group, tiles, window, cap, ALiBi form, batch,
+ * types) the cases beside them run on those kernels too, each mark saying
+ * which (attention_grid, alibi_grid); and test_attention_tune its one case
+ * that repeats another's (tune_case.lean_repeat). The CPU backend and the
+ * GEMM-path backends still run every case; unset or 0, every case runs. */
+static int shim_lean;
+
+static int lean_for_fibers(const backend *be, const pcase *c)
+{
+    return be->fibers && shim_lean && c->fiber_repeat;
 }
 
 /* A device of the device interface: the CPU backend, or CUDA (cuda:0). The
@@ -1570,6 +1594,10 @@ static void emit(pcase *c)
         if (backends[b]->takes && !backends[b]->takes(c)) continue;
         if (long_for_fibers(backends[b], c)) {
             backends[b]->skipped++;
+            continue;
+        }
+        if (lean_for_fibers(backends[b], c)) {
+            backends[b]->lean++;
             continue;
         }
         cur = backends[b]->dev;
@@ -2146,8 +2174,16 @@ static void alibi_grid(gpu_op_id op)
 {
     uint64_t saved = rng;
     rng = ALIBI_SEED;
+    /* fiber_repeat (ZO_OPS_SHIM_LEAN), the fiber kernels' seconds go by
+     * heads: 12 heads in BLOOM's form run in t 97 with a soft cap (below),
+     * ALiBi without a cap in t 100; 14 heads' slopes
+     * (no power of two) in t 100 (GQA, a window), ALiBi at head size 80 in
+     * t 97 hq 12 hkv 4 below, t 130's partial third block in
+     * attention_grid's t 130 cases */
+    fiber_repeat = 1;
     attention_case_al(op, 1, 97, 12, 12, 64, 0, 0.0f, 0.0f, 1.0f, 0, E_F32, E_F32);
     attention_case_al(op, 1, 130, 14, 14, 80, 0, 0.0f, 0.0f, 1.0f, 0, E_F32, E_F32);
+    fiber_repeat = 0;
     attention_case_al(op, 1, 100, 14, 7, 128, 40, 0.0f, 0.0f, 0.125f, 0, E_F32, E_F32);
     attention_case_al(op, 1, 97, 12, 12, 64, 0, 0.0f, 2.0f, 1.0f, 0, E_F32, E_F32);
     attention_case_al(op, 1, 257, 6, 3, 64, 0, 0.0f, 0.0f, 1.0f, 0, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
@@ -2155,8 +2191,12 @@ static void alibi_grid(gpu_op_id op)
     /* Falcon's form (Falcon-RW: alibi 1/sqrt(d), bf16(bf16(slope) j)): 12
      * and 10 heads, whose heads past the first 8 have slopes that are no
      * power of two, so both roundings show (with powers of two and j < 256
-     * the rounded bias is the exact one); the GEMM path at t 257 */
+     * the rounded bias is the exact one); the GEMM path at t 257. The
+     * first is a fiber_repeat: the form past 8 heads runs in the second
+     * (12 heads, GQA), at head size 64 and t 130 in the cases above */
+    fiber_repeat = 1;
     attention_case_al(op, 1, 130, 12, 12, 64, 0, 0.0f, 0.0f, 0.125f, 1, E_F32, E_F32);
+    fiber_repeat = 0;
     attention_case_al(op, 1, 97, 12, 4, 80, 0, 0.0f, 0.0f, 0.1118034f, 1, E_F32, E_F32);
     attention_case_al(op, 1, 257, 10, 10, 64, 0, 0.0f, 0.0f, 0.125f, 1, E_BF16,
                       op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
@@ -2263,11 +2303,21 @@ static void attention_grid(gpu_op_id op)
     for (size_t i = 0; i < 4; i++) attention_case(op, 1, 49, groups[i][0], groups[i][1], 128, 0, E_F32);
     for (size_t i = 0; i < sizeof windows / sizeof *windows; i++)
         attention_case(op, 1, 130, 4, 2, i % 2 ? 128 : 80, windows[i], E_F32);
+    /* fiber_repeat (ZO_OPS_SHIM_LEAN): two sequences run in b 2 t 50, and
+     * t 130's three blocks at head size 128 in the windows above (17, 48,
+     * 129); fp16 at head size 80 in tc_grid's t 15 and t 65 (a window as
+     * long as the sequence: none) with GQA 2, past a 64-row tile; bf16 at
+     * 128 with GQA 4 in tc_grid's t 64, past a tile in its t 70 and in t 97
+     * window 40 below */
+    fiber_repeat = 1;
     attention_case(op, 2, 130, 4, 2, 128, 0, E_F32);
+    fiber_repeat = 0;
     attention_case(op, 2, 50, 3, 1, 80, 0, E_F32);
     attention_case(op, 1, 100, 2, 2, 12, 0, E_F32);
+    fiber_repeat = 1;
     attention_case(op, 1, 97, 4, 2, 80, 0, E_F16);
     attention_case(op, 1, 97, 4, 1, 128, 0, E_BF16);
+    fiber_repeat = 0;
     attention_case(op, 1, 97, 4, 1, 128, 40, E_BF16);
     attention_case(op, 1, 257, 4, 2, 64, 0, E_BF16);
     attention_case(op, 1, 255, 2, 2, 80, 0, E_F16);
@@ -3423,6 +3473,8 @@ static void test_every_op(void **state)
         printf("  backend %-10s %5d runs, %d failed", backends[b]->name, backends[b]->cases, backends[b]->failed);
         if (backends[b]->skipped)
             printf(", %d attention cases past t %d left out (ZO_OPS_SHIM_MAX_T)", backends[b]->skipped, shim_max_t);
+        if (backends[b]->lean)
+            printf(", %d whose paths other cases run left out (ZO_OPS_SHIM_LEAN)", backends[b]->lean);
         printf("\n");
     }
     printf("  %d ops, %d cases\n", GPU_OP_COUNT, total);
@@ -3574,6 +3626,7 @@ typedef struct tune_case {
     float softcap, alibi;
     zo_dtype qkv, grad; /* grad: dout's and dqkv's type */
     int backward;
+    int lean_repeat; /* left out under ZO_OPS_SHIM_LEAN: another case runs what it checks */
 } tune_case;
 
 /* One attention call of case c on x (its attn_path as set); outputs in o (out or dqkv), lse. */
@@ -3608,16 +3661,20 @@ static void test_attention_tune(void **state)
     static const tune_case cases[] = {
         /* past a 64-row tile: the grid covers the paths' boundaries, these
          * the choice, its cache and its bits */
-        {1, 95, 2, 1, 64, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0},
-        {1, 95, 2, 1, 64, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1},
-        {1, 70, 2, 1, 128, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
-        {1, 70, 2, 1, 128, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1},
-        {2, 48, 4, 1, 128, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1}, /* short: under ZO_OPS_SHIM_MAX_T too */
-        {2, 40, 2, 1, 64, 8, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0}, /* a window that masks */
-        {2, 40, 2, 1, 64, 0, 30.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1}, /* a soft cap */
-        {2, 40, 2, 1, 64, 0, 0.0f, 1.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0}, /* ALiBi: tc's, not mma's */
-        {2, 40, 2, 1, 32, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0}, /* head dim 32: neither's */
-        {2, 40, 2, 1, 64, 0, 0.0f, 0.0f, ZO_DTYPE_F32, ZO_DTYPE_F32, 0},   /* fp32 qkv */
+        {1, 95, 2, 1, 64, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0, 0},
+        {1, 95, 2, 1, 64, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 0},
+        {1, 70, 2, 1, 128, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0, 0},
+        {1, 70, 2, 1, 128, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1, 0},
+        /* GQA 4, two sequences; under ZO_OPS_SHIM_LEAN left out: the t 70
+         * backward above times, chooses, caches and matches the same four
+         * paths at this head size and types, the t 40 cases a second
+         * sequence, and the grid runs the kernels at GQA 4 */
+        {2, 48, 4, 1, 128, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1, 1},
+        {2, 40, 2, 1, 64, 8, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0, 0}, /* a window that masks */
+        {2, 40, 2, 1, 64, 0, 30.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 0}, /* a soft cap */
+        {2, 40, 2, 1, 64, 0, 0.0f, 1.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0, 0}, /* ALiBi: tc's, not mma's */
+        {2, 40, 2, 1, 32, 0, 0.0f, 0.0f, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0, 0}, /* head dim 32: neither's */
+        {2, 40, 2, 1, 64, 0, 0.0f, 0.0f, ZO_DTYPE_F32, ZO_DTYPE_F32, 0, 0},   /* fp32 qkv */
     };
     const int n_cases = (int)(sizeof cases / sizeof *cases);
     if (filter && !strstr(gpu_op_infos[GPU_OP_ATTENTION_FORWARD].name, filter) &&
@@ -3636,6 +3693,10 @@ static void test_attention_tune(void **state)
         const tune_case *c = &cases[k];
         if (shim_max_t > 0 && c->t > shim_max_t) { /* the fiber kernels' long cases (ZO_OPS_SHIM_MAX_T) */
             printf("  tune: t %d left out (ZO_OPS_SHIM_MAX_T=%d)\n", c->t, shim_max_t);
+            continue;
+        }
+        if (shim_lean && c->lean_repeat) {
+            printf("  tune: b %d t %d hq %d hkv %d d %d left out (ZO_OPS_SHIM_LEAN)\n", c->b, c->t, c->hq, c->hkv, c->d);
             continue;
         }
         n_tuned++;
@@ -3900,20 +3961,28 @@ int main(void)
         }
         shim_max_t = (int)v;
     }
-    static backend cpu = {"cpu", &cpu_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 0, NULL, 0, 0};
-    static backend cuda = {"cuda", &cuda_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 1, NULL, 0, 0};
+    if (getenv("ZO_OPS_SHIM_LEAN")) {
+        const char *v = getenv("ZO_OPS_SHIM_LEAN");
+        if (strcmp(v, "0") && strcmp(v, "1")) {
+            fprintf(stderr, "test_ops: ZO_OPS_SHIM_LEAN=%s: expected 0 or 1\n", v);
+            return 2;
+        }
+        shim_lean = v[0] == '1';
+    }
+    static backend cpu = {"cpu", &cpu_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 0, NULL, 0, 0, 0};
+    static backend cuda = {"cuda", &cuda_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 1, NULL, 0, 0, 0};
     if (!open_device(&cpu_dev, "cpu")) return 1;
     backends[n_backends++] = &cpu;
 #ifdef ZO_HAVE_CUDA_SHIM
-    static backend sh = {"cuda-shim", NULL, host_alloc, free, host_copy, host_copy, shim_run, 0, 0, 0, NULL, 1, 0};
+    static backend sh = {"cuda-shim", NULL, host_alloc, free, host_copy, host_copy, shim_run, 0, 0, 0, NULL, 1, 0, 0};
     static backend shg = {"cuda-shim-gemm", NULL, host_alloc, free, host_copy, host_copy, shim_gemm_run,
-                          0, 0, 0, takes_gemm_attention, 0, 0};
+                          0, 0, 0, takes_gemm_attention, 0, 0, 0};
     static backend shs = {"cuda-shim-gemm-small", NULL, host_alloc, free, host_copy, host_copy,
-                          shim_gemm_small_run, 0, 0, 0, takes_gemm_small_attention, 0, 0};
+                          shim_gemm_small_run, 0, 0, 0, takes_gemm_small_attention, 0, 0, 0};
     static backend sht = {"cuda-shim-tc", NULL, host_alloc, free, host_copy, host_copy, shim_tc_run,
-                          0, 0, 0, takes_tc_attention, 1, 0};
+                          0, 0, 0, takes_tc_attention, 1, 0, 0};
     static backend shm = {"cuda-shim-mma", NULL, host_alloc, free, host_copy, host_copy, shim_mma_run,
-                          0, 0, 0, takes_mma_attention, 1, 0};
+                          0, 0, 0, takes_mma_attention, 1, 0, 0};
     if (shim_exec_init(&shim) != ZO_OK || shim_exec_init(&shim_gemm) != ZO_OK || shim_exec_init(&shim_tc) != ZO_OK ||
         shim_exec_init(&shim_mma) != ZO_OK)
         return 1;
