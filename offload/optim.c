@@ -289,14 +289,18 @@ static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float 
  * end): cpu_adam's fused step on it, P the master at a. The new weights go
  * straight into the store's memory when one put takes them, else from P
  * after the step (fp32 weights, or puts shorter than an 8-bit block). */
-static zo_status update_fused(step_ctx *c, int b, size_t a, size_t e, int decay, adam_state_kind kind, void *S,
-                              size_t cn, size_t r, float *P)
+static zo_status update_fused(step_ctx *c, int b, size_t a, size_t e, int decay, int expert, adam_state_kind kind,
+                              void *S, size_t cn, size_t r, float *P)
 {
     offload_optim *o = c->o;
     wstore *ws = c->dst;
     size_t rel = a - o->og->off[b], n = e - a;
     adam_hparams hp = o->hp;
     if (!decay) hp.weight_decay = 0.0f;
+    /* an expert's own AdamW step (its bias correction), as update_piece's;
+     * the caller left chunks with an untouched expert to the decoding path */
+    if (expert_untouched(o, b, expert, &hp.step))
+        return zo_error(ZO_ERR_INTERNAL, "offload_step: block %d expert %d untouched in a fused update", b, expert);
     double t0 = zo_now();
     int busy0 = offload_device_busy(o->env->acct);
     int direct = o->m->dtype != ZO_DTYPE_F32 && n <= ws->put_max;
@@ -362,7 +366,7 @@ static zo_status update_host_state(void *ctx, size_t first, size_t n, float *P, 
         }
         size_t stop = e == end ? n : (e - first) / unit * unit;
         if (most && stop - r > most) stop = r + most;
-        if ((st = update_fused(c, b, pos, first + stop, decay, kind, S, n, r, P + r)) != ZO_OK) return st;
+        if ((st = update_fused(c, b, pos, first + stop, decay, expert, kind, S, n, r, P + r)) != ZO_OK) return st;
         if (first + stop == off[b + 1] && (st = block_complete(c, b)) != ZO_OK) return st;
         r = stop;
     }

@@ -1012,12 +1012,13 @@ def run_train_cmd(train, d, run, extra):
            "--clip", repr(OPT["clip"])] + extra
 
 
-def run_train(train, d, run, extra, steps=STEPS):
+def run_train(train, d, run, extra, steps=STEPS, env=None):
     """train's step losses, gradient norms and eval loss (`steps` step lines: fewer for a resumed
-    run), its time and its command line."""
+    run), its time and its command line (`env`: variables added to the environment)."""
     cmd = run_train_cmd(train, d, run, extra)
     t0 = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env={**os.environ, **env} if env else None)
     if p.returncode != 0:
         print(p.stdout)
         print(f"train exited {p.returncode}: {' '.join(cmd)}")
@@ -1228,6 +1229,11 @@ def check_family(train, name, workdir):
         # bf16 m and v (cpu_adam's encoding), the device's update as the host's
         bl = [run_train(train, d, run, ["--optimizer", opt, "--optim-dtype", "bf16"])[0] for opt in ("cpu", "gpu")]
         ck.fact(f"--optim-dtype bf16: the optimizer on the GPU as on the host ({bl[1]})", bl[0] == bl[1])
+        # 8-bit m and v on the host: the fused update of whole chunks (each expert's own AdamW
+        # step in its bias correction) as the decoding one, chunk by chunk (ZO_STATE_UNFUSED=1)
+        q8 = [run_train(train, d, run, ["--optim-dtype", "8bit"], env=e)[:3]
+              for e in (None, {"ZO_STATE_UNFUSED": "1"})]
+        ck.fact(f"--optim-dtype 8bit: the fused host update as the decoding one ({q8[0][0]})", q8[0] == q8[1])
     if lora is None:  # (latent attention: train refuses LoRA, by name)
         return ck.failed
     if is_moe(c):
