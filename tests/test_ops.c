@@ -1176,13 +1176,15 @@ typedef struct backend {
     int lean;    /* cases left out by ZO_OPS_SHIM_LEAN */
 } backend;
 
-/* ZO_OPS_SHIM_MAX_T=N (the sanitizer build's ctest entry sets it): the
- * shim's flash and tensor-core backends leave out attention's cases longer
- * than N tokens. Those cases are in the grid for the GEMM path, which a GPU
- * takes from 256 tokens, and its chunks (the GEMM-path backends still run
- * them all); the fiber kernels cross every tile and block boundary of
- * theirs in the shorter cases, and under ASan the long ones took two
- * thirds of test_ops. 0 or unset: every case. */
+/* ZO_OPS_SHIM_MAX_T=N (both builds' ctest entries set 200): the shim's
+ * flash, tensor-core and mma.sync backends leave out attention's cases
+ * longer than N tokens. Those cases are in the grid for the GEMM path, which
+ * a GPU takes from 256 tokens, and its chunks (the GEMM-path backends and a
+ * GPU's cuda backend still run them all); the fiber kernels cross every
+ * tile and block boundary of theirs in the shorter cases, each feature of
+ * the long ones has a shorter case (softcap_grid, alibi_grid), and the long
+ * ones took 43 of test_ops' 76 s in the plain build, two thirds under ASan.
+ * 0 or unset: every case. */
 static int shim_max_t;
 
 static int long_for_fibers(const backend *be, const pcase *c)
@@ -2146,6 +2148,11 @@ static void softcap_grid(gpu_op_id op)
     attention_case_sc(op, 1, 130, 4, 2, 128, 17, s144, 1.0f, E_F32, E_F32);
     attention_case_sc(op, 1, 97, 2, 1, 256, 40, 0.0f, 2.0f, E_F32, E_F32);
     attention_case_sc(op, 1, 255, 4, 2, 64, 0, 0.0f, 2.0f, E_BF16, E_BF16);
+    /* (the shim's fiber kernels stop at ZO_OPS_SHIM_MAX_T, 200 tokens: a
+     * 16-bit cap without a window, and with a scale of its own and fp32
+     * gradients, short enough for them) */
+    attention_case_sc(op, 1, 130, 4, 2, 64, 0, 0.0f, 2.0f, E_BF16, E_BF16);
+    if (op == GPU_OP_ATTENTION_BACKWARD) attention_case_sc(op, 1, 130, 4, 2, 128, 0, s144, 1.0f, E_BF16, E_F32);
     attention_case_sc(op, 1, 257, 4, 2, 128, 100, s144, 1.5f, E_F16, E_F16);
     /* fp16: in bf16 the GEMM path's P, rounded to 8 bits before P V as the
      * forward's contract allows, left one output of a 4-key row (near-flat
@@ -2187,6 +2194,9 @@ static void alibi_grid(gpu_op_id op)
     attention_case_al(op, 1, 100, 14, 7, 128, 40, 0.0f, 0.0f, 0.125f, 0, E_F32, E_F32);
     attention_case_al(op, 1, 97, 12, 12, 64, 0, 0.0f, 2.0f, 1.0f, 0, E_F32, E_F32);
     attention_case_al(op, 1, 257, 6, 3, 64, 0, 0.0f, 0.0f, 1.0f, 0, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
+    /* (16-bit ALiBi, the tensor-core kernels' own case, within the shim's
+     * ZO_OPS_SHIM_MAX_T) */
+    attention_case_al(op, 1, 130, 6, 3, 64, 0, 0.0f, 0.0f, 1.0f, 0, E_BF16, op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
     if (op == GPU_OP_ATTENTION_FORWARD) attention_case_al(op, 1, 300, 6, 6, 128, 64, 0.0f, 0.0f, 1.0f, 0, E_F16, E_F16);
     /* Falcon's form (Falcon-RW: alibi 1/sqrt(d), bf16(bf16(slope) j)): 12
      * and 10 heads, whose heads past the first 8 have slopes that are no
@@ -2199,6 +2209,8 @@ static void alibi_grid(gpu_op_id op)
     fiber_repeat = 0;
     attention_case_al(op, 1, 97, 12, 4, 80, 0, 0.0f, 0.0f, 0.1118034f, 1, E_F32, E_F32);
     attention_case_al(op, 1, 257, 10, 10, 64, 0, 0.0f, 0.0f, 0.125f, 1, E_BF16,
+                      op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
+    attention_case_al(op, 1, 70, 10, 5, 64, 0, 0.0f, 0.0f, 0.125f, 1, E_BF16,
                       op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16);
     rng = saved;
 }
