@@ -227,11 +227,14 @@ static int enc_on(const ostate_enc *e) { return e->chunk != 0; }
 
 /* The chunks of [rel, rel + k) of a region of n elements whose state is S:
  * for each, its buffer decoded into sm, sv (fp32 [chunk]), then (encode)
- * coded again; `zeros`: fn puts zeros into both moments. */
+ * coded again; `zeros`: fn puts zeros into both moments. `whole` (when
+ * given) is offered each chunk the range covers whole first, its buffer
+ * as it is: *done 1, it took the chunk (nothing decoded or coded). */
 typedef zo_status (*enc_visit_fn)(void *ctx, size_t at, size_t len, size_t off, float *sm, float *sv);
+typedef zo_status (*enc_whole_fn)(void *ctx, size_t at, size_t len, void *buf, float *sm, float *sv, int *done);
 
 static zo_status enc_walk(const ostate_enc *e, void *S, size_t n, size_t rel, size_t k, float *sm, float *sv,
-                          int decode, int encode, int zeros, enc_visit_fn fn, void *ctx)
+                          int decode, int encode, int zeros, enc_visit_fn fn, enc_whole_fn whole_fn, void *ctx)
 {
     zo_status st;
     size_t end = rel + k;
@@ -246,6 +249,12 @@ static zo_status enc_walk(const ostate_enc *e, void *S, size_t n, size_t rel, si
         int whole = rel == c0 && stop == c0 + clen;
         if (encode && whole && zeros) {
             if ((st = adam_state_init(e->kind, buf, clen, e->threads)) != ZO_OK) return st;
+            rel = stop;
+            continue;
+        }
+        int done = 0;
+        if (whole && whole_fn && (st = whole_fn(ctx, rel, clen, buf, sm, sv, &done)) != ZO_OK) return st;
+        if (done) {
             rel = stop;
             continue;
         }
@@ -286,7 +295,7 @@ static zo_status enc_get(const ostate_enc *e, void *S, size_t n, size_t rel, siz
 {
     if (!M && !V) return ZO_OK;
     enc_io io = {.base = rel, .M = M, .V = V};
-    return enc_walk(e, S, n, rel, k, sm, sv, 1, 0, 0, enc_get_fn, &io);
+    return enc_walk(e, S, n, rel, k, sm, sv, 1, 0, 0, enc_get_fn, NULL, &io);
 }
 
 /* ... and from M, V (NULL: zeros) */
@@ -294,14 +303,16 @@ static zo_status enc_put(const ostate_enc *e, void *S, size_t n, size_t rel, siz
                          const float *V, float *sm, float *sv)
 {
     enc_io io = {.base = rel, .cM = M, .cV = V};
-    return enc_walk(e, S, n, rel, k, sm, sv, 0, 1, !M && !V, enc_put_fn, &io);
+    return enc_walk(e, S, n, rel, k, sm, sv, 0, 1, !M && !V, enc_put_fn, NULL, &io);
 }
 
 typedef struct enc_upd {
     const oshard_update *u;
+    adam_state_kind kind;
     size_t flat0, rel0; /* the flat index of element rel0 of the region */
     float *P;           /* the master at rel0 (NULL: the update finds it) */
     size_t most;        /* elements an update call takes at most (the sub-group) */
+    uint64_t fused;     /* elements u->host_state took */
 } enc_upd;
 
 static zo_status enc_upd_fn(void *ctx, size_t at, size_t len, size_t off, float *sm, float *sv)
@@ -317,6 +328,17 @@ static zo_status enc_upd_fn(void *ctx, size_t at, size_t len, size_t off, float 
     return ZO_OK;
 }
 
+/* A whole chunk to u->host_state (an fp32 master), which may leave it to
+ * the decoding path. */
+static zo_status enc_upd_whole(void *ctx, size_t at, size_t len, void *buf, float *sm, float *sv, int *done)
+{
+    enc_upd *x = ctx;
+    zo_status st = x->u->host_state(x->u->ctx, x->flat0 + (at - x->rel0), len, x->P + (at - x->rel0), x->kind, buf,
+                                    sm, sv, done);
+    if (st == ZO_OK && *done) x->fused += len;
+    return st;
+}
+
 /* The update of [rel, rel + k) (flat index flat0 at rel), P its master:
  * each whole chunk by u->host_state when there is one and it takes it (an
  * fp32 master), the rest a chunk at a time decoded, updated by u->host and
@@ -325,23 +347,12 @@ static zo_status enc_upd_fn(void *ctx, size_t at, size_t len, size_t off, float 
 static zo_status enc_update(const ostate_enc *e, void *S, size_t n, size_t rel, size_t k, size_t flat0,
                             float *P, const oshard_update *u, float *sm, float *sv, size_t most, offload_acct *a)
 {
-    enc_upd x = {.u = u, .flat0 = flat0, .rel0 = rel, .P = P, .most = most ? most : k};
-    zo_status st;
-    for (size_t at = rel, end = rel + k; at < end;) {
-        size_t c = at / e->chunk, c0 = c * e->chunk;
-        size_t clen = n - c0 < e->chunk ? n - c0 : e->chunk;
-        size_t stop = end < c0 + clen ? end : c0 + clen;
-        int done = 0;
-        if (u->host_state && P && at == c0 && stop == c0 + clen &&
-            (st = u->host_state(u->ctx, flat0 + (c0 - rel), clen, P + (c0 - rel), e->kind,
-                                (char *)S + c * e->cbytes, sm, sv, &done)) != ZO_OK)
-            return st;
-        if (!done && (st = enc_walk(e, S, n, at, stop - at, sm, sv, 1, 1, 0, enc_upd_fn, &x)) != ZO_OK) return st;
-        if (done) a->state_fused += stop - at;
-        else a->state_decoded += stop - at;
-        at = stop;
-    }
-    return ZO_OK;
+    enc_upd x = {.u = u, .kind = e->kind, .flat0 = flat0, .rel0 = rel, .P = P, .most = most ? most : k};
+    zo_status st = enc_walk(e, S, n, rel, k, sm, sv, 1, 1, 0, enc_upd_fn, u->host_state && P ? enc_upd_whole : NULL,
+                            &x);
+    a->state_fused += x.fused;
+    a->state_decoded += k - x.fused;
+    return st;
 }
 
 /* ---- host memory ----------------------------------------------------------------------- */
