@@ -12,7 +12,16 @@
  * may be shared), but the NVMe read rate is the one sustained over every
  * round's passes (a disk's best pass is not what a run gets). Rows: tokens/s measured and predicted, the bound, and the
  * ratio; then each placement against the resident weights; last, the
- * largest |measured / predicted - 1|. */
+ * largest |measured / predicted - 1|.
+ *
+ * --mla: DeepSeek-V2's latent cache against its full one instead
+ * (transformer.h, tf_options.mla_cache): a V2-Lite-like model (16 heads of
+ * 128 + 64, v 128, kv_lora_rank 512, hidden 2048) of --layers dense layers
+ * with an MLP of 1408 (V2-Lite's expert's width) and vocab 4096, resident,
+ * --batch sequences of a --prompt and --tokens new tokens; the two caches
+ * alternate round by round, each taking its best. Rows: each cache's bytes,
+ * the device's peak, the first token and tokens/s; last, latent's tokens/s
+ * over full's. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,16 +31,115 @@
 #include "bench/bench.h"             /* defines: bench_header, bench_row, bench_result */
 #include "common/units.h"            /* defines: zo_parse_int, zo_format_bytes */
 #include "bench/gen_time.h"          /* defines: gen_time_machine, gen_time_measure, gen_time_predict */
+#include "transformer/generate.h"    /* defines: tf_gen, tf_gen_prompt, tf_gen_next */
+
+/* One generation of `cfg` over the given cache: its time to the first
+ * token, its tokens/s after it (every sequence's), the cache's bytes and
+ * the device's peak. */
+typedef struct mla_run {
+    double ttft, tokens_per_s;
+    size_t kv_bytes, peak;
+} mla_run;
+
+static zo_status mla_generate(const zo_model_config *cfg, int mla_cache, int batch, int prompt, int tokens,
+                              int threads, mla_run *out)
+{
+    gpu_cpu_options o = {.n_threads = threads};
+    gpu_device_t dev;
+    zo_status st = gpu_device_init_cpu(&o, &dev);
+    if (st != ZO_OK) return st;
+    tf_gen_config gc = {.batch = batch, .prompt_max = prompt, .ctx = prompt + tokens, .dtype = ZO_DTYPE_BF16,
+                        .mla_cache = mla_cache};
+    offload_config_defaults(&gc.oc);
+    gc.oc.n_threads = threads;
+    tf_gen g;
+    int32_t *ids = malloc((size_t)prompt * sizeof *ids), next[64];
+    float *logits = malloc((size_t)batch * cfg->vocab * sizeof *logits);
+    const int32_t *pp[64];
+    int lens[64];
+    if (!ids || !logits) {
+        st = zo_error(ZO_ERR_NOMEM, "bench_generate --mla: out of host memory");
+        goto out_dev;
+    }
+    for (int i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7 + 3) % cfg->vocab);
+    for (int j = 0; j < batch; j++) pp[j] = ids, lens[j] = prompt, next[j] = (int32_t)(j + 1);
+    if ((st = tf_gen_init(&g, cfg, dev, &gc)) != ZO_OK) goto out_dev;
+    if ((st = tf_gen_load(&g, NULL, 7, NULL)) != ZO_OK) goto out_gen;
+    double t0 = zo_now();
+    if ((st = tf_gen_prompt(&g, pp, lens, batch, logits)) != ZO_OK) goto out_gen;
+    double t1 = zo_now();
+    for (int k = 1; k < tokens && st == ZO_OK; k++) st = tf_gen_next(&g, next, logits);
+    double t2 = zo_now();
+    if (st != ZO_OK) goto out_gen;
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(dev, &ms);
+    *out = (mla_run){.ttft = t1 - t0, .tokens_per_s = (double)batch * (tokens - 1) / (t2 - t1),
+                     .kv_bytes = g.m.kv_bytes, .peak = ms.high_water};
+out_gen:
+    tf_gen_free(&g);
+out_dev:
+    free(ids);
+    free(logits);
+    gpu_device_free(dev);
+    return st;
+}
+
+/* --mla: the latent cache against the full one, alternating (above). */
+static int run_mla(long layers, long batch, long prompt, long tokens, long rounds, long threads)
+{
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": %ld, \"hidden_size\": 2048, "
+             "\"num_attention_heads\": 16, \"num_key_value_heads\": 16, \"q_lora_rank\": null, "
+             "\"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, "
+             "\"intermediate_size\": 1408, \"n_routed_experts\": null, \"vocab_size\": 4096, "
+             "\"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0}",
+             layers);
+    zo_model_config cfg;
+    if (zo_model_config_parse(json, "bench_generate --mla", &cfg) != ZO_OK) {
+        fprintf(stderr, "bench_generate: %s\n", zo_last_error());
+        return 1;
+    }
+    static const char *const names[2] = {"latent", "full"};
+    const int kinds[2] = {TF_MLA_CACHE_LATENT, TF_MLA_CACHE_FULL};
+    mla_run best[2] = {{.ttft = 1e30}, {.ttft = 1e30}};
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < 2; i++) { /* the two alternate: each round runs both */
+            mla_run x = {0};
+            if (mla_generate(&cfg, kinds[i], (int)batch, (int)prompt, (int)tokens, (int)threads, &x) != ZO_OK) {
+                fprintf(stderr, "bench_generate --mla: %s cache: %s\n", names[i], zo_last_error());
+                return 1;
+            }
+            if (x.tokens_per_s > best[i].tokens_per_s) best[i].tokens_per_s = x.tokens_per_s;
+            if (x.ttft < best[i].ttft) best[i].ttft = x.ttft;
+            best[i].kv_bytes = x.kv_bytes;
+            best[i].peak = x.peak;
+        }
+    char b1[32], b2[32];
+    bench_header("bench_generate --mla", "DeepSeek-V2-Lite's attention (16 heads of 128 + 64, v 128, kv_lora_rank 512, "
+                 "hidden 2048), %ld dense layers of MLP 1408, vocab 4096, random bf16 weights resident, CPU backend, "
+                 "%ld sequence(s), a prompt of %ld and %ld new tokens, %ld thread(s), best of %ld alternating rounds",
+                 layers, batch, prompt, tokens, threads, rounds);
+    for (int i = 0; i < 2; i++)
+        bench_row("%-7s cache %10s (%zu bytes)  device peak %10s  first token %.3f s  %8.2f tokens/s", names[i],
+                  zo_format_bytes(best[i].kv_bytes, b1, sizeof b1), best[i].kv_bytes,
+                  zo_format_bytes(best[i].peak, b2, sizeof b2), best[i].ttft, best[i].tokens_per_s);
+    bench_row("full / latent cache bytes %.2f; device peak %.2f", (double)best[1].kv_bytes / (double)best[0].kv_bytes,
+              (double)best[1].peak / (double)best[0].peak);
+    bench_result("latent / full tokens/s", best[0].tokens_per_s / best[1].tokens_per_s);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
-    long layers = 8, hidden = 1024, batch = 1, tokens = 32, rounds = 3, threads = 0, moe = 0;
+    long layers = 0, hidden = 1024, batch = 1, tokens = 0, rounds = 3, threads = 0, moe = 0, mla = 0, prompt = 0;
     const char *nvme_dir = "/tmp";
     static const struct option opts[] = {
         {"layers", required_argument, 0, 'L'}, {"hidden", required_argument, 0, 'H'},
         {"batch", required_argument, 0, 'b'},  {"tokens", required_argument, 0, 't'},
         {"rounds", required_argument, 0, 'r'}, {"threads", required_argument, 0, 'T'},
         {"nvme-dir", required_argument, 0, 'n'}, {"moe", no_argument, 0, 'm'},
+        {"mla", no_argument, 0, 'M'},          {"prompt", required_argument, 0, 'p'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
     int o;
@@ -46,12 +154,17 @@ int main(int argc, char **argv)
         case 'T': st = zo_parse_int(optarg, "--threads", 1, 1024, &threads); break;
         case 'n': nvme_dir = optarg; break;
         case 'm': moe = 1; break;
+        case 'M': mla = 1; break;
+        case 'p': st = zo_parse_int(optarg, "--prompt", 1, 8192, &prompt); break;
         case 'h':
             printf("usage: bench_generate [--layers N] [--hidden N] [--batch N] [--tokens N] [--rounds N]\n"
                    "                      [--threads N] [--nvme-dir DIR] [--moe]\n"
+                   "       bench_generate --mla [--layers N] [--batch N] [--prompt N] [--tokens N] [--rounds N]\n"
                    "defaults: a LLaMA of 8 layers x 1024 (ffn 8/3 h, vocab 4096), bf16, 1 sequence, a prompt of\n"
                    "16 and 32 new tokens, 3 rounds, every core, /tmp; --moe: a Mixtral of that shape, 8 experts\n"
-                   "of ffn h, 2 a token (from host its routed experts stream apart)\n");
+                   "of ffn h, 2 a token (from host its routed experts stream apart); --mla: DeepSeek-V2's latent\n"
+                   "cache against its full one, a V2-Lite-like model of --layers (default 2) dense layers, a\n"
+                   "prompt of 512 and 64 new tokens by default\n");
             return 0;
         default: return 2;
         }
@@ -61,6 +174,13 @@ int main(int argc, char **argv)
         }
     }
     if (!threads) threads = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!layers) layers = mla ? 2 : 8;
+    if (!tokens) tokens = mla ? 64 : 32;
+    if (mla) return run_mla(layers, batch, prompt ? prompt : 512, tokens, rounds, threads);
+    if (prompt) {
+        fprintf(stderr, "bench_generate: --prompt is --mla's (the placements' prompt is 16)\n");
+        return 2;
+    }
     gen_time_case c = {.batch = (int)batch, .prompt = 16, .new_tokens = (int)tokens, .dtype = ZO_DTYPE_BF16,
                        .prefetch = 2};
     if (zo_model_preset_find("llama-2-7b", &c.m) != ZO_OK) return 1;

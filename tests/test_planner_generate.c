@@ -284,6 +284,30 @@ static void test_cli(void **state)
     snprintf(want, sizeof want, "\"kv_cache_bytes\":\t%llu", 2ull * 32 * 4 * 768 * 32 * 128 * 2);
     assert_non_null(strstr(out, want));
     assert_non_null(strstr(out, "\"bound\":\t\"pcie\""));
+    /* DeepSeek-V2-Lite's shape, 4 sequences of 512 + 256: the latent cache by hand, 27 layers x 4 x 768 x
+     * (64 + 512) x 2 bytes; --mla-cache full every head's key and value, 2 x 27 x 4 x 768 x 16 x 192 x 2 */
+    char lite[128];
+    snprintf(lite, sizeof lite, "%s/deepseek-v2-lite.json", nvme_dir);
+    files_write_text(lite, "{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": 27, \"hidden_size\": 2048, "
+                           "\"num_attention_heads\": 16, \"num_key_value_heads\": 16, \"q_lora_rank\": null, "
+                           "\"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, "
+                           "\"v_head_dim\": 128, \"intermediate_size\": 10944, \"moe_intermediate_size\": 1408, "
+                           "\"n_shared_experts\": 2, \"n_routed_experts\": 64, \"num_experts_per_tok\": 6, "
+                           "\"first_k_dense_replace\": 1, \"norm_topk_prob\": false, \"topk_method\": \"greedy\", "
+                           "\"vocab_size\": 102400, \"max_position_embeddings\": 163840}");
+    static const char *const caches[] = {"", " --mla-cache latent", " --mla-cache full"};
+    const unsigned long long lat = 27ull * 4 * 768 * 576 * 2, full = 2ull * 27 * 4 * 768 * 16 * 192 * 2;
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "generate --model %s --gpu h100 --batch 4 --prompt 512 --new-tokens 256%s --json",
+                 lite, caches[i]);
+        assert_int_equal(run_memplan(args, out, sizeof out), 0);
+        snprintf(want, sizeof want, "\"kv_cache_bytes\":\t%llu", i == 2 ? full : lat);
+        assert_non_null(strstr(out, want));
+        assert_non_null(strstr(out, i == 2 ? "\"mla_cache\":\t\"full\"" : "\"mla_cache\":\t\"latent\""));
+    }
+    snprintf(args, sizeof args, "generate --model %s --mla-cache half", lite);
+    assert_int_equal(run_memplan(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--mla-cache half: expected latent or full"));
     /* the weights resident do not fit a 24 GB card with that batch in fp32: exit 1 */
     rc = run_memplan("generate --model llama-2-7b --gpu rtx-4090 --batch 4 --dtype fp32", out, sizeof out);
     assert_int_equal(rc, 1);
