@@ -18,10 +18,10 @@
  * (transformer.h, tf_options.mla_cache): a V2-Lite-like model (16 heads of
  * 128 + 64, v 128, kv_lora_rank 512, hidden 2048) of --layers dense layers
  * with an MLP of 1408 (V2-Lite's expert's width) and vocab 4096, resident,
- * --batch sequences of a --prompt and --tokens new tokens; the two caches
- * alternate round by round, each taking its best. Rows: each cache's bytes,
- * the device's peak, the first token and tokens/s; last, latent's tokens/s
- * over full's. */
+ * --batch sequences of a --prompt and --tokens new tokens; the two caches'
+ * tokens alternate one by one (run_mla). Rows: each cache's bytes, the
+ * device's peak, the first token and tokens/s; last, latent's tokens/s over
+ * full's. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -33,58 +33,45 @@
 #include "bench/gen_time.h"          /* defines: gen_time_machine, gen_time_measure, gen_time_predict */
 #include "transformer/generate.h"    /* defines: tf_gen, tf_gen_prompt, tf_gen_next */
 
-/* One generation of `cfg` over the given cache: its time to the first
- * token, its tokens/s after it (every sequence's), the cache's bytes and
- * the device's peak. */
-typedef struct mla_run {
-    double ttft, tokens_per_s;
-    size_t kv_bytes, peak;
-} mla_run;
+/* A generation of `cfg` over one of the caches, on a device of its own. */
+typedef struct mla_side {
+    gpu_device_t dev;
+    tf_gen g;
+    int ready;
+} mla_side;
 
-static zo_status mla_generate(const zo_model_config *cfg, int mla_cache, int batch, int prompt, int tokens,
-                              int threads, mla_run *out)
+static zo_status mla_open(mla_side *x, const zo_model_config *cfg, int mla_cache, int batch, int prompt, int tokens,
+                          int threads)
 {
     gpu_cpu_options o = {.n_threads = threads};
-    gpu_device_t dev;
-    zo_status st = gpu_device_init_cpu(&o, &dev);
+    zo_status st = gpu_device_init_cpu(&o, &x->dev);
     if (st != ZO_OK) return st;
     tf_gen_config gc = {.batch = batch, .prompt_max = prompt, .ctx = prompt + tokens, .dtype = ZO_DTYPE_BF16,
                         .mla_cache = mla_cache};
     offload_config_defaults(&gc.oc);
     gc.oc.n_threads = threads;
-    tf_gen g;
-    int32_t *ids = malloc((size_t)prompt * sizeof *ids), next[64];
-    float *logits = malloc((size_t)batch * cfg->vocab * sizeof *logits);
-    const int32_t *pp[64];
-    int lens[64];
-    if (!ids || !logits) {
-        st = zo_error(ZO_ERR_NOMEM, "bench_generate --mla: out of host memory");
-        goto out_dev;
-    }
-    for (int i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7 + 3) % cfg->vocab);
-    for (int j = 0; j < batch; j++) pp[j] = ids, lens[j] = prompt, next[j] = (int32_t)(j + 1);
-    if ((st = tf_gen_init(&g, cfg, dev, &gc)) != ZO_OK) goto out_dev;
-    if ((st = tf_gen_load(&g, NULL, 7, NULL)) != ZO_OK) goto out_gen;
-    double t0 = zo_now();
-    if ((st = tf_gen_prompt(&g, pp, lens, batch, logits)) != ZO_OK) goto out_gen;
-    double t1 = zo_now();
-    for (int k = 1; k < tokens && st == ZO_OK; k++) st = tf_gen_next(&g, next, logits);
-    double t2 = zo_now();
-    if (st != ZO_OK) goto out_gen;
-    gpu_mem_stats ms;
-    gpu_mem_get_stats(dev, &ms);
-    *out = (mla_run){.ttft = t1 - t0, .tokens_per_s = (double)batch * (tokens - 1) / (t2 - t1),
-                     .kv_bytes = g.m.kv_bytes, .peak = ms.high_water};
-out_gen:
-    tf_gen_free(&g);
-out_dev:
-    free(ids);
-    free(logits);
-    gpu_device_free(dev);
-    return st;
+    if ((st = tf_gen_init(&x->g, cfg, x->dev, &gc)) != ZO_OK) return st;
+    x->ready = 1;
+    return tf_gen_load(&x->g, NULL, 7, NULL); /* the same random weights on both sides */
 }
 
-/* --mla: the latent cache against the full one, alternating (above). */
+static void mla_close(mla_side *x)
+{
+    if (x->ready) tf_gen_free(&x->g);
+    if (x->dev) gpu_device_free(x->dev);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --mla: the latent cache against the full one (above). Each round opens
+ * both, runs their prompts' forwards and then their tokens alternately,
+ * one token of each in turn (the order swapped every token), so that both
+ * see the same load; a side's tokens/s is sequences over its median
+ * token's time over every round, its first token the best round's. */
 static int run_mla(long layers, long batch, long prompt, long tokens, long rounds, long threads)
 {
     char json[1024];
@@ -102,32 +89,69 @@ static int run_mla(long layers, long batch, long prompt, long tokens, long round
     }
     static const char *const names[2] = {"latent", "full"};
     const int kinds[2] = {TF_MLA_CACHE_LATENT, TF_MLA_CACHE_FULL};
-    mla_run best[2] = {{.ttft = 1e30}, {.ttft = 1e30}};
-    for (int r = 0; r < rounds; r++)
-        for (int i = 0; i < 2; i++) { /* the two alternate: each round runs both */
-            mla_run x = {0};
-            if (mla_generate(&cfg, kinds[i], (int)batch, (int)prompt, (int)tokens, (int)threads, &x) != ZO_OK) {
+    const int nt = (int)(tokens - 1) * (int)rounds;
+    double *tok[2] = {malloc((size_t)nt * sizeof(double)), malloc((size_t)nt * sizeof(double))};
+    double ttft[2] = {1e30, 1e30};
+    size_t kv[2] = {0, 0}, peak[2] = {0, 0};
+    int32_t *ids = malloc((size_t)prompt * sizeof *ids), next[64];
+    float *logits = malloc((size_t)batch * cfg.vocab * sizeof *logits);
+    const int32_t *pp[64];
+    int lens[64], n = 0, rc = 1;
+    if (!tok[0] || !tok[1] || !ids || !logits) goto out;
+    for (int i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7 + 3) % cfg.vocab);
+    for (int j = 0; j < batch; j++) pp[j] = ids, lens[j] = (int)prompt, next[j] = (int32_t)(j + 1);
+    for (int r = 0; r < rounds; r++) {
+        mla_side x[2] = {{0}, {0}};
+        zo_status st = ZO_OK;
+        for (int i = 0; i < 2 && st == ZO_OK; i++)
+            if ((st = mla_open(&x[i], &cfg, kinds[i], (int)batch, (int)prompt, (int)tokens, (int)threads)) != ZO_OK)
                 fprintf(stderr, "bench_generate --mla: %s cache: %s\n", names[i], zo_last_error());
-                return 1;
-            }
-            if (x.tokens_per_s > best[i].tokens_per_s) best[i].tokens_per_s = x.tokens_per_s;
-            if (x.ttft < best[i].ttft) best[i].ttft = x.ttft;
-            best[i].kv_bytes = x.kv_bytes;
-            best[i].peak = x.peak;
+        for (int i = 0; i < 2 && st == ZO_OK; i++) {
+            double t0 = zo_now();
+            st = tf_gen_prompt(&x[i].g, pp, lens, (int)batch, logits);
+            ttft[i] = fmin(ttft[i], zo_now() - t0);
         }
+        for (int k = 1; k < tokens && st == ZO_OK; k++, n++)
+            for (int q = 0; q < 2 && st == ZO_OK; q++) {
+                int i = (k + q) % 2; /* latent first on odd tokens, full first on even ones */
+                double t0 = zo_now();
+                st = tf_gen_next(&x[i].g, next, logits);
+                tok[i][n] = zo_now() - t0;
+            }
+        for (int i = 0; i < 2 && st == ZO_OK; i++) {
+            gpu_mem_stats ms;
+            gpu_mem_get_stats(x[i].dev, &ms);
+            kv[i] = x[i].g.m.kv_bytes;
+            peak[i] = ms.high_water;
+        }
+        if (st != ZO_OK) fprintf(stderr, "bench_generate --mla: %s\n", zo_last_error());
+        mla_close(&x[0]);
+        mla_close(&x[1]);
+        if (st != ZO_OK) goto out;
+    }
     char b1[32], b2[32];
+    double med[2];
     bench_header("bench_generate --mla", "DeepSeek-V2-Lite's attention (16 heads of 128 + 64, v 128, kv_lora_rank 512, "
                  "hidden 2048), %ld dense layers of MLP 1408, vocab 4096, random bf16 weights resident, CPU backend, "
-                 "%ld sequence(s), a prompt of %ld and %ld new tokens, %ld thread(s), best of %ld alternating rounds",
-                 layers, batch, prompt, tokens, threads, rounds);
-    for (int i = 0; i < 2; i++)
-        bench_row("%-7s cache %10s (%zu bytes)  device peak %10s  first token %.3f s  %8.2f tokens/s", names[i],
-                  zo_format_bytes(best[i].kv_bytes, b1, sizeof b1), best[i].kv_bytes,
-                  zo_format_bytes(best[i].peak, b2, sizeof b2), best[i].ttft, best[i].tokens_per_s);
-    bench_row("full / latent cache bytes %.2f; device peak %.2f", (double)best[1].kv_bytes / (double)best[0].kv_bytes,
-              (double)best[1].peak / (double)best[0].peak);
-    bench_result("latent / full tokens/s", best[0].tokens_per_s / best[1].tokens_per_s);
-    return 0;
+                 "%ld sequence(s), a prompt of %ld and %ld new tokens, %ld thread(s), %ld rounds, the two caches' "
+                 "tokens alternating", layers, batch, prompt, tokens, threads, rounds);
+    for (int i = 0; i < 2; i++) {
+        qsort(tok[i], (size_t)n, sizeof(double), cmp_double);
+        med[i] = tok[i][n / 2];
+        bench_row("%-7s cache %10s (%zu bytes)  device peak %10s  first token %.3f s  %8.2f tokens/s (median "
+                  "token %.2f ms, best %.2f ms)", names[i], zo_format_bytes(kv[i], b1, sizeof b1), kv[i],
+                  zo_format_bytes(peak[i], b2, sizeof b2), ttft[i], batch / med[i], 1e3 * med[i], 1e3 * tok[i][0]);
+    }
+    bench_row("full / latent cache bytes %.2f; device peak %.2f", (double)kv[1] / (double)kv[0],
+              (double)peak[1] / (double)peak[0]);
+    bench_result("latent / full tokens/s", med[1] / med[0]);
+    rc = 0;
+out:
+    free(tok[0]);
+    free(tok[1]);
+    free(ids);
+    free(logits);
+    return rc;
 }
 
 int main(int argc, char **argv)
