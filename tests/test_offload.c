@@ -1875,6 +1875,24 @@ static void assert_same_ckpt(const char *name, const char *dir_a, const char *di
     }
 }
 
+/* base run twice, each saving after its last step: r[0] with the fused
+ * host update of encoded m and v, r[1] with the decoding one
+ * (state_unfused), their checkpoints under dir[f] (nvme_dir/tag-f). 1 when
+ * this build does not run it (no NVMe). */
+static int run_fused_pair(const run *base, const char *tag, run r[2], char dir[2][300])
+{
+    int skipped = 0;
+    for (int f = 0; f < 2; f++) {
+        snprintf(dir[f], sizeof dir[f], "%s/%s-%d", nvme_dir, tag, f);
+        files_remove_tree(dir[f]);
+        r[f] = *base;
+        r[f].oc.state_unfused = f;
+        r[f].save_dir = dir[f];
+        skipped |= do_run(&r[f]) == ZO_ERR_UNSUPPORTED;
+    }
+    return skipped;
+}
+
 /* The host's update of bf16 and 8-bit m and v, a whole chunk in place
  * (cpu_adam's fused step, oshard_update.host_state) against every chunk
  * decoded, updated in fp32 and coded again (state_unfused, the path before
@@ -1935,16 +1953,7 @@ static void test_state_fused(void **state)
         if (v[i].ranges) base.decay = decay, base.n_decay = 2;
         run r[2];
         char dir[2][300];
-        int skipped = 0;
-        for (int f = 0; f < 2; f++) { /* f 0: fused, 1: decoded */
-            snprintf(dir[f], sizeof dir[f], "%s/state-fused-%d", nvme_dir, f);
-            files_remove_tree(dir[f]);
-            r[f] = base;
-            r[f].oc.state_unfused = f;
-            r[f].save_dir = dir[f];
-            skipped |= do_run(&r[f]) == ZO_ERR_UNSUPPORTED;
-        }
-        if (skipped) {
+        if (run_fused_pair(&base, "state-fused", r, dir)) {
             printf("  %s: not run (this build has no NVMe)\n", v[i].name);
             continue;
         }
@@ -2003,14 +2012,7 @@ static void test_state_fused_experts(void **state)
         run r[2];
         char dir[2][300], name[64];
         snprintf(name, sizeof name, "%s m, v, sparse experts", zo_plan_opt_state_name(st[i]));
-        for (int f = 0; f < 2; f++) { /* f 0: fused, 1: decoded */
-            snprintf(dir[f], sizeof dir[f], "%s/state-fused-experts-%d", nvme_dir, f);
-            files_remove_tree(dir[f]);
-            r[f] = base;
-            r[f].oc.state_unfused = f;
-            r[f].save_dir = dir[f];
-            assert_int_equal(do_run(&r[f]), ZO_OK);
-        }
+        assert_false(run_fused_pair(&base, "state-fused-experts", r, dir)); /* (host memory: no NVMe needed) */
         /* the experts' steps: some expert sat out a step (fewer than the
          * run's) and took others (more than none) */
         size_t n;
