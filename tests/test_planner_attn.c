@@ -181,7 +181,9 @@ static void test_attn_pool_paths(void **state)
  * rank) on the automatic choice; Gemma-2-9B (16 and 8 heads of 256, TP 8:
  * two and one) with its window cut (40, 64) so that it masks at these lengths,
  * automatic and with the GEMM path forced, where its global layers take
- * more than its windowed ones. */
+ * more than its windowed ones; DeepSeek-V2-Lite (MoE, latent attention: 16
+ * heads of 128 + 64, TP 8), whose head dim no fused kernel takes: the GEMM
+ * path from t 256 under the automatic rule. */
 static void test_attn_pool_models(void **state)
 {
     (void)state;
@@ -195,6 +197,7 @@ static void test_attn_pool_models(void **state)
         {"llama-2-13b", 20, 136, 1, 0, ZO_ATTN_AUTO, ZO_ATTN_MMA, "mma.sync at t 130"},
         {"gemma-2-9b", 8, 96, 1, 40, ZO_ATTN_AUTO, ZO_ATTN_MMA, NULL},
         {"gemma-2-9b", 8, 400, 1, 64, ZO_ATTN_GEMM, ZO_ATTN_GEMM, NULL},
+        {ZO_FIXTURES_DIR "/hf-configs/deepseek-v2-lite.json", 8, 300, 1, 0, ZO_ATTN_AUTO, ZO_ATTN_GEMM, NULL},
     };
     shim_exec x;
     assert_int_equal(shim_exec_init(&x), ZO_OK);
@@ -207,7 +210,8 @@ static void test_attn_pool_models(void **state)
             continue;
         }
         zo_model_config m;
-        assert_int_equal(zo_model_preset_find(c->preset, &m), ZO_OK);
+        if (strchr(c->preset, '/')) assert_int_equal(zo_model_config_load(c->preset, &m), ZO_OK);
+        else assert_int_equal(zo_model_preset_find(c->preset, &m), ZO_OK);
         if (c->window) m.sliding_window = c->window;
         plan_train t;
         plan_train_defaults(&t, &m);
