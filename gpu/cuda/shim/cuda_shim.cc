@@ -30,7 +30,6 @@
 #include <immintrin.h> /* defines: _mm512_* (zo_shim_mma16's AVX-512 loops) */
 #endif
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -872,48 +871,62 @@ extern "C" cudaError_t zo_shim_memcpy(void *dst, const void *src, size_t bytes)
     return cudaSuccess;
 }
 
-/* The pool: each block carries its size in a header before what the caller
- * gets (16 bytes, so malloc's alignment is kept), so that a free knows what
- * it gives back; held and the most held since the last reset counted over
- * every thread. */
+/* The pool: the size of each block it gave out kept beside it (a table,
+ * not a header before the block, so that ASan still sees a write before
+ * the block's start), the bytes held and the most held since the last
+ * reset counted over every thread. */
 namespace {
-constexpr size_t POOL_HEADER = 16;
-std::atomic<size_t> pool_held{0}, pool_peak{0};
+std::mutex pool_lock;
+std::unordered_map<void *, size_t> pool_blocks;
+size_t pool_held = 0, pool_peak = 0;
 } // namespace
 
 extern "C" cudaError_t zo_shim_malloc(void **p, size_t bytes)
 {
-    char *b = (char *)malloc(POOL_HEADER + (bytes ? bytes : 1));
-    if (!b) {
-        *p = NULL;
+    *p = malloc(bytes ? bytes : 1);
+    if (!*p) {
         set_last(rt(), cudaErrorMemoryAllocation, "cudaMallocFromPoolAsync: %zu bytes of host memory", bytes);
         return cudaErrorMemoryAllocation;
     }
-    memcpy(b, &bytes, sizeof bytes);
-    *p = b + POOL_HEADER;
     memset(*p, 0xff, bytes);
-    const size_t now = pool_held.fetch_add(bytes) + bytes;
-    size_t was = pool_peak.load();
-    while (now > was && !pool_peak.compare_exchange_weak(was, now)) {
-    }
+    std::lock_guard<std::mutex> g(pool_lock);
+    pool_blocks[*p] = bytes;
+    pool_held += bytes;
+    if (pool_held > pool_peak) pool_peak = pool_held;
     return cudaSuccess;
 }
 
 extern "C" void zo_shim_free(void *p)
 {
     if (!p) return;
-    char *b = (char *)p - POOL_HEADER;
-    size_t bytes;
-    memcpy(&bytes, b, sizeof bytes);
-    pool_held.fetch_sub(bytes);
-    free(b);
+    {
+        std::lock_guard<std::mutex> g(pool_lock);
+        auto it = pool_blocks.find(p);
+        if (it != pool_blocks.end()) {
+            pool_held -= it->second;
+            pool_blocks.erase(it);
+        }
+    }
+    free(p);
 }
 
-extern "C" size_t zo_shim_pool_held(void) { return pool_held.load(); }
+extern "C" size_t zo_shim_pool_held(void)
+{
+    std::lock_guard<std::mutex> g(pool_lock);
+    return pool_held;
+}
 
-extern "C" size_t zo_shim_pool_peak(void) { return pool_peak.load(); }
+extern "C" size_t zo_shim_pool_peak(void)
+{
+    std::lock_guard<std::mutex> g(pool_lock);
+    return pool_peak;
+}
 
-extern "C" void zo_shim_pool_reset_peak(void) { pool_peak.store(pool_held.load()); }
+extern "C" void zo_shim_pool_reset_peak(void)
+{
+    std::lock_guard<std::mutex> g(pool_lock);
+    pool_peak = pool_held;
+}
 
 extern "C" const char *zo_shim_error_string(cudaError_t e)
 {
