@@ -28,7 +28,7 @@ set(zo_test_costs
     test_e2e_torch_phi3 9 test_generate_torch_qwen3_moe 9 test_ranks_moe_ep_qlora 9 test_e2e_torch_gemma2 9
     test_ranks_moe_ep_qwen3 10 test_cuda_shim 8 test_configure 8 test_ranks_moe_ep_ckpt 8
     test_ranks_refusals 8 test_generate_torch_mixtral 7 test_ranks_moe_ep_nvme 7
-    test_planner_generate 7 test_ranks_family_qwen3 9 test_cpu_adam 7 test_e2e_torch_qwen2_moe 7
+    test_planner_generate 7 test_planner_attn 9 test_ranks_family_qwen3 9 test_cpu_adam 7 test_e2e_torch_qwen2_moe 7
     test_finetune_torch 7 test_e2e_torch_mixtral 6 test_generate_torch_gpt2 6 test_profile 6
     test_e2e_torch_gemma 6 test_e2e_torch_falcon_new 5 test_generate_torch_qwen2_moe 5
     test_generate_torch_gemma2 5 test_e2e_torch_mixtral_sparse 5 test_e2e_torch_qwen3 5
