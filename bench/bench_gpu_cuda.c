@@ -427,6 +427,9 @@ static int attention_row(const attn_shape *sh, void *stage, uint64_t seed)
     const int tc = zo_attn_tc_covers(1, d, sh->window, t, sh->softcap, 0.0f);
     double best[PATHS][2], best32[PATHS];
     for (int p = 0; p < PATHS; p++) best[p][0] = best[p][1] = best32[p] = INFINITY;
+    /* the mma.sync backward with grads16 (FlashAttention-2's precision),
+     * 16-bit and fp32 dout, timed right after the split one */
+    double best16 = INFINITY, best16_32 = INFINITY;
     char what[96];
     for (int round = 0; round < ROUNDS; round++)
         for (int p = 0; p < n_paths; p++) {
@@ -452,6 +455,15 @@ static int attention_row(const attn_shape *sh, void *stage, uint64_t seed)
                 double tm = bench_time_best(run_attn, &r32, 1, 3, 0.3);
                 if (tm < best32[p]) best32[p] = tm;
             }
+            if (p == 3) {
+                attn_run r16 = r, r16_32 = r32;
+                r16.backward = 1;
+                r16.a.grads16 = r16_32.a.grads16 = 1;
+                double tm = bench_time_best(run_attn, &r16, 1, 3, 0.3);
+                if (tm < best16) best16 = tm;
+                tm = bench_time_best(run_attn, &r16_32, 1, 3, 0.3);
+                if (tm < best16_32) best16_32 = tm;
+            }
         }
     unsetenv("ZO_ATTENTION");
     /* causal: half the t x t scores, forward 2 matmuls, backward 5; with a
@@ -470,6 +482,10 @@ static int attention_row(const attn_shape *sh, void *stage, uint64_t seed)
                       rows[p], b, t, hq, best[p][0] * 1e3, f / best[p][0] * 1e-12, best[p][1] * 1e3,
                       2.5 * f / best[p][1] * 1e-12, best[0][0] / best[p][0], best[0][1] / best[p][1], best32[p] * 1e3,
                       2.5 * f / best32[p] * 1e-12, d, sh->hkv, sh->window, (double)sh->softcap);
+    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f %4d %4d %6d %5g", "causal_mma16",
+              b, t, hq, best[3][0] * 1e3, f / best[3][0] * 1e-12, best16 * 1e3, 2.5 * f / best16 * 1e-12,
+              best[0][0] / best[3][0], best[0][1] / best16, best16_32 * 1e3, 2.5 * f / best16_32 * 1e-12, d, sh->hkv,
+              sh->window, (double)sh->softcap);
     gpu_mem_free(dev, qkv);
     gpu_mem_free(dev, out);
     gpu_mem_free(dev, dout);
@@ -488,7 +504,9 @@ static int attention_row(const attn_shape *sh, void *stage, uint64_t seed)
  * fused tensor-core kernels' ("causal_tc"), each of the last two with its
  * speedup (the flash kernel's time over its own) and its backward with fp32
  * dout and dqkv, as the transformer calls it, and the mma.sync kernels'
- * ("causal_mma", ZO_ATTENTION=mma, the same columns), and, started with
+ * ("causal_mma", ZO_ATTENTION=mma, the same columns; "causal_mma16": its
+ * backward with grads16, FlashAttention-2's precision, the forward's
+ * columns causal_mma's), and, started with
  * ZO_ATTENTION=tune, the tuned choice's ("causal_tune", the same columns;
  * ZO_ATTENTION_LOG=1 prints what it chose); 0, or 1 on a failure. */
 static int bench_attention(void *stage)

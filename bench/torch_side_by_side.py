@@ -10,6 +10,10 @@ Per model (default on CUDA: GPT-2 small and a 1.3B LLaMA, bf16, batch 8 x 1024):
                   results bit for bit; --streamed-schedule changes it)
   torch FSDP      one rank, CPUOffload(offload_params=True), bf16 MixedPrecision
   torch compile   the eager model under torch.compile, where it runs
+  ours resident g16  (not in the default list: --contenders ...,ours-resident-g16)
+                  ours resident under ZO_ATTENTION_GRADS=16bit: the attention
+                  backward at PyTorch's own precision (P, dS, dO rounded once
+                  to bf16, as its fused attention does; docs/gpu-cuda.md)
 Each contender runs in a process of its own, in that (alternating) order; the
 figure is the median tokens/s of the steps after the warm-up ones. The ratios
 come last: ours resident / eager (goal >= 1) and ours streamed / FSDP CPU
@@ -63,7 +67,7 @@ TINY = {
 SHAPES = ["gpt2", os.path.join(ROOT, "bench/configs/llama-1.3b.json"), "llama-2-13b"]
 CONTENDERS = ["ours-resident", "torch-eager", "ours-streamed", "torch-fsdp-offload", "torch-compile"]
 CAP_S = {"ours-resident": 240, "torch-eager": 150, "ours-streamed": 300, "torch-fsdp-offload": 300,
-         "torch-compile": 300}
+         "torch-compile": 300, "ours-resident-g16": 240}
 
 
 def log(msg):
@@ -350,7 +354,7 @@ def ours_cmd(args, name, cfg, data, steps):
     cmd = [args.train, "--model", cfg["model"], "--data", data, "--device", args.device, "--dtype", "bf16",
            "--micro-batch", str(cfg["batch"]), "--seq", str(cfg["seq"]), "--steps", str(steps),
            "--recompute", "none", "--checkpoints", "gpu"]
-    return cmd + (["--params", "gpu", "--optimizer", "gpu"] if name == "ours-resident" else
+    return cmd + (["--params", "gpu", "--optimizer", "gpu"] if name.startswith("ours-resident") else
                   ["--params", "cpu", "--optimizer", "cpu", "--prefetch", "2", "--schedule", args.streamed_schedule])
 
 
@@ -366,8 +370,9 @@ def run_contender(args, name, cfg, m, data, limit):
     res = dict(ok=False, tok_s=[], loss=[], mem=0, note="", cmd=" ".join(cmd[:12]))
     log("## %s: %s" % (name, " ".join(cmd) if name.startswith("ours") else "worker " + name))
     t0 = time.time()
+    env = dict(os.environ, ZO_ATTENTION_GRADS="16bit") if name == "ours-resident-g16" else None
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         for line in out.splitlines():
@@ -520,6 +525,10 @@ def main():
             print("torch_side_by_side: unknown model %s (%s)" % (n, ", ".join(table)), file=sys.stderr)
             return 2
     contenders = [c for c in args.contenders.split(",") if c]
+    for c in contenders:
+        if c not in CAP_S:
+            print("torch_side_by_side: --contenders: unknown %s (%s)" % (c, ", ".join(CAP_S)), file=sys.stderr)
+            return 2
     os.makedirs(args.workdir, exist_ok=True)
     results = {}
     failed = 0
@@ -590,7 +599,8 @@ def main():
     return failed
 
 
-PAIRS = [("ours-resident", "torch-eager", 1.0), ("ours-resident", "torch-compile", None),
+PAIRS = [("ours-resident", "torch-eager", 1.0), ("ours-resident-g16", "torch-eager", None),
+         ("ours-resident", "torch-compile", None),
          ("ours-streamed", "torch-fsdp-offload", 1.5)]
 
 

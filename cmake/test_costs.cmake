@@ -8,12 +8,14 @@
 # clean-clone run of 764ec77, docs/testing.md; the Granite/Cohere families'
 # seconds moved from the LLaMA entries to Mistral's and Qwen3's by estimate;
 # test_ops and test_offload less what the suitecut2 branch measured it took
-# out of them, docs/testing.md): ctest -j starts the costliest first, so that a long test
+# out of them, docs/testing.md; test_offload, test_ranks_family_qwen3 and
+# test_ranks_moe_ep_qwen3 plus what the rankrows branch measured its rows and
+# test_state_fused_experts add): ctest -j starts the costliest first, so that a long test
 # does not begin last and run alone while the other core idles. Without this
 # a clean build folder (no Testing/Temporary/CTestCostData.txt yet) runs them
 # in declaration order. Refresh the figures when a test's time moves by much.
 set(zo_test_costs
-    test_ops 158 test_offload 141 test_zero_mpi4 65 test_zero 63 test_ranks_moe_ep_zero 51
+    test_ops 158 test_offload 145 test_zero_mpi4 65 test_zero 63 test_ranks_moe_ep_zero 51
     test_e2e_torch_llama 33 test_ranks_moe_ep 35 test_ranks_moe_ep_zero_ckpt 35 test_zero_mpi2 32
     test_ranks_moe_ep_gaps 31 test_generate_torch_falcon_new 24 test_e2e_torch_qwen3_moe 24 test_ranks_moe 21
     test_offload_memplan 21 test_e2e_torch_mistral 20 test_generate_torch_llama 14 test_e2e_torch_qwen2_moe_sparse 19
@@ -24,9 +26,9 @@ set(zo_test_costs
     test_transformer_torch 13 test_gpu 13 test_torch_side_by_side 12 test_offload_edges 12 test_generate_torch_qwen3 12
     test_plan_schema 10 test_gpu_gemm 10 test_cpu_adam_state 10 test_transformer 10 test_tokenizer_js 9
     test_e2e_torch_phi3 9 test_generate_torch_qwen3_moe 9 test_ranks_moe_ep_qlora 9 test_e2e_torch_gemma2 9
-    test_ranks_moe_ep_qwen3 8 test_cuda_shim 8 test_configure 8 test_ranks_moe_ep_ckpt 8
+    test_ranks_moe_ep_qwen3 10 test_cuda_shim 8 test_configure 8 test_ranks_moe_ep_ckpt 8
     test_ranks_refusals 8 test_generate_torch_mixtral 7 test_ranks_moe_ep_nvme 7
-    test_planner_generate 7 test_ranks_family_qwen3 7 test_cpu_adam 7 test_e2e_torch_qwen2_moe 7
+    test_planner_generate 7 test_planner_attn 9 test_ranks_family_qwen3 9 test_cpu_adam 7 test_e2e_torch_qwen2_moe 7
     test_finetune_torch 7 test_e2e_torch_mixtral 6 test_generate_torch_gpt2 6 test_profile 6
     test_e2e_torch_gemma 6 test_e2e_torch_falcon_new 5 test_generate_torch_qwen2_moe 5
     test_generate_torch_gemma2 5 test_e2e_torch_mixtral_sparse 5 test_e2e_torch_qwen3 5

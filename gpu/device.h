@@ -255,7 +255,15 @@ zo_status gpu_head_norm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu
  * With alibi_bf16 too, the bias is alibi * bf16(bf16(slope_h) * j), j the
  * key's position: Falcon's (Falcon-RW), which builds it in bfloat16 whatever
  * the model's dtype, so that it depends on j itself, not only on j - i
- * (gpu_alibi_at). */
+ * (gpu_alibi_at).
+ * grads16 (the backward only) allows FlashAttention-2's precision: P, dS
+ * and dO (when dout is fp32) each rounded once to qkv's 16-bit type before
+ * their products, as PyTorch's fused attention does. A kernel may still
+ * carry them in more bits: the CUDA mma.sync kernels take it (about half
+ * their tensor-core products); the other paths and the CPU backend do not.
+ * The CUDA backend also sets it for every backward under
+ * ZO_ATTENTION_GRADS=16bit. 0 (the default): each is carried as a high and
+ * a low 16-bit part (about 16 significant bits with bf16). */
 typedef struct gpu_attn_desc {
     int b, t, hq, hkv, d;
     int window;
@@ -263,6 +271,7 @@ typedef struct gpu_attn_desc {
     float softcap; /* 0: none */
     float alibi;   /* 0: none; > 0: ALiBi's bias times this */
     int alibi_bf16; /* with alibi: the bias rounded as Falcon's (above) */
+    int grads16;    /* backward: 16-bit P, dS and dO allowed (above) */
 } gpu_attn_desc;
 
 /* Callable on the host and, in CUDA sources, on the device. */

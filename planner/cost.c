@@ -453,21 +453,11 @@ static double attn_window_work(int w, double s)
 }
 
 /* Which of this runtime's attention kernels computes a layer with a window
- * of w keys (0: none): common/attn_path.h's automatic choice (qkv aligned,
- * cuBLASLt there), or the path t forces where it covers the layer (as
- * ZO_ATTENTION forces it: the automatic choice where it does not). */
+ * of w keys (0: none): memory.h's plan_attn_path, the rule memplan's GPU
+ * memory counts the same layers' scratch by. */
 static zo_attn_path layer_attn_path(const zo_model_config *m, const plan_train *t, const ctx *c, int d, int w)
 {
-    const int b16 = c->esz == 2;
-    const float cap = m->attn_softcap, alibi = m->pos == ZO_POS_ALIBI ? 1.0f : 0.0f;
-    const zo_attn_path rule = zo_attn_auto_path(b16, 1, d, w, cap, alibi, t->seq, 1);
-    switch (t->attn_path) {
-    case ZO_ATTN_MMA: return zo_attn_mma_covers(b16, d, w, t->seq, cap, alibi) ? ZO_ATTN_MMA : rule;
-    case ZO_ATTN_TC: return zo_attn_tc_covers(b16, d, w, t->seq, cap, alibi) ? ZO_ATTN_TC : rule;
-    case ZO_ATTN_GEMM: return b16 ? ZO_ATTN_GEMM : ZO_ATTN_FLASH;
-    case ZO_ATTN_FLASH: return ZO_ATTN_FLASH;
-    default: return rule;
-    }
+    return plan_attn_path(m, t, c->esz == 2, d, w);
 }
 
 enum { ATTN_PATHS = ZO_ATTN_MMA + 1 };

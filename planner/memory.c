@@ -1515,6 +1515,30 @@ static void end_activations(const stage_est *s, plan_estimate *e)
     }
 }
 
+/* LoRA with this runtime's MoE layers: the experts' adapters one expert at
+ * a time, over the rows one expert can receive (zo_moe_expert_rows: C from
+ * each rank with a capacity factor, else every token); 0 where no expert
+ * module is adapted (--lora-targets q,v) or no layer is MoE. */
+static uint64_t lora_expert_rows(const stage_est *s)
+{
+    const zo_model_config *m = s->m;
+    const plan_train *t = s->t;
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int experts = 0;
+    zo_lora_dense_modules(mods, zo_lora_layer_modules(m, t->lora.targets, mods), &experts);
+    if (!s->sh.moe_layers || t->runtime != PLAN_RUNTIME_ZOFFLOAD || !experts) return 0;
+    uint64_t sb = (uint64_t)t->seq * (uint64_t)t->micro_batch;
+    return zo_moe_expert_rows(m, t->capacity_factor, sb, t->ep > 1 ? (uint64_t)t->ep : 1);
+}
+
+/* The rows of LoRA's fp32 gradient of A x (transformer.c's dlora, [rows,
+ * r]): a micro-batch's tokens, or an expert's rows when more. */
+static uint64_t lora_grad_rows(const stage_est *s)
+{
+    uint64_t sb = (uint64_t)s->t->seq * (uint64_t)s->t->micro_batch, er = lora_expert_rows(s);
+    return er > sb ? er : sb;
+}
+
 /* Backward of one layer at a time: the fp32 gradients of the residual, a
  * norm output, qkv, the attention output and the MLP (two for SwiGLU; in an
  * MoE layer over the routed rows and the shared expert), one projection
@@ -1572,20 +1596,9 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
             lg > bytes ? lg : bytes);
     }
     if (!s->peft) return;
-    /* this runtime's MoE layers: the experts' adapters one expert at a
-     * time, over the rows one expert can receive (zo_moe_expert_rows: C
-     * from each rank with a capacity factor, else every token): their
-     * x A^T, and the gradient's rows; nothing where no expert module is
-     * adapted (--lora-targets q,v) */
-    uint64_t er = 0, r = (uint64_t)t->lora.r;
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int experts = 0;
-    zo_lora_dense_modules(mods, zo_lora_layer_modules(m, t->lora.targets, mods), &experts);
-    if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD && experts) {
-        er = zo_moe_expert_rows(m, t->capacity_factor, sb, t->ep > 1 ? (uint64_t)t->ep : 1);
-        add(e, "LoRA expert scratch (an expert's x A^T)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, er * r * s->wsz);
-    }
-    add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, 4 * (er > sb ? er : sb) * r);
+    uint64_t er = lora_expert_rows(s), r = (uint64_t)t->lora.r;
+    if (er) add(e, "LoRA expert scratch (an expert's x A^T)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, er * r * s->wsz);
+    add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, 4 * lora_grad_rows(s) * r);
 }
 
 /* The buffers an MoE model's layers share (transformer.c): the pairs'
@@ -1661,34 +1674,76 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     moe_buffers(s, e);
 }
 
+/* ---- attention on the CUDA backend: its path and its pool scratch ---- */
+
+zo_attn_path plan_attn_path(const zo_model_config *m, const plan_train *t, int qkv_16bit, int d, int window)
+{
+    const float cap = m->attn_softcap, alibi = m->pos == ZO_POS_ALIBI ? 1.0f : 0.0f;
+    const int w = zo_attn_window_masks(window, t->seq) ? window : 0;
+    const zo_attn_path rule = zo_attn_auto_path(qkv_16bit, 1, d, w, cap, alibi, t->seq, 1);
+    switch (t->attn_path) {
+    case ZO_ATTN_MMA: return zo_attn_mma_covers(qkv_16bit, d, w, t->seq, cap, alibi) ? ZO_ATTN_MMA : rule;
+    case ZO_ATTN_TC: return zo_attn_tc_covers(qkv_16bit, d, w, t->seq, cap, alibi) ? ZO_ATTN_TC : rule;
+    case ZO_ATTN_GEMM: return qkv_16bit ? ZO_ATTN_GEMM : ZO_ATTN_FLASH;
+    case ZO_ATTN_FLASH: return ZO_ATTN_FLASH;
+    default: return rule;
+    }
+}
+
 /* gpu/cuda/attention_gemm.h's arithmetic, written again (the planner
- * includes no runtime header); test_planner checks the two agree. */
+ * includes no runtime header); test_planner_attn checks it against the
+ * pool's high-water mark in the host shim. */
 #define ATTN_ROWS 256
 #define ATTN_CAP ((uint64_t)256 << 20)
 #define ATTN_ALIGN 256
 
 static uint64_t attn_align(uint64_t n) { return ceil_div(n, ATTN_ALIGN) * ATTN_ALIGN; }
 
-uint64_t plan_attention_scratch(int b, int t, int hq, int hkv, int d, int window)
+uint64_t plan_attn_pool_bytes(zo_attn_path path, int backward, int b, int t, int hq, int hkv, int d, int window,
+                              uint64_t cap)
 {
-    if (t < ATTN_ROWS || b < 1 || hq < 1 || hkv < 1 || d < 1) return 0;
+    if (b < 1 || t < 1 || hq < 1 || hkv < 1 || d < 1) return 0;
+    const uint64_t D = (uint64_t)b * hq * t * 4; /* dO . O per row, fp32 */
+    if (path == ZO_ATTN_MMA || path == ZO_ATTN_TC) return backward ? D : 0;
+    if (path != ZO_ATTN_GEMM) return 0;
+    if (!cap) cap = ATTN_CAP;
     /* a chunk: query rows (fewer when one head's do not fit the cap) times
      * the keys they read, rounded up to 8, of as many kv heads as fit; S
      * fp32 and two 16-bit buffers */
-    uint64_t rows = ATTN_ROWS, ld, one;
+    uint64_t rows = (uint64_t)t < ATTN_ROWS ? (uint64_t)t : ATTN_ROWS, ld, one;
     for (;;) {
         uint64_t keys = window > 0 && rows + (uint64_t)window - 1 < (uint64_t)t ? rows + (uint64_t)window - 1
                                                                                 : (uint64_t)t;
         ld = ceil_div(keys, 8) * 8;
         one = rows * ld * 8;
-        if (one <= ATTN_CAP || rows == 1) break;
+        if (one <= cap || rows == 1) break;
         rows = (rows + 1) / 2;
     }
-    uint64_t heads = ATTN_CAP / one;
+    uint64_t heads = cap / one;
     heads = heads < 1 ? 1 : heads > (uint64_t)hkv ? (uint64_t)hkv : heads;
     uint64_t nS = heads * rows * ld;
-    return attn_align(nS * 4) + 2 * attn_align(nS * 2) + attn_align((uint64_t)b * hq * t * 4) +
-           2 * attn_align((uint64_t)t * hq * d * 2);
+    uint64_t fwd = attn_align(nS * 4) + attn_align(nS * 2);
+    if (!backward) return fwd;
+    return fwd + attn_align(nS * 2) + attn_align(D) + 2 * attn_align((uint64_t)t * hq * d * 2);
+}
+
+uint64_t plan_attn_scratch(const zo_model_config *m, const plan_train *t, int wsz, int first, int layers,
+                           zo_attn_path *path)
+{
+    /* as the transformer calls it (transformer.c's layer_attn): the model's
+     * heads (over TP) of head_dim, each layer's window */
+    const int hq = (int)ceil_div((uint64_t)m->n_heads, (uint64_t)t->tp);
+    const int hkv = (int)ceil_div((uint64_t)m->n_kv_heads, (uint64_t)t->tp);
+    uint64_t most = 0;
+    *path = ZO_ATTN_FLASH;
+    for (int l = first; l < first + layers; l++) {
+        const int w = zo_model_layer_window(m, l);
+        const zo_attn_path p = plan_attn_path(m, t, wsz == 2, m->head_dim, w);
+        const int wm = zo_attn_window_masks(w, t->seq) ? w : 0;
+        const uint64_t bytes = plan_attn_pool_bytes(p, 1, t->micro_batch, t->seq, hq, hkv, m->head_dim, wm, 0);
+        if (bytes > most) most = bytes, *path = p;
+    }
+    return most;
 }
 
 /* ---- working buffers on the GPU, the allocator's allowance last ---- */
@@ -1696,17 +1751,29 @@ static void estimate_gpu_buffers(const stage_est *s, const plan_hw *hw, plan_est
 {
     const plan_train *t = s->t;
     const zo_model_config *m = s->m;
-    /* attention on tensor cores: its scratch, taken from the pool in stream
-     * order outside the runtime's counted allocations (so reserved), which
-     * the pool keeps */
-    if (t->runtime == PLAN_RUNTIME_ZOFFLOAD && !plan_hw_is_cpu_backend(hw) && s->wsz == 2) {
-        /* a window on every layer bounds the keys; else some layer reads all */
-        int window = m->sliding_window > 0 && m->window_from_layer <= 0 && m->window_period <= 0 ? m->sliding_window : 0;
-        int hq = (int)ceil_div((uint64_t)m->n_heads, (uint64_t)t->tp);
-        int hkv = (int)ceil_div((uint64_t)m->n_kv_heads, (uint64_t)t->tp);
-        uint64_t bytes = plan_attention_scratch(t->micro_batch, t->seq, hq, hkv, m->head_dim, window);
-        add_reserved(e, "attention scratch (scores of a chunk, GEMM path)", bytes);
+    /* attention's scratch from the pool, at the layer that takes the most
+     * on its path (per layer: the automatic choice or the forced one),
+     * taken in stream order outside the runtime's counted allocations (so
+     * reserved), which the pool keeps */
+    if (t->runtime == PLAN_RUNTIME_ZOFFLOAD && !plan_hw_is_cpu_backend(hw)) {
+        static const char *label[] = {
+            [ZO_ATTN_MMA] = "attention scratch (mma.sync backward: D per row)",
+            [ZO_ATTN_TC] = "attention scratch (tensor-core backward: D per row)",
+            [ZO_ATTN_GEMM] = "attention scratch (GEMM path: a chunk's scores, D, dO in two parts)",
+        };
+        zo_attn_path path;
+        uint64_t bytes = plan_attn_scratch(m, t, (int)s->wsz, s->sh.first_layer, s->sh.layers, &path);
+        if (bytes) add_reserved(e, label[path], bytes);
     }
+    /* LoRA on a GPU with 16-bit weights: cuBLASLt takes no fp32 operand
+     * beside a 16-bit one, so gpu/cuda/gemm.cu's gemm_round_operand rounds
+     * the adapters' fp32 gradient of A x (du, the GEMMs dA += du^T x and
+     * dx += du A) into pool scratch, one GEMM at a time (the layers' own
+     * GEMMs read the 16-bit activation gradient transformer.c rounds once,
+     * counted with the activations) */
+    if (s->peft && t->runtime == PLAN_RUNTIME_ZOFFLOAD && !plan_hw_is_cpu_backend(hw) && s->wsz == 2)
+        add_reserved(e, "GEMM operand scratch (LoRA's fp32 du rounded to 16 bits)",
+                     lora_grad_rows(s) * (uint64_t)t->lora.r * 2);
     /* QLoRA: one linear weight dequantized at a time */
     if (t->method == ZO_PLAN_QLORA)
         add(e, "NF4 dequantization scratch (1 linear weight)", ZO_PLAN_GPU, PLAN_BUFFERS,

@@ -125,10 +125,11 @@ typedef struct plan_train {
     plan_pp_schedule pp_schedule; /* whose pipeline engine (time only) */
     plan_pp_partition pp_partition; /* how the layers are split into stages */
     int flash_attn;
-    zo_attn_path attn_path;   /* this runtime's attention kernels (time only): ZO_ATTN_AUTO (the
-                                 default) the runtime's automatic choice, layer by layer; another
-                                 path as ZO_ATTENTION forces it (where it does not cover a layer,
-                                 the automatic choice, as the runtime falls back) */
+    zo_attn_path attn_path;   /* this runtime's attention kernels (time, and the GPU scratch each
+                                 takes from the pool): ZO_ATTN_AUTO (the default) the runtime's
+                                 automatic choice, layer by layer; another path as ZO_ATTENTION
+                                 forces it (where it does not cover a layer, the automatic choice,
+                                 as the runtime falls back); plan_attn_path */
     int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
     int seq_is_default;       /* seq was not given: plan_train_defaults chose it (reports say so) */
     /* how the runtime schedules two things (cost model only, docs/memplan.md "Time"): */
@@ -362,14 +363,40 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
  * is kept (the runtime rebuilds it; the working set counts it). */
 uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t);
 
-/* Bytes of stream-ordered scratch the runtime's attention takes on a CUDA
- * device with 16-bit activations from t 256, where it runs on tensor cores
- * through batched GEMMs (gpu/cuda/attention_gemm.h): its backward's, the
- * larger, as the transformer calls it (fp32 dout and dqkv): the [rows, keys]
- * scores of one chunk (at most 256 MiB), D [b, hq, t] in fp32 and one
- * sequence's dO as two 16-bit parts. b sequences of t, hq query and hkv kv
- * heads of d, a sliding window (0: none). 0 below t 256. */
-uint64_t plan_attention_scratch(int b, int t, int hq, int hkv, int d, int window);
+/* ---- attention on the CUDA backend: its path and its pool scratch ---------- */
+
+/* Which of the CUDA backend's attention kernels computes a layer of m under
+ * t: qkv 16-bit or not, head dim d (0: q/k and v heads of different widths,
+ * which neither fused kernel takes), a window of `window` keys (0: none; a
+ * window that masks nothing, zo_attn_window_masks, is none). The automatic
+ * choice (common/attn_path.h, qkv aligned, cuBLASLt there) or the path
+ * t->attn_path forces where it covers the layer (as ZO_ATTENTION forces it:
+ * the automatic choice where it does not; the GEMM path forced for any
+ * 16-bit qkv, at any t). The one rule of memplan's time (cost.c) and of its
+ * GPU memory (plan_attn_scratch). */
+zo_attn_path plan_attn_path(const zo_model_config *m, const plan_train *t, int qkv_16bit, int d, int window);
+
+/* Bytes `path` takes from the device's pool (stream-ordered, outside the
+ * runtime's counted allocations) in one attention call, forward or
+ * (backward) backward, as the transformer calls it (fp32 dout and dqkv,
+ * 16-bit qkv): b sequences of t, hq query and hkv kv heads of d, a window
+ * (0: none). The mma.sync and tensor-core kernels: nothing forward, D
+ * [b, hq, t] fp32 backward (attention_fused.cuh); the GEMM path
+ * (gpu/cuda/attention_gemm.h): a chunk's scores S (fp32) and one 16-bit P
+ * forward, S, both 16-bit parts, D and one sequence's dO as two 16-bit
+ * parts backward, each buffer aligned to 256 bytes, a chunk held under
+ * `cap` bytes (0: the runtime's 256 MiB); the flash kernel nothing.
+ * Recompute runs the forward again: under the backward's bytes. */
+uint64_t plan_attn_pool_bytes(zo_attn_path path, int backward, int b, int t, int hq, int hkv, int d, int window,
+                              uint64_t cap);
+
+/* The most attention scratch one rank takes from the pool over layers
+ * first .. first + layers - 1 of m under t with wsz-byte activations (each
+ * layer's path, window and head dims; the heads over TP): the backward's
+ * bytes of plan_attn_pool_bytes at the largest layer, whose path *path
+ * gets (ZO_ATTN_FLASH and 0 where no layer takes any). */
+uint64_t plan_attn_scratch(const zo_model_config *m, const plan_train *t, int wsz, int first, int layers,
+                           zo_attn_path *path);
 
 /* ---- LoRA and QLoRA ------------------------------------------------------- */
 

@@ -89,7 +89,9 @@
 # warm machine the bench step's figure is kept), ZO_NVME_DIR (the NVMe tier's
 # folder; default the emptiest disk file system of the build folder's, /tmp
 # and /var/tmp, never a tmpfs), ZO_13B_* (scripts/gpu_13b.py --help;
-# ZO_13B_RUNS, default qlora,full8,full,schedules), ZO_TORCH_MODELS.
+# ZO_13B_RUNS, default qlora,full8,full,schedules), ZO_TORCH_MODELS,
+# ZO_TORCH_CONTENDERS (bench/torch_side_by_side.py --contenders; e.g. with
+# ours-resident-g16, the attention backward at PyTorch's precision).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
@@ -760,7 +762,8 @@ step_torch() {
   local l=$(($(step_left) - 10))
   PYTHONUNBUFFERED=1 run_step torch "$l" env "${ATTN_ENV[@]}" "$PY" bench/torch_side_by_side.py \
     --train "$B/examples/train" --memplan "$B/planner/memplan" --device cuda \
-    --workdir "$STATE/torch" --rows "$ROWS" --time-limit "$((l - 15))"
+    --workdir "$STATE/torch" --rows "$ROWS" --time-limit "$((l - 15))" \
+    ${ZO_TORCH_CONTENDERS:+--contenders "$ZO_TORCH_CONTENDERS"}
   local rc=$?
   [ $rc = 124 ] && row torch "side by side" FAIL "stopped at the step's limit"
   return $rc

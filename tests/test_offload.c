@@ -1858,6 +1858,41 @@ static char *ckpt_file(const char *dir, const char *name, size_t *n)
     return buf;
 }
 
+/* The latest checkpoints under dir_a and dir_b hold the same bytes: the
+ * weights, the optimizer's fp32 master, m and v, its encoded image and
+ * state.json (the step, each expert's steps). */
+static void assert_same_ckpt(const char *name, const char *dir_a, const char *dir_b)
+{
+    static const char *files[] = {"model.safetensors", "optimizer.safetensors", "optimizer.image", "state.json"};
+    for (size_t j = 0; j < sizeof files / sizeof files[0]; j++) {
+        size_t na, nb;
+        char *a = ckpt_file(dir_a, files[j], &na), *b = ckpt_file(dir_b, files[j], &nb);
+        assert_int_equal(na, nb);
+        size_t at = 0;
+        while (at < na && a[at] == b[at]) at++;
+        if (at < na) fail_msg("%s: %s differs from byte %zu of %zu", name, files[j], at, na);
+        free(a), free(b);
+    }
+}
+
+/* base run twice, each saving after its last step: r[0] with the fused
+ * host update of encoded m and v, r[1] with the decoding one
+ * (state_unfused), their checkpoints under dir[f] (nvme_dir/tag-f). 1 when
+ * this build does not run it (no NVMe). */
+static int run_fused_pair(const run *base, const char *tag, run r[2], char dir[2][300])
+{
+    int skipped = 0;
+    for (int f = 0; f < 2; f++) {
+        snprintf(dir[f], sizeof dir[f], "%s/%s-%d", nvme_dir, tag, f);
+        files_remove_tree(dir[f]);
+        r[f] = *base;
+        r[f].oc.state_unfused = f;
+        r[f].save_dir = dir[f];
+        skipped |= do_run(&r[f]) == ZO_ERR_UNSUPPORTED;
+    }
+    return skipped;
+}
+
 /* The host's update of bf16 and 8-bit m and v, a whole chunk in place
  * (cpu_adam's fused step, oshard_update.host_state) against every chunk
  * decoded, updated in fp32 and coded again (state_unfused, the path before
@@ -1902,7 +1937,6 @@ static void test_state_fused(void **state)
      * these leave whole blocks of the layers' 295296 elements without
      * decay, and decay on ranges that start and end off a block's edge) */
     static const offload_decay_range decay[] = {{1, 0, 20000}, {2, 5000, 30000}};
-    static const char *files[] = {"model.safetensors", "optimizer.safetensors", "optimizer.image"};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run base = {.cfg = tiny_llama(2, 192, 256), .dt = v[i].dt, .B = 2, .T = 16, .steps = 4};
         base_config(&base.oc);
@@ -1919,16 +1953,7 @@ static void test_state_fused(void **state)
         if (v[i].ranges) base.decay = decay, base.n_decay = 2;
         run r[2];
         char dir[2][300];
-        int skipped = 0;
-        for (int f = 0; f < 2; f++) { /* f 0: fused, 1: decoded */
-            snprintf(dir[f], sizeof dir[f], "%s/state-fused-%d", nvme_dir, f);
-            files_remove_tree(dir[f]);
-            r[f] = base;
-            r[f].oc.state_unfused = f;
-            r[f].save_dir = dir[f];
-            skipped |= do_run(&r[f]) == ZO_ERR_UNSUPPORTED;
-        }
-        if (skipped) {
+        if (run_fused_pair(&base, "state-fused", r, dir)) {
             printf("  %s: not run (this build has no NVMe)\n", v[i].name);
             continue;
         }
@@ -1939,21 +1964,81 @@ static void test_state_fused(void **state)
                (unsigned long long)r[0].stats.state_fused, (unsigned long long)r[0].stats.state_decoded,
                (unsigned long long)r[1].stats.state_decoded);
         assert_same_losses(v[i].name, &r[0], &r[1]);
-        for (size_t j = 0; j < sizeof files / sizeof files[0]; j++) {
-            size_t na, nb;
-            char *a = ckpt_file(dir[0], files[j], &na), *b = ckpt_file(dir[1], files[j], &nb);
-            assert_int_equal(na, nb);
-            size_t at = 0;
-            while (at < na && a[at] == b[at]) at++;
-            if (at < na) fail_msg("%s: %s differs from byte %zu of %zu", v[i].name, files[j], at, na);
-            free(a), free(b);
-        }
+        assert_same_ckpt(v[i].name, dir[0], dir[1]);
         /* the fused path ran (an fp32 master), and the other did not */
         assert_true(r[1].stats.state_fused == 0 && r[1].stats.state_decoded > 0);
         if (v[i].master == ZO_PLAN_MASTER_FP32) assert_true(r[0].stats.state_fused > 0);
         else assert_true(r[0].stats.state_fused == 0);
         if (v[i].sched == OFFLOAD_SCHEDULE_SERIAL && v[i].master == ZO_PLAN_MASTER_FP32)
             assert_true(r[0].stats.state_decoded == 0);
+        for (int f = 0; f < 2; f++) files_remove_tree(dir[f]);
+    }
+}
+
+/* test_state_fused's comparison (the fused host update of bf16 and 8-bit m
+ * and v, whole chunks in place, against every chunk decoded, updated and
+ * coded again: the same bits in the losses and the checkpoint's files) for
+ * a sparse mixture of experts, where an expert routed in this step may have
+ * sat an earlier one out: the fused call must take the expert's own AdamW
+ * step (its bias correction), not the run's (the bug da9e486 fixed, which
+ * only test_e2e_torch_qwen2_moe_sparse, left out of the sanitizer pass,
+ * caught). A Mixtral layer of 8 experts of 270336 elements (3 x 64 x
+ * 1408: each chunk of 2^18 holds parts of at most two), one expert a token,
+ * 8 tokens a step over 4 steps: an expert sits steps out often (each of the
+ * 8 sat out at least one), and a chunk all of whose experts got tokens,
+ * some of them after sitting out, takes the fused path; a chunk with an
+ * expert left untouched takes the decoding path in both runs (counted: both
+ * paths run). The runs must leave some routed expert with fewer steps than
+ * the run's (state.json's expert_steps). With the fused call at the run's
+ * step (update_fused ignoring expert_untouched's step) both encodings fail
+ * here, from the third step's loss on. */
+static void test_state_fused_experts(void **state)
+{
+    (void)state;
+    static const char json[] =
+        "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 1, \"hidden_size\": 64, "
+        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 1408, "
+        "\"num_local_experts\": 8, \"num_experts_per_tok\": 1, \"vocab_size\": 256, "
+        "\"max_position_embeddings\": 64, \"router_aux_loss_coef\": 0.02}";
+    static const zo_plan_opt_state st[2] = {ZO_PLAN_STATE_8BIT, ZO_PLAN_STATE_BF16};
+    zo_model_config cfg;
+    if (zo_model_config_parse(json, "experts.json", &cfg) != ZO_OK) fail_msg("%s", zo_last_error());
+    for (int i = 0; i < 2; i++) {
+        run base = {.cfg = cfg, .dt = ZO_DTYPE_BF16, .B = 1, .T = 8, .steps = 4};
+        base_config(&base.oc);
+        base.oc.opt_state = st[i];
+        base.oc.sub_group = 1u << 20;
+        base.save_at = base.steps;
+        run r[2];
+        char dir[2][300], name[64];
+        snprintf(name, sizeof name, "%s m, v, sparse experts", zo_plan_opt_state_name(st[i]));
+        assert_false(run_fused_pair(&base, "state-fused-experts", r, dir)); /* (host memory: no NVMe needed) */
+        /* the experts' steps: some expert sat out a step (fewer than the
+         * run's) and took others (more than none) */
+        size_t n;
+        char *text = ckpt_file(dir[0], "state.json", &n);
+        text[n] = '\0';
+        const char *p = strstr(text, "\"expert_steps\"");
+        assert_non_null(p);
+        p = strchr(p, '[');
+        assert_non_null(p);
+        int routed = 0, sat_out = 0; /* (blocks x experts: the dense blocks' none) */
+        for (char *end; *p && *p != ']'; p = end) {
+            long k = strtol(p + 1, &end, 10);
+            if (end == p + 1) break;
+            routed += k > 0;
+            sat_out += k > 0 && k < base.steps;
+        }
+        free(text);
+        printf("  %-36s loss %.6f at step %d; fused %llu, decoded %llu elements; %d of the %d experts routed sat "
+               "a step out\n",
+               name, (double)r[0].loss[base.steps - 1], base.steps, (unsigned long long)r[0].stats.state_fused,
+               (unsigned long long)r[0].stats.state_decoded, sat_out, routed);
+        assert_true(sat_out > 0);
+        assert_same_losses(name, &r[0], &r[1]);
+        assert_same_ckpt(name, dir[0], dir[1]);
+        assert_true(r[0].stats.state_fused > 0 && r[0].stats.state_decoded > 0);
+        assert_true(r[1].stats.state_fused == 0 && r[1].stats.state_decoded > 0);
         for (int f = 0; f < 2; f++) files_remove_tree(dir[f]);
     }
 }
@@ -2424,6 +2509,7 @@ int main(void)
         cmocka_unit_test(test_device_optimizer_resume),
         cmocka_unit_test(test_device_optimizer_state),
         cmocka_unit_test(test_state_fused),
+        cmocka_unit_test(test_state_fused_experts),
         cmocka_unit_test(test_device_optimizer_capacity),
         cmocka_unit_test(test_plan_selective),
     };

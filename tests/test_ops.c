@@ -531,6 +531,11 @@ ZO_UNCHECKED static void ref_attention_backward(const gpu_op_args *a, hostv *h)
 {
     ageom g = geom_of(&a->d.attn);
     const double *qkv = h->T[2], *dout = h->T[1], *out = h->T[3], *lse = h->P[0];
+    /* grads16 with an fp32 dO: dO rounded once, so dP_ij = dO_i . V_j is off
+     * by up to a unit of the 16-bit type times sum_e |dO_ie V_je| (A_ij),
+     * which dS carries into dQ and dK: their cond also sums P scale |dcap|
+     * A_ij |K_je| (|Q_ie|), the dS error's term (grads16_cond) */
+    const int do16 = a->d.attn.grads16 && a->t[1].dtype == ZO_DTYPE_F32 && a->t[2].dtype != ZO_DTYPE_F32;
     double *dq = h->T[0], *s = malloc((size_t)g.t * sizeof *s), *dc = malloc((size_t)g.t * sizeof *dc);
     memset(dq, 0, (size_t)a->d.attn.b * g.t * g.ld * sizeof *dq);
     for (int b = 0; b < a->d.attn.b; b++)
@@ -557,7 +562,10 @@ ZO_UNCHECKED static void ref_attention_backward(const gpu_op_args *a, hostv *h)
                     else { /* with the sums of |terms| */
                         double *cq = h->cond + gq(&g, b, i, hh), *ck = h->cond + gk(&g, b, j, hh);
                         double *cv = h->cond + gv(&g, b, j, hh);
-                        const double ads = fabs(ds);
+                        double adp = 0.0;
+                        if (do16)
+                            for (int e = 0; e < g.d; e++) adp += fabs(doi[e] * vj[e]);
+                        const double ads = fabs(ds) + p * fabs(g.scale * dc[j]) * adp;
                         for (int e = 0; e < g.d; e++) {
                             dqi[e] += ds * kj[e];
                             dkj[e] += ds * qi[e];
@@ -2067,6 +2075,21 @@ static double tc_cond_k(void)
  * absolute error, below 2^-25, is the rms term's.) */
 static double tc_cond_parts(etype ty) { return 3.0 * ldexp(1.0, ty == E_BF16 ? -16 : -22); }
 
+/* grads16 (gpu_attn_desc): P, dS and an fp32 dO each rounded once, to a
+ * unit u of the type (2^-8 bf16, 2^-11 fp16) of itself. dV's terms P dO
+ * carry two roundings, dQ's and dK's terms dS K, dS Q one, plus dS's share
+ * of dP's error, which the reference adds to their cond
+ * (ref_attention_backward's do16): each term within 2u (1 + 2u) of its
+ * cond, once. */
+static double tc_cond_16(etype ty)
+{
+    const double u = ldexp(1.0, ty == E_BF16 ? -8 : -11);
+    return 2.0 * u * (1.0 + 2.0 * u);
+}
+
+/* Set: attention_case_al's cases ask for grads16 (grads16_grid) */
+static int case_grads16;
+
 /* gty: the type of dout and dqkv in the backward (the transformer passes
  * fp32 gradients beside 16-bit qkv and out). */
 /* The cases' names for a desc's scale, cap and ALiBi factor (empty when none) */
@@ -2083,9 +2106,10 @@ static void attention_case_al(gpu_op_id op, int b, int t, int hq, int hkv, int d
 {
     char sc[64];
     attn_extras(sc, sizeof sc, scale, cap, alibi, abf);
-    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d%s %s%s%s", b, t, hq, hkv, d, window, sc, ename(ty),
-                       gty != ty ? " grads " : "", gty != ty ? ename(gty) : "");
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf};
+    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d%s %s%s%s%s", b, t, hq, hkv, d, window, sc,
+                       ename(ty), gty != ty ? " grads " : "", gty != ty ? ename(gty) : "",
+                       case_grads16 ? " grads16" : "");
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf, case_grads16};
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nl = (size_t)b * hq * t;
     if (op == GPU_OP_ATTENTION_FORWARD) {
         OUT_T(&c, 0, ty, no);
@@ -2103,6 +2127,12 @@ static void attention_case_al(gpu_op_id op, int b, int t, int hq, int hkv, int d
             c.buf[dq].rtol = 1e-4;
             c.buf[dq].cond_k = tc_cond_k();
             c.buf[dq].cond_c = tc_cond_parts(ty);
+        }
+        /* grads16: the roundings' own bound, whatever the gradients' type
+         * (16-bit ones keep their type's tolerance beside it) */
+        if (case_grads16 && ty != E_F32) {
+            c.buf[dq].cond_k = tc_cond_k();
+            c.buf[dq].cond_c = tc_cond_16(ty);
         }
         IN_T(&c, 1, gty, no);
         int q = IN_T(&c, 2, ty, nq);
@@ -2353,8 +2383,37 @@ static void attention_grid(gpu_op_id op)
     mla_grid(op);
 }
 
+/* The backward with grads16 (FlashAttention-2's precision: P, dS and an
+ * fp32 dO rounded once; the mma.sync kernels take it, the other paths and
+ * the CPU carry more bits and meet the same bound): the real head sizes and
+ * 256, across the 64-row tiles (32 at 256) and the CPU's 48-row blocks,
+ * GQA 2 and 3, two sequences, a window, soft caps with a scale, bf16 and
+ * fp16, fp32 and 16-bit gradients; from their own stream. */
+#define GRADS16_SEED 0x9b05688c2b3e6c1full
+static void grads16_grid(void)
+{
+    const gpu_op_id op = GPU_OP_ATTENTION_BACKWARD;
+    uint64_t saved = rng;
+    rng = GRADS16_SEED;
+    case_grads16 = 1;
+    attention_case_g(op, 1, 1, 2, 1, 64, 0, E_BF16, E_F32);
+    attention_case_g(op, 1, 130, 4, 2, 64, 0, E_BF16, E_F32);
+    attention_case_g(op, 2, 70, 6, 2, 96, 0, E_BF16, E_F32);
+    attention_case_g(op, 1, 97, 2, 1, 128, 0, E_F16, E_F32);
+    attention_case_g(op, 1, 200, 4, 2, 80, 65, E_BF16, E_BF16);
+    attention_case_sc(op, 1, 150, 4, 4, 128, 0, 1.0f / 144.0f, 1.5f, E_F16, E_F16);
+    attention_case_sc(op, 1, 65, 2, 1, 256, 33, 0.0f, 2.0f, E_BF16, E_F32);
+    attention_case_g(op, 1, 97, 2, 1, 256, 0, E_F16, E_F16);
+    case_grads16 = 0;
+    rng = saved;
+}
+
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
-static void parity_attention_backward(void) { attention_grid(GPU_OP_ATTENTION_BACKWARD); }
+static void parity_attention_backward(void)
+{
+    attention_grid(GPU_OP_ATTENTION_BACKWARD);
+    grads16_grid();
+}
 
 /* The cached attention's positions: param[0] >= 0 puts every sequence
  * there (a prompt at 0), else they stay as drawn. */
@@ -2372,7 +2431,7 @@ static void cached_case_al(int b, int t, int tc, int hq, int hkv, int d, int win
     pcase c = new_case(GPU_OP_ATTENTION_CACHED, "b %d t %d tc %d hq %d hkv %d d %d window %d%s pos %s %s cache %s", b,
                        t, tc, hq, hkv, d, window, sc, pos < 0 ? "drawn" : pos ? "given" : "0", ename(ty),
                        ename(cache));
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf};
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf, 0};
     c.a.i[0] = tc;
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nc = (size_t)b * tc * hkv * d;
     OUT_T(&c, 0, ty, no);
@@ -3630,6 +3689,63 @@ static void test_attention_path_env(void **state)
     free(lse);
 }
 
+/* grads16 on the shim (gpu/device.h; the bound is grads16_grid's): the
+ * mma.sync backward with it gives other bits than without (its products
+ * take P, dS and dO rounded once), ZO_ATTENTION_GRADS=16bit gives the
+ * desc's bits for a call without it, and split leaves a call's own; the
+ * GEMM path, which carries the parts either way, gives the same bits with
+ * and without; another value is refused naming the variable. fp32 dO, GQA
+ * 2, past a 64-row tile. */
+static void test_attention_grads16(void **state)
+{
+    (void)state;
+    enum { B = 1, T = 70, HQ = 4, HKV = 2, D = 64, RUNS = 6 };
+    const size_t nq = (size_t)B * T * (HQ + 2 * HKV) * D, no = (size_t)B * T * HQ * D;
+    uint16_t *qkv = malloc(nq * 2), *out = malloc(no * 2);
+    float *lse = malloc((size_t)B * HQ * T * sizeof *lse), *dout = malloc(no * sizeof *dout), *dq[RUNS];
+    for (size_t i = 0; i < nq; i++) qkv[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
+    for (size_t i = 0; i < no; i++) dout[i] = (float)(2.0 * urand() - 1.0);
+    shim_exec x;
+    assert_int_equal(shim_exec_init(&x), ZO_OK);
+    gpu_op_args a = {0};
+    a.d.attn = (gpu_attn_desc){.b = B, .t = T, .hq = HQ, .hkv = HKV, .d = D};
+    a.t[0] = gpu_t(out, ZO_DTYPE_BF16), a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16), a.p[0] = lse;
+    x.exec.attn_path = CUDA_ATTN_MMA;
+    unsetenv("ZO_ATTENTION");
+    unsetenv("ZO_ATTENTION_GRADS");
+    assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    /* mma without, with, without under 16bit, with under split; the GEMM
+     * path without and with */
+    static const int path[RUNS] = {CUDA_ATTN_MMA, CUDA_ATTN_MMA, CUDA_ATTN_MMA,
+                                   CUDA_ATTN_MMA, CUDA_ATTN_GEMM, CUDA_ATTN_GEMM};
+    static const int g16[RUNS] = {0, 1, 0, 1, 0, 1};
+    static const char *env[RUNS] = {NULL, NULL, "16bit", "split", NULL, NULL};
+    a.t[1] = gpu_t(dout, ZO_DTYPE_F32), a.t[2] = gpu_t(qkv, ZO_DTYPE_BF16), a.t[3] = gpu_t(out, ZO_DTYPE_BF16);
+    for (int k = 0; k < RUNS; k++) {
+        dq[k] = malloc(nq * sizeof *dq[k]);
+        x.exec.attn_path = path[k];
+        a.d.attn.grads16 = g16[k];
+        if (env[k]) setenv("ZO_ATTENTION_GRADS", env[k], 1);
+        else unsetenv("ZO_ATTENTION_GRADS");
+        a.t[0] = gpu_t(dq[k], ZO_DTYPE_F32);
+        assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_BACKWARD](&x.exec, &a), ZO_OK);
+    }
+    assert_memory_not_equal(dq[0], dq[1], nq * sizeof *dq[0]);
+    assert_memory_equal(dq[1], dq[2], nq * sizeof *dq[0]);
+    assert_memory_equal(dq[1], dq[3], nq * sizeof *dq[0]);
+    assert_memory_equal(dq[4], dq[5], nq * sizeof *dq[0]);
+    size_t differ = 0;
+    for (size_t i = 0; i < nq; i++) differ += dq[0][i] != dq[1][i];
+    printf("  mma.sync backward, fp32 dO: %zu of %zu gradients other with grads16\n", differ, nq);
+    setenv("ZO_ATTENTION_GRADS", "fp16", 1);
+    assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_BACKWARD](&x.exec, &a), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "ZO_ATTENTION_GRADS=fp16"));
+    unsetenv("ZO_ATTENTION_GRADS");
+    shim_exec_free(&x);
+    for (int k = 0; k < RUNS; k++) free(dq[k]);
+    free(qkv), free(out), free(lse), free(dout);
+}
+
 /* ZO_ATTENTION=tune on the shim (gpu/cuda/ops_cuda.h; its stopwatch there
  * is the host's clock): over shapes at head sizes 64 and 128, GQA, t on
  * both sides of 256, bf16 and fp32 gradients, the first call of each shape
@@ -4030,6 +4146,7 @@ int main(void)
         cmocka_unit_test(test_bad_positions),
 #ifdef ZO_HAVE_CUDA_SHIM
         cmocka_unit_test(test_attention_path_env),
+        cmocka_unit_test(test_attention_grads16),
         cmocka_unit_test(test_attention_tune),
 #endif
     };

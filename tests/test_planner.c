@@ -1013,7 +1013,8 @@ static void test_cli_json(void **state)
 
 /* memplan counts the scratch of attention's GEMM path as the CUDA backend
  * takes it (gpu/cuda/attention_gemm.h, written apart from the planner),
- * where the runtime takes that path: 16-bit activations on a GPU, t >= 256. */
+ * where the runtime takes that path; test_planner_attn checks every path's
+ * bytes against the pool of the launchers themselves (host shim). */
 static void test_attention_scratch(void **state)
 {
     (void)state;
@@ -1021,24 +1022,36 @@ static void test_attention_scratch(void **state)
         /* b, t, hq, hkv, d, window */
         {1, 2048, 40, 40, 128, 0},  {4, 4096, 32, 8, 128, 0}, {2, 300, 6, 3, 80, 100},
         {1, 32768, 32, 8, 128, 4096}, {1, 256, 2, 1, 64, 0},  {1, 200000, 8, 1, 128, 0},
+        {1, 100, 4, 2, 192, 0},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const int *x = shapes[i];
-        uint64_t want = cuda_attn_scratch_bytes(1, x[0], x[1], x[2], x[3], x[4], x[5], 0, 1, 0);
-        assert_true(want > 0);
-        assert_int_equal(plan_attention_scratch(x[0], x[1], x[2], x[3], x[4], x[5]), want);
+        for (int bwd = 0; bwd < 2; bwd++) {
+            uint64_t want = cuda_attn_scratch_bytes(bwd, x[0], x[1], x[2], x[3], x[4], x[5], 0, bwd, 0);
+            assert_true(want > 0);
+            assert_int_equal(plan_attn_pool_bytes(ZO_ATTN_GEMM, bwd, x[0], x[1], x[2], x[3], x[4], x[5], 0), want);
+        }
+        /* the fused kernels: D backward, nothing forward; flash nothing */
+        assert_int_equal(plan_attn_pool_bytes(ZO_ATTN_MMA, 1, x[0], x[1], x[2], x[3], x[4], x[5], 0),
+                         (uint64_t)x[0] * x[2] * x[1] * 4);
+        assert_int_equal(plan_attn_pool_bytes(ZO_ATTN_TC, 0, x[0], x[1], x[2], x[3], x[4], x[5], 0), 0);
+        assert_int_equal(plan_attn_pool_bytes(ZO_ATTN_FLASH, 1, x[0], x[1], x[2], x[3], x[4], x[5], 0), 0);
     }
     /* 13B, t 2048: 40 heads x 256 rows x 2048 keys (fp32 S, two bf16 parts),
-     * D, dO in two bf16 parts */
-    assert_int_equal(plan_attention_scratch(1, 2048, 40, 40, 128, 0),
+     * D, dO in two bf16 parts on the GEMM path; D alone on mma.sync */
+    assert_int_equal(plan_attn_pool_bytes(ZO_ATTN_GEMM, 1, 1, 2048, 40, 40, 128, 0, 0),
                      40ull * 256 * 2048 * 8 + 40ull * 2048 * 4 + 2ull * 2048 * 5120 * 2);
-    assert_int_equal(plan_attention_scratch(1, 255, 40, 40, 128, 0), 0);
+    assert_int_equal(plan_attn_pool_bytes(ZO_ATTN_MMA, 1, 1, 2048, 40, 40, 128, 0, 0), 40ull * 2048 * 4);
     /* in the estimate on a GPU with bf16, not with fp32 or on the CPU backend */
     char out[65536];
     const char *base = "estimate --model gpt2-xl --seq 1024 --micro-batch 1 --gpu h200";
     char cmd[512];
     assert_int_equal(run_memplan(base, out, sizeof out), 0);
-    assert_non_null(strstr(out, "attention scratch"));
+    assert_non_null(strstr(out, "attention scratch (mma.sync backward: D per row)"));
+    /* the GEMM path forced: its chunk's scores */
+    snprintf(cmd, sizeof cmd, "%s --attention gemm", base);
+    assert_int_equal(run_memplan(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "attention scratch (GEMM path"));
     snprintf(cmd, sizeof cmd, "%s --dtype fp32", base);
     assert_int_equal(run_memplan(cmd, out, sizeof out), 0);
     assert_null(strstr(out, "attention scratch"));
@@ -1052,8 +1065,8 @@ static void test_attention_scratch(void **state)
     zo_plan p;
     assert_int_equal(zo_plan_load(plan, &p), ZO_OK);
     assert_true(p.predicted.has_alloc);
-    /* gpt2-xl: 25 heads of 64, seq 1024 */
-    double attn = (double)plan_attention_scratch(1, 1024, 25, 25, 64, 0);
+    /* gpt2-xl: 25 heads of 64, seq 1024, on the mma.sync kernels: D */
+    double attn = (double)plan_attn_pool_bytes(ZO_ATTN_MMA, 1, 1, 1024, 25, 25, 64, 0, 0);
     double kept = (double)p.predicted.alloc_bytes[ZO_PLAN_GPU] + (double)p.buffers.cuda_context +
                   (double)p.buffers.cublas_workspace + attn;
     assert_true(attn > 0);

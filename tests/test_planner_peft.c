@@ -170,6 +170,11 @@ static void test_lora_memory(void **state)
     uint64_t added = (uint64_t)(L * s * 7 * r * 2 + 4 * s * r);
     assert_true(lora.e.bytes[PLAN_GPU][PLAN_ACTIVATIONS] ==
                 full.e.bytes[PLAN_GPU][PLAN_ACTIVATIONS] + added);
+    /* that gradient rounded to 16 bits in pool scratch for the GEMMs that
+     * read it beside 16-bit x and A (gemm.cu's gemm_round_operand): [s, r]
+     * bf16, outside the counted allocations; none for full fine-tuning */
+    assert_true(item(&lora.e, "GEMM operand scratch") == (uint64_t)(s * r * 2));
+    assert_true(item(&full.e, "GEMM operand scratch") == 0);
 
     /* QLoRA: the layers' seven linear weights in NF4 (each rounded up to 16
      * bytes in the frozen buffer), everything else 16-bit */

@@ -2134,36 +2134,50 @@ static void deepseek_rows(void)
     config = "config.json";
 }
 
+/* DeepSeek-V2 with q through its rank (deepseek_v2_q_config) in place
+ * (train's flags), --ep 2 on 2 ranks at ZeRO-3 (the latent projections
+ * and norms partitioned, each rank's own experts, or their adapters)
+ * against one rank with --grad-accum 2, the gradient norms too
+ * (ep_run_norms); tag names the reference's plan and log. */
+static void dsv2_ep(const char *tag, const char *place)
+{
+    char path[512], plan[512], extra[700], log[600];
+    double ref[2][STEPS] = {{0}}, ref_norm[STEPS]; /* ref[1]: for 4 ranks, not run */
+    ep_use_model(5, path, sizeof path);
+    snprintf(plan, sizeof plan, "%s/ref-%s-%s.json", dir, tag, ep_names[5]);
+    snprintf(log, sizeof log, "%s/%s-ref.jsonl", dir, tag);
+    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 1 --log %s", log);
+    remove(log);
+    plan_and_train(place, plan, 0, extra, ref[0]);
+    logged_norms(log, ref_norm);
+    ep_run_norms(5, place, 2, 2, 3, 1, ref, ref_norm);
+}
+
 /* DeepSeek-V2 (latent attention over DeepSeekMoE's layers), q_proj with
- * yarn rope and q through q_a/q_b with plain rope: full fine-tuning and
- * LoRA on every linear layer (the latent projections q_proj or q_a_proj
- * and q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj; the dense MLP, the
- * routed and shared experts) on 2 ranks as family_rows (the gradient
- * norms too), each model one method at ZeRO-2 and the other at ZeRO-3; then
- * --ep 2 on 2 ranks at ZeRO-3 (the latent projections and norms
- * partitioned, each rank's own experts) against one rank with
- * --grad-accum 2 (ep_run_norms). Ten launches: a latent norm weight's
- * gradient left unreduced shows in the norms only. */
+ * yarn rope and q through q_a/q_b with plain rope: full fine-tuning, LoRA
+ * on every linear layer (the latent projections q_proj or q_a_proj and
+ * q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj; the dense MLP, the
+ * routed and shared experts) and QLoRA (the same adapters over an NF4
+ * base) on 2 ranks as family_rows (the gradient norms too), each model
+ * full fine-tuning at one of ZeRO-2 and ZeRO-3 and LoRA and QLoRA at the
+ * other; then --ep 2 on 2 ranks at ZeRO-3, full fine-tuning and LoRA on
+ * every linear layer (dsv2_ep). Sixteen launches: a latent norm weight's
+ * gradient left unreduced shows in the norms only, and so does half of
+ * one routed expert's down_proj lora_B gradient zeroed on rank 1 in the
+ * yarn model's LoRA and QLoRA rows (docs/testing.md). */
 static void deepseek_v2_rows(void)
 {
     printf("DeepSeek-V2, in this entry (its lines below name it: deepseek_v2, deepseek_v2_q):\n");
     family_use("deepseek_v2", deepseek_v2_config);
     family_row("deepseek_v2", 0, 1);
     family_row("deepseek_v2", 1, 2);
+    family_row("deepseek_v2", 2, 2);
     family_use("deepseek_v2_q", deepseek_v2_q_config);
     family_row("deepseek_v2_q", 0, 2);
     family_row("deepseek_v2_q", 1, 1);
-    const char *place = "--dtype fp32 --params gpu --optimizer cpu";
-    char path[512], plan[512], extra[700], log[600];
-    double ref[2][STEPS] = {{0}}, ref_norm[STEPS]; /* ref[1]: for 4 ranks, not run */
-    ep_use_model(5, path, sizeof path);
-    snprintf(plan, sizeof plan, "%s/ref-dsv2-%s.json", dir, ep_names[5]);
-    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 1 --log %s/dsv2-ref.jsonl", dir);
-    snprintf(log, sizeof log, "%s/dsv2-ref.jsonl", dir);
-    remove(log);
-    plan_and_train(place, plan, 0, extra, ref[0]);
-    logged_norms(log, ref_norm);
-    ep_run_norms(5, place, 2, 2, 3, 1, ref, ref_norm);
+    family_row("deepseek_v2_q", 2, 1);
+    dsv2_ep("dsv2", "--dtype fp32 --params gpu --optimizer cpu");
+    dsv2_ep("dsv2l", "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu --optimizer cpu");
     config = "config.json";
 }
 
@@ -2214,6 +2228,18 @@ static const char cohere_config[] =
     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
     "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"layer_norm_eps\": 1e-5, "
     "\"rope_theta\": 10000.0, \"logit_scale\": 0.25, \"use_qk_norm\": true, \"tie_word_embeddings\": true}";
+
+/* Cohere2 (Command-R7B's kind): Cohere's layers (without q/k norms, which
+ * Cohere2 does not have) with sliding_window_pattern 2: layers 0 and 2
+ * over a window of 8 keys (the sequence is 32) with the interleaved
+ * rotary, layers 1 and 3 over every key without rotary; tied, the logits
+ * times 0.25. */
+static const char cohere2_config[] =
+    "{\"model_type\": \"cohere2\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"layer_norm_eps\": 1e-5, "
+    "\"rope_theta\": 50000.0, \"logit_scale\": 0.25, \"sliding_window\": 8, \"sliding_window_pattern\": 2, "
+    "\"tie_word_embeddings\": true}";
 
 /* Phi-3 (Phi-4-mini's kind): fused qkv_proj and gate_up_proj, GQA, half of
  * each head of 16 rotated, longrope over an original length (16) the
@@ -2416,14 +2442,15 @@ static void family_row(const char *name, int method, int p)
     norms_agree(log[1], ref_norm);
 }
 
-/* Qwen3's rows, then Granite's and Cohere's (a few seconds each: they
- * share Qwen3's ctest entry) */
+/* Qwen3's rows, then Granite's, Cohere's and Cohere2's (a few seconds
+ * each: they share Qwen3's ctest entry) */
 static void test_family_qwen3(void **state)
 {
     (void)state;
     family_rows("qwen3", qwen3_config);
     family_rows("granite", granite_config);
     family_rows("cohere", cohere_config);
+    family_rows("cohere2", cohere2_config);
 }
 
 static void test_family_phi3(void **state)

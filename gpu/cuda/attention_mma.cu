@@ -328,8 +328,12 @@ __global__ void __launch_bounds__(MW * WARP)
  * from shared memory by ldmatrix, the scores (S^T, dP^T in the first; S, dP
  * in the second) stay in registers and enter the next products as A
  * operands as they lie. As attention_tc.cu, P and dS enter them as a high
- * and a low 16-bit part, and so does an fp32 dO. No atomics: every output
- * element has one writer, every sum a fixed order. */
+ * and a low 16-bit part, and so does an fp32 dO: per key tile, 8 products
+ * of the tile's size in the first kernel and 5 in the second with an fp32
+ * dO (6 and 4 with a 16-bit one), against the algorithm's 4 and 3. With
+ * grads16 (gpu_attn_desc) each is rounded once to the qkv type, as
+ * FlashAttention-2 does: those 4 and 3 (SPLIT false). No atomics: every
+ * output element has one writer, every sum a fixed order. */
 
 
 /* The backward kernels' dynamic shared memory: L, Dd [MB] fp32 (the query
@@ -403,10 +407,11 @@ __device__ __forceinline__ void mma_abt(float (*c)[4], const T *a, int r0, const
 }
 
 /* acc[DC / 8] (16 rows x DC, fp32) += X B with X (16 x MB) the C
- * fragments x[MB / 8] as two 16-bit parts (hi + lo) and B columns n0 ..
- * n0 + DC - 1 of the tile `b` [MB][D+8] (stored [k][n]); with b2, also +=
- * hi(X) b2 (MB, DC of mma_tiles). */
-template <typename T, int D>
+ * fragments x[MB / 8] as two 16-bit parts (hi + lo; SPLIT false: hi
+ * alone, X rounded once) and B columns n0 .. n0 + DC - 1 of the tile `b`
+ * [MB][D+8] (stored [k][n]); with b2, also += hi(X) b2 (MB, DC of
+ * mma_tiles). */
+template <typename T, int D, bool SPLIT>
 __device__ __forceinline__ void mma_xb(float (*acc)[4], const float (*x)[4], const T *b, const T *b2, int n0)
 {
     constexpr int LDT = D + 8, MBC = mma_tiles<D>::MB, DC = mma_tiles<D>::DC;
@@ -420,8 +425,10 @@ __device__ __forceinline__ void mma_xb(float (*acc)[4], const float (*x)[4], con
             mma_frag_bt<LDT>(bf, b, c * 16, n0 + p * 16);
             mma_m16n8k16<T>(acc[2 * p], hi, bf, acc[2 * p]);
             mma_m16n8k16<T>(acc[2 * p + 1], hi, bf + 2, acc[2 * p + 1]);
-            mma_m16n8k16<T>(acc[2 * p], lo, bf, acc[2 * p]);
-            mma_m16n8k16<T>(acc[2 * p + 1], lo, bf + 2, acc[2 * p + 1]);
+            if (SPLIT) {
+                mma_m16n8k16<T>(acc[2 * p], lo, bf, acc[2 * p]);
+                mma_m16n8k16<T>(acc[2 * p + 1], lo, bf + 2, acc[2 * p + 1]);
+            }
             if (b2) {
                 mma_frag_bt<LDT>(bf, b2, c * 16, n0 + p * 16);
                 mma_m16n8k16<T>(acc[2 * p], hi, bf, acc[2 * p]);
@@ -451,8 +458,9 @@ __device__ __forceinline__ void mma_store_rows(gpu_tensor dst, size_t first, siz
 }
 
 /* dK, dV of MBC keys of one kv head; each warp 16 keys, columns wc ..
- * wc + DC - 1 (mma_tiles). */
-template <typename T, int D>
+ * wc + DC - 1 (mma_tiles). SPLIT: P and dS enter their products as two
+ * 16-bit parts; else rounded once (gpu_attn_desc's grads16). */
+template <typename T, int D, bool SPLIT>
 __global__ void __launch_bounds__(MW * WARP)
     attention_mma_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, const T *qkv, const float *lse,
                                       const float *Drow, mma_geom G, int split_do)
@@ -507,9 +515,9 @@ __global__ void __launch_bounds__(MW * WARP)
                 }
             }
             /* dV += P^T dO */
-            mma_xb<T, D>(dv, s, sm.dOh, sm.dOl, wc);
+            mma_xb<T, D, SPLIT>(dv, s, sm.dOh, sm.dOl, wc);
             /* dK += dS^T Q */
-            mma_xb<T, D>(dk, dp, sm.Q, static_cast<const T *>(nullptr), wc);
+            mma_xb<T, D, SPLIT>(dk, dp, sm.Q, static_cast<const T *>(nullptr), wc);
         }
     const size_t first = (size_t)b * G.t * G.ld + wc;
     mma_store_rows<DC>(dqkv, first + (size_t)(G.hq + g) * D, G.ld, key, G.t, dk);
@@ -517,8 +525,8 @@ __global__ void __launch_bounds__(MW * WARP)
 }
 
 /* dQ of MBR query rows of one head; each warp 16 rows, columns wc .. wc +
- * DC - 1 (mma_tiles). */
-template <typename T, int D>
+ * DC - 1 (mma_tiles); SPLIT as the dK/dV kernel's. */
+template <typename T, int D, bool SPLIT>
 __global__ void __launch_bounds__(MW * WARP)
     attention_mma_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, const T *qkv, const float *lse,
                                      const float *Drow, mma_geom G, int split_do)
@@ -568,7 +576,7 @@ __global__ void __launch_bounds__(MW * WARP)
             }
         }
         /* dQ += dS K */
-        mma_xb<T, D>(dq, dp, sm.K, static_cast<const T *>(nullptr), wc);
+        mma_xb<T, D, SPLIT>(dq, dp, sm.K, static_cast<const T *>(nullptr), wc);
     }
     mma_store_rows<DC>(dqkv, (size_t)b * G.t * G.ld + (size_t)h * D + wc, G.ld, row, G.t, dq);
 }
@@ -621,24 +629,26 @@ extern "C" zo_status cuda_launch_attention_mma_forward(cudaStream_t st, const gp
     return mma_forward_t<__half>(st, a, out, lse, qkv);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool SPLIT>
 static zo_status mma_backward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor dout,
                               gpu_tensor qkv, const float *Drow, const float *lse)
 {
-    /* dO in two parts when it is not in qkv's type (the transformer's fp32 gradient) */
-    const int split_do = dout.dtype != qkv.dtype;
+    /* dO in two parts when it is not in qkv's type (the transformer's fp32
+     * gradient), unless grads16 rounds it once as P and dS */
+    const int split_do = SPLIT && dout.dtype != qkv.dtype;
     constexpr int MB = mma_tiles<D>::MB;
     const size_t smem = 2 * (size_t)MB * 4 + (size_t)(2 * MB + (split_do ? 3 : 2) * MB) * (D + 8) * sizeof(T);
-    zo_status s =
-        attn_fused_allow_smem(attention_mma_backward_dkv_kernel<T, D>, smem, "attention_mma_backward_dkv_kernel");
+    zo_status s = attn_fused_allow_smem(attention_mma_backward_dkv_kernel<T, D, SPLIT>, smem,
+                                        "attention_mma_backward_dkv_kernel");
     if (s == ZO_OK)
-        s = attn_fused_allow_smem(attention_mma_backward_dq_kernel<T, D>, smem, "attention_mma_backward_dq_kernel");
+        s = attn_fused_allow_smem(attention_mma_backward_dq_kernel<T, D, SPLIT>, smem,
+                                  "attention_mma_backward_dq_kernel");
     if (s != ZO_OK) return s;
     const mma_geom G = attn_fused_make_geom(a);
     const T *q = static_cast<const T *>(qkv.data);
     dim3 grid_kv(a->hkv, a->b, (a->t + MB - 1) / MB);
-    auto *attention_mma_backward_dkv = attention_mma_backward_dkv_kernel<T, D>; /* one macro argument */
-    auto *attention_mma_backward_dq = attention_mma_backward_dq_kernel<T, D>;
+    auto *attention_mma_backward_dkv = attention_mma_backward_dkv_kernel<T, D, SPLIT>; /* one macro argument */
+    auto *attention_mma_backward_dq = attention_mma_backward_dq_kernel<T, D, SPLIT>;
     ZO_LAUNCH(attention_mma_backward_dkv, grid_kv, MW * WARP, smem, st, dqkv, dout, q, lse, Drow, G, split_do);
     if ((s = cuda_launch_check("attention_mma_backward_dkv_kernel")) != ZO_OK) return s;
     dim3 grid_q(a->hq, a->b, (a->t + MB - 1) / MB);
@@ -646,17 +656,25 @@ static zo_status mma_backward(cudaStream_t st, const gpu_attn_desc *a, gpu_tenso
     return cuda_launch_check("attention_mma_backward_dq_kernel");
 }
 
+template <typename T, bool SPLIT>
+static zo_status mma_backward_d(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor dout,
+                                gpu_tensor qkv, const float *Drow, const float *lse)
+{
+    switch (a->d) {
+    case 64: return mma_backward<T, 64, SPLIT>(st, a, dqkv, dout, qkv, Drow, lse);
+    case 80: return mma_backward<T, 80, SPLIT>(st, a, dqkv, dout, qkv, Drow, lse);
+    case 96: return mma_backward<T, 96, SPLIT>(st, a, dqkv, dout, qkv, Drow, lse);
+    case 256: return mma_backward<T, 256, SPLIT>(st, a, dqkv, dout, qkv, Drow, lse);
+    default: return mma_backward<T, 128, SPLIT>(st, a, dqkv, dout, qkv, Drow, lse);
+    }
+}
+
 template <typename T>
 static zo_status mma_backward_t(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor dout,
                                 gpu_tensor qkv, const float *Drow, const float *lse)
 {
-    switch (a->d) {
-    case 64: return mma_backward<T, 64>(st, a, dqkv, dout, qkv, Drow, lse);
-    case 80: return mma_backward<T, 80>(st, a, dqkv, dout, qkv, Drow, lse);
-    case 96: return mma_backward<T, 96>(st, a, dqkv, dout, qkv, Drow, lse);
-    case 256: return mma_backward<T, 256>(st, a, dqkv, dout, qkv, Drow, lse);
-    default: return mma_backward<T, 128>(st, a, dqkv, dout, qkv, Drow, lse);
-    }
+    if (a->grads16) return mma_backward_d<T, false>(st, a, dqkv, dout, qkv, Drow, lse);
+    return mma_backward_d<T, true>(st, a, dqkv, dout, qkv, Drow, lse);
 }
 
 extern "C" zo_status cuda_launch_attention_mma_backward(cudaStream_t st, cudaMemPool_t pool, const gpu_attn_desc *a,

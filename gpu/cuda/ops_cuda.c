@@ -204,7 +204,7 @@ cuda_attn_shape cuda_attn_shape_of(const gpu_op_args *a, int backward)
                          .window = d->window, .alibi_bf16 = d->alibi_bf16, .softcap = d->softcap,
                          .alibi = d->alibi, .qkv = (int)qkv.dtype, .out = -1, .dout = -1, .dqkv = -1,
                          .aligned = (uintptr_t)qkv.data % 16 == 0};
-    if (backward) k.dqkv = (int)a->t[0].dtype, k.dout = (int)a->t[1].dtype;
+    if (backward) k.dqkv = (int)a->t[0].dtype, k.dout = (int)a->t[1].dtype, k.grads16 = d->grads16 != 0;
     else k.out = (int)a->t[0].dtype;
     return k;
 }
@@ -214,7 +214,7 @@ static int shape_equal(const cuda_attn_shape *x, const cuda_attn_shape *y)
     return x->backward == y->backward && x->b == y->b && x->t == y->t && x->hq == y->hq && x->hkv == y->hkv &&
            x->d == y->d && x->window == y->window && x->alibi_bf16 == y->alibi_bf16 && x->softcap == y->softcap &&
            x->alibi == y->alibi && x->qkv == y->qkv && x->out == y->out && x->dout == y->dout &&
-           x->dqkv == y->dqkv && x->aligned == y->aligned;
+           x->dqkv == y->dqkv && x->aligned == y->aligned && x->grads16 == y->grads16;
 }
 
 const cuda_attn_tuned *cuda_attn_tune_find(cuda_attn_tune *t, const cuda_attn_shape *k)
@@ -267,6 +267,7 @@ static void log_tuned(const cuda_attn_tuned *x)
     if (k->alibi > 0.0f) n += snprintf(line + n, sizeof line - n, " alibi %g%s", (double)k->alibi,
                                        k->alibi_bf16 ? " bf16" : "");
     if (!k->aligned) n += snprintf(line + n, sizeof line - n, " unaligned");
+    if (k->grads16) n += snprintf(line + n, sizeof line - n, " grads16");
     static const int order[] = {CUDA_ATTN_MMA, CUDA_ATTN_TC, CUDA_ATTN_GEMM, CUDA_ATTN_FLASH};
     const char *sep = ":";
     for (int i = 0; i < 4; i++) {
@@ -320,13 +321,28 @@ static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_arg
     return attention_forward_on(e, a, path);
 }
 
+/* ZO_ATTENTION_GRADS: 16bit sets every backward's grads16 (gpu/device.h:
+ * FlashAttention-2's precision where a kernel takes it, the mma.sync
+ * kernels); split, auto or unset leaves the call's own. */
+static zo_status attention_grads(const gpu_attn_desc *d, gpu_attn_desc *out)
+{
+    *out = *d;
+    const char *v = getenv("ZO_ATTENTION_GRADS");
+    if (v && !strcmp(v, "16bit")) out->grads16 = 1;
+    else if (v && *v && strcmp(v, "split") && strcmp(v, "auto"))
+        return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION_GRADS=%s: expected 16bit, split or auto", v);
+    return ZO_OK;
+}
+
 static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_args *a)
 {
+    gpu_op_args x = *a;
+    zo_status st = attention_grads(&a->d.attn, &x.d.attn);
     int path = 0;
-    zo_status st = attention_path(e, &a->d.attn, a->t[2], &path);
+    if (st == ZO_OK) st = attention_path(e, &x.d.attn, x.t[2], &path);
     if (st != ZO_OK) return st;
-    if (path == CUDA_ATTN_TUNE) return attention_tuned(e, a, 1, attention_backward_on);
-    return attention_backward_on(e, a, path);
+    if (path == CUDA_ATTN_TUNE) return attention_tuned(e, &x, 1, attention_backward_on);
+    return attention_backward_on(e, &x, path);
 }
 
 static zo_status cuda_run_attention_cached(const cuda_exec *e, const gpu_op_args *a)

@@ -70,6 +70,7 @@ typedef struct cuda_attn_shape {
     float softcap, alibi;
     int qkv, out, dout, dqkv; /* zo_dtype each; the forward's dout and dqkv -1 */
     int aligned;
+    int grads16; /* the backward's gpu_attn_desc grads16 (the forward's 0) */
 } cuda_attn_shape;
 
 typedef struct cuda_attn_tuned {

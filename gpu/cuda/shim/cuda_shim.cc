@@ -871,6 +871,16 @@ extern "C" cudaError_t zo_shim_memcpy(void *dst, const void *src, size_t bytes)
     return cudaSuccess;
 }
 
+/* The pool: the size of each block it gave out kept beside it (a table,
+ * not a header before the block, so that ASan still sees a write before
+ * the block's start), the bytes held and the most held since the last
+ * reset counted over every thread. */
+namespace {
+std::mutex pool_lock;
+std::unordered_map<void *, size_t> pool_blocks;
+size_t pool_held = 0, pool_peak = 0;
+} // namespace
+
 extern "C" cudaError_t zo_shim_malloc(void **p, size_t bytes)
 {
     *p = malloc(bytes ? bytes : 1);
@@ -879,7 +889,43 @@ extern "C" cudaError_t zo_shim_malloc(void **p, size_t bytes)
         return cudaErrorMemoryAllocation;
     }
     memset(*p, 0xff, bytes);
+    std::lock_guard<std::mutex> g(pool_lock);
+    pool_blocks[*p] = bytes;
+    pool_held += bytes;
+    if (pool_held > pool_peak) pool_peak = pool_held;
     return cudaSuccess;
+}
+
+extern "C" void zo_shim_free(void *p)
+{
+    if (!p) return;
+    {
+        std::lock_guard<std::mutex> g(pool_lock);
+        auto it = pool_blocks.find(p);
+        if (it != pool_blocks.end()) {
+            pool_held -= it->second;
+            pool_blocks.erase(it);
+        }
+    }
+    free(p);
+}
+
+extern "C" size_t zo_shim_pool_held(void)
+{
+    std::lock_guard<std::mutex> g(pool_lock);
+    return pool_held;
+}
+
+extern "C" size_t zo_shim_pool_peak(void)
+{
+    std::lock_guard<std::mutex> g(pool_lock);
+    return pool_peak;
+}
+
+extern "C" void zo_shim_pool_reset_peak(void)
+{
+    std::lock_guard<std::mutex> g(pool_lock);
+    pool_peak = pool_held;
 }
 
 extern "C" const char *zo_shim_error_string(cudaError_t e)

@@ -127,6 +127,7 @@ cudaError_t zo_shim_take_last_error(int clear, char *detail, size_t cap);
 cudaError_t zo_shim_func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value);
 cudaError_t zo_shim_memcpy(void *dst, const void *src, size_t bytes);
 cudaError_t zo_shim_malloc(void **p, size_t bytes);
+void zo_shim_free(void *p);
 const char *zo_shim_error_string(cudaError_t e);
 const char *zo_shim_error_name(cudaError_t e);
 }
@@ -327,9 +328,12 @@ static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t byt
 }
 
 /* Stream-ordered scratch (gemm.cu's rounded operands, attention_gemm.cu's
- * scores): host memory from malloc, every byte 0xff (nan as floats), as
- * memory never written holds anything on a GPU; the pool is ignored (NULL in
- * the shim). cudaFreeAsync frees at once: the launches before it are done. */
+ * scores, the fused attention backwards' D): host memory from malloc, every
+ * byte 0xff (nan as floats), as memory never written holds anything on a
+ * GPU; the pool argument is ignored (NULL in the shim), one pool of the
+ * process counts the bytes held and their high-water mark
+ * (zo_shim_pool_peak, shim_api.h). cudaFreeAsync frees at once: the
+ * launches before it are done. */
 static inline cudaError_t cudaMallocFromPoolAsync(void **p, size_t bytes, cudaMemPool_t pool, cudaStream_t st)
 {
     (void)pool;
@@ -340,7 +344,7 @@ static inline cudaError_t cudaMallocFromPoolAsync(void **p, size_t bytes, cudaMe
 static inline cudaError_t cudaFreeAsync(void *p, cudaStream_t st)
 {
     (void)st;
-    free(p);
+    zo_shim_free(p);
     return cudaSuccess;
 }
 

@@ -29,4 +29,20 @@
 
 #include "gpu/cuda/cuda_impl.h" /* defines: shim_launch_*, cuda_err_rec, CUDA_SUMSQ_BLOCKS */
 
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* The shim's stream-ordered pool (cudaMallocFromPoolAsync, cudaFreeAsync;
+ * one for the process): the bytes its blocks hold now, the most they held
+ * since the last reset, and the reset (the peak to what is held now). What
+ * a launcher takes beyond its arguments, as a GPU's pool would give it. */
+size_t zo_shim_pool_held(void);
+size_t zo_shim_pool_peak(void);
+void zo_shim_pool_reset_peak(void);
+#ifdef __cplusplus
+}
+#endif
+
 #endif
