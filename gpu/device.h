@@ -346,7 +346,11 @@ zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_ten
  * past pos[s] + t - 1 are neither read nor written. A sequence whose
  * positions leave the cache (pos[s] < 0 or pos[s] + t > tc) is a sticky
  * stream error. A prompt is a call with pos 0 (t its tokens), each token
- * generated after it a call with t 1 at the next position. */
+ * generated after it a call with t 1 at the next position. k_cache and
+ * v_cache may be one buffer when qkv's key and value heads are equal (the
+ * latent cache of DeepSeek-V2's attention: one row [k_pe | c_kv] serves as
+ * key and value, hkv 1). Head sizes: any on the CPU, up to 1024 on CUDA
+ * (the other attention ops': 256). */
 zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
                                gpu_tensor qkv, gpu_tensor k_cache, gpu_tensor v_cache,
                                const int32_t *pos, int tc);

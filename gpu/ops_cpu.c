@@ -1409,8 +1409,11 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
 /* Attention over a key/value cache (generation): the new tokens' keys and
  * values into the caches, then one task per (sequence, kv head), which
  * stages the cache rows its queries see in fp32 once for the query heads of
- * its group. A query's scores, softmax and weighted sum of values run in
- * fixed lanes, keys ascending: the same bits whatever the thread count. */
+ * its group; with fewer of those than threads (one sequence over one kv
+ * head: MQA, DeepSeek-V2's latent cache) the group's query heads are split
+ * into as many slices as fill the team, each staging the rows itself. A
+ * query's scores, softmax and weighted sum of values run in fixed lanes,
+ * keys ascending: the same bits whatever the thread count. */
 
 /* o[0..d) += p v[0..d) */
 VEC_CLONES static void axpy_row(float *restrict o, float p, const float *restrict v, int d)
@@ -1433,6 +1436,8 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
         if (pos[s] + t > most) most = pos[s] + t;
     }
     const int team = cpu_team(nt);
+    int split = nb * hkv < team ? (team + nb * hkv - 1) / (nb * hkv) : 1; /* slices of a group's query heads */
+    if (split > grp) split = grp;
     /* per thread: K and V rows [most][d], a score row, a query and an output row */
     const size_t per = 2 * al64((size_t)most * d * 4) + al64((size_t)most * 4) + 3 * al64((size_t)d * 4);
     char *sb;
@@ -1458,14 +1463,15 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
         }
         /* (the implicit barrier: every key is in its cache) */
 #pragma omp for schedule(static)
-        for (int sg = 0; sg < nb * hkv; sg++) {
+        for (int task = 0; task < nb * hkv * split; task++) {
+            int sg = task / split, part = task % split;
             int s = sg / hkv, g = sg % hkv, nk = pos[s] + t;
             for (int j = 0; j < nk; j++) {
                 size_t off = ((size_t)s * tc + j) * ldc + (size_t)g * d;
                 load_row(K + (size_t)j * d, kc, off, (size_t)d);
                 load_row(V + (size_t)j * d, vc, off, (size_t)d);
             }
-            for (int h = g * grp; h < (g + 1) * grp; h++)
+            for (int h = g * grp + part * grp / split; h < g * grp + (part + 1) * grp / split; h++)
                 for (int i = 0; i < t; i++) {
                     int p = pos[s] + i, j0 = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
                     load_row(q, qkv, ((size_t)s * t + i) * ld + (size_t)h * d, (size_t)d);

@@ -19,6 +19,12 @@
 static uint64_t r256(uint64_t x) { return (x + DEV_GRANULE - 1) / DEV_GRANULE * DEV_GRANULE; }
 static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
+/* Latent attention generated over its latent cache (plan_gen.mla_full_cache
+ * 0): a row [k_pe | c_kv] of `latent_row` elements a position and layer,
+ * one key head for every query head (transformer.c, mla_latent_attention) */
+static int latent(const zo_model_config *m, const plan_gen *g) { return m->mla.kv_rank > 0 && !g->mla_full_cache; }
+static uint64_t latent_row(const zo_model_config *m) { return (uint64_t)(m->mla.qk_rope + m->mla.kv_rank); }
+
 void plan_gen_defaults(plan_gen *g)
 {
     /* the reserved buffers of plan_train_defaults (planner/memory.c) */
@@ -123,7 +129,11 @@ static void store(plan_gen_estimate *e, const char *name, const char *staging, c
  * adapters on the routed experts (expert_ad), one expert's A x. Gemma-2's
  * two output norms share one input and one 1/rms (nothing is kept). Latent
  * attention's q|k|v and output are heads of qk_nope + qk_rope (head_dim)
- * with its own buffers beside them. */
+ * with its own buffers beside them; over the latent cache, q|k|v holds H
+ * absorbed queries and the row twice (key, value), the output H heads of
+ * the row's width, and no c_kv copy or kv_b output is kept; with an
+ * adapter on kv_b_proj over a 16-bit base, kv_b_proj's weight with it
+ * folded in (QLoRA folds it into the dequantized weight). */
 static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, int expert_ad,
                                 uint64_t wdq)
 {
@@ -136,6 +146,14 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
     uint64_t widest = max_u64(fs, K * fe), r = g->method != ZO_PLAN_FULL ? (uint64_t)g->lora.r : 0;
     uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
     int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT, post = zo_model_post_norms(m);
+    const int lat = latent(m, g);
+    const uint64_t H = (uint64_t)m->n_heads, kvr = (uint64_t)m->mla.kv_rank;
+    const uint64_t kvw = H * (uint64_t)(m->mla.qk_nope + m->mla.v_dim);
+    if (lat) {
+        qkv = max_u64(qkv, (H + 2) * latent_row(m));
+        q = max_u64(q, H * latent_row(m));
+    }
+    int kvb_own = lat && g->method == ZO_PLAN_LORA && (g->lora.targets & (ZO_LORA_K | ZO_LORA_V));
     int rotary = llama || m->pos == ZO_POS_ROTARY; /* GPT-NeoX's and Falcon's too */
     uint64_t a[] = {
         N * 4, B * 4,                                           /* tokens, positions */
@@ -159,10 +177,11 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         layers * K * N * 4, layers * K * N * 4,                 /* the pairs' tokens, weights */
         layers * (mo->shared_gate ? N * 4 : 0),                 /* the shared expert's gate */
         /* latent attention: q_a's output, c_kv, the output narrowed to v, kv_a's and kv_b's outputs */
-        layers * N * (uint64_t)m->mla.q_rank * es, layers * N * (uint64_t)m->mla.kv_rank * es,
+        layers * N * (uint64_t)m->mla.q_rank * es, layers * !lat * N * kvr * es,
         layers * (m->mla.kv_rank ? N * (uint64_t)m->n_heads * (uint64_t)m->mla.v_dim * es : 0),
         layers * (m->mla.kv_rank ? N * (uint64_t)(m->mla.kv_rank + m->mla.qk_rope) * es : 0),
-        layers * (m->mla.kv_rank ? N * (uint64_t)m->n_heads * (uint64_t)(m->mla.qk_nope + m->mla.v_dim) * es : 0),
+        layers * (m->mla.kv_rank && !lat ? N * kvw * es : 0),
+        layers * kvb_own * kvw * kvr * es,                     /* kv_b_proj with its adapter folded in */
         (uint64_t)m->n_layers * 2 * E * 4,                      /* router statistics */
         E ? N * widest * es : 0,                                /* the weighted activation */
         K * N * h * es, K * N * h * es,                         /* the pairs' inputs, outputs */
@@ -233,8 +252,18 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
         layer += roofline(hw, g->dtype, 2 * rows_j * r * in, (n * r * in + rows_j * (in + r)) * es);
         layer += roofline(hw, g->dtype, 2 * rows_j * r * out, (n * r * out + rows_j * (r + 2 * out)) * es);
     }
-    /* attention: each query against its keys, the cache's keys and values read */
-    layer += roofline(hw, g->dtype, 4 * M * keys * hq * d, B * (keys + rows) * 2 * hkv * d * es + 2 * M * q * es);
+    /* attention: each query against its keys, the cache's keys and values read;
+     * over the latent cache one row of D a key and value for every head, and
+     * kv_b_proj's key rows absorbed into each query, its value rows applied to
+     * each head's output */
+    if (latent(m, g)) {
+        const double D = (double)latent_row(m), r = m->mla.kv_rank;
+        const double kvw = hq * (m->mla.qk_nope + m->mla.v_dim);
+        layer += roofline(hw, g->dtype, 4 * M * keys * hq * D, B * (keys + rows) * D * es + 2 * M * hq * D * es);
+        layer += roofline(hw, g->dtype, 2 * M * kvw * r, kvw * r * es + M * (hq * d + 2 * hq * D) * es);
+    } else {
+        layer += roofline(hw, g->dtype, 4 * M * keys * hq * d, B * (keys + rows) * 2 * hkv * d * es + 2 * M * q * es);
+    }
     /* norms, residual adds, activation, RoPE: elements read and written (an
      * MoE layer's pairs: their activation, weighting, gather and scatter) */
     layer += (M * (10 * h + 3 * f + 2 * qkv) + P * (4 * fe + 3 * h)) * es / (hw->hbm_bw * hw->hbm_eff);
@@ -424,8 +453,12 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
             (uint64_t)slots * r256((b_streamed ? b_slot : 0) + (w_streamed ? w_slot : 0)));
     if (apart) add(e, "expert slots (2 x routed expert)", ZO_PLAN_GPU, PLAN_BUFFERS, PLAN_EXPERT_SLOTS * r256(expert_b));
     /* the key/value caches, the forward's buffers, the two boundaries */
-    e->kv_cache = 2 * L * (uint64_t)g->batch * (uint64_t)e->context * (uint64_t)m->n_kv_heads * m->head_dim * es;
-    add(e, "key/value cache", ZO_PLAN_GPU, PLAN_ACTIVATIONS, L ? 2 * L * r256(e->kv_cache / (2 * L)) : 0);
+    /* (latent attention over its latent cache: one buffer a layer) */
+    const uint64_t parts = latent(m, g) ? 1 : 2;
+    const uint64_t row = latent(m, g) ? latent_row(m) : 2 * (uint64_t)m->n_kv_heads * m->head_dim;
+    e->kv_cache = L * (uint64_t)g->batch * (uint64_t)e->context * row * es;
+    add(e, latent(m, g) ? "latent cache [k_pe | c_kv]" : "key/value cache", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+        L ? parts * L * r256(e->kv_cache / (parts * L)) : 0);
     int rows = g->prompt_buffers ? g->prompt_buffers : g->prompt;
     add(e, "forward buffers (one layer, logits)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
         forward_buffers(m, g, rows, dense_mods * g->lora.r, expert_ad, wdq));
@@ -459,7 +492,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     double pcie = e->stream_bytes / hw->pcie_bw, disk = e->nvme_bytes ? e->nvme_bytes / hw->nvme_read_bw : 0.0;
     /* a token: one row a sequence against the cache, on average halfway */
     double keys = g->prompt + (g->new_tokens - 1) / 2.0 + 1.0;
-    e->kv_read = (uint64_t)((double)g->batch * keys * 2.0 * (double)L * m->n_kv_heads * m->head_dim * es);
+    e->kv_read = (uint64_t)((double)g->batch * keys * (double)L * (double)row * es);
     double tok_part[3], prompt_part[3];
     e->compute_s = forward_time(m, hw, g, 1.0, keys, mods, n_mods, tok_part);
     double device = e->compute_s + (device_is_host(hw) ? pcie : 0.0);

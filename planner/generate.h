@@ -23,6 +23,9 @@ typedef struct plan_gen {
     int prompt_buffers;         /* tokens a sequence the forward's buffers hold; 0: prompt
                                    (generate --plan sizes them for the whole context) */
     zo_dtype dtype;             /* weights, activations and the cache */
+    int mla_full_cache;         /* latent attention: 0 caches the compressed latent [k_pe | c_kv]
+                                   and absorbs kv_b_proj (the runtime's default); 1 every head's
+                                   decompressed key and value (generate --mla-cache full) */
     zo_plan_method method;      /* full (no adapters), lora or qlora: adapters over the base */
     zo_lora_config lora;        /* with adapters: r, targets */
     zo_plan_tier params_on;     /* the weights (with adapters: the base): gpu, cpu, nvme */
@@ -58,7 +61,8 @@ typedef struct plan_gen_estimate {
                                    (the weights whole in pinned host memory) */
     int experts_token, experts_prompt; /* the routed experts a layer's forward touches, at most:
                                    min(experts, top_k x its tokens), a token's and the prompts' */
-    uint64_t kv_cache;          /* bytes of the cache: 2 L batch context kv_heads head_dim */
+    uint64_t kv_cache;          /* bytes of the cache: 2 L batch context kv_heads head_dim; latent
+                                   attention's latent cache L batch context (qk_rope + kv_lora_rank) */
     uint64_t kv_read;           /* bytes of it a token reads, on average over the generation */
     /* time (seconds): a token of every sequence, the prompts' forward */
     double s_per_token;         /* pace_s + stall_s: the runtime's schedule played block by block

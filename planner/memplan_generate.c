@@ -27,6 +27,9 @@ static const char usage_generate[] =
     "  --prompt N              tokens of the longest prompt (default 128)\n"
     "  --new-tokens N          tokens generated after each prompt (default 128)\n"
     "  --dtype fp16|bf16|fp32  weights, activations and the cache (default bf16; fp16 on V100)\n"
+    "  --mla-cache latent|full latent attention (DeepSeek-V2): the compressed latent cache with\n"
+    "                          kv_b_proj absorbed (default), or every head's key and value, as\n"
+    "                          generate's --mla-cache\n"
     "adapters (generate --adapter DIR):\n"
     "  --lora R [--lora-targets LIST] [--qlora] [--adapters-on gpu|cpu|nvme]\n"
     "                          PEFT adapters of rank R over the base (QLoRA: an NF4 base)\n"
@@ -43,7 +46,7 @@ static const char usage_generate[] =
     "\n"
     "exit status: 0 fits, 1 does not fit, 2 bad input\n";
 
-enum { OPT_BATCH = OPT_END + 1, OPT_PROMPT, OPT_NEW_TOKENS };
+enum { OPT_BATCH = OPT_END + 1, OPT_PROMPT, OPT_NEW_TOKENS, OPT_MLA_CACHE };
 
 static const struct option generate_opts[] = {
     MODEL_HW_OPTIONS,
@@ -64,6 +67,7 @@ static const struct option generate_opts[] = {
     {"batch", required_argument, 0, OPT_BATCH},
     {"prompt", required_argument, 0, OPT_PROMPT},
     {"new-tokens", required_argument, 0, OPT_NEW_TOKENS},
+    {"mla-cache", required_argument, 0, OPT_MLA_CACHE},
     {"help", no_argument, 0, OPT_HELP},
     {"version", no_argument, 0, OPT_VERSION},
     {0, 0, 0, 0},
@@ -72,6 +76,7 @@ static const struct option generate_opts[] = {
 /* The command's own flags, as given. */
 typedef struct generate_flags {
     long batch, prompt, new_tokens;
+    int mla_full_cache; /* --mla-cache full */
     const char *plan_out;
 } generate_flags;
 
@@ -83,6 +88,11 @@ static int generate_flag(int c, const char *arg, void *own, zo_status *st)
     case OPT_PROMPT: *st = zo_parse_int(arg, "--prompt", 1, 1L << 24, &g->prompt); return 1;
     case OPT_NEW_TOKENS: *st = zo_parse_int(arg, "--new-tokens", 1, 1L << 24, &g->new_tokens); return 1;
     case OPT_PLAN_OUT: g->plan_out = arg; return 1;
+    case OPT_MLA_CACHE:
+        if (strcmp(arg, "latent") && strcmp(arg, "full"))
+            *st = zo_error(ZO_ERR_INVALID, "--mla-cache %s: expected latent or full", arg);
+        g->mla_full_cache = !strcmp(arg, "full");
+        return 1;
     default: return 0;
     }
 }
@@ -99,6 +109,7 @@ static zo_status configure(const cli_flags *f, const generate_flags *gf, const z
     if (gf->batch) g->batch = (int)gf->batch;
     if (gf->prompt) g->prompt = (int)gf->prompt;
     if (gf->new_tokens) g->new_tokens = (int)gf->new_tokens;
+    g->mla_full_cache = gf->mla_full_cache;
     g->params_on = f->params_on;
     if (f->seen[OPT_PREFETCH]) g->prefetch_depth = f->buf.prefetch_depth;
     if (f->seen[OPT_SUB_GROUP]) g->sub_group = f->buf.sub_group;
@@ -137,9 +148,14 @@ static void print_table(const zo_model_config *m, const plan_gen *g, const plan_
     for (int t = 0; t < ZO_PLAN_TIERS; t++)
         printf(" %s %s of %s%s", zo_plan_tier_name((zo_plan_tier)t), zo_format_bytes(e->total[t], b1, sizeof b1),
                zo_format_bytes(e->capacity[t], b2, sizeof b2), t + 1 < ZO_PLAN_TIERS ? "," : "\n");
-    printf("  key/value cache: %s (2 x %d layers x %d x %d positions x %d kv heads x %d); a token reads %s of it "
-           "on average\n", zo_format_bytes(e->kv_cache, b1, sizeof b1), m->n_layers, g->batch, e->context,
-           m->n_kv_heads, m->head_dim, zo_format_bytes(e->kv_read, b2, sizeof b2));
+    if (m->mla.kv_rank && !g->mla_full_cache)
+        printf("  latent cache: %s (%d layers x %d x %d positions x (%d + %d) [k_pe | c_kv]); a token reads %s of "
+               "it on average\n", zo_format_bytes(e->kv_cache, b1, sizeof b1), m->n_layers, g->batch, e->context,
+               m->mla.qk_rope, m->mla.kv_rank, zo_format_bytes(e->kv_read, b2, sizeof b2));
+    else
+        printf("  key/value cache: %s (2 x %d layers x %d x %d positions x %d kv heads x %d); a token reads %s of it "
+               "on average\n", zo_format_bytes(e->kv_cache, b1, sizeof b1), m->n_layers, g->batch, e->context,
+               m->n_kv_heads, m->head_dim, zo_format_bytes(e->kv_read, b2, sizeof b2));
     if (m->moe.experts)
         printf("  experts: %d a layer, %d a token: a token's forward of %d sequence(s) touches up to min(%d, %d x %d) "
                "= %d a layer, the prompts' %d (memplan's bound); %s\n", m->moe.experts, m->moe.top_k, g->batch,
@@ -196,6 +212,7 @@ static cJSON *report_json(const zo_model_config *m, const plan_hw *hw, const pla
     }
     cJSON_AddBoolToObject(o, "fits", e->fits);
     cJSON_AddNumberToObject(o, "kv_cache_bytes", (double)e->kv_cache);
+    if (m->mla.kv_rank) cJSON_AddStringToObject(o, "mla_cache", g->mla_full_cache ? "full" : "latent");
     cJSON_AddNumberToObject(o, "weight_bytes", (double)e->weight_bytes);
     cJSON_AddNumberToObject(o, "stream_bytes_per_token", (double)e->stream_bytes);
     if (m->moe.experts) {

@@ -187,6 +187,7 @@ static void test_flags(void **state)
     (void)state;
     char a[1024];
     expect("--help", 0, "--max-new-tokens N");
+    expect("--help", 0, "--mla-cache latent|full");
     expect("-h", 0, "--max-new-tokens N");
     expect("--version", 0, "generate (zoffload) "); /* issue 27: --version in every program */
     expect("--prompt-ids 1", 2, "--model is required");
@@ -220,6 +221,8 @@ static void test_flags(void **state)
     expect(a, 2, "--qlora needs --adapter DIR");
     snprintf(a, sizeof a, "--model %s --prompt-ids 1 --device-mem 64KiB", cfg);
     expect(a, 1, "capacity");
+    snprintf(a, sizeof a, "--model %s --prompt-ids 1 --mla-cache half", cfg);
+    expect(a, 2, "--mla-cache half: expected latent or full");
     snprintf(a, sizeof a, "--model %s --prompt-ids 1 --bogus", cfg);
     expect(a, 2, "unknown option --bogus");
 }

@@ -37,6 +37,13 @@ the same, for:
   eos        --eos set to a token the first prompt's decode reaches: each
              sequence stops at it (kept), as the reference's cut there
 
+DeepSeek-V2 (latent attention) runs every case over its latent cache (generate's
+default, kv_b_proj absorbed into the queries), and the resident run, LoRA's
+resident run and QLoRA's again with --mla-cache full (every head's key and
+value); --stats-json's kv_cache_bytes must be L x sequences x context x
+(qk_rope + kv_lora_rank) x 4 under latent, 2 L x sequences x context x heads x
+(qk_nope + qk_rope) x 4 under full.
+
 For the mixtures of experts (Mixtral: 8 experts, 2 a token, renormalized;
 Qwen2-MoE: 8 experts, 3 a token, norm_topk_prob false, a shared expert behind
 its sigmoid gate; Qwen3-MoE: Qwen3's q/k norms, 8 experts, 2 a token,
@@ -191,8 +198,9 @@ FAMILIES["deepseek"] = dict(
                 eos_token_id=127),
     lora=dict(r=4, alpha=16.0, targets="all-linear"))
 # DeepSeek-V2: test_e2e_torch's (latent attention, q_lora_rank null, 3 heads of qk_nope 64 + qk_rope 32
-# interleaved in the file, v_head_dim 64, yarn factor 40 with both mscales: the cache holds each head's
-# key [k_pe | k_nope] and value [v | 0] as the attention reads them) with 4 layers and the prompts
+# interleaved in the file, v_head_dim 64, yarn factor 40 with both mscales: by default the cache holds
+# each position's latent [k_pe | c_kv] and kv_b_proj is absorbed; --mla-cache full, each head's key
+# [k_pe | k_nope] and value [v | 0] as the decompressed attention reads them) with 4 layers and the prompts
 # plus new tokens past the original 64 positions; its q_lora_rank kind with DeepSeek-V2's head shape
 # and 6 layers (with 4, two weight slots of its fat layers pass the streamed runs' device memory).
 # Adapters on every linear layer but the router (latent attention's q_proj, kv_a_proj_with_mqa,
@@ -443,13 +451,14 @@ def check_family(gen, name, workdir):
 
     fwd = (lambda idx: e2e.moe_forward(c, params, idx)[0]) if moe else \
         (lambda idx: mf.FORWARD.get(c["model_type"], mf.llama_forward)(c, params, idx))
+    mla = bool(c.get("kv_lora_rank"))
     runs = [
         ("resident", ["--params-on", "gpu"]),
         ("streamed from host, prefetch 1", ["--params-on", "cpu", "--prefetch", "1", "--device-mem", cap]),
         ("streamed from host, prefetch 2", ["--params-on", "cpu", "--prefetch", "2"]),
         ("read from NVMe, prefetch 1", ["--params-on", "nvme", "--nvme-dir", os.path.join(d, "nvme"),
                                         "--prefetch", "1", "--device-mem", cap]),
-    ]
+    ] + ([("resident, --mla-cache full", ["--params-on", "gpu", "--mla-cache", "full"])] if mla else [])
     # the resident run first: its tokens are the guess greedy checks in one forward a prompt
     first = run_ok(gen, d, prompts, runs[0][1])
     if first is None:
@@ -478,6 +487,8 @@ def check_family(gen, name, workdir):
     ck.fact(f"resident in {cap} bytes of device memory is refused (exit {rc}, the capacity named)",
             rc == 1 and "capacity" in out)
 
+    if mla:
+        check_cache_bytes(ck, gen, c, d, prompts)
     if moe:
         check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes)
         if spec["lora"] is None:  # (latent attention: LoRA refused by name)
@@ -567,6 +578,26 @@ def routed_experts(c, params, prompts, want):
     return total
 
 
+def check_cache_bytes(ck, gen, c, d, prompts):
+    """Latent attention's cache, as generate's --stats-json reports what it allocated: the latent
+    [k_pe | c_kv] of each position and layer, or every head's key and value under --mla-cache full
+    (fp32; one new token, so the context is the longest prompt and 1)."""
+    L, H, B, ctx = c["num_hidden_layers"], c["num_attention_heads"], len(prompts), max(map(len, prompts)) + 1
+    rope, nope, kvr = c["qk_rope_head_dim"], c["qk_nope_head_dim"], c["kv_lora_rank"]
+    want = {"latent": L * B * ctx * (rope + kvr) * 4, "full": 2 * L * B * ctx * H * (nope + rope) * 4}
+    stats = os.path.join(d, "cache.json")
+    for kind in ("latent", "full"):
+        # (--max-new-tokens 1 after run_generate's own: the last one counts)
+        if run_ok(gen, d, prompts, ["--max-new-tokens", "1", "--mla-cache", kind, "--stats-json", stats]) is None:
+            ck.failed += 1
+            return
+        with open(stats) as fh:
+            js = json.load(fh)
+        got = js.get("kv_cache_bytes")
+        ck.fact(f"--mla-cache {kind}: the cache's {got} bytes are {want[kind]} (latent / full "
+                f"{want['latent'] / want['full']:.3f})", got == want[kind] and js.get("mla_cache") == kind)
+
+
 def check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes):
     """Streamed from host, the routed experts go to the device apart from their layer's dense part,
     only those a forward routes to: the weight bytes copied are each forward's dense parts plus
@@ -618,7 +649,10 @@ def check_moe_adapters(gen, c, params, spec, d, prompts, want, g):
         ck.fact(f"{what} reference on {len(mods)} modules ({n_exp} routed experts'): the adapters change the "
                 f"tokens (top-2 gap {gap_l:.2e}, expert choices' gap {e2e.MIN_GAP[0]:.1e})",
                 want_l != want and e2e.MIN_GAP[0] > e2e.TIE_GAP)
-        for where, extra in [("resident base", []), ("streamed base", ["--params-on", "cpu", "--prefetch", "1"])]:
+        runs = [("resident base", []), ("streamed base", ["--params-on", "cpu", "--prefetch", "1"])]
+        if c.get("kv_lora_rank"):  # latent attention: the resident base again over the full cache
+            runs.append(("resident base, --mla-cache full", ["--mla-cache", "full"]))
+        for where, extra in runs:
             got = run_ok(gen, d, prompts, flags + extra) if extra else first
             if got is None:
                 return ck.failed + 1

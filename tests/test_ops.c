@@ -2313,6 +2313,7 @@ static void scale_grid(gpu_op_id op)
  * path; from their own stream, so the cases after them draw what they drew
  * before. */
 #define MLA_SEED 0x510e527fade682d1ull
+#define LATENT_SEED 0x1f83d9abfb41bd6bull
 static void mla_grid(gpu_op_id op)
 {
     uint64_t saved = rng;
@@ -2507,6 +2508,12 @@ static void parity_attention_cached(void)
     /* Falcon's form: decoding, and a chunk after earlier tokens */
     cached_case_al(2, 1, 130, 12, 12, 64, 0, 0.0f, 0.0f, 0.125f, 1, -1, E_F32, E_F32);
     cached_case_al(1, 40, 120, 10, 10, 64, 0, 0.0f, 0.0f, 0.125f, 1, 50, E_BF16, E_BF16);
+    /* latent attention's latent cache (its own stream): rows of DeepSeek-V2's qk_rope + kv_lora_rank,
+     * 64 + 512, one kv head for every query head at the decompressed heads' scale (CUDA: 32 dims a
+     * lane), decoding across the 32-row chunks; a prompt's chunk at 288 (16 a lane) */
+    rng = LATENT_SEED;
+    cached_case_sc(2, 1, 97, 4, 1, 576, 0, 1.0f / sqrtf(192.0f), 0.0f, -1, E_BF16, E_BF16);
+    cached_case_sc(1, 9, 40, 3, 1, 288, 0, 0.0f, 0.0f, 20, E_F32, E_F32);
     rng = saved;
 }
 

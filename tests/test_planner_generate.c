@@ -33,7 +33,7 @@ static char nvme_dir[64];
 /* The families of the cases: gpt (1) or not (0, LLaMA), and the mixtures of
  * experts and Gemma-2 (its output norms' buffers), from their Hugging Face
  * configs. */
-enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3, FAM_GEMMA2 = 4, FAM_DEEPSEEK = 5 };
+enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3, FAM_GEMMA2 = 4, FAM_DEEPSEEK = 5, FAM_DEEPSEEK_V2 = 6 };
 
 /* A small model of the family's shape. */
 static zo_model_config model(int gpt, int layers)
@@ -42,7 +42,15 @@ static zo_model_config model(int gpt, int layers)
     if (gpt >= FAM_MIXTRAL) { /* Mixtral: 8 experts, 2 a token; Qwen2-MoE: 6, 3 a token, a shared expert */
         char json[1024];
         snprintf(json, sizeof json,
-                 gpt == FAM_DEEPSEEK /* a dense first layer wider than the MoE layers' MLPs */
+                 gpt == FAM_DEEPSEEK_V2 /* latent attention: 4 heads of 32 + 16, v 32, kv_lora_rank 64 */
+                     ? "{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
+                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"q_lora_rank\": null, "
+                       "\"kv_lora_rank\": 64, \"qk_nope_head_dim\": 32, \"qk_rope_head_dim\": 16, "
+                       "\"v_head_dim\": 32, \"intermediate_size\": 384, \"moe_intermediate_size\": 64, "
+                       "\"n_shared_experts\": 1, \"n_routed_experts\": 6, \"num_experts_per_tok\": 2, "
+                       "\"first_k_dense_replace\": 1, \"norm_topk_prob\": false, \"topk_method\": \"greedy\", "
+                       "\"vocab_size\": 320, \"max_position_embeddings\": 4096}"
+                 : gpt == FAM_DEEPSEEK /* a dense first layer wider than the MoE layers' MLPs */
                      ? "{\"model_type\": \"deepseek\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
                        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 768, "
                        "\"moe_intermediate_size\": 64, \"n_shared_experts\": 2, \"n_routed_experts\": 6, "
@@ -102,6 +110,7 @@ typedef struct gcase {
     zo_plan_method method;
     int r;
     unsigned targets;
+    int mla_full; /* latent attention: the full cache (generate --mla-cache full) */
 } gcase;
 
 /* Generate with the runtime (random weights), its peaks per tier against
@@ -119,6 +128,7 @@ static int run_case(const gcase *c)
     g.adapters_on = c->adapters;
     g.prefetch_depth = c->prefetch;
     g.method = c->method;
+    g.mla_full_cache = c->mla_full;
     g.lora = (zo_lora_config){.r = c->r, .alpha = 8.0f, .targets = c->targets};
     g.cuda_context = g.cublas_workspace = 0;
     g.fragmentation = 0;
@@ -131,7 +141,7 @@ static int run_case(const gcase *c)
     gpu_device_t dev;
     assert_int_equal(gpu_device_init_cpu(&o, &dev), 0);
     tf_gen_config gc = {.batch = c->batch, .prompt_max = c->prompt, .ctx = c->prompt + c->new_tokens,
-                        .dtype = c->dtype};
+                        .dtype = c->dtype, .mla_cache = c->mla_full ? TF_MLA_CACHE_FULL : TF_MLA_CACHE_LATENT};
     offload_config_defaults(&gc.oc);
     gc.oc.params_on = (offload_tier)c->params;
     gc.oc.trainable_on = (offload_tier)c->adapters;
@@ -193,56 +203,66 @@ static void test_peaks(void **state)
     (void)state;
     const unsigned all = ZO_LORA_ALL_LINEAR, qv = ZO_LORA_Q | ZO_LORA_V;
     const gcase cases[] = {
-        {"llama bf16, resident", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
+        {"llama bf16, resident", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0, 0},
         {"llama bf16, streamed from host, prefetch 1", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_CPU, ZO_PLAN_GPU, 1,
-         ZO_PLAN_FULL, 0, 0},
+         ZO_PLAN_FULL, 0, 0, 0},
         {"llama fp32, streamed from host, prefetch 3", 0, 6, 3, 17, 5, ZO_DTYPE_F32, ZO_PLAN_CPU, ZO_PLAN_GPU, 3,
-         ZO_PLAN_FULL, 0, 0},
-        {"llama bf16, NVMe, prefetch 2", 0, 4, 1, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_NVME, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
-        {"gpt2 fp32 (tied), resident", 1, 3, 2, 12, 6, ZO_DTYPE_F32, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
+         ZO_PLAN_FULL, 0, 0, 0},
+        {"llama bf16, NVMe, prefetch 2", 0, 4, 1, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_NVME, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0, 0},
+        {"gpt2 fp32 (tied), resident", 1, 3, 2, 12, 6, ZO_DTYPE_F32, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0, 0},
         {"gpt2 bf16 (tied), streamed from host, prefetch 1", 1, 3, 2, 12, 6, ZO_DTYPE_BF16, ZO_PLAN_CPU, ZO_PLAN_GPU, 1,
-         ZO_PLAN_FULL, 0, 0},
+         ZO_PLAN_FULL, 0, 0, 0},
         {"gpt2 fp32 (tied), NVMe, prefetch 1", 1, 3, 1, 12, 6, ZO_DTYPE_F32, ZO_PLAN_NVME, ZO_PLAN_GPU, 1, ZO_PLAN_FULL,
-         0, 0},
+         0, 0, 0},
         {"llama bf16, LoRA r 8 all-linear, base resident", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
-         ZO_PLAN_LORA, 8, all},
+         ZO_PLAN_LORA, 8, all, 0},
         {"llama bf16, LoRA r 4 q,v, base streamed, adapters host", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_CPU,
-         ZO_PLAN_CPU, 2, ZO_PLAN_LORA, 4, qv},
+         ZO_PLAN_CPU, 2, ZO_PLAN_LORA, 4, qv, 0},
         {"llama bf16, QLoRA r 8, base resident", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
-         ZO_PLAN_QLORA, 8, all},
+         ZO_PLAN_QLORA, 8, all, 0},
         {"llama bf16, QLoRA r 8, base NVMe, adapters NVMe", 0, 4, 1, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_NVME, ZO_PLAN_NVME, 1,
-         ZO_PLAN_QLORA, 8, all},
+         ZO_PLAN_QLORA, 8, all, 0},
         {"gpt2 fp32, QLoRA r 4, base streamed", 1, 3, 2, 12, 6, ZO_DTYPE_F32, ZO_PLAN_CPU, ZO_PLAN_GPU, 1,
-         ZO_PLAN_QLORA, 4, all},
+         ZO_PLAN_QLORA, 4, all, 0},
         /* mixtures of experts: the router's and the experts' buffers at the batch's tokens; from
          * host the routed experts stream apart (a dense part's slots, two expert slots) */
         {"mixtral bf16, resident", FAM_MIXTRAL, 3, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL,
-         0, 0},
+         0, 0, 0},
         {"mixtral fp32, experts apart from host, prefetch 1", FAM_MIXTRAL, 3, 3, 11, 5, ZO_DTYPE_F32, ZO_PLAN_CPU,
-         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0},
+         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0, 0},
         {"mixtral bf16, NVMe (whole layers), prefetch 2", FAM_MIXTRAL, 3, 1, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_NVME,
-         ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
+         ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0, 0},
         {"mixtral bf16, QLoRA r 8, base streamed", FAM_MIXTRAL, 3, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_CPU, ZO_PLAN_GPU,
-         1, ZO_PLAN_QLORA, 8, all},
+         1, ZO_PLAN_QLORA, 8, all, 0},
         {"qwen2_moe bf16, experts apart from host, prefetch 2", FAM_QWEN2_MOE, 3, 2, 9, 7, ZO_DTYPE_BF16,
-         ZO_PLAN_CPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
+         ZO_PLAN_CPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0, 0},
         {"qwen2_moe fp32, LoRA r 4 all-linear, resident", FAM_QWEN2_MOE, 3, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_GPU,
-         ZO_PLAN_GPU, 2, ZO_PLAN_LORA, 4, all},
+         ZO_PLAN_GPU, 2, ZO_PLAN_LORA, 4, all, 0},
         /* adapters on q and v only: no expert scratch, no A x of the experts' */
         {"mixtral fp32, LoRA r 4 q,v, resident", FAM_MIXTRAL, 3, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
-         ZO_PLAN_LORA, 4, qv},
+         ZO_PLAN_LORA, 4, qv, 0},
         /* Gemma-2: one input and 1/rms for its two output norms, none kept */
         {"gemma2 bf16, resident", FAM_GEMMA2, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL,
-         0, 0},
+         0, 0, 0},
         {"gemma2 fp32, streamed from host, prefetch 1", FAM_GEMMA2, 4, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_CPU,
-         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0},
+         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0, 0},
         /* DeepSeekMoE: a dense first layer (its MLP wider than an MoE layer's), then MoE layers */
         {"deepseek bf16, resident", FAM_DEEPSEEK, 3, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
-         ZO_PLAN_FULL, 0, 0},
+         ZO_PLAN_FULL, 0, 0, 0},
         {"deepseek fp32, experts apart from host, prefetch 1", FAM_DEEPSEEK, 3, 3, 11, 5, ZO_DTYPE_F32, ZO_PLAN_CPU,
-         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0},
+         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0, 0},
         {"deepseek fp32, LoRA r 4 all-linear, base streamed", FAM_DEEPSEEK, 3, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_CPU,
-         ZO_PLAN_GPU, 2, ZO_PLAN_LORA, 4, all},
+         ZO_PLAN_GPU, 2, ZO_PLAN_LORA, 4, all, 0},
+        /* DeepSeek-V2: the latent cache (q|k|v and the output at the latent row's width, no c_kv
+         * copy or kv_b output; with an adapter on kv_b_proj its folded weight), and the full one */
+        {"deepseek_v2 bf16, latent cache, resident", FAM_DEEPSEEK_V2, 3, 2, 9, 40, ZO_DTYPE_BF16, ZO_PLAN_GPU,
+         ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0, 0},
+        {"deepseek_v2 bf16, full cache, resident", FAM_DEEPSEEK_V2, 3, 2, 9, 40, ZO_DTYPE_BF16, ZO_PLAN_GPU,
+         ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0, 1},
+        {"deepseek_v2 fp32, latent, LoRA r 4 all-linear, streamed", FAM_DEEPSEEK_V2, 3, 2, 9, 7, ZO_DTYPE_F32,
+         ZO_PLAN_CPU, ZO_PLAN_GPU, 2, ZO_PLAN_LORA, 4, all, 0},
+        {"deepseek_v2 bf16, latent, QLoRA r 8, resident", FAM_DEEPSEEK_V2, 3, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU,
+         ZO_PLAN_GPU, 2, ZO_PLAN_QLORA, 8, all, 0},
     };
     int bad = 0;
     printf("  measured / planned peak bytes per tier:\n");
@@ -264,6 +284,30 @@ static void test_cli(void **state)
     snprintf(want, sizeof want, "\"kv_cache_bytes\":\t%llu", 2ull * 32 * 4 * 768 * 32 * 128 * 2);
     assert_non_null(strstr(out, want));
     assert_non_null(strstr(out, "\"bound\":\t\"pcie\""));
+    /* DeepSeek-V2-Lite's shape, 4 sequences of 512 + 256: the latent cache by hand, 27 layers x 4 x 768 x
+     * (64 + 512) x 2 bytes; --mla-cache full every head's key and value, 2 x 27 x 4 x 768 x 16 x 192 x 2 */
+    char lite[128];
+    snprintf(lite, sizeof lite, "%s/deepseek-v2-lite.json", nvme_dir);
+    files_write_text(lite, "{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": 27, \"hidden_size\": 2048, "
+                           "\"num_attention_heads\": 16, \"num_key_value_heads\": 16, \"q_lora_rank\": null, "
+                           "\"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, "
+                           "\"v_head_dim\": 128, \"intermediate_size\": 10944, \"moe_intermediate_size\": 1408, "
+                           "\"n_shared_experts\": 2, \"n_routed_experts\": 64, \"num_experts_per_tok\": 6, "
+                           "\"first_k_dense_replace\": 1, \"norm_topk_prob\": false, \"topk_method\": \"greedy\", "
+                           "\"vocab_size\": 102400, \"max_position_embeddings\": 163840}");
+    static const char *const caches[] = {"", " --mla-cache latent", " --mla-cache full"};
+    const unsigned long long lat = 27ull * 4 * 768 * 576 * 2, full = 2ull * 27 * 4 * 768 * 16 * 192 * 2;
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "generate --model %s --gpu h100 --batch 4 --prompt 512 --new-tokens 256%s --json",
+                 lite, caches[i]);
+        assert_int_equal(run_memplan(args, out, sizeof out), 0);
+        snprintf(want, sizeof want, "\"kv_cache_bytes\":\t%llu", i == 2 ? full : lat);
+        assert_non_null(strstr(out, want));
+        assert_non_null(strstr(out, i == 2 ? "\"mla_cache\":\t\"full\"" : "\"mla_cache\":\t\"latent\""));
+    }
+    snprintf(args, sizeof args, "generate --model %s --mla-cache half", lite);
+    assert_int_equal(run_memplan(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--mla-cache half: expected latent or full"));
     /* the weights resident do not fit a 24 GB card with that batch in fp32: exit 1 */
     rc = run_memplan("generate --model llama-2-7b --gpu rtx-4090 --batch 4 --dtype fp32", out, sizeof out);
     assert_int_equal(rc, 1);

@@ -22,6 +22,7 @@
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "common/fileio.h"     /* defines: zo_file_read_all */
 #include "model/hf.h"          /* defines: model_hf_save, model_hf_config */
+#include "model/lora.h"        /* defines: model_lora_save */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
 #include "tests/support/check.h" /* defines: check_close_f32 */
 #include "tests/support/files.h" /* defines: files_write_text */
@@ -393,6 +394,8 @@ static void test_generation_vs_torch(void **state)
      * original length (short_factor, the attention factor) */
     run_generation("tiny_phi3");
     run_generation("tiny_phi3_longrope_short");
+    /* DeepSeek-V2 over its latent cache (the default): kv_b_proj absorbed */
+    run_generation("tiny_deepseek_v2");
 }
 
 /* Generation on the forward-only runtime (transformer/generate.h), the
@@ -468,6 +471,148 @@ static void test_generation_placements(void **state)
     (void)state;
     run_gen_placements("tiny_gpt2");
     run_gen_placements("tiny_llama");
+}
+
+/* ---- DeepSeek-V2's latent cache against its full one ------------------------------------------ */
+
+/* One generation of tiny_deepseek_v2 (fp32, 2 sequences: prompts of 3 and 5,
+ * then MLA_STEPS tokens), its logits after the prompt and after each token
+ * into out [(1 + MLA_STEPS) x 2 x vocab]; its cache's bytes into *kv. */
+#define MLA_STEPS 6
+static void mla_generate(const zo_model_config *cfg, const char *weights, int mla_cache, offload_tier on,
+                         const tf_lora_options *lora, const char *adapter, float *out, size_t *kv)
+{
+    gpu_cpu_options o = {.n_threads = 2};
+    gpu_device_t dev;
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    tf_gen_config gc = {.batch = B, .prompt_max = 5, .ctx = 5 + MLA_STEPS, .dtype = ZO_DTYPE_F32,
+                        .mla_cache = mla_cache};
+    if (lora) gc.lora = *lora;
+    offload_config_defaults(&gc.oc);
+    gc.oc.params_on = on;
+    gc.oc.prefetch_depth = 1;
+    tf_gen g;
+    assert_int_equal(tf_gen_init(&g, cfg, dev, &gc), ZO_OK);
+    assert_int_equal(tf_gen_load(&g, weights, 0, adapter), ZO_OK);
+    *kv = g.m.kv_bytes;
+    const int V = cfg->vocab;
+    int32_t p0[5] = {3, 17, 40}, p1[5] = {9, 2, 33, 61, 5}, next[B];
+    const int32_t *pp[B] = {p0, p1};
+    int lens[B] = {3, 5};
+    assert_int_equal(tf_gen_prompt(&g, pp, lens, B, out), ZO_OK);
+    for (int k = 1; k <= MLA_STEPS; k++) {
+        for (int j = 0; j < B; j++) next[j] = (int32_t)((7 * k + 11 * j + 1) % V);
+        assert_int_equal(tf_gen_next(&g, next, out + (size_t)k * B * V), ZO_OK);
+    }
+    tf_gen_free(&g);
+    gpu_device_free(dev);
+}
+
+/* A PEFT adapter directory for the model's adapter layout, every
+ * A and B drawn nonzero (B at the scale of A: the adapters move the logits). */
+static void mla_write_adapter(const zo_model_config *cfg, const tf_lora_options *lora, const char *dir)
+{
+    gpu_cpu_options o = {.n_threads = 1};
+    gpu_device_t dev;
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    tf_gen_config gc = {.batch = 1, .prompt_max = 1, .ctx = 1, .dtype = ZO_DTYPE_F32, .lora = *lora};
+    offload_config_defaults(&gc.oc);
+    tf_gen g;
+    assert_int_equal(tf_gen_init(&g, cfg, dev, &gc), ZO_OK);
+    const model_layout *ad = &g.m.adapters;
+    float **blocks = calloc((size_t)ad->n_blocks, sizeof *blocks);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int b = 0; b < ad->n_blocks; b++) {
+        blocks[b] = calloc(ad->block_numel[b] + 1, sizeof(float));
+        for (size_t i = 0; i < ad->block_numel[b]; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            blocks[b][i] = (float)((double)(x >> 11) / 9007199254740992.0 - 0.5) * 0.6f;
+        }
+    }
+    zo_lora_config lc = {.r = lora->r, .alpha = lora->alpha, .targets = lora->targets};
+    assert_int_equal(model_lora_save(dir, ad, &lc, NULL, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32),
+                     ZO_OK);
+    for (int b = 0; b < ad->n_blocks; b++) free(blocks[b]);
+    free(blocks);
+    tf_gen_free(&g);
+    gpu_device_free(dev);
+}
+
+/* check_close_scaled_f32 of the latent cache's logits against the full
+ * cache's, their largest difference against the logits' scale printed. */
+static int mla_compare(const char *what, const float *lat, const float *full, size_t n)
+{
+    double d = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)lat[i] - full[i]));
+        scale = fmax(scale, fabs((double)full[i]));
+    }
+    printf("  %s: largest difference %.2e of the logits' scale %.3g\n", what, d, scale);
+    return check_close_scaled_f32(what, lat, full, n, 1e-4, 0.0);
+}
+
+/* DeepSeek-V2's generation over its latent cache (each position's [k_pe |
+ * c_kv], kv_b_proj absorbed into the queries: transformer.c,
+ * mla_latent_attention) against the same model over the full cache (every
+ * head's decompressed key and value, the attention training runs): the
+ * logits of a prompt and MLA_STEPS tokens of two sequences at different
+ * positions, the weights resident; then with LoRA adapters on q_a_proj,
+ * q_b_proj, kv_a_proj_with_mqa and kv_b_proj (folded into kv_b_proj's
+ * weight for the absorption) with the base streamed from host under the
+ * latent cache, and over an NF4 base (QLoRA: kv_b_proj dequantized, the
+ * adapter folded into it). The two compute the same function in fp32 and
+ * differ in the order of their sums only (q_nope . (W_UK c) against
+ * (q_nope W_UK) . c, sums of at most 20 products; softmax over a dozen
+ * keys): about 1e-6 of the logits' scale, so 1e-4 of it holds the rounding
+ * with room while the absorption's errors (a wrong head's W_UK rows, the
+ * k_pe term dropped, the adapter not folded) move the logits by a tenth and
+ * more. The cache's bytes: L B ctx (rope + kv_rank) x 4 against 2 L B ctx
+ * H (nope + rope) x 4. */
+static void test_mla_latent_cache(void **state)
+{
+    (void)state;
+    char cfgp[512], wp[512], adir[64];
+    snprintf(cfgp, sizeof cfgp, "%s/tiny_deepseek_v2.json", fix_dir());
+    snprintf(wp, sizeof wp, "%s/tiny_deepseek_v2.safetensors", fix_dir());
+    snprintf(adir, sizeof adir, "/tmp/zo_test_mla_%d", (int)getpid());
+    zo_model_config cfg;
+    assert_int_equal(zo_model_config_load(cfgp, &cfg), ZO_OK);
+    const size_t n = (size_t)(1 + MLA_STEPS) * B * cfg.vocab;
+    float *lat = malloc(n * sizeof *lat), *full = malloc(n * sizeof *full), *plain = malloc(n * sizeof *plain);
+    size_t kv_lat, kv_full;
+    const size_t ctx = 5 + MLA_STEPS, L = (size_t)cfg.n_layers, H = (size_t)cfg.n_heads;
+    const zo_mla *x = &cfg.mla;
+    int bad = 0;
+    mla_generate(&cfg, wp, TF_MLA_CACHE_LATENT, OFFLOAD_DEVICE, NULL, NULL, lat, &kv_lat);
+    mla_generate(&cfg, wp, TF_MLA_CACHE_FULL, OFFLOAD_DEVICE, NULL, NULL, full, &kv_full);
+    bad += mla_compare("latent against full cache", lat, full, n);
+    assert_int_equal(kv_lat, L * B * ctx * (size_t)(x->qk_rope + x->kv_rank) * 4);
+    assert_int_equal(kv_full, 2 * L * B * ctx * H * (size_t)(x->qk_nope + x->qk_rope) * 4);
+    memcpy(plain, lat, n * sizeof *plain);
+    /* adapters on latent attention's four projections (kv_b_proj's too) */
+    tf_lora_options lo = {.r = 4, .alpha = 8.0f, .targets = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V};
+    mla_write_adapter(&cfg, &lo, adir);
+    for (int nf4 = 0; nf4 < 2; nf4++) {
+        lo.nf4 = nf4;
+        mla_generate(&cfg, wp, TF_MLA_CACHE_LATENT, nf4 ? OFFLOAD_DEVICE : OFFLOAD_CPU, &lo, adir, lat, &kv_lat);
+        mla_generate(&cfg, wp, TF_MLA_CACHE_FULL, OFFLOAD_DEVICE, &lo, adir, full, &kv_full);
+        bad += mla_compare(nf4 ? "QLoRA: latent against full cache" : "LoRA: latent against full cache", lat, full,
+                           n);
+        /* the adapters matter: the logits move by far more than the tolerance */
+        double moved = 0, scale = 0;
+        for (size_t i = 0; i < n; i++) {
+            moved = fmax(moved, fabs((double)lat[i] - plain[i]));
+            scale = fmax(scale, fabs((double)plain[i]));
+        }
+        if (moved < 1e-2 * scale) fail_msg("the adapters moved the logits by %g of %g", moved, scale);
+    }
+    assert_int_equal(bad, 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", adir);
+    assert_int_equal(system(cmd), 0);
+    free(lat);
+    free(full);
+    free(plain);
 }
 
 /* The fixture's data as a uint16 token file, so batches come from the real
@@ -1908,6 +2053,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_vs_torch),
         cmocka_unit_test(test_phi3_vs_torch),
         cmocka_unit_test(test_deepseek_v2_vs_torch),
+        cmocka_unit_test(test_mla_latent_cache),
         cmocka_unit_test(test_phi3_longrope_vs_torch),
         cmocka_unit_test(test_phi3_partial_vs_torch),
         cmocka_unit_test(test_gemma_vs_torch),

@@ -21,7 +21,7 @@ zo_status tf_gen_init(tf_gen *g, const zo_model_config *cfg, gpu_device_t dev, c
         tf_gen_free(g);
         return zo_error(ZO_ERR_NOMEM, "tf_gen_init: out of host memory");
     }
-    tf_options to = {.external_res = 1, .lora = c->lora, .kv_len = c->ctx};
+    tf_options to = {.external_res = 1, .lora = c->lora, .kv_len = c->ctx, .mla_cache = c->mla_cache};
     offload_config oc = c->oc;
     oc.forward_only = 1;
     if ((st = gpu_stream_create(dev, &g->s)) != ZO_OK ||

@@ -30,6 +30,7 @@ typedef struct tf_gen_config {
     int ctx;            /* positions a sequence may reach: its prompt and the tokens after it */
     zo_dtype dtype;     /* weights, activations and the caches on the device */
     tf_lora_options lora; /* r > 0: the base frozen under PEFT adapters (nf4: QLoRA's NF4 base) */
+    int mla_cache;      /* latent attention's cache: TF_MLA_CACHE_LATENT (0) or _FULL (tf_options) */
     /* where the weights live: params_on (with adapters: the base; trainable_on
      * the adapters), prefetch_depth, nvme_dir, n_threads; tf_gen_init makes it
      * forward-only */

@@ -52,6 +52,14 @@ static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->c
 static int is_mla(const zo_model_config *c) { return c->mla.kv_rank > 0; }
 /* o_proj's input per token: heads x v_dim (latent attention), else q's width */
 static int o_width(const zo_model_config *c) { return is_mla(c) ? c->n_heads * c->mla.v_dim : q_width(c); }
+/* Generation over the latent cache (tf_options.mla_cache): a cache row is
+ * [k_pe | c_kv], one key head of mla_row wide (docs/transformer.md, "The
+ * latent cache") */
+static int mla_row(const zo_model_config *c) { return c->mla.qk_rope + c->mla.kv_rank; }
+static int latent_cache(const tf_model *m)
+{
+    return m->opts.kv_len && is_mla(&m->cfg) && m->opts.mla_cache == TF_MLA_CACHE_LATENT;
+}
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 /* The width of layer l's dense MLP activations: the MLP's, or in an MoE
  * layer the shared expert's (0: none) */
@@ -460,10 +468,23 @@ static int owns_acts(const tf_model *m, size_t l)
     return l == 0 || l >= (size_t)tf_recompute_layers(m);
 }
 
-size_t tf_kv_cache_bytes(const zo_model_config *cfg, zo_dtype dtype, int B, int kv_len)
+size_t tf_kv_cache_bytes(const zo_model_config *cfg, zo_dtype dtype, int B, int kv_len, int mla_cache)
 {
-    return 2 * (size_t)cfg->n_layers * (size_t)B * (size_t)kv_len * (size_t)cfg->n_kv_heads *
-           (size_t)cfg->head_dim * zo_dtype_size(dtype);
+    size_t row = is_mla(cfg) && mla_cache == TF_MLA_CACHE_LATENT
+                     ? (size_t)mla_row(cfg)
+                     : 2 * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim;
+    return (size_t)cfg->n_layers * (size_t)B * (size_t)kv_len * row * zo_dtype_size(dtype);
+}
+
+/* kv_b_proj's weight needs a buffer of its own for the latent cache: with
+ * an adapter on it (folded in) over a 16-bit base (an NF4 one is
+ * dequantized into wdq, which takes the adapter in place) */
+static int mla_w_own(const tf_model *m)
+{
+    if (!latent_cache(m) || !has_lora(m) || m->opts.lora.nf4) return 0;
+    for (int j = 0; j < m->n_lora; j++)
+        if (m->lora[j].stage == TF_LORA_MLA_KVB) return 1;
+    return 0;
 }
 
 /* Generation's buffers (opts.kv_len): the new tokens and each sequence's
@@ -495,18 +516,25 @@ static zo_status gen_alloc(tf_model *m)
             if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
         }
     tf_layer_acts *a = &m->acts[0];
+    /* the latent cache: q|k|v of H query heads and one key and value head
+     * of the cache row's width, the output (q before absorption first) of
+     * H heads of it; no c_kv copy, no kv_b output */
+    const int lat = latent_cache(m);
+    size_t Hr = (size_t)c->n_heads * (lat ? (size_t)mla_row(c) : 0);
     const act_req r[] = {
         {&a->ln1, L ? N * h * es : 0, "ln1"},
         {(void **)&a->mean1, L ? N * 4 : 0, "ln1 mean"},
         {(void **)&a->rstd1, L ? N * 4 : 0, "ln1 rstd"},
-        {&a->qkv, L ? N * qkv_width(c) * es : 0, "qkv"},
-        {&a->att, L ? N * q_width(c) * es : 0, "attention"},
+        {&a->qkv, L ? N * max_z((size_t)qkv_width(c), lat ? Hr + 2 * (size_t)mla_row(c) : 0) * es : 0, "qkv"},
+        {&a->att, L ? N * max_z((size_t)q_width(c), Hr) * es : 0, "attention"},
         {&a->mla_qa, L ? N * (size_t)c->mla.q_rank * es : 0, "latent attention q_a"},
-        {&a->mla_ckv, L ? N * (size_t)c->mla.kv_rank * es : 0, "latent attention c_kv"},
+        {&a->mla_ckv, L && !lat ? N * (size_t)c->mla.kv_rank * es : 0, "latent attention c_kv"},
         {&a->mla_attv, L && is_mla(c) ? N * o_width(c) * es : 0, "latent attention output (o_proj input)"},
         {&m->mla_kva, L && is_mla(c) ? N * (size_t)(c->mla.kv_rank + c->mla.qk_rope) * es : 0, "latent attention kv_a"},
-        {&m->mla_kv, L && is_mla(c) ? N * (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * es : 0,
+        {&m->mla_kv, L && is_mla(c) && !lat ? N * (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * es : 0,
          "latent attention kv_b"},
+        {&m->mla_w, L && mla_w_own(m) ? (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * c->mla.kv_rank * es : 0,
+         "latent attention kv_b_proj with its adapter folded in"},
         {&a->x_mid, L && !parallel_residual(m) ? N * h * es : 0, "residual mid"},
         /* Gemma-2: one input and 1/rms for both output norms (nothing kept) */
         {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "post norm input"},
@@ -548,14 +576,17 @@ static zo_status gen_alloc(tf_model *m)
                    !(a->moe_off = calloc(E + 1, sizeof *a->moe_off)) || !(m->moe_w_h = malloc(N * E * 4))))
         return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (routing of %zu tokens)", N);
     for (size_t l = 1; l < L; l++) m->acts[l] = m->acts[0];
-    /* the caches: every layer's keys and values of B sequences of kv_len positions */
-    size_t one = tf_kv_cache_bytes(c, m->dtype, m->B, m->opts.kv_len) / (2 * (L ? L : 1));
+    /* the caches: every layer's keys and values of B sequences of kv_len
+     * positions, or the latent of each position (one buffer: kcache) */
+    const int parts = lat ? 1 : 2;
+    size_t one = tf_kv_cache_bytes(c, m->dtype, m->B, m->opts.kv_len, m->opts.mla_cache) / (parts * (L ? L : 1));
     for (size_t l = 0; l < L; l++) {
         if ((st = gpu_mem_alloc(m->dev, one, &m->kcache[l])) != ZO_OK ||
-            (st = gpu_mem_alloc(m->dev, one, &m->vcache[l])) != ZO_OK)
-            return zo_error_wrap(st, "transformer key/value cache of layer %zu (%zu bytes each for keys and values: "
-                                 "%d sequences of %d positions)", l, one, m->B, m->opts.kv_len);
-        m->kv_bytes += 2 * one;
+            (!lat && (st = gpu_mem_alloc(m->dev, one, &m->vcache[l])) != ZO_OK))
+            return zo_error_wrap(st, "transformer %s cache of layer %zu (%zu bytes%s: %d sequences of %d positions)",
+                                 lat ? "latent" : "key/value", l, one, lat ? "" : " each for keys and values", m->B,
+                                 m->opts.kv_len);
+        m->kv_bytes += (size_t)parts * one;
     }
     return ZO_OK;
 }
@@ -597,6 +628,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (m->opts.kv_len < 0 || (m->opts.kv_len && m->opts.recompute))
         return zo_error(ZO_ERR_INVALID, "tf_init: a key/value cache of %d positions (generation: kv_len >= 1, "
                         "no recompute)", m->opts.kv_len);
+    if (m->opts.mla_cache != TF_MLA_CACHE_LATENT && m->opts.mla_cache != TF_MLA_CACHE_FULL)
+        return zo_error(ZO_ERR_INVALID, "tf_init: tf_options.mla_cache %d is not latent (0) or full (1)",
+                        m->opts.mla_cache);
     const char *why = zo_moe_check_capacity(cfg, m->opts.capacity_factor);
     if (why) return zo_error(ZO_ERR_INVALID, "tf_init: capacity factor %g (%s)", m->opts.capacity_factor, why);
     if (cfg->moe.top_k > UINT8_MAX && m->opts.capacity_factor > 0)
@@ -884,7 +918,7 @@ void tf_free(tf_model *m)
                  m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
                  m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d,
-                 m->mla_kva, m->mla_kv, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa, m->mla_dattv};
+                 m->mla_kva, m->mla_kv, m->mla_w, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa, m->mla_dattv};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     for (size_t l = 0; l < L; l++) {
         if (m->kcache) gpu_mem_free(d, m->kcache[l]);
@@ -1491,6 +1525,19 @@ static zo_status rope_heads(tf_model *m, int l, gpu_stream_t s, gpu_tensor x, in
                     : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, 0, f, scale);
 }
 
+/* Generation's RoPE on the first `heads` heads (ldh apart) of the current
+ * rows of x (row stride ld) of layer l, each sequence from its own position
+ * (m->pos: the device's copy of each sequence's, within the cache's
+ * kv_len), one call for the whole batch. */
+static zo_status rope_gen(tf_model *m, int l, gpu_stream_t s, gpu_tensor x, int ld, int heads, int ldh)
+{
+    const double *f;
+    float theta, scale;
+    rope_params(m, l, &f, &theta, &scale);
+    return gpu_rope_forward_seq(s, x, m->b * m->t, m->t, heads, zo_model_rope_dim(&m->cfg), ld, ldh, theta, m->pos,
+                                m->opts.kv_len, f, scale);
+}
+
 /* RoPE on the q and k heads of the current rows of layer l: from position 0
  * of each sequence in training; in generation from each sequence's own
  * position (m->pos: the device's copy of each sequence's, one call for the
@@ -1500,12 +1547,7 @@ static zo_status rope_rows(tf_model *m, int l, gpu_stream_t s, gpu_tensor qkv, i
 {
     const zo_model_config *c = &m->cfg;
     if (!m->opts.kv_len) return rope_heads(m, l, s, qkv, m->b * m->t, ld, 0);
-    const double *f;
-    float theta, scale;
-    rope_params(m, l, &f, &theta, &scale);
-    /* positions within the cache's kv_len */
-    return gpu_rope_forward_seq(s, qkv, m->b * m->t, m->t, c->n_heads + c->n_kv_heads, zo_model_rope_dim(c), ld,
-                                c->head_dim, theta, m->pos, m->opts.kv_len, f, scale);
+    return rope_gen(m, l, s, qkv, ld, c->n_heads + c->n_kv_heads, c->head_dim);
 }
 
 static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
@@ -2448,6 +2490,112 @@ static zo_status mla_out_forward(tf_model *m, gpu_stream_t s, gpu_tensor attv, g
     return gpu_head_copy(s, attv, att, m->b * m->t, H, v, v, (int64_t)H * v, v, (int64_t)H * d, d);
 }
 
+/* ---- the latent cache (generation, TF_MLA_CACHE_LATENT) --------------------------------
+ * A position's cache row is kv_a_proj_with_mqa's output in our row order,
+ * [k_pe | c_kv] (D = rope + kv_rank wide), k_pe rotated and c_kv normed:
+ * one key head for every query head. kv_b_proj's rows of head h are its
+ * key rows W_UK_h [nope, kv_rank] and value rows W_UV_h [v, kv_rank]. W_UK_h
+ * is absorbed into the query, q'_h = [q_pe_h | q_nope_h W_UK_h], so q'_h .
+ * row_j = q_pe_h . k_pe_j + q_nope_h . (W_UK_h c_kv_j): the decompressed
+ * score. The row is the value too: the output's c_kv part o_h = sum_j p_j
+ * c_kv_j, and o_h W_UV_h^T = sum_j p_j (W_UV_h c_kv_j), the decompressed
+ * output. The cached attention runs it as MQA (hkv 1, head size D, the
+ * key and value caches one buffer: the new rows' key and value heads are
+ * equal), at the decompressed attention's scale. */
+
+/* kv_b_proj's weight of layer l [H (nope + v), kv_rank] as the absorbed
+ * attention reads it: the base's view; an NF4 base dequantized into wdq;
+ * an adapter folded in, W + (alpha / r) B A, into wdq (NF4) or mla_w. */
+static zo_status mla_kvb_weight(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, const mla_dims *md,
+                                gpu_tensor *w)
+{
+    zo_status st;
+    const int blk = model_layout_layer_block(l), r = m->opts.lora.r;
+    if ((st = base_weight(m, s, base_buf(m, bb), blk, MODEL_ROLE_KV_B_W, w)) != ZO_OK) return st;
+    int n;
+    const tf_lora_slot *slots = layer_slots(m, l, &n);
+    for (int j = 0; j < n; j++) {
+        const tf_lora_slot *sl = &slots[j];
+        if (sl->stage != TF_LORA_MLA_KVB) continue;
+        const size_t numel = (size_t)md->kvw * md->kvr, bytes = numel * zo_dtype_size(m->dtype);
+        if (w->data != m->wdq) { /* the base's view into a buffer of its own */
+            if (!m->mla_w)
+                return zo_error(ZO_ERR_INTERNAL, "latent attention, layer %d: kv_b_proj's adapter and no buffer "
+                                "to fold it into (a 16-bit kv_b_proj under NF4)", l);
+            if ((st = gpu_memcpy_async(s, m->mla_w, w->data, bytes, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK) return st;
+            *w = gpu_t(m->mla_w, m->dtype);
+        }
+        m->wdq_src = NULL; /* (wdq no longer holds a tensor as dequantized) */
+        gpu_gemm_desc g = {.m = md->kvw, .n = md->kvr, .k = r, .alpha = stage_scale(m, TF_LORA_MLA_KVB),
+                           .beta = 1.0f, .a = lora_part(m, bb->params, sl, MODEL_LORA_B),
+                           .b = lora_part(m, bb->params, sl, MODEL_LORA_A), .c = *w, .lda = r, .ldb = md->kvr,
+                           .ldc = md->kvr};
+        if ((st = gpu_gemm(s, &g)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* Layer l's attention over the latent cache, from ln1 [N, h] to o_proj's
+ * input mla_attv [N, H v]. q goes to att first [N, H d]; qkv [N, (H + 2) D]
+ * holds the absorbed queries, the row as key and as value; the attention's
+ * output [N, H D] overwrites att. */
+static zo_status mla_latent_attention(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, gpu_tensor ln1)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    const mla_dims md = mla_dims_of(m);
+    const int blk = model_layout_layer_block(l), N = md.N, H = md.H, D = mla_row(c), ldq = (H + 2) * D;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = base_buf(m, bb);
+    gpu_tensor q = gpu_t(a->att, dt), qkv = gpu_t(a->qkv, dt), kva = gpu_t(m->mla_kva, dt), att = q;
+    gpu_tensor krow = col_at(qkv, (size_t)H * D), vrow = col_at(qkv, (size_t)(H + 1) * D);
+    /* q [N, H d]: q_proj(ln1), or q_b_proj(norm(q_a_proj(ln1))) */
+    const mla_latent ql = mla_latent_of(m, l, &md, 0);
+    if (md.qr) {
+        if ((st = mla_latent_forward(m, l, bb, s, &ql, ln1, q, md.qw)) != ZO_OK) return st;
+    } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_Q_W, NO_BIAS, q, md.qw, ln1, N, md.qw, md.h)) !=
+                   ZO_OK ||
+               (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, q, md.qw)) != ZO_OK) {
+        return st;
+    }
+    /* the rows [k_pe | c_kv] = kv_a_proj_with_mqa(ln1), c_kv normed in place */
+    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_KV_A_W, NO_BIAS, kva, md.kaw, ln1, N, md.kaw, md.h)) !=
+            ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVA, ln1, kva, md.kaw)) != ZO_OK ||
+        (st = gpu_head_norm_forward(s, col_at(kva, (size_t)md.rope), md.kaw, gpu_t(NULL, dt), NULL,
+                                    bview(m, W, blk, MODEL_ROLE_KV_A_NORM_W), 0, N, 1, md.kvr, MLA_NORM_EPS, 0)) !=
+            ZO_OK)
+        return st;
+    gpu_tensor w;
+    if ((st = mla_kvb_weight(m, l, bb, s, &md, &w)) != ZO_OK) return st;
+    /* q'_h = [q_pe_h | q_nope_h W_UK_h]: q_nope_h [N, nope] x W_UK_h [nope, kv_rank], a GEMM a head */
+    gpu_gemm_desc uk = {.m = N, .n = md.kvr, .k = md.nope, .alpha = 1.0f, .beta = 0.0f,
+                        .a = col_at(q, (size_t)md.rope), .b = w, .c = col_at(qkv, (size_t)md.rope),
+                        .lda = md.qw, .ldb = md.kvr, .ldc = ldq, .batch = H, .stride_a = md.d,
+                        .stride_b = (int64_t)md.kvh * md.kvr, .stride_c = D};
+    if ((st = gpu_head_copy(s, qkv, q, N, H, md.rope, md.rope, ldq, D, md.qw, md.d)) != ZO_OK ||
+        (st = gpu_gemm(s, &uk)) != ZO_OK ||
+        (st = gpu_head_copy(s, krow, kva, N, 1, D, D, ldq, D, md.kaw, 0)) != ZO_OK ||
+        /* RoPE on every q_pe and on k_pe, then the rotated row as the value too */
+        (st = rope_gen(m, l, s, qkv, ldq, H + 1, D)) != ZO_OK ||
+        (st = gpu_head_copy(s, vrow, krow, N, 1, D, D, ldq, D, ldq, 0)) != ZO_OK)
+        return st;
+    gpu_attn_desc ad = layer_attn(m, l);
+    ad.scale = gpu_attn_scale(&ad); /* the decompressed heads' (d = nope + rope) */
+    ad.hkv = 1;
+    ad.d = D;
+    gpu_tensor cache = gpu_t(m->kcache[l], dt);
+    if ((st = gpu_attention_cached(s, &ad, att, qkv, cache, cache, m->pos, m->opts.kv_len)) != ZO_OK) return st;
+    /* out_h [N, v] = o_h [N, kv_rank] x W_UV_h^T, a GEMM a head */
+    gpu_gemm_desc uv = {.trans_b = 1, .m = N, .n = md.v, .k = md.kvr, .alpha = 1.0f, .beta = 0.0f,
+                        .a = col_at(att, (size_t)md.rope), .b = col_at(w, (size_t)md.nope * md.kvr),
+                        .c = gpu_t(a->mla_attv, dt), .lda = (int64_t)H * D, .ldb = md.kvr,
+                        .ldc = (int64_t)H * md.v, .batch = H, .stride_a = D, .stride_b = (int64_t)md.kvh * md.kvr,
+                        .stride_c = md.v};
+    return gpu_gemm(s, &uv);
+}
+
 /* Forward of layer l. With `recompute`, stop once every activation the
  * backward reads is saved: the down projection and the residual add, whose
  * output (res[l+1]) backward does not read, are skipped and res[l+1] is not
@@ -2498,6 +2646,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     if (kept) {
         /* by op: q, k, v's adapters' A ln1 (their B and the GEMM were kept in qkv) */
         if ((st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, gpu_t(NULL, dt), ld)) != ZO_OK) return st;
+    } else if (latent_cache(m)) {
+        if ((st = mla_latent_attention(m, l, bb, s, ln1)) != ZO_OK) return st;
     } else {
         if (is_mla(c)) {
             if ((st = mla_qkv_forward(m, l, bb, s, ln1, qkv)) != ZO_OK) return st;

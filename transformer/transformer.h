@@ -176,6 +176,14 @@ typedef struct tf_options {
      * and the logits of one position per sequence. No backward. 0: training
      * (tf_set_batch). */
     int kv_len;
+    /* Generation with latent attention (mla.kv_rank): what the cache holds.
+     * TF_MLA_CACHE_LATENT (0, the default): the compressed latent of each
+     * position, [k_pe | c_kv] (rope + kv_rank: c_kv after its norm, k_pe
+     * rotated), one row shared by every head, and the queries attend with
+     * kv_b_proj absorbed (DeepSeek's own inference; docs/transformer.md,
+     * "The latent cache"). TF_MLA_CACHE_FULL: every head's decompressed key
+     * [k_pe | k_nope] and padded value [v | 0], as Hugging Face caches. */
+    int mla_cache;
     /* > 0 (and below the micro-batch's tokens): the output layer and the
      * cross-entropy this many tokens at a time (issue 30, --loss-chunk):
      * the forward computes each chunk's logits and losses; the head's
@@ -315,7 +323,10 @@ typedef struct tf_model {
     const void *apart_buf;  /* the block call's params when they hold an MoE layer's dense part alone
                                (tf_block_bufs.expert), else NULL */
     /* generation (opts.kv_len > 0) */
-    void **kcache, **vcache; /* [L] each [B, kv_len, hkv d] in dtype */
+    void **kcache, **vcache; /* [L] each [B, kv_len, hkv d] in dtype; the latent cache:
+                                kcache [B, kv_len, rope + kv_rank], vcache NULL */
+    void *mla_w;            /* latent cache with adapters: kv_b_proj's weight [H (nope + v), kv_rank]
+                               dequantized (QLoRA) and its adapters folded in (dtype) */
     int32_t *pos;           /* [B] device: each sequence's first new position */
     int *hpos, *hlast;      /* [B] host: the same; the new row whose logits are wanted */
     void *hsel;             /* [B, h] the final hidden rows of those positions */
@@ -386,10 +397,15 @@ zo_status tf_set_tokens(tf_model *m, gpu_stream_t s, const int32_t *tokens, int 
  * [b, vocab] (fp32; Gemma-2's soft-capped by the head on the device) into
  * host memory; synchronizes the stream. */
 zo_status tf_logits(tf_model *m, gpu_stream_t s, float *host);
+/* What the cache of a latent attention model holds (tf_options.mla_cache). */
+enum { TF_MLA_CACHE_LATENT = 0, TF_MLA_CACHE_FULL = 1 };
+
 /* Device bytes of the key/value caches of B sequences of kv_len positions
- * in `dtype`: 2 L B kv_len hkv d x the dtype's size (what tf_init
- * allocates for them, and what memplan sizes). */
-size_t tf_kv_cache_bytes(const zo_model_config *cfg, zo_dtype dtype, int B, int kv_len);
+ * in `dtype`: 2 L B kv_len hkv d x the dtype's size, or with latent
+ * attention under TF_MLA_CACHE_LATENT L B kv_len (qk_rope + kv_lora_rank)
+ * x the dtype's size (what tf_init allocates for them, and what memplan
+ * sizes). */
+size_t tf_kv_cache_bytes(const zo_model_config *cfg, zo_dtype dtype, int B, int kv_len, int mla_cache);
 
 /* Buffers a block needs. `params`/`grads`: the block's own buffers. The
  * head of a tied model also reads the embedding block's parameters and adds

@@ -10,6 +10,7 @@
 #include "common/plan_vocab.h"  /* defines: zo_plan_tier_parse */
 #include "common/units.h"       /* defines: zo_parse_int, zo_parse_double, zo_parse_size */
 #include "common/version.h"     /* defines: zo_version_print */
+#include "transformer/transformer.h" /* defines: TF_MLA_CACHE_LATENT, TF_MLA_CACHE_FULL */
 
 static const char HELP[] =
     "usage: generate --model CONFIG|DIR|PRESET (--prompt TEXT | --prompt-ids 1,2,3)... [options]\n"
@@ -40,6 +41,12 @@ static const char HELP[] =
     "  --qlora                with --adapter: the base's linear weights in NF4 (QLoRA)\n"
     "  --dtype fp32|fp16|bf16 weights, activations and the cache on the device (default bf16,\n"
     "                         memplan's and train's)\n"
+    "  --mla-cache latent|full  DeepSeek-V2's latent attention: cache each position's compressed\n"
+    "                         latent, [k_pe | c_kv] (qk_rope + kv_lora_rank elements a layer), and\n"
+    "                         attend with kv_b_proj absorbed into the queries, as DeepSeek's own\n"
+    "                         inference does (latent, the default); or every head's decompressed\n"
+    "                         key and value, 2 heads (qk_nope + qk_rope) a layer, as Hugging\n"
+    "                         Face's does (full)\n"
     "\n"
     "prompts and generation (Hugging Face generate()'s names):\n"
     "  --prompt TEXT          a prompt, through the tokenizer (its special tokens added, as\n"
@@ -95,7 +102,7 @@ static const char HELP[] =
 enum {
     OPT_MODEL = 256, OPT_WEIGHTS, OPT_TOKENIZER, OPT_ADAPTER, OPT_QLORA, OPT_DTYPE, OPT_PROMPT, OPT_PROMPT_IDS,
     OPT_MAX_NEW, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_SEED, OPT_EOS, OPT_PRINT_IDS, OPT_PLAN, OPT_PARAMS_ON,
-    OPT_ADAPTERS_ON, OPT_PREFETCH, OPT_NVME_DIR, OPT_DEVICE, OPT_DEVMEM, OPT_THREADS, OPT_STATS,
+    OPT_ADAPTERS_ON, OPT_PREFETCH, OPT_NVME_DIR, OPT_DEVICE, OPT_DEVMEM, OPT_THREADS, OPT_STATS, OPT_MLA_CACHE,
 };
 
 static const struct option long_opts[] = {
@@ -105,6 +112,7 @@ static const struct option long_opts[] = {
     {"adapter", required_argument, 0, OPT_ADAPTER},
     {"qlora", no_argument, 0, OPT_QLORA},
     {"dtype", required_argument, 0, OPT_DTYPE},
+    {"mla-cache", required_argument, 0, OPT_MLA_CACHE},
     {"prompt", required_argument, 0, OPT_PROMPT},
     {"prompt-ids", required_argument, 0, OPT_PROMPT_IDS},
     {"max-new-tokens", required_argument, 0, OPT_MAX_NEW},
@@ -141,6 +149,11 @@ static int model_flag(int c, const char *arg, gen_args *a, zo_status *st)
     case OPT_QLORA: a->qlora = 1; return 1;
     case OPT_DTYPE:
         if ((*st = zo_dtype_parse(arg, &a->dtype)) != ZO_OK) *st = zo_error_wrap(*st, "--dtype");
+        return 1;
+    case OPT_MLA_CACHE:
+        if (!strcmp(arg, "latent")) a->mla_cache = TF_MLA_CACHE_LATENT;
+        else if (!strcmp(arg, "full")) a->mla_cache = TF_MLA_CACHE_FULL;
+        else *st = zo_error(ZO_ERR_INVALID, "--mla-cache %s: expected latent or full", arg);
         return 1;
     default: return 0;
     }

@@ -23,6 +23,7 @@ typedef struct gen_args {
     const char *eos;     /* --eos ID|none; NULL: the config's, else the tokenizer's */
     int print_ids;
     int qlora;
+    int mla_cache;       /* --mla-cache: TF_MLA_CACHE_LATENT (default) or _FULL */
     zo_dtype dtype;
     uint64_t device_mem;
     offload_plan p;      /* placement: the plan, then the flags */

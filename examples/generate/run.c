@@ -247,7 +247,7 @@ zo_status gen_setup(gen_run *r)
     r->phase = GEN_SETUP;
     if ((st = open_device(a, &r->dev)) != ZO_OK) return st;
     tf_gen_config gc = {.batch = r->batch, .prompt_max = r->prompt_max, .ctx = r->ctx, .dtype = a->dtype,
-                        .lora = r->lora, .oc = a->p.cfg};
+                        .lora = r->lora, .mla_cache = a->mla_cache, .oc = a->p.cfg};
     if ((st = tf_gen_init(&r->g, &r->cfg, r->dev, &gc)) != ZO_OK) return st;
     r->out = calloc((size_t)r->n, sizeof *r->out);
     r->done = calloc((size_t)r->n, sizeof *r->done);
@@ -280,6 +280,12 @@ void gen_report_start(const gen_run *r)
     fprintf(stderr, "# weights: %s; placement: %s %s (prefetch %d)%s%s\n",
             r->weights ? r->weights : "random (--seed)", r->lora.r ? "base" : "weights",
             offload_tier_name(oc->params_on), oc->prefetch_depth, a->plan ? "; plan " : "", a->plan ? a->plan : "");
+    if (r->cfg.mla.kv_rank) {
+        int full = a->mla_cache == TF_MLA_CACHE_FULL;
+        fprintf(stderr, "# cache: %s, %s (%s)\n", full ? "full" : "latent",
+                zo_format_bytes(r->g.m.kv_bytes, b1, sizeof b1),
+                full ? "every head's key and value" : "[k_pe | c_kv] a position, kv_b_proj absorbed");
+    }
     if (r->lora.r)
         fprintf(stderr, "# adapters: %s, LoRA r %d alpha %g on %s%s, on %s\n", a->adapter, r->lora.r, r->lora.alpha,
                 zo_lora_targets_str(r->lora.targets, tg, sizeof tg), r->lora.nf4 ? " over an NF4 base (QLoRA)" : "",
@@ -470,6 +476,10 @@ zo_status gen_report_end(gen_run *r)
     cJSON_AddNumberToObject(ts, "other", total - parts);
     cJSON_AddNumberToObject(ts, "total", total);
     cJSON_AddNumberToObject(o, "sequences", r->n);
+    /* the key/value caches' device bytes as allocated, and what they hold */
+    cJSON_AddNumberToObject(o, "kv_cache_bytes", (double)r->g.m.kv_bytes);
+    if (r->cfg.mla.kv_rank)
+        cJSON_AddStringToObject(o, "mla_cache", a->mla_cache == TF_MLA_CACHE_FULL ? "full" : "latent");
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)prompt_tok);
     cJSON_AddNumberToObject(o, "new_tokens", (double)new_tok);
     cJSON_AddNumberToObject(o, "time_to_first_token_s", ttft);

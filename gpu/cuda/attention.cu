@@ -510,21 +510,38 @@ static zo_status cached_dpl(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor 
     return cuda_launch_check("attention_cached_kernel");
 }
 
+/* The cached attention's dims per lane: the others' up to 256, then 16 or
+ * 32 (the latent cache's rows, up to CUDA_ATTN_CACHED_MAX_D), else 0. */
+static int cached_dims_per_lane(int d)
+{
+    if (d <= CUDA_ATTN_MAX_D) return dims_per_lane(d);
+    if (d <= 512) return 16;
+    if (d <= CUDA_ATTN_CACHED_MAX_D) return 32;
+    return 0;
+}
+
 extern "C" zo_status cuda_launch_attention_cached(cudaStream_t st, cuda_err_rec *err, const gpu_attn_desc *a,
                                                   gpu_tensor out, gpu_tensor qkv, gpu_tensor k_cache,
                                                   gpu_tensor v_cache, const int32_t *pos, int tc)
 {
-    zo_status s = check_geometry("gpu_attention_cached", a);
+    if (!cached_dims_per_lane(a->d))
+        return zo_error(ZO_ERR_UNSUPPORTED, "gpu_attention_cached (cuda): head dim %d > %d", a->d,
+                        CUDA_ATTN_CACHED_MAX_D);
+    gpu_attn_desc g = *a;
+    g.d = 1; /* (the head dim checked above: the rest of the geometry) */
+    zo_status s = check_geometry("gpu_attention_cached", &g);
     if (s != ZO_OK) return s;
     attn_geom G = make_geom(a);
     size_t total = (size_t)a->b * a->t * a->hkv * a->d;
     ZO_LAUNCH(attention_cache_write_kernel, grid_for(total, 256), 256, 0, st, err, k_cache, v_cache, qkv, pos, tc,
               a->b, G);
     if ((s = cuda_launch_check("attention_cache_write_kernel")) != ZO_OK) return s;
-    switch (dims_per_lane(a->d)) {
+    switch (cached_dims_per_lane(a->d)) {
     case 1: return cached_dpl<1>(st, a, out, qkv, k_cache, v_cache, pos, tc);
     case 2: return cached_dpl<2>(st, a, out, qkv, k_cache, v_cache, pos, tc);
     case 4: return cached_dpl<4>(st, a, out, qkv, k_cache, v_cache, pos, tc);
-    default: return cached_dpl<8>(st, a, out, qkv, k_cache, v_cache, pos, tc);
+    case 8: return cached_dpl<8>(st, a, out, qkv, k_cache, v_cache, pos, tc);
+    case 16: return cached_dpl<16>(st, a, out, qkv, k_cache, v_cache, pos, tc);
+    default: return cached_dpl<32>(st, a, out, qkv, k_cache, v_cache, pos, tc);
     }
 }

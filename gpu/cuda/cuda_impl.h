@@ -173,8 +173,11 @@ zo_status cuda_launch_head_norm_backward(cudaStream_t st, void *scratch, size_t 
                                          int64_t w_stride, const float *rstd, int n, int heads, int d,
                                          int centered);
 
-/* attention.cu: head dims up to CUDA_ATTN_MAX_D */
+/* attention.cu: head dims up to CUDA_ATTN_MAX_D; the cached attention's up
+ * to CUDA_ATTN_CACHED_MAX_D (latent attention's cache rows: DeepSeek-V2's
+ * qk_rope + kv_lora_rank, 576) */
 #define CUDA_ATTN_MAX_D 256
+#define CUDA_ATTN_CACHED_MAX_D 1024
 zo_status cuda_launch_attention_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
                                         float *lse, gpu_tensor qkv);
 zo_status cuda_launch_attention_backward(cudaStream_t st, const gpu_attn_desc *a,
