@@ -522,14 +522,47 @@ def check_family(gen, name, workdir):
     return ck.failed
 
 
-def nf4_base(params):
+def rope_row_order(c, key, rows):
+    """The runtime's order of a latent-attention weight's rows (docs/transformer.md, "NF4"): per
+    run of P rows, the R rotary ones first, deinterleaved (the even dims of the file's run at A,
+    then the odd ones), then the others in the file's order; None for every other tensor.
+    q_proj and q_b_proj: P = qk_nope + qk_rope, A = qk_nope; kv_a_proj_with_mqa: P = kv_lora_rank +
+    qk_rope, A = kv_lora_rank; R = qk_rope."""
+    if not c.get("kv_lora_rank"):
+        return None
+    R, nope, kvr = c["qk_rope_head_dim"], c["qk_nope_head_dim"], c["kv_lora_rank"]
+    if key.endswith((".q_proj.weight", ".q_b_proj.weight")):
+        P, A = nope + R, nope
+    elif key.endswith(".kv_a_proj_with_mqa.weight"):
+        P, A = kvr + R, kvr
+    else:
+        return None
+    order = []
+    for r in range(rows):
+        i, base = r % P, r - r % P
+        order.append(base + (i - R if i - R < A else i) if i >= R else
+                     base + A + 2 * (i if i < R // 2 else i - R // 2) + (i >= R // 2))
+    return order
+
+
+def nf4_base(params, c=None):
     """The weights QLoRA computes with: every linear weight of the layers through the NF4 round
     trip but an MoE layer's router and shared expert gate (kept in the model dtype); Granite-MoE's
     fused experts each expert's gate, up and down apart (the runtime's tensors), its router
-    (router.layer) kept; Cohere's 2-D q/k norm weights are norms, kept too."""
+    (router.layer) kept; Cohere's 2-D q/k norm weights are norms, kept too. A latent-attention
+    weight is quantized in the runtime's row order (rope_row_order), which changes its blocks of 64
+    only where a row is not a multiple of 64 wide (deepseek_v2_q's q_b_proj, 48)."""
     def nf4(w):
         return mlf.nf4_dequantize(mlf.nf4_quantize(w.contiguous().reshape(-1).float()), w.numel()) \
             .double().view(w.shape)
+
+    def nf4_rows(k, w):
+        order = rope_row_order(c, k, w.shape[0]) if c else None
+        if order is None:
+            return nf4(w)
+        out = torch.empty_like(w, dtype=torch.float64)
+        out[order] = nf4(w[order])
+        return out
     p = dict(params)
     for k, w in params.items():
         if k.endswith(".input_linear.weight"):  # [E, 2 f, h]: each expert's gate rows, then its up rows
@@ -540,7 +573,7 @@ def nf4_base(params):
         elif k.startswith("model.layers.") and w.dim() == 2 and not k.endswith(("norm.weight", ".gate.weight",
                                                                                   ".router.layer.weight",
                                                                                   ".shared_expert_gate.weight")):
-            p[k] = nf4(w)
+            p[k] = nf4_rows(k, w)
     return p
 
 
@@ -636,7 +669,7 @@ def check_moe_adapters(gen, c, params, spec, d, prompts, want, g):
     ad, mods = e2e.write_moe_adapter(adir, c, params, spec, g, 0.3)
     n_exp = sum(".experts." in m for m in mods)
     for nf4 in (0, 1):
-        base = nf4_base(params) if nf4 else params
+        base = nf4_base(params, c) if nf4 else params
         p = e2e.with_adapters(base, ad, scale)
         # the adapted decode may reach the end-of-sequence id: not special here, as in the reference
         flags = ["--adapter", adir, "--eos", "none"] + (["--qlora"] if nf4 else [])
