@@ -705,6 +705,8 @@ step_bench() {
   row bench "bench_gpu_cuda: attention tensor-core kernels / flash kernel" info "$(awk "$shape"' $1 == "causal_tc" {printf "%s%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   # the mma.sync kernels (ZO_ATTENTION=mma), the same columns
   row bench "bench_gpu_cuda: attention mma.sync kernels / flash kernel" info "$(awk "$shape"' $1 == "causal_mma" {printf "%s%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $6, $9, $8, $10, $12; sep = "; "}' "$out")"
+  # their backward with grads16 (FlashAttention-2's precision, ZO_ATTENTION_GRADS=16bit)
+  row bench "bench_gpu_cuda: attention mma.sync backward, grads16" info "$(awk "$shape"' $1 == "causal_mma16" {printf "%s%s bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $8, $10, $12; sep = "; "}' "$out")"
   # the tuned choice (ZO_ATTENTION=tune), the same columns; what it chose: bench.log
   [ ${#ATTN_ENV[@]} -gt 0 ] &&
     row bench "bench_gpu_cuda: attention tuned choice / flash kernel" info "$(awk "$shape"' $1 == "causal_tune" {printf "%s%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $6, $9, $8, $10, $12; sep = "; "}' "$out")"
