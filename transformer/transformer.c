@@ -535,7 +535,8 @@ static zo_status gen_alloc(tf_model *m)
         {&m->mla_kva, L && is_mla(c) ? N * (size_t)(c->mla.kv_rank + c->mla.qk_rope) * es : 0, "latent attention kv_a"},
         {&m->mla_kv, L && is_mla(c) ? N * (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * es : 0,
          "latent attention kv_b"},
-        {&m->mla_kdec, L && lat ? N * (size_t)(qkv_width(c) - q_width(c)) * es : 0, "latent cache: the prompt's keys and values"},
+        {&m->mla_kdec, L && lat ? N * (size_t)(qkv_width(c) - q_width(c)) * es : 0,
+         "latent cache: the prompt's keys and values"},
         {&m->mla_w, L && mla_w_own(m) ? (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * c->mla.kv_rank * es : 0,
          "latent attention kv_b_proj with its adapter folded in"},
         {&a->x_mid, L && !parallel_residual(m) ? N * h * es : 0, "residual mid"},
@@ -921,7 +922,8 @@ void tf_free(tf_model *m)
                  m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
                  m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d,
-                 m->mla_kva, m->mla_kv, m->mla_kdec, m->mla_w, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa, m->mla_dattv};
+                 m->mla_kva, m->mla_kv, m->mla_kdec, m->mla_w, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa,
+                 m->mla_dattv};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     for (size_t l = 0; l < L; l++) {
         if (m->kcache) gpu_mem_free(d, m->kcache[l]);
