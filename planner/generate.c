@@ -131,7 +131,9 @@ static void store(plan_gen_estimate *e, const char *name, const char *staging, c
  * attention's q|k|v and output are heads of qk_nope + qk_rope (head_dim)
  * with its own buffers beside them; over the latent cache, q|k|v holds H
  * absorbed queries and the row twice (key, value), the output H heads of
- * the row's width, and no c_kv copy or kv_b output is kept; with an
+ * the row's width, and the prompt's decompressed form (transformer.c,
+ * mla_decompressed) takes the full cache's c_kv copy and kv_b output and
+ * the call's keys and values [N, 2 hkv d] beside them; with an
  * adapter on kv_b_proj over a 16-bit base, kv_b_proj's weight with it
  * folded in (QLoRA folds it into the dequantized weight). */
 static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, int expert_ad,
@@ -177,10 +179,11 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         layers * K * N * 4, layers * K * N * 4,                 /* the pairs' tokens, weights */
         layers * (mo->shared_gate ? N * 4 : 0),                 /* the shared expert's gate */
         /* latent attention: q_a's output, c_kv, the output narrowed to v, kv_a's and kv_b's outputs */
-        layers * N * (uint64_t)m->mla.q_rank * es, layers * !lat * N * kvr * es,
+        layers * N * (uint64_t)m->mla.q_rank * es, layers * N * kvr * es,
         layers * (m->mla.kv_rank ? N * (uint64_t)m->n_heads * (uint64_t)m->mla.v_dim * es : 0),
         layers * (m->mla.kv_rank ? N * (uint64_t)(m->mla.kv_rank + m->mla.qk_rope) * es : 0),
-        layers * (m->mla.kv_rank && !lat ? N * kvw * es : 0),
+        layers * (m->mla.kv_rank ? N * kvw * es : 0),
+        layers * lat * N * 2 * (uint64_t)m->n_kv_heads * d * es, /* the prompt's decompressed keys, values */
         layers * kvb_own * kvw * kvr * es,                     /* kv_b_proj with its adapter folded in */
         (uint64_t)m->n_layers * 2 * E * 4,                      /* router statistics */
         E ? N * widest * es : 0,                                /* the weighted activation */
@@ -215,13 +218,15 @@ static double roofline(const plan_hw *hw, zo_dtype dt, double F, double bytes)
 }
 
 /* The GPU's work of one forward over `rows` new tokens a sequence (batch
- * sequences), each query reading `keys` cache rows on average, per block:
+ * sequences), each query reading `keys` cache rows on average (over the
+ * latent cache, `absorbed`: the absorbed form; 0: the prompt's decompressed
+ * form, the full cache's work), per block:
  * part[0] the embedding, part[1] one layer (its matmuls and, with
  * adapters, theirs; with QLoRA each weight dequantized first; the
  * attention over the cache; the elementwise passes), part[2] the head on
  * one row a sequence. Returns the whole forward's. */
 static double forward_time(const zo_model_config *m, const plan_hw *hw, const plan_gen *g, double rows,
-                           double keys, const zo_lora_module *mods, int n_mods, double part[3])
+                           double keys, int absorbed, const zo_lora_module *mods, int n_mods, double part[3])
 {
     const double B = g->batch, es = (double)zo_dtype_size(g->dtype), M = B * rows;
     const zo_moe *mo = &m->moe;
@@ -256,7 +261,7 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
      * over the latent cache one row of D a key and value for every head, and
      * kv_b_proj's key rows absorbed into each query, its value rows applied to
      * each head's output */
-    if (latent(m, g)) {
+    if (latent(m, g) && absorbed) {
         const double D = (double)latent_row(m), r = m->mla.kv_rank;
         const double kvw = hq * (m->mla.qk_nope + m->mla.v_dim);
         layer += roofline(hw, g->dtype, 4 * M * keys * hq * D, B * (keys + rows) * D * es + 2 * M * hq * D * es);
@@ -494,7 +499,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     double keys = g->prompt + (g->new_tokens - 1) / 2.0 + 1.0;
     e->kv_read = (uint64_t)((double)g->batch * keys * (double)L * (double)row * es);
     double tok_part[3], prompt_part[3];
-    e->compute_s = forward_time(m, hw, g, 1.0, keys, mods, n_mods, tok_part);
+    e->compute_s = forward_time(m, hw, g, 1.0, keys, 1, mods, n_mods, tok_part);
     double device = e->compute_s + (device_is_host(hw) ? pcie : 0.0);
     /* On the CPU backend the reads share the cores with the forward: while
      * the cores compute (the device's work of a token, or all of the reads
@@ -515,8 +520,11 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     e->pace_s = device > link ? device : link;
     e->bound = device >= link ? (device_is_host(hw) && pcie > 0 ? "compute+copies" : "compute")
                : disk >= pcie ? "nvme" : "pcie";
-    /* the prompts' forward: each query reads half the prompt on average */
-    e->prompt_compute_s = forward_time(m, hw, g, g->prompt, (g->prompt + 1) / 2.0, mods, n_mods, prompt_part);
+    /* the prompts' forward: each query reads half the prompt on average;
+     * over the latent cache it attends decompressed (at position 0 its FLOPs
+     * are the fewer: transformer.c, mla_decompressed) */
+    e->prompt_compute_s =
+        forward_time(m, hw, g, g->prompt, (g->prompt + 1) / 2.0, 0, mods, n_mods, prompt_part);
     /* the pipeline block by block: what it adds to the pace (the logits
      * wait at each token's end), and the first tokens' time */
     sim_block kind[3];

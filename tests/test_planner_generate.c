@@ -174,7 +174,7 @@ static int run_case(const gcase *c)
     float *logits = malloc((size_t)c->batch * m.vocab * sizeof *logits);
     for (int i = 0; i < c->prompt; i++) prompt[i] = (i * 7 + 3) % m.vocab;
     for (int j = 0; j < c->batch; j++) pp[j] = prompt, lens[j] = c->prompt - j % 2; /* lengths differ */
-    assert_int_equal(tf_gen_prompt(&tg, pp, lens, c->batch, logits), 0);
+    if (tf_gen_prompt(&tg, pp, lens, c->batch, logits)) fail_msg("%s: tf_gen_prompt: %s", c->what, zo_last_error());
     for (int k = 1; k < c->new_tokens; k++) assert_int_equal(tf_gen_next(&tg, next, logits), 0);
     offload_stats st;
     offload_get_stats(tg.rt, &st);

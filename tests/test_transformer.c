@@ -323,8 +323,8 @@ static void gen_check_calls(fixture *fx, tf_model *g, const int32_t *tok, int t,
     gpu_profile_free(p);
 }
 
-/* Generation through the key/value cache: a prompt, then one token at a
- * time (the fixture's own next tokens), gives PyTorch's logits of the
+/* Generation through the key/value cache: a prompt, a chunk of two, then
+ * one token at a time (the fixture's own next tokens), gives PyTorch's logits of the
  * whole sequence at every position; with both sequences at one position
  * and at different ones (the shorter prompt padded: its padding's keys are
  * overwritten as it goes on), which takes RoPE's per-sequence positions
@@ -347,7 +347,13 @@ static void run_generation(const char *name)
     for (int j = 0; j < B; j++)
         for (int i = 0; i < 3; i++) tok[j * 3 + i] = fx.inputs[j * t + i];
     bad += gen_check(&fx, &g, tok, 3, pos, last, want);
-    for (int p = 3; p < t; p++) {
+    /* a chunk of 2 after them (positions 3 and 4: a multi-token call past
+     * position 0, which the latent cache attends absorbed), then one at a time */
+    int three[B] = {3, 3}, one_on[B] = {1, 1};
+    for (int j = 0; j < B; j++)
+        for (int i = 0; i < 2; i++) tok[j * 2 + i] = fx.inputs[j * t + 3 + i];
+    bad += gen_check(&fx, &g, tok, 2, three, one_on, want);
+    for (int p = 5; p < t; p++) {
         int one[B] = {p, p}, zero[B] = {0, 0};
         for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * t + p];
         bad += gen_check(&fx, &g, tok, 1, one, zero, want);
@@ -551,12 +557,29 @@ static int mla_compare(const char *what, const float *lat, const float *full, si
     return check_close_scaled_f32(what, lat, full, n, 1e-4, 0.0);
 }
 
+/* The prompt's logits over the latent cache against the full cache's, bit
+ * for bit: the prompt attends decompressed (transformer.c,
+ * mla_decompressed), the full cache's code on the same inputs. */
+static int mla_prompt_same(const char *what, const float *lat, const float *full, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&lat[i], &full[i], sizeof *lat)) {
+            printf("  %s: logit %zu over the latent cache %.9g, the full cache's %.9g (not the same bits)\n", what,
+                   i, (double)lat[i], (double)full[i]);
+            return 1;
+        }
+    return 0;
+}
+
 /* DeepSeek-V2's generation over its latent cache (each position's [k_pe |
  * c_kv], kv_b_proj absorbed into the queries: transformer.c,
  * mla_latent_attention) against the same model over the full cache (every
  * head's decompressed key and value, the attention training runs): the
  * logits of a prompt and MLA_STEPS tokens of two sequences at different
- * positions, the weights resident; then with LoRA adapters on q_a_proj,
+ * positions, the weights resident. The prompt attends decompressed and
+ * writes the latent rows (mla_decompressed_attention): its logits are the
+ * full cache's bits, and the tokens after it, absorbed, read those rows
+ * (rows not written, or k_pe taken before RoPE, move their logits); then with LoRA adapters on q_a_proj,
  * q_b_proj, kv_a_proj_with_mqa and kv_b_proj (folded into kv_b_proj's
  * weight for the absorption) with the base streamed from host under the
  * latent cache, and over an NF4 base (QLoRA: kv_b_proj dequantized, the
@@ -586,6 +609,7 @@ static void test_mla_latent_cache(void **state)
     mla_generate(&cfg, wp, TF_MLA_CACHE_LATENT, OFFLOAD_DEVICE, NULL, NULL, lat, &kv_lat);
     mla_generate(&cfg, wp, TF_MLA_CACHE_FULL, OFFLOAD_DEVICE, NULL, NULL, full, &kv_full);
     bad += mla_compare("latent against full cache", lat, full, n);
+    bad += mla_prompt_same("the prompt", lat, full, (size_t)B * cfg.vocab);
     assert_int_equal(kv_lat, L * B * ctx * (size_t)(x->qk_rope + x->kv_rank) * 4);
     assert_int_equal(kv_full, 2 * L * B * ctx * H * (size_t)(x->qk_nope + x->qk_rope) * 4);
     memcpy(plain, lat, n * sizeof *plain);
@@ -598,6 +622,7 @@ static void test_mla_latent_cache(void **state)
         mla_generate(&cfg, wp, TF_MLA_CACHE_FULL, OFFLOAD_DEVICE, &lo, adir, full, &kv_full);
         bad += mla_compare(nf4 ? "QLoRA: latent against full cache" : "LoRA: latent against full cache", lat, full,
                            n);
+        bad += mla_prompt_same(nf4 ? "QLoRA: the prompt" : "LoRA: the prompt", lat, full, (size_t)B * cfg.vocab);
         /* the adapters matter: the logits move by far more than the tolerance */
         double moved = 0, scale = 0;
         for (size_t i = 0; i < n; i++) {

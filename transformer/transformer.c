@@ -518,7 +518,9 @@ static zo_status gen_alloc(tf_model *m)
     tf_layer_acts *a = &m->acts[0];
     /* the latent cache: q|k|v of H query heads and one key and value head
      * of the cache row's width, the output (q before absorption first) of
-     * H heads of it; no c_kv copy, no kv_b output */
+     * H heads of it; for the prompt's decompressed form (mla_decompressed)
+     * the full cache's c_kv copy and kv_b output, and the call's decompressed
+     * keys and values */
     const int lat = latent_cache(m);
     size_t Hr = (size_t)c->n_heads * (lat ? (size_t)mla_row(c) : 0);
     const act_req r[] = {
@@ -528,11 +530,13 @@ static zo_status gen_alloc(tf_model *m)
         {&a->qkv, L ? N * max_z((size_t)qkv_width(c), lat ? Hr + 2 * (size_t)mla_row(c) : 0) * es : 0, "qkv"},
         {&a->att, L ? N * max_z((size_t)q_width(c), Hr) * es : 0, "attention"},
         {&a->mla_qa, L ? N * (size_t)c->mla.q_rank * es : 0, "latent attention q_a"},
-        {&a->mla_ckv, L && !lat ? N * (size_t)c->mla.kv_rank * es : 0, "latent attention c_kv"},
+        {&a->mla_ckv, L ? N * (size_t)c->mla.kv_rank * es : 0, "latent attention c_kv"},
         {&a->mla_attv, L && is_mla(c) ? N * o_width(c) * es : 0, "latent attention output (o_proj input)"},
         {&m->mla_kva, L && is_mla(c) ? N * (size_t)(c->mla.kv_rank + c->mla.qk_rope) * es : 0, "latent attention kv_a"},
-        {&m->mla_kv, L && is_mla(c) && !lat ? N * (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * es : 0,
+        {&m->mla_kv, L && is_mla(c) ? N * (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * es : 0,
          "latent attention kv_b"},
+        {&m->mla_kdec, L && lat ? N * (size_t)(qkv_width(c) - q_width(c)) * es : 0,
+         "latent cache: the prompt's keys and values"},
         {&m->mla_w, L && mla_w_own(m) ? (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * c->mla.kv_rank * es : 0,
          "latent attention kv_b_proj with its adapter folded in"},
         {&a->x_mid, L && !parallel_residual(m) ? N * h * es : 0, "residual mid"},
@@ -918,7 +922,8 @@ void tf_free(tf_model *m)
                  m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
                  m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d,
-                 m->mla_kva, m->mla_kv, m->mla_w, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa, m->mla_dattv};
+                 m->mla_kva, m->mla_kv, m->mla_kdec, m->mla_w, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa,
+                 m->mla_dattv};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     for (size_t l = 0; l < L; l++) {
         if (m->kcache) gpu_mem_free(d, m->kcache[l]);
@@ -2596,6 +2601,64 @@ static zo_status mla_latent_attention(tf_model *m, int l, const tf_block_bufs *b
     return gpu_gemm(s, &uv);
 }
 
+/* The latent cache's form of this call (docs/generate.md, "The prompt's
+ * form"): 1 to attend decompressed, as the full cache does, 0 absorbed.
+ * Per layer, sequence s of n new tokens after p_s cached ones attends over
+ * P_s = p_s + n positions, A_s = n p_s + n (n + 1) / 2 query-key pairs:
+ *   absorbed:     H (2 n nope r + 2 n r v) + 4 A_s H D    (q_nope W_UK, o W_UV^T;
+ *                                                         q.k and p.v D = rope + r wide)
+ *   decompressed: 2 P_s r H (nope + v) + 4 A_s H d        (kv_b_proj over c_kv of the
+ *                                                         P_s positions; q.k, p.v d wide)
+ * The decompressed form is taken when its sum over the sequences is the
+ * smaller and every sequence starts at position 0 (a prompt: its keys and
+ * values are the call's own, scratch of b x t rows; decompressing cached
+ * positions is not implemented, so a multi-token call after earlier tokens,
+ * which only tf_set_tokens makes, attends absorbed). At position 0 the
+ * projections cost the same in both forms and D > d, so a prompt always
+ * attends decompressed; a token after a cache of p attends absorbed. */
+static int mla_decompressed(const tf_model *m)
+{
+    const zo_model_config *c = &m->cfg;
+    const double n = m->t, H = c->n_heads, r = c->mla.kv_rank, nope = c->mla.qk_nope, v = c->mla.v_dim;
+    const double D = mla_row(c), d = c->head_dim;
+    double absorbed = 0, dec = 0;
+    for (int j = 0; j < m->b; j++) {
+        const double p = m->hpos[j], A = n * p + n * (n + 1) / 2;
+        if (m->hpos[j]) return 0;
+        absorbed += H * (2 * n * nope * r + 2 * n * r * v) + 4 * A * H * D;
+        dec += 2 * (p + n) * r * H * (nope + v) + 4 * A * H * d;
+    }
+    return dec < absorbed;
+}
+
+/* The decompressed form over the latent cache: qkv [N, ld] holds the new
+ * tokens' q and the full cache's k and v (mla_qkv_forward, rotated), a->mla_ckv
+ * their c_kv normed. Their rows [k_pe | c_kv] go into the latent cache at
+ * positions 0 .. t - 1 of each sequence, and the queries attend as the full
+ * cache's do, over keys and values in m->mla_kdec (the call's alone). */
+static zo_status mla_decompressed_attention(tf_model *m, int l, gpu_stream_t s, const gpu_attn_desc *ad,
+                                            gpu_tensor att, gpu_tensor qkv)
+{
+    zo_status st;
+    const mla_dims md = mla_dims_of(m);
+    const int b = m->b, t = m->t, D = mla_row(&m->cfg), kv_len = m->opts.kv_len;
+    const zo_dtype dt = m->dtype;
+    gpu_tensor cache = gpu_t(m->kcache[l], dt), ckv = gpu_t(m->acts[l].mla_ckv, dt);
+    /* k_pe (key head 0's rotated front) and c_kv of row i of sequence j to cache row j kv_len + i */
+    for (int j = 0; j < b; j++) {
+        gpu_tensor row = col_at(cache, (size_t)j * kv_len * D);
+        const size_t r0 = (size_t)j * t;
+        if ((st = gpu_head_copy(s, row, col_at(qkv, r0 * md.ld + md.qw), t, 1, md.rope, md.rope, D, 0, md.ld, 0)) !=
+                ZO_OK ||
+            (st = gpu_head_copy(s, col_at(row, (size_t)md.rope), col_at(ckv, r0 * md.kvr), t, 1, md.kvr, md.kvr, D, 0,
+                                md.kvr, 0)) != ZO_OK)
+            return st;
+    }
+    const size_t half = (size_t)b * t * ad->hkv * ad->d;
+    gpu_tensor kd = gpu_t(m->mla_kdec, dt), vd = col_at(kd, half);
+    return gpu_attention_cached(s, ad, att, qkv, kd, vd, m->pos, t);
+}
+
 /* Forward of layer l. With `recompute`, stop once every activation the
  * backward reads is saved: the down projection and the residual add, whose
  * output (res[l+1]) backward does not read, are skipped and res[l+1] is not
@@ -2646,7 +2709,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     if (kept) {
         /* by op: q, k, v's adapters' A ln1 (their B and the GEMM were kept in qkv) */
         if ((st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, gpu_t(NULL, dt), ld)) != ZO_OK) return st;
-    } else if (latent_cache(m)) {
+    } else if (latent_cache(m) && !mla_decompressed(m)) {
         if ((st = mla_latent_attention(m, l, bb, s, ln1)) != ZO_OK) return st;
     } else {
         if (is_mla(c)) {
@@ -2660,10 +2723,12 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         /* (Cohere2's global layers: q and k as projected, the keys cached so) */
         if (layer_rope(m, l) && (st = rope_rows(m, l, s, qkv, ld)) != ZO_OK) return st;
         gpu_attn_desc ad = layer_attn(m, l);
-        /* generation: the new keys and values into the caches, the queries against them */
-        st = m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt),
-                                                   gpu_t(m->vcache[l], dt), m->pos, m->opts.kv_len)
-                            : gpu_attention_forward(s, &ad, att, a->lse, qkv);
+        /* generation: the new keys and values into the caches, the queries against them
+         * (the latent cache's prompt: its rows into the cache, the keys and values scratch) */
+        st = latent_cache(m) ? mla_decompressed_attention(m, l, s, &ad, att, qkv)
+             : m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt),
+                                                     gpu_t(m->vcache[l], dt), m->pos, m->opts.kv_len)
+                              : gpu_attention_forward(s, &ad, att, a->lse, qkv);
         if (st != ZO_OK) return st;
         if (is_mla(c) && (st = mla_out_forward(m, s, gpu_t(a->mla_attv, dt), att)) != ZO_OK) return st;
     }

@@ -246,6 +246,8 @@ typedef struct tf_model {
      * kv_b_proj's [N, heads (nope + v)] (dtype scratch), and the fp32 gradients of those,
      * of c_kv [N, kv_rank], of q_a's output [N, q_rank] and of o_proj's input [N, heads v] */
     void *mla_kva, *mla_kv;
+    void *mla_kdec;      /* the latent cache's prompt (generation): the call's decompressed keys and
+                            values, two [b, t, heads head_dim] (dtype scratch, one layer at a time) */
     float *mla_dkva, *mla_dkv, *mla_dckv, *mla_dqa, *mla_dattv;
     float *dres;         /* [N, h] gradient of the residual stream */
     float *dh;           /* [N, h] gradient of a norm output */
