@@ -67,4 +67,27 @@ static inline zo_attn_path zo_attn_auto_path(int qkv_16bit, int tc_aligned, int 
     return gemm ? ZO_ATTN_GEMM : ZO_ATTN_FLASH;
 }
 
+/* The path a call takes when `forced` is asked for (ZO_ATTN_AUTO: the
+ * rule above): the mma.sync or tensor-core kernels where they cover the
+ * call, else the rule's choice; the GEMM path for 16-bit qkv, else the
+ * flash kernel; the flash kernel. The runtime's dispatch (ops_cuda.c's
+ * attention_path, with the call's alignment and cuBLASLt) and memplan's
+ * (plan_attn_path: aligned, with cuBLASLt) both resolve through it. */
+static inline zo_attn_path zo_attn_resolve_path(zo_attn_path forced, int qkv_16bit, int tc_aligned, int head_dim,
+                                                int window, float softcap, float alibi, int t, int lt)
+{
+    switch (forced) {
+    case ZO_ATTN_MMA:
+        if (tc_aligned && zo_attn_mma_covers(qkv_16bit, head_dim, window, t, softcap, alibi)) return ZO_ATTN_MMA;
+        break;
+    case ZO_ATTN_TC:
+        if (tc_aligned && zo_attn_tc_covers(qkv_16bit, head_dim, window, t, softcap, alibi)) return ZO_ATTN_TC;
+        break;
+    case ZO_ATTN_GEMM: return qkv_16bit ? ZO_ATTN_GEMM : ZO_ATTN_FLASH;
+    case ZO_ATTN_FLASH: return ZO_ATTN_FLASH;
+    default: break;
+    }
+    return zo_attn_auto_path(qkv_16bit, tc_aligned, head_dim, window, softcap, alibi, t, lt);
+}
+
 #endif

@@ -1680,14 +1680,7 @@ zo_attn_path plan_attn_path(const zo_model_config *m, const plan_train *t, int q
 {
     const float cap = m->attn_softcap, alibi = m->pos == ZO_POS_ALIBI ? 1.0f : 0.0f;
     const int w = zo_attn_window_masks(window, t->seq) ? window : 0;
-    const zo_attn_path rule = zo_attn_auto_path(qkv_16bit, 1, d, w, cap, alibi, t->seq, 1);
-    switch (t->attn_path) {
-    case ZO_ATTN_MMA: return zo_attn_mma_covers(qkv_16bit, d, w, t->seq, cap, alibi) ? ZO_ATTN_MMA : rule;
-    case ZO_ATTN_TC: return zo_attn_tc_covers(qkv_16bit, d, w, t->seq, cap, alibi) ? ZO_ATTN_TC : rule;
-    case ZO_ATTN_GEMM: return qkv_16bit ? ZO_ATTN_GEMM : ZO_ATTN_FLASH;
-    case ZO_ATTN_FLASH: return ZO_ATTN_FLASH;
-    default: return rule;
-    }
+    return zo_attn_resolve_path(t->attn_path, qkv_16bit, 1, d, w, cap, alibi, t->seq, 1);
 }
 
 /* gpu/cuda/attention_gemm.h's arithmetic, written again (the planner

@@ -88,19 +88,26 @@ static int attention_covers(const gpu_attn_desc *d, gpu_tensor qkv, int path)
     }
 }
 
-/* The automatic choice, common/attn_path.h's zo_attn_auto_path (memplan
- * times the same): the mma.sync kernels wherever they cover the case (not
- * ALiBi); the tensor-core kernels where they cover it at head sizes up to
+/* The path a call of this shape takes when `path` is asked for
+ * (CUDA_ATTN_AUTO: the automatic choice), common/attn_path.h's
+ * zo_attn_resolve_path (memplan resolves the same): forced mma.sync or
+ * tensor-core kernels where they cover the case, else the automatic choice
+ * (zo_attn_auto_path: the mma.sync kernels wherever they cover it, not
+ * ALiBi; the tensor-core kernels where they cover it at head sizes up to
  * 64, or where the GEMM path is not taken; the GEMM path for 16-bit qkv on
  * a device with cuBLASLt from t >= ZO_ATTN_GEMM_MIN_T; else the flash
- * kernel. */
-static int attention_auto(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv)
+ * kernel); forced GEMM for 16-bit qkv, else the flash kernel. */
+static int attention_resolve(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv, int path)
 {
     static const int of[] = {[ZO_ATTN_FLASH] = CUDA_ATTN_FLASH, [ZO_ATTN_GEMM] = CUDA_ATTN_GEMM,
                              [ZO_ATTN_TC] = CUDA_ATTN_TC, [ZO_ATTN_MMA] = CUDA_ATTN_MMA};
+    static const zo_attn_path to[] = {[CUDA_ATTN_AUTO] = ZO_ATTN_AUTO, [CUDA_ATTN_FLASH] = ZO_ATTN_FLASH,
+                                      [CUDA_ATTN_GEMM] = ZO_ATTN_GEMM, [CUDA_ATTN_TC] = ZO_ATTN_TC,
+                                      [CUDA_ATTN_MMA] = ZO_ATTN_MMA, [CUDA_ATTN_TUNE] = ZO_ATTN_AUTO};
     const int b16 = qkv.dtype == ZO_DTYPE_F16 || qkv.dtype == ZO_DTYPE_BF16;
     const int aligned = (uintptr_t)qkv.data % 16 == 0;
-    return of[zo_attn_auto_path(b16, aligned, d->d, d->window, d->softcap, d->alibi, d->t, e->lt != NULL)];
+    return of[zo_attn_resolve_path(to[path], b16, aligned, d->d, d->window, d->softcap, d->alibi, d->t,
+                                   e->lt != NULL)];
 }
 
 /* Which kernels run attention over qkv of this shape (*path: CUDA_ATTN_FLASH,
@@ -109,7 +116,7 @@ static int attention_auto(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor
  * they cover the case (16-bit qkv, d 64/80/96/128, windows, soft caps and
  * ALiBi; qkv 16-byte aligned); the mma.sync kernels (ZO_ATTENTION=mma, and
  * the automatic choice's first) for the same cases but ALiBi; what they do
- * not cover falls back to the automatic choice (attention_auto), as does
+ * not cover falls back to the automatic choice (attention_resolve), as does
  * tune without a cache of the device's choices. */
 static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_tensor qkv, int *path)
 {
@@ -128,15 +135,7 @@ static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, gpu_
         *path = CUDA_ATTN_TUNE;
         return ZO_OK;
     }
-    if ((p == CUDA_ATTN_TC || p == CUDA_ATTN_MMA) && attention_covers(d, qkv, p)) {
-        *path = p;
-        return ZO_OK;
-    }
-    if (p == CUDA_ATTN_AUTO || p == CUDA_ATTN_TC || p == CUDA_ATTN_MMA || p == CUDA_ATTN_TUNE) {
-        *path = attention_auto(e, d, qkv);
-        return ZO_OK;
-    }
-    *path = p == CUDA_ATTN_GEMM && attention_covers(d, qkv, CUDA_ATTN_GEMM) ? CUDA_ATTN_GEMM : CUDA_ATTN_FLASH;
+    *path = attention_resolve(e, d, qkv, p); /* (tune without a cache: the automatic choice) */
     return ZO_OK;
 }
 
@@ -292,7 +291,7 @@ static zo_status attention_tuned(const cuda_exec *e, const gpu_op_args *a, int b
     pthread_mutex_lock(&t->lock);
     const int full = t->n == CUDA_ATTN_TUNE_SLOTS, runs = t->runs > 0 ? t->runs : CUDA_ATTN_TUNE_RUNS;
     pthread_mutex_unlock(&t->lock);
-    if (full) return run(e, a, attention_auto(e, &a->d.attn, qkv));
+    if (full) return run(e, a, attention_resolve(e, &a->d.attn, qkv, CUDA_ATTN_AUTO));
     static const int order[] = {CUDA_ATTN_MMA, CUDA_ATTN_TC, CUDA_ATTN_GEMM, CUDA_ATTN_FLASH};
     for (int p = 0; p < CUDA_ATTN_PATHS; p++) x.us[p] = -1.0;
     for (int i = 0; i < 4; i++) {
