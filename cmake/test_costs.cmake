@@ -10,7 +10,8 @@
 # test_ops and test_offload less what the suitecut2 branch measured it took
 # out of them, docs/testing.md; test_offload, test_ranks_family_qwen3 and
 # test_ranks_moe_ep_qwen3 plus what the rankrows branch measured its rows and
-# test_state_fused_experts add): ctest -j starts the costliest first, so that a long test
+# test_state_fused_experts add; test_ranks_moe_ep4_lora as the ep4 branch
+# measured it, 4.9 s): ctest -j starts the costliest first, so that a long test
 # does not begin last and run alone while the other core idles. Without this
 # a clean build folder (no Testing/Temporary/CTestCostData.txt yet) runs them
 # in declaration order. Refresh the figures when a test's time moves by much.
@@ -34,7 +35,8 @@ set(zo_test_costs
     test_generate_torch_gemma2 5 test_e2e_torch_mixtral_sparse 5 test_e2e_torch_qwen3 5
     test_e2e_torch_falcon 5 test_ranks_searched_plans 5 test_generate_torch_gemma 4
     test_generate_torch_gemma3_text 4 test_e2e_torch_gpt_neox 4 test_finetune 4
-    test_generate 4 test_generate_torch_falcon 3 test_ranks_moe_ep_capacity 3)
+    test_generate 4 test_generate_torch_falcon 3 test_ranks_moe_ep_capacity 3
+    test_ranks_moe_ep4_lora 5)
 list(LENGTH zo_test_costs zo_n)
 math(EXPR zo_last "${zo_n} - 1")
 foreach(i RANGE 0 ${zo_last} 2)
@@ -66,7 +68,8 @@ endforeach()
 # with another config); ZeRO in process on two and four ranks (the
 # partitions, gathers and reductions train runs in test_ranks_matrix_*); the
 # family rows on two ranks; the longer expert-parallel matrices (ZeRO stages
-# by methods, checkpoints across them, uneven expert counts), which repeat
+# by methods, checkpoints across them, uneven expert counts, LoRA's and
+# QLoRA's gradient norms with --ep 2 on 4 ranks), which repeat
 # test_ranks_moe_ep's paths over more combinations; the CUDA test's
 # self-check without a GPU (the runtime on a second CPU device, which
 # test_offload runs); the peaks against memplan's plans at every placement
@@ -77,7 +80,8 @@ endforeach()
 # both builds).
 set(zo_test_repeats
     test_zero_mpi2 test_zero_mpi4 test_gpu_check_fake_gpu test_ranks_moe test_ranks_moe_ep_gaps test_ranks_moe_ep_zero test_ranks_moe_ep_zero_ckpt
-    test_ranks_moe_ep_qwen3 test_ranks_family_qwen3 test_ranks_family_phi3 test_ranks_family_gemma
+    test_ranks_moe_ep_qwen3 test_ranks_moe_ep4_lora test_ranks_family_qwen3 test_ranks_family_phi3
+    test_ranks_family_gemma
     test_ranks_family_gemma2 test_ranks_family_gemma3 test_ranks_family_neox test_ranks_family_falcon
     test_offload_cuda_selfcheck test_offload_memplan)
 foreach(family mistral qwen2 qwen3 phi3 gemma gemma2 gemma3_text gpt_neox gpt_neox_seq falcon falcon_new falcon_seq

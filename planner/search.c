@@ -1,5 +1,6 @@
 #include "search.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -51,11 +52,45 @@ static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
 typedef struct ranked {
     plan_result *r;
     int k;
+    double tie; /* scores within this relative difference are equal (ranks_before) */
 } ranked;
 
-static double worst(const ranked *rk)
+/* Scores (predicted steps) within this relative difference of each other
+ * are a tie: the step does not tell the plans apart. */
+#define SCORE_TIE 1e-9
+
+/* The layers a plan recomputes whole (every layer of its stage: INT_MAX). */
+static int recomputed_layers(const plan_train *t)
 {
-    return rk->r->n_best < rk->k ? INFINITY : rk->r->best[rk->r->n_best - 1].score;
+    if (t->recompute != ZO_PLAN_RECOMPUTE_FULL) return 0;
+    return t->recompute_layers ? t->recompute_layers : INT_MAX;
+}
+
+/* Whether a plan of score sa, GPU bytes ga and ra layers recomputed ranks
+ * before one of sb, gb, rb: the lower score; between scores that tie
+ * (within `tie`, relative) the fewer GPU bytes, which leave headroom rather
+ * than fill the GPU for no step time, then the fewer layers recomputed.
+ * The ranking is then the same whichever order the search meets them in. */
+static int ranks_before(double tie, double sa, uint64_t ga, int ra, double sb, uint64_t gb, int rb)
+{
+    if (fabs(sa - sb) > tie * fmax(fabs(sa), fabs(sb))) return sa < sb;
+    if (ga != gb) return ga < gb;
+    return ra < rb;
+}
+
+static int before_candidate(const ranked *rk, double score, const plan_train *t, const plan_estimate *e,
+                            const plan_candidate *c)
+{
+    return ranks_before(rk->tie, score, e->total[ZO_PLAN_GPU], recomputed_layers(t), c->score,
+                        c->total[ZO_PLAN_GPU], recomputed_layers(&c->t));
+}
+
+/* Whether the plan would enter the ranking (the list not full, or it ranks
+ * before the last). */
+static int enters(const ranked *rk, double score, const plan_train *t, const plan_estimate *e)
+{
+    const plan_result *r = rk->r;
+    return r->n_best < rk->k || before_candidate(rk, score, t, e, &r->best[r->n_best - 1]);
 }
 
 static void rank_insert(ranked *rk, const plan_train *t, int gpus, double score,
@@ -65,7 +100,7 @@ static void rank_insert(ranked *rk, const plan_train *t, int gpus, double score,
     int at = r->n_best;
     for (int i = 0; i < r->n_best; i++)
         if (same_shape(&r->best[i], t, gpus)) {
-            if (score >= r->best[i].score) return;
+            if (!before_candidate(rk, score, t, e, &r->best[i])) return;
             at = i; /* replaced: remove it, then insert in order */
             memmove(&r->best[i], &r->best[i + 1], sizeof r->best[0] * (size_t)(r->n_best - i - 1));
             r->n_best--;
@@ -73,7 +108,7 @@ static void rank_insert(ranked *rk, const plan_train *t, int gpus, double score,
         }
     (void)at;
     int pos = r->n_best;
-    while (pos > 0 && r->best[pos - 1].score > score) pos--;
+    while (pos > 0 && before_candidate(rk, score, t, e, &r->best[pos - 1])) pos--;
     if (pos >= rk->k) return;
     int n = r->n_best < rk->k ? r->n_best + 1 : rk->k;
     memmove(&r->best[pos + 1], &r->best[pos], sizeof r->best[0] * (size_t)(n - pos - 1));
@@ -145,16 +180,26 @@ static void rank_schedules(walk *w, plan_train *t, const plan_estimate *e, plan_
         }
         if (sch != ZO_PLAN_SCHED_SERIAL) plan_time_schedule(pt, t->schedule);
         double sc = score_of(s, pt, se, w->hw.gpus);
-        if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, pt, se);
+        if (enters(&w->rk, sc, t, se)) rank_insert(&w->rk, t, w->hw.gpus, sc, pt, se);
     }
+}
+
+/* Whether steps a and b tie (ranks_before's rule). */
+static int steps_tie(const walk *w, double a, double b)
+{
+    return fabs(a - b) <= w->rk.tie * fmax(fabs(a), fabs(b));
 }
 
 /* Recompute full of part of the layers, where recomputing every layer fits
  * (`full`, estimated with `t`): the fewest layers of a stage that keep the
  * GPU within its capacity, since each layer not recomputed adds what it keeps
  * beyond its input (for every micro-batch in flight, with the allocator's
- * allowance). Timed and ranked when some layers need not be recomputed; the
- * micro-batch's time of the last K tried is kept in *part_mb. */
+ * allowance). Where recomputing more layers takes the same step (another
+ * resource sets it: the disk, the host's update), the most layers that do,
+ * for the GPU's headroom; every layer (returns 0: the caller ranks `full`)
+ * when that ties too. Timed and ranked when some layers need not be
+ * recomputed; the micro-batch's time of the last K tried is kept in
+ * *part_mb. */
 static int walk_partial(walk *w, plan_train *t, const plan_estimate *full, const plan_time_mb *mb,
                         plan_time_mb *part_mb, int *part_k)
 {
@@ -166,27 +211,42 @@ static int walk_partial(walk *w, plan_train *t, const plan_estimate *full, const
     int keep = (int)floor(room / each);
     if (keep < 1) return 0;
     if (keep >= layers) return 0; /* (all of them: recompute none says it, faster) */
-    plan_estimate e;
-    plan_time pt;
-    int ranked = 0;
+    plan_estimate e, best_e;
+    plan_time pt, best_pt;
+    int best_k = 0;
+    double first = 0; /* the fewest layers' step, which the others must tie */
     for (int k = layers - keep; k < layers; k++) {
         t->recompute_layers = k;
         t->schedule = ZO_PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
         w->r->configs++;
         plan_estimate_unchecked(w->m, &w->hw, t, &e);
-        if (!e.fits) continue;
+        if (!e.fits) {
+            if (best_k) break;
+            continue;
+        }
         w->r->feasible++;
         if (*part_k != k) {
             plan_time_mb_recompute_part(mb, (double)k / layers, part_mb);
             *part_k = k;
         }
         plan_time_step(w->m, &w->hw, t, &e, part_mb, &pt);
-        rank_schedules(w, t, &e, &pt);
-        ranked = 1;
-        break;
+        if (!best_k) first = pt.step;
+        else if (!steps_tie(w, pt.step, first)) break;
+        best_k = k;
+        best_e = e;
+        best_pt = pt;
     }
     t->recompute_layers = 0;
-    return ranked;
+    if (!best_k) return 0;
+    if (best_k == layers - 1) {
+        t->schedule = ZO_PLAN_SCHED_SERIAL;
+        plan_time_step(w->m, &w->hw, t, full, mb, &pt);
+        if (steps_tie(w, pt.step, first)) return 0;
+    }
+    t->recompute_layers = best_k;
+    rank_schedules(w, t, &best_e, &best_pt);
+    t->recompute_layers = 0;
+    return 1;
 }
 
 /* One placement (weights, adapters, optimizer split): each checkpoint tier
@@ -215,7 +275,7 @@ static void walk_depths(walk *w, plan_train *t, const plan_time_mb *mb, int *fit
             w->r->feasible++;
             /* where part of the layers can keep their activations, that is
              * faster than recomputing them all (which is then ranked only by
-             * memory) */
+             * memory, or where the step ties: walk_partial) */
             if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && ck == ZO_PLAN_GPU &&
                 e.activations_known && walk_partial(w, t, &e, mb, &w->part_mb, &w->part_k) &&
                 s->objective != PLAN_OBJ_MEMORY)
@@ -447,7 +507,9 @@ static zo_status search_method(const zo_model_config *m, const plan_hw *hw, cons
     if (hw->peak_flops_16 <= 0 || hw->gemm_eff_max <= 0 || hw->hbm_eff <= 0 || hw->pcie_bw <= 0)
         return zo_error(ZO_ERR_INVALID, "hardware '%s' lacks the cost model's rates", hw->name);
 
-    walk w = {.m = m, .s = s, .hw = *hw, .rk = {out, top}, .r = out};
+    /* (the memory objective's score is bytes and seconds: exact ties only) */
+    walk w = {.m = m, .s = s, .hw = *hw, .rk = {out, top, s->objective == PLAN_OBJ_MEMORY ? 0.0 : SCORE_TIE},
+              .r = out};
     if (s->max_gpus > 0) {
         for (int g = 1; g <= s->max_gpus; g++) {
             int pow2 = (g & (g - 1)) == 0;
@@ -582,16 +644,23 @@ static int try_change(const zo_model_config *m, const plan_hw *hw, const plan_tr
     return e->fits;
 }
 
+/* Why `what` in plan c, from the plan with it changed back (its estimate
+ * e, whether that fits, its step). */
 static void because(sbuf *b, const char *what, const plan_estimate *e, int fits, double step,
-                    double best_step, zo_plan_tier tier)
+                    const plan_candidate *c, zo_plan_tier tier)
 {
     static const char *names[] = {"GPU", "CPU", "NVMe"};
+    double best_step = c->time.step;
     if (!fits) {
         put(b, "%s because there the %s would need %.1f GiB of its %.1f GiB per rank\n", what,
             names[tier], gib(e->total[tier]), gib(e->capacity[tier]));
-    } else if (step > best_step) {
+    } else if (step > best_step * (1 + SCORE_TIE)) {
         put(b, "%s because it is faster (%.3f s per step against %.3f s)\n", what, best_step,
             step);
+    } else if (step >= best_step * (1 - SCORE_TIE) && e->total[ZO_PLAN_GPU] > c->total[ZO_PLAN_GPU]) {
+        /* (the search's tie: the same step, the GPU's headroom kept) */
+        put(b, "%s for the GPU's headroom (the same %.3f s per step with %.1f GiB on the GPU, not %.1f)\n", what,
+            best_step, gib(c->total[ZO_PLAN_GPU]), gib(e->total[ZO_PLAN_GPU]));
     } else {
         /* (a flag kept the faster one out: --optimizer-min, --zero, ...) */
         put(b, "%s as the flags ask (%.3f s per step; %.3f s without)\n", what, best_step, step);
@@ -663,7 +732,7 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
                         "rank) and all of it in CPU memory would need %.1f GiB per rank\n",
                     o, gib(h.cpu_mem), gib(h.cpu_mem) / rpn, gib(e.total[ZO_PLAN_CPU]));
             else
-                because(&b, "optimizer partly on NVMe", &e, fits, step, c->time.step, ZO_PLAN_CPU);
+                because(&b, "optimizer partly on NVMe", &e, fits, step, c, ZO_PLAN_CPU);
         } else {
             u.opt_frac[ZO_PLAN_GPU] = 1;
             u.opt_frac[ZO_PLAN_CPU] = 0;
@@ -676,7 +745,7 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
                 snprintf(what, sizeof what, "%.0f%% of the optimizer on the CPU", 100 * t->opt_frac[ZO_PLAN_CPU]);
             else
                 snprintf(what, sizeof what, "optimizer on the CPU");
-            because(&b, what, &e, fits, step, c->time.step, ZO_PLAN_GPU);
+            because(&b, what, &e, fits, step, c, ZO_PLAN_GPU);
         }
     }
     if (t->params_on != ZO_PLAN_GPU) {
@@ -685,34 +754,50 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         int fits = try_change(m, &h, &u, &e, &step);
         snprintf(what, sizeof what, "%s streamed from %s",
                  t->method == ZO_PLAN_FULL ? "weights" : "frozen base", tier_words(t->params_on));
-        because(&b, what, &e, fits, step, c->time.step, t->params_on == ZO_PLAN_NVME ? ZO_PLAN_CPU : ZO_PLAN_GPU);
+        because(&b, what, &e, fits, step, c, t->params_on == ZO_PLAN_NVME ? ZO_PLAN_CPU : ZO_PLAN_GPU);
     }
     if (t->adapters_on != ZO_PLAN_GPU) {
         plan_train u = *t;
         u.adapters_on = ZO_PLAN_GPU;
         int fits = try_change(m, &h, &u, &e, &step);
         snprintf(what, sizeof what, "adapters streamed from %s", tier_words(t->adapters_on));
-        because(&b, what, &e, fits, step, c->time.step, ZO_PLAN_GPU);
+        because(&b, what, &e, fits, step, c, ZO_PLAN_GPU);
     }
     if (t->checkpoints_on == ZO_PLAN_CPU) {
         plan_train u = *t;
         u.checkpoints_on = ZO_PLAN_GPU;
         int fits = try_change(m, &h, &u, &e, &step);
-        because(&b, "activation checkpoints in CPU memory", &e, fits, step, c->time.step, ZO_PLAN_GPU);
+        because(&b, "activation checkpoints in CPU memory", &e, fits, step, c, ZO_PLAN_GPU);
     }
     if (t->recompute != ZO_PLAN_RECOMPUTE_NONE) {
         plan_train u = *t;
         u.recompute = ZO_PLAN_RECOMPUTE_NONE;
         int fits = try_change(m, &h, &u, &e, &step);
         snprintf(what, sizeof what, "%s recompute", zo_plan_recompute_name(t->recompute));
-        because(&b, what, &e, fits, step, c->time.step, ZO_PLAN_GPU);
+        because(&b, what, &e, fits, step, c, ZO_PLAN_GPU);
+    }
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && !t->recompute_layers &&
+        plan_estimate_run(m, &h, t, &e) == ZO_OK) {
+        /* every layer where the fewest that fit take the same step (walk_partial's tie) */
+        plan_train u = *t;
+        int layers = e.layers;
+        for (int k = 1; k < layers; k++) {
+            u.recompute_layers = k;
+            if (!try_change(m, &h, &u, &e, &step)) continue;
+            if (step <= c->time.step * (1 + SCORE_TIE) && e.total[ZO_PLAN_GPU] > c->total[ZO_PLAN_GPU])
+                put(&b, "every layer recomputed for the GPU's headroom (the same %.3f s per step with %.1f GiB on "
+                        "the GPU, not %.1f recomputing %d of %d)\n", c->time.step, gib(c->total[ZO_PLAN_GPU]),
+                    gib(e.total[ZO_PLAN_GPU]), k, layers);
+            break;
+        }
+        zo_clear_error();
     }
     if (t->zero > 0) {
         plan_train u = *t;
         u.zero = t->zero - 1;
         int fits = try_change(m, &h, &u, &e, &step);
         snprintf(what, sizeof what, "ZeRO-%d rather than ZeRO-%d", t->zero, t->zero - 1);
-        because(&b, what, &e, fits, step, c->time.step, ZO_PLAN_GPU);
+        because(&b, what, &e, fits, step, c, ZO_PLAN_GPU);
     }
     if (*plan_opt_accuracy_note(t)) {
         plan_train u = *t;
@@ -724,7 +809,7 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         zo_plan_tier over = ZO_PLAN_GPU;
         for (int i = ZO_PLAN_TIERS - 1; i >= 0; i--)
             if (e.total[i] > e.capacity[i]) over = (zo_plan_tier)i;
-        because(&b, what, &e, fits, step, c->time.step, over);
+        because(&b, what, &e, fits, step, c, over);
         put(&b, "accuracy of that state: %s\n", plan_opt_accuracy_note(t));
     }
     explain_schedule(&b, c);

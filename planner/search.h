@@ -6,11 +6,12 @@
  * experts), micro-batch (the gradient
  * accumulation follows from the global batch), interleaving, SP, recompute
  * (none, selective, ops, full, and full of the fewest layers of a stage that
- * fill the GPU: recompute_layers),
+ * fill the GPU, or more where they take the same step: recompute_layers),
  * ZeRO stage, where weights / gradients / optimizer state (fractions) /
  * checkpoints live, and prefetch depth. Memory is checked before time; the
- * per-micro-batch time is computed once per outer configuration. Pure C, no
- * I/O, no allocation. */
+ * per-micro-batch time is computed once per outer configuration. Plans whose
+ * scores tie (within 1e-9 relative) rank by GPU bytes, then by layers
+ * recomputed, fewer first. Pure C, no I/O, no allocation. */
 #ifndef ZO_PLANNER_SEARCH_H
 #define ZO_PLANNER_SEARCH_H
 

@@ -20,6 +20,7 @@
 
 #include "common/capability.h" /* defines: zo_capability_check, zo_run_shape */
 #include "common/clock.h"
+#include "common/fileio.h" /* defines: zo_file_read_all */
 #include "common/model_config.h"
 #include "planner/cost.h"
 #include "planner/planfile.h"
@@ -34,6 +35,20 @@ static void load(const char *model, const char *hw_name, int gpus, zo_model_conf
     assert_int_equal(zo_model_preset_find(model, m), ZO_OK);
     assert_int_equal(plan_hw_find(hw_name, hw), ZO_OK);
     if (gpus) hw->gpus = gpus;
+}
+
+/* Two plans whose scores are within this relative difference tie. */
+#define TIE_REL 1e-9
+
+/* Plan a ranked before plan b: a lower score, or a tie (TIE_REL) and no
+ * more GPU bytes (the headroom kept), then no more layers recomputed. */
+static void ranked_before(const plan_candidate *a, const plan_candidate *b)
+{
+    if (fabs(a->score - b->score) > TIE_REL * fmax(fabs(a->score), fabs(b->score))) {
+        assert_true(a->score < b->score);
+        return;
+    }
+    assert_true(a->total[PLAN_GPU] <= b->total[PLAN_GPU]);
 }
 
 /* Every ranked plan is what the estimate and the cost model say of it. */
@@ -52,7 +67,7 @@ static void check_consistent(const zo_model_config *m, const plan_hw *hw, const 
         for (int k = 0; k < PLAN_TIERS; k++) assert_true(e.total[k] == c->total[k]);
         assert_int_equal((long)c->t.micro_batch * c->t.grad_accum * c->t.dp,
                          (long)(c->t.micro_batch * c->t.grad_accum * c->t.dp));
-        if (i) assert_true(r->best[i - 1].score <= c->score);
+        if (i) ranked_before(&r->best[i - 1], c);
     }
 }
 
@@ -170,6 +185,66 @@ static void test_llama13b_h200_split(void **state)
         print_error("explanation: %s\n", why);
         fail();
     }
+}
+
+/* Plans whose steps tie: LLaMA-2-13B full fine-tuning on the fifth GPU
+ * run's profile (H100, 79.18 GiB; a disk at 0.78 GB/s read:
+ * tests/fixtures/hw/h100-5th-run.json), seq 2048, global batch 4, fp32
+ * gradients, a share of the optimizer on every tier with NVMe at least 0.1
+ * (scripts/gpu_13b.py's full plan). The disk sets the step, so recomputing
+ * more layers costs no step time: of the best plan with each count of
+ * layers recomputed (every one, or the first K of 40), every one that fits
+ * and whose step ties the best's (within 1e-9 relative) takes at least the
+ * best's GPU bytes. The rule before (the fewest layers that fit) took 36 of
+ * 40 at 79.0 GiB where all 40 tie at 74.0 GiB. */
+static void test_ties_keep_headroom(void **state)
+{
+    (void)state;
+    zo_model_config m;
+    plan_hw hw;
+    char *text;
+    const char *path = ZO_FIXTURES_DIR "/hw/h100-5th-run.json";
+    assert_int_equal(zo_model_preset_find("llama-2-13b", &m), ZO_OK);
+    assert_int_equal(zo_file_read_all(path, 1u << 20, "a hardware profile", &text, NULL), ZO_OK);
+    memset(&hw, 0, sizeof hw);
+    assert_int_equal(plan_hw_parse(text, path, &hw), ZO_OK);
+    free(text);
+    plan_space s;
+    plan_space_defaults(&s, &m, &hw);
+    s.base.seq = 2048;
+    s.global_batch = 4;
+    s.base.dtype = ZO_DTYPE_BF16;
+    s.base.grad_dtype = ZO_DTYPE_F32;
+    s.opt_min[PLAN_GPU] = s.opt_min[PLAN_CPU] = 0.01;
+    s.opt_min[PLAN_NVME] = 0.1;
+    plan_result r;
+    assert_int_equal(plan_search(&m, &hw, &s, 5, &r), ZO_OK);
+    assert_true(r.n_best > 0);
+    check_consistent(&m, &hw, &r);
+    const plan_candidate *b = &r.best[0];
+    int tied = 0;
+    for (int k = 0; k < m.n_layers; k++) {
+        plan_train t = b->t;
+        t.recompute = ZO_PLAN_RECOMPUTE_FULL;
+        t.recompute_layers = k; /* (0: every layer) */
+        plan_estimate e;
+        plan_time pt;
+        if (plan_estimate_run(&m, &hw, &t, &e) != ZO_OK || !e.fits) {
+            zo_clear_error();
+            continue;
+        }
+        assert_int_equal(plan_time_run(&m, &hw, &t, &e, &pt), ZO_OK);
+        if (fabs(pt.step - b->time.step) > TIE_REL * b->time.step) continue;
+        tied++;
+        if (e.total[PLAN_GPU] < b->total[PLAN_GPU])
+            print_error("recompute of %d layers (0: all) ties the best's %.6f s step with %.2f GiB on the GPU, the "
+                        "best takes %.2f GiB (recompute %d)\n", k, pt.step, e.total[PLAN_GPU] / 1073741824.0,
+                        b->total[PLAN_GPU] / 1073741824.0, b->t.recompute_layers);
+        assert_true(e.total[PLAN_GPU] >= b->total[PLAN_GPU]);
+    }
+    printf("13B on the fifth run's profile: %.3f s a step, GPU %.2f GiB (recompute %d, 0: all); %d counts of layers "
+           "recomputed tie it\n", b->time.step, b->total[PLAN_GPU] / 1073741824.0, b->t.recompute_layers, tied);
+    assert_true(tied >= 2); /* (the best and another: a tie to break) */
 }
 
 static void test_dgx2_max_model(void **state)
@@ -770,6 +845,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dgx2_max_model_3d),
         cmocka_unit_test(test_llama13b_one_gpu),  cmocka_unit_test(test_llama13b_h200_split),
+        cmocka_unit_test(test_ties_keep_headroom),
         cmocka_unit_test(test_dgx2_max_model),
         cmocka_unit_test(test_family_shape),      cmocka_unit_test(test_search_22b_64gpus),
         cmocka_unit_test(test_objective_cost),    cmocka_unit_test(test_plan_file_roundtrip),

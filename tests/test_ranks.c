@@ -28,6 +28,9 @@
  *   accumulation, peaks within 3% of memplan's, the all-to-all bytes its
  *   exchanges and memplan's formula give, the saved folders against one
  *   rank's; what it does not run refused in the table's or train's words.
+ *   LoRA and QLoRA with --ep 2 on 4 ranks (each expert's adapter gradients
+ *   reduced over its two replicas) against one rank's --grad-accum 4, the
+ *   gradient norms too.
  * - Its checkpoints (a shard per rank of the first group, the manifest
  *   naming each shard's experts): resumed with --ep 2 bit for bit, on one
  *   rank and with --ep 4 as one rank's resume, each expert's step counts
@@ -2101,6 +2104,11 @@ static void family_rows(const char *name, const char *text);
 static void family_use(const char *name, const char *text);
 static void family_row(const char *name, int method, int p);
 
+/* LoRA on every linear layer (the experts' included), fp32, the base and
+ * the adapters on the GPU, the optimizer in host memory. */
+static const char ep_lora_gpu[] =
+    "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu --optimizer cpu";
+
 /* Model mdl's plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on
  * the GPU, clipping; with lora adapters on every linear layer, on the GPU),
  * and with zero3 at ZeRO-3 too (each layer's block partitioned, an MoE
@@ -2108,9 +2116,7 @@ static void family_row(const char *name, int method, int p);
  * (ep_run). */
 static void ep_rows_of(int mdl, const char *tag, int lora, int zero3)
 {
-    const char *place = lora ? "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu "
-                               "--optimizer cpu"
-                             : "--dtype fp32 --params gpu --optimizer cpu";
+    const char *place = lora ? ep_lora_gpu : "--dtype fp32 --params gpu --optimizer cpu";
     char path[512];
     double ref[2][STEPS];
     ep_use_model(mdl, path, sizeof path);
@@ -2134,23 +2140,24 @@ static void deepseek_rows(void)
     config = "config.json";
 }
 
-/* DeepSeek-V2 with q through its rank (deepseek_v2_q_config) in place
- * (train's flags), --ep 2 on 2 ranks at ZeRO-3 (the latent projections
- * and norms partitioned, each rank's own experts, or their adapters)
- * against one rank with --grad-accum 2, the gradient norms too
- * (ep_run_norms); tag names the reference's plan and log. */
-static void dsv2_ep(const char *tag, const char *place)
+/* Model mdl's plan for place with --ep 2 on np ranks at each ZeRO stage
+ * in `zeros` (bit z: stage z) against one rank with --grad-accum np, the
+ * gradient norms too (ep_run_norms); tag names the reference's plan and
+ * log. */
+static void ep_norm_rows(int mdl, const char *tag, const char *place, int np, unsigned zeros)
 {
     char path[512], plan[512], extra[700], log[600];
-    double ref[2][STEPS] = {{0}}, ref_norm[STEPS]; /* ref[1]: for 4 ranks, not run */
-    ep_use_model(5, path, sizeof path);
-    snprintf(plan, sizeof plan, "%s/ref-%s-%s.json", dir, tag, ep_names[5]);
-    snprintf(log, sizeof log, "%s/%s-ref.jsonl", dir, tag);
-    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 1 --log %s", log);
+    double ref[2][STEPS], ref_norm[STEPS];
+    for (int k = 0; k < STEPS; k++) ref[np != 4][k] = NAN; /* (the other rank count's: not run) */
+    ep_use_model(mdl, path, sizeof path);
+    snprintf(plan, sizeof plan, "%s/ref-%s-%s-%d.json", dir, tag, ep_names[mdl], np);
+    snprintf(log, sizeof log, "%s/%s-ref-%d.jsonl", dir, tag, np);
+    snprintf(extra, sizeof extra, "--grad-accum %d --clip 1 --log %s", np, log);
     remove(log);
-    plan_and_train(place, plan, 0, extra, ref[0]);
+    plan_and_train(place, plan, 0, extra, ref[np == 4]);
     logged_norms(log, ref_norm);
-    ep_run_norms(5, place, 2, 2, 3, 1, ref, ref_norm);
+    for (int zero = 0; zero <= 3; zero++)
+        if (zeros & 1u << zero) ep_run_norms(mdl, place, np, 2, zero, 1, ref, ref_norm);
 }
 
 /* DeepSeek-V2 (latent attention over DeepSeekMoE's layers), q_proj with
@@ -2161,7 +2168,7 @@ static void dsv2_ep(const char *tag, const char *place)
  * base) on 2 ranks as family_rows (the gradient norms too), each model
  * full fine-tuning at one of ZeRO-2 and ZeRO-3 and LoRA and QLoRA at the
  * other; then --ep 2 on 2 ranks at ZeRO-3, full fine-tuning and LoRA on
- * every linear layer (dsv2_ep). Sixteen launches: a latent norm weight's
+ * every linear layer (ep_norm_rows). Sixteen launches: a latent norm weight's
  * gradient left unreduced shows in the norms only, and so does half of
  * one routed expert's down_proj lora_B gradient zeroed on rank 1 in the
  * yarn model's LoRA and QLoRA rows (docs/testing.md). */
@@ -2176,8 +2183,10 @@ static void deepseek_v2_rows(void)
     family_row("deepseek_v2_q", 0, 2);
     family_row("deepseek_v2_q", 1, 1);
     family_row("deepseek_v2_q", 2, 1);
-    dsv2_ep("dsv2", "--dtype fp32 --params gpu --optimizer cpu");
-    dsv2_ep("dsv2l", "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu --optimizer cpu");
+    /* --ep 2 on 2 ranks at ZeRO-3 (the latent projections and norms
+     * partitioned, each rank's own experts, or their adapters) */
+    ep_norm_rows(5, "dsv2", "--dtype fp32 --params gpu --optimizer cpu", 2, 1u << 3);
+    ep_norm_rows(5, "dsv2l", ep_lora_gpu, 2, 1u << 3);
     config = "config.json";
 }
 
@@ -2195,6 +2204,33 @@ static void test_moe_ep_qwen3(void **state)
     ep_capacity(2, 0);
     deepseek_rows();
     deepseek_v2_rows();
+}
+
+/* LoRA and QLoRA with --ep 2 on 4 ranks: two data-parallel replicas of
+ * each expert group, so each expert's adapter gradients are reduced over
+ * the two ranks holding it (ranks r and r + 2), which --ep 2 on 2 ranks
+ * never does. LoRA on every linear layer (the routed experts', a shared
+ * expert's, the attention's), the base and the adapters on the GPU, at
+ * ZeRO-2 (the adapters' gradients reduce-scattered: the dense parts over
+ * the world, an expert's over its two ranks) and ZeRO-3 (the adapters
+ * partitioned so too), on the Qwen2-MoE-shaped model (8 experts and a
+ * shared one) and DeepSeek-V2's with q through its rank (latent
+ * attention, a dense first layer, shared experts); QLoRA (an NF4 base in
+ * host memory, replicated at ZeRO-2) on the Mixtral-shaped model at
+ * ZeRO-2. Each against one rank with --grad-accum 4: the losses and the
+ * gradient norms (train --log) within 1e-6 relative, every rank's peaks
+ * within 3% of memplan's plan, the all-to-all bytes (ep_norm_rows). Half
+ * of one expert's lora_B gradient on rank 2 moves the norms
+ * (docs/testing.md). */
+static void test_moe_ep4_lora(void **state)
+{
+    (void)state;
+    static const char *const qlora = "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu "
+                                     "--adapters-on gpu --optimizer cpu";
+    ep_norm_rows(1, "ep4l", ep_lora_gpu, 4, 1u << 2 | 1u << 3);
+    ep_norm_rows(5, "ep4l", ep_lora_gpu, 4, 1u << 2 | 1u << 3);
+    ep_norm_rows(0, "ep4q", qlora, 4, 1u << 2);
+    config = "config.json";
 }
 
 /* ---- the dense families beyond LLaMA ------------------------------------------------- */
@@ -2599,6 +2635,7 @@ int main(void)
         cmocka_unit_test(test_moe_ep_z3host),
         cmocka_unit_test(test_moe_ep_capacity),
         cmocka_unit_test(test_moe_ep_qwen3),
+        cmocka_unit_test(test_moe_ep4_lora),
         cmocka_unit_test(test_moe_ep_zero_ckpt),
         cmocka_unit_test(test_moe_ep_gaps),
         cmocka_unit_test(test_moe_ep_clip),
