@@ -101,6 +101,20 @@ static void cpu_hw(plan_hw *hw)
     hw->gemm_eff_max = 1;
 }
 
+/* One sequence of `prompt` + `new_tokens` in bf16, nothing reserved. */
+static plan_gen one_sequence(int prompt, int new_tokens)
+{
+    plan_gen g;
+    plan_gen_defaults(&g);
+    g.batch = 1;
+    g.prompt = prompt;
+    g.new_tokens = new_tokens;
+    g.dtype = ZO_DTYPE_BF16;
+    g.cuda_context = g.cublas_workspace = 0;
+    g.fragmentation = 0;
+    return g;
+}
+
 typedef struct gcase {
     const char *what;
     int gpt, layers, batch, prompt, new_tokens;
@@ -407,14 +421,7 @@ static void test_time_model(void **state)
     (void)state;
     zo_model_config m = model(0, 4);
     double w = (double)zo_model_params(&m) * 2.0;
-    plan_gen g;
-    plan_gen_defaults(&g);
-    g.batch = 1;
-    g.prompt = 8;
-    g.new_tokens = 9;
-    g.dtype = ZO_DTYPE_BF16;
-    g.cuda_context = g.cublas_workspace = 0;
-    g.fragmentation = 0;
+    plan_gen g = one_sequence(8, 9);
     plan_hw gpu, host;
     cpu_hw(&gpu);
     gpu.pcie_bw = 2e9;
@@ -510,12 +517,7 @@ static void test_mla_projections(void **state)
     cpu_hw(&hw);
     hw.peak_flops_16 = hw.peak_flops_32 = 1e30;
     hw.hbm_bw = 1;
-    plan_gen g;
-    plan_gen_defaults(&g);
-    g.batch = 1;
-    g.prompt = 512;
-    g.new_tokens = 256;
-    g.dtype = ZO_DTYPE_BF16;
+    plan_gen g = one_sequence(512, 256);
     plan_gen_estimate base, qa, v64;
     zo_model_config m0 = lite(0, 128), mq = lite(1536, 128), mv = lite(0, 64);
     assert_int_equal(plan_gen_estimate_run(&m0, &hw, &g, &base), 0);
@@ -551,12 +553,7 @@ static void test_mla_projections(void **state)
 static void test_logits_wait(void **state)
 {
     (void)state;
-    plan_gen g;
-    plan_gen_defaults(&g);
-    g.prompt = 8;
-    g.new_tokens = 9;
-    g.cuda_context = g.cublas_workspace = 0;
-    g.fragmentation = 0;
+    plan_gen g = one_sequence(8, 9);
     g.params_on = ZO_PLAN_NVME;
     plan_hw gpu, host;
     cpu_hw(&gpu);
