@@ -131,11 +131,12 @@ static void store(plan_gen_estimate *e, const char *name, const char *staging, c
  * attention's q|k|v and output are heads of qk_nope + qk_rope (head_dim)
  * with its own buffers beside them; over the latent cache, q|k|v holds H
  * absorbed queries and the row twice (key, value), the output H heads of
- * the row's width, and the prompt's decompressed form (transformer.c,
- * mla_decompressed) takes the full cache's c_kv copy and kv_b output and
- * the call's keys and values [N, 2 hkv d] beside them; with an
- * adapter on kv_b_proj over a 16-bit base, kv_b_proj's weight with it
- * folded in (QLoRA folds it into the dequantized weight). */
+ * the row's width, at B rows (the absorbed form: a token of each sequence,
+ * a longer call in chunks of B rows), and the decompressed form
+ * (transformer.c, mla_decompressed: the prompt) takes the full cache's
+ * q|k|v, c_kv copy and kv_b output at N rows and its keys and values
+ * [N, 2 hkv d] beside them; with an adapter on kv_b_proj, its terms in the
+ * absorbed form [B, H, r]; each new row's position. */
 static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, int expert_ad,
                                 uint64_t wdq)
 {
@@ -151,16 +152,15 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
     const int lat = latent(m, g);
     const uint64_t H = (uint64_t)m->n_heads, kvr = (uint64_t)m->mla.kv_rank;
     const uint64_t kvw = H * (uint64_t)(m->mla.qk_nope + m->mla.v_dim);
-    if (lat) {
-        qkv = max_u64(qkv, (H + 2) * latent_row(m));
-        q = max_u64(q, H * latent_row(m));
-    }
-    int kvb_own = lat && g->method == ZO_PLAN_LORA && (g->lora.targets & (ZO_LORA_K | ZO_LORA_V));
+    /* (over the latent cache the absorbed form's at B rows: a token of each sequence) */
+    const uint64_t qkv_n = lat ? max_u64(N * qkv, B * (H + 2) * latent_row(m)) : N * qkv;
+    const uint64_t q_n = lat ? max_u64(N * q, B * H * latent_row(m)) : N * q;
+    int kvb_ad = lat && g->method != ZO_PLAN_FULL && (g->lora.targets & (ZO_LORA_K | ZO_LORA_V));
     int rotary = llama || m->pos == ZO_POS_ROTARY; /* GPT-NeoX's and Falcon's too */
     uint64_t a[] = {
         N * 4, B * 4,                                           /* tokens, positions */
         layers * N * h * es, layers * N * 4, layers * N * 4,    /* ln1, its mean and rstd */
-        layers * N * qkv * es, layers * N * q * es,             /* qkv, attention */
+        layers * qkv_n * es, layers * q_n * es,                 /* qkv, attention */
         layers * N * h * es, layers * N * h * es,               /* the residual between, ln2 */
         layers * post * N * h * es, layers * post * N * 4,      /* Gemma-2: an output norm's input, 1/rms */
         layers * N * 4, layers * N * 4,                         /* ln2's mean and rstd */
@@ -183,8 +183,9 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         layers * (m->mla.kv_rank ? N * (uint64_t)m->n_heads * (uint64_t)m->mla.v_dim * es : 0),
         layers * (m->mla.kv_rank ? N * (uint64_t)(m->mla.kv_rank + m->mla.qk_rope) * es : 0),
         layers * (m->mla.kv_rank ? N * kvw * es : 0),
-        layers * lat * N * 2 * (uint64_t)m->n_kv_heads * d * es, /* the prompt's decompressed keys, values */
-        layers * kvb_own * kvw * kvr * es,                     /* kv_b_proj with its adapter folded in */
+        layers * lat * N * 2 * (uint64_t)m->n_kv_heads * d * es, /* the decompressed keys, values */
+        layers * kvb_ad * B * H * r * es,                       /* the absorbed form's kv_b adapter terms */
+        (uint64_t)lat * N * 4,                                  /* the rows' positions */
         (uint64_t)m->n_layers * 2 * E * 4,                      /* router statistics */
         E ? N * widest * es : 0,                                /* the weighted activation */
         K * N * h * es, K * N * h * es,                         /* the pairs' inputs, outputs */
@@ -234,17 +235,37 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
     const double h = m->hidden, f = E ? mo->shared_ffn : m->ffn, d = m->head_dim, hq = m->n_heads;
     const double hkv = m->n_kv_heads, qkv = (hq + 2 * hkv) * d, q = hq * d;
     int llama = m->arch != ZO_ARCH_GPT, nf4 = g->method == ZO_PLAN_QLORA;
+    /* latent attention's projections, as the runtime runs them (cost.c's
+     * attn_proj_time): q_proj, or q_a_proj and q_b_proj; kv_a_proj_with_mqa
+     * [k_pe | c_kv]; kv_b_proj over c_kv, except in the absorbed form, whose
+     * attention term below reads its weight; o_proj from H v */
+    const int mla = m->mla.kv_rank > 0, absorb = latent(m, g) && absorbed;
+    const double qr = m->mla.q_rank, kvr = m->mla.kv_rank, kvw = hq * (m->mla.qk_nope + m->mla.v_dim);
+    uint64_t uq, uk, uv, uo;
+    zo_model_attn_widths(m, &uq, &uk, &uv, &uo);
     /* out, in, the matrices of that shape, the rows through each, the copies
-     * of its weight read: q|k|v, o, the MLP's (an MoE layer's shared
-     * expert's: its gate and up, its down), and an MoE layer's router, the
-     * routed experts' gate and up, their down (on the P = M top_k pairs, each
-     * pair through one expert: T experts' weights read), the shared gate */
-    double lin[][5] = {{qkv, h, 1, M, 1}, {h, q, 1, M, 1},  {f, h, llama ? 2 : 1, M, 1}, {h, f, 1, M, 1},
-                       {E, h, 1, M, 1},   {fe, h, 2, P, T}, {h, fe, 1, P, T},            {mo->shared_gate, h, 1, M, 1}};
+     * of its weight read: q|k|v (latent attention's q_a, q or q_b, kv_a,
+     * kv_b), o, the MLP's (an MoE layer's shared expert's: its gate and up,
+     * its down), and an MoE layer's router, the routed experts' gate and up,
+     * their down (on the P = M top_k pairs, each pair through one expert: T
+     * experts' weights read), the shared gate */
+    enum { LIN_ROUTER = 8, LIN_SHARED_GATE = 11 };
+    double lin[][5] = {{mla ? 0 : qkv, h, 1, M, 1},
+                       {qr, h, 1, M, 1},
+                       {mla ? (double)uq : 0, qr > 0 ? qr : h, 1, M, 1},
+                       {mla ? kvr + m->mla.qk_rope : 0, h, 1, M, 1},
+                       {mla && !absorb ? kvw : 0, kvr, 1, M, 1},
+                       {h, (double)uo, 1, M, 1},
+                       {f, h, llama ? 2 : 1, M, 1},
+                       {h, f, 1, M, 1},
+                       {E, h, 1, M, 1},
+                       {fe, h, 2, P, T},
+                       {h, fe, 1, P, T},
+                       {mo->shared_gate, h, 1, M, 1}};
     double layer = 0;
     for (size_t k = 0; k < sizeof lin / sizeof lin[0]; k++) {
         double w = lin[k][0] * lin[k][1], rows_k = lin[k][3], copies = lin[k][4];
-        int nf4_k = nf4 && k != 4 && k != 7; /* QLoRA keeps the router and the shared gate 16-bit */
+        int nf4_k = nf4 && k != LIN_ROUTER && k != LIN_SHARED_GATE; /* QLoRA keeps these two 16-bit */
         for (int i = 0; w > 0 && copies > 0 && i < (int)lin[k][2]; i++) {
             if (nf4_k) /* the NF4 tensor read, the 16-bit weight written */
                 layer += copies * ((double)zo_nf4_bytes((uint64_t)w) + w * es) / (hw->hbm_bw * hw->hbm_eff);
@@ -261,11 +282,11 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
      * over the latent cache one row of D a key and value for every head, and
      * kv_b_proj's key rows absorbed into each query, its value rows applied to
      * each head's output */
-    if (latent(m, g) && absorbed) {
-        const double D = (double)latent_row(m), r = m->mla.kv_rank;
-        const double kvw = hq * (m->mla.qk_nope + m->mla.v_dim);
+    if (absorb) { /* (kv_b_proj's weight read here once: QLoRA's dequantized first) */
+        const double D = (double)latent_row(m);
         layer += roofline(hw, g->dtype, 4 * M * keys * hq * D, B * (keys + rows) * D * es + 2 * M * hq * D * es);
-        layer += roofline(hw, g->dtype, 2 * M * kvw * r, kvw * r * es + M * (hq * d + 2 * hq * D) * es);
+        if (nf4) layer += ((double)zo_nf4_bytes((uint64_t)(kvw * kvr)) + kvw * kvr * es) / (hw->hbm_bw * hw->hbm_eff);
+        layer += roofline(hw, g->dtype, 2 * M * kvw * kvr, kvw * kvr * es + M * (hq * d + 2 * hq * D) * es);
     } else {
         layer += roofline(hw, g->dtype, 4 * M * keys * hq * d, B * (keys + rows) * 2 * hkv * d * es + 2 * M * q * es);
     }

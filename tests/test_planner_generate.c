@@ -101,6 +101,20 @@ static void cpu_hw(plan_hw *hw)
     hw->gemm_eff_max = 1;
 }
 
+/* One sequence of `prompt` + `new_tokens` in bf16, nothing reserved. */
+static plan_gen one_sequence(int prompt, int new_tokens)
+{
+    plan_gen g;
+    plan_gen_defaults(&g);
+    g.batch = 1;
+    g.prompt = prompt;
+    g.new_tokens = new_tokens;
+    g.dtype = ZO_DTYPE_BF16;
+    g.cuda_context = g.cublas_workspace = 0;
+    g.fragmentation = 0;
+    return g;
+}
+
 typedef struct gcase {
     const char *what;
     int gpt, layers, batch, prompt, new_tokens;
@@ -407,14 +421,7 @@ static void test_time_model(void **state)
     (void)state;
     zo_model_config m = model(0, 4);
     double w = (double)zo_model_params(&m) * 2.0;
-    plan_gen g;
-    plan_gen_defaults(&g);
-    g.batch = 1;
-    g.prompt = 8;
-    g.new_tokens = 9;
-    g.dtype = ZO_DTYPE_BF16;
-    g.cuda_context = g.cublas_workspace = 0;
-    g.fragmentation = 0;
+    plan_gen g = one_sequence(8, 9);
     plan_hw gpu, host;
     cpu_hw(&gpu);
     gpu.pcie_bw = 2e9;
@@ -463,6 +470,75 @@ static void test_time_model(void **state)
     }
 }
 
+/* DeepSeek-V2-Lite's shape (27 layers, hidden 2048, 16 heads of 128 + 64,
+ * v 128, kv_lora_rank 512, 64 experts), with q_lora_rank and v_head_dim
+ * set apart, bf16, one sequence of 512 + 256, resident. */
+static zo_model_config lite(int q_rank, int v_dim)
+{
+    char json[1024], qr[16];
+    snprintf(qr, sizeof qr, q_rank ? "%d" : "null", q_rank);
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": 27, \"hidden_size\": 2048, "
+             "\"num_attention_heads\": 16, \"num_key_value_heads\": 16, \"q_lora_rank\": %s, "
+             "\"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, "
+             "\"v_head_dim\": %d, \"intermediate_size\": 10944, \"moe_intermediate_size\": 1408, "
+             "\"n_shared_experts\": 2, \"n_routed_experts\": 64, \"num_experts_per_tok\": 6, "
+             "\"first_k_dense_replace\": 1, \"norm_topk_prob\": false, \"topk_method\": \"greedy\", "
+             "\"vocab_size\": 102400, \"max_position_embeddings\": 163840}",
+             qr, v_dim);
+    zo_model_config m;
+    assert_int_equal(zo_model_config_parse(json, "lite.json", &m), 0);
+    return m;
+}
+
+/* memplan generate's time of latent attention's projections, those the
+ * runtime runs: q_proj, or q_a_proj then q_b_proj; kv_a_proj_with_mqa; kv_b_proj
+ * (in the prompt's decompressed form; a token's absorbed attention reads its
+ * weight once, in the attention's term); o_proj from heads x v_head_dim. On
+ * a device whose FLOPs are free and whose memory moves a byte a second,
+ * compute_s and prompt_compute_s are the bytes a forward reads and writes,
+ * so a projection's change moves them by its weight plus its rows' inputs
+ * and outputs (M rows: 1 a token, 512 the prompt), bf16, in each of the 27
+ * layers:
+ * - q_lora_rank 1536 (DeepSeek-V2's) against none: q_a [1536, 2048] and
+ *   q_b [16 x 192, 1536] in place of q_proj [16 x 192, 2048], M (2 x 1536)
+ *   more of rows (q_a's output written, q_b's input read);
+ * - v_head_dim 128 against 64: o_proj's input 16 x 64 wider, its weight
+ *   2048 x 16 x 64 more, M x 16 x 64 more read; kv_b_proj's 16 x 64 more
+ *   rows of 512 read once a token (absorbed), in the prompt as a projection
+ *   with M x 16 x 64 more written.
+ * memplan's old single q|k|v of (16 + 2 x 16) heads of 192 from the hidden
+ * state moved neither; kv_b_proj counted twice in a token moves the second
+ * by 16 x 64 x 512 x 2 bytes a layer more. */
+static void test_mla_projections(void **state)
+{
+    (void)state;
+    plan_hw hw;
+    cpu_hw(&hw);
+    hw.peak_flops_16 = hw.peak_flops_32 = 1e30;
+    hw.hbm_bw = 1;
+    plan_gen g = one_sequence(512, 256);
+    plan_gen_estimate base, qa, v64;
+    zo_model_config m0 = lite(0, 128), mq = lite(1536, 128), mv = lite(0, 64);
+    assert_int_equal(plan_gen_estimate_run(&m0, &hw, &g, &base), 0);
+    assert_int_equal(plan_gen_estimate_run(&mq, &hw, &g, &qa), 0);
+    assert_int_equal(plan_gen_estimate_run(&mv, &hw, &g, &v64), 0);
+    const double L = 27, es = 2, h = 2048, q = 16 * 192, qr = 1536, dv = 16 * 64, kvr = 512, P = 512;
+    const double dq_w = (h * qr + qr * q - h * q) * es; /* q_a and q_b in place of q_proj */
+    double want = L * (dq_w + 1 * 2 * qr * es), got = qa.compute_s - base.compute_s;
+    printf("  a token, q_lora_rank 1536 - none: %.0f bytes (want %.0f)\n", got, want);
+    assert_true(fabs(got - want) <= 1e-9 * base.compute_s);
+    want = L * (dq_w + P * 2 * qr * es), got = qa.prompt_compute_s - base.prompt_compute_s;
+    printf("  the prompt, q_lora_rank 1536 - none: %.0f bytes (want %.0f)\n", got, want);
+    assert_true(fabs(got - want) <= 1e-9 * base.prompt_compute_s);
+    want = L * ((h * dv + 1 * dv) + dv * kvr) * es, got = base.compute_s - v64.compute_s;
+    printf("  a token, v_head_dim 128 - 64: %.0f bytes (want %.0f)\n", got, want);
+    assert_true(fabs(got - want) <= 1e-9 * base.compute_s);
+    want = L * ((h * dv + P * dv) + (dv * kvr + P * dv)) * es, got = base.prompt_compute_s - v64.prompt_compute_s;
+    printf("  the prompt, v_head_dim 128 - 64: %.0f bytes (want %.0f)\n", got, want);
+    assert_true(fabs(got - want) <= 1e-9 * base.prompt_compute_s);
+}
+
 /* The logits wait, from the schedule's structure: with the disk setting the
  * pace, the host reads the next token's first prefetch_depth blocks, then
  * waits for the logits before it reads on, so the disk idles while the
@@ -477,12 +553,7 @@ static void test_time_model(void **state)
 static void test_logits_wait(void **state)
 {
     (void)state;
-    plan_gen g;
-    plan_gen_defaults(&g);
-    g.prompt = 8;
-    g.new_tokens = 9;
-    g.cuda_context = g.cublas_workspace = 0;
-    g.fragmentation = 0;
+    plan_gen g = one_sequence(8, 9);
     g.params_on = ZO_PLAN_NVME;
     plan_hw gpu, host;
     cpu_hw(&gpu);
@@ -556,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_plan_run),
         cmocka_unit_test(test_time_model),
+        cmocka_unit_test(test_mla_projections),
         cmocka_unit_test(test_logits_wait),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

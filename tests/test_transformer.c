@@ -348,7 +348,8 @@ static void run_generation(const char *name)
         for (int i = 0; i < 3; i++) tok[j * 3 + i] = fx.inputs[j * t + i];
     bad += gen_check(&fx, &g, tok, 3, pos, last, want);
     /* a chunk of 2 after them (positions 3 and 4: a multi-token call past
-     * position 0, which the latent cache attends absorbed), then one at a time */
+     * position 0, which the latent cache attends absorbed, its 4 rows in
+     * chunks of B), then one at a time */
     int three[B] = {3, 3}, one_on[B] = {1, 1};
     for (int j = 0; j < B; j++)
         for (int i = 0; i < 2; i++) tok[j * 2 + i] = fx.inputs[j * t + 3 + i];
@@ -516,7 +517,8 @@ static void mla_generate(const zo_model_config *cfg, const char *weights, int ml
 
 /* A PEFT adapter directory for the model's adapter layout, every
  * A and B drawn nonzero (B at the scale of A: the adapters move the logits). */
-static void mla_write_adapter(const zo_model_config *cfg, const tf_lora_options *lora, const char *dir)
+static void mla_write_adapter(const zo_model_config *cfg, const tf_lora_options *lora, const char *dir,
+                              uint64_t seed)
 {
     gpu_cpu_options o = {.n_threads = 1};
     gpu_device_t dev;
@@ -527,7 +529,7 @@ static void mla_write_adapter(const zo_model_config *cfg, const tf_lora_options 
     assert_int_equal(tf_gen_init(&g, cfg, dev, &gc), ZO_OK);
     const model_layout *ad = &g.m.adapters;
     float **blocks = calloc((size_t)ad->n_blocks, sizeof *blocks);
-    uint64_t x = 0x9e3779b97f4a7c15ull;
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ seed;
     for (int b = 0; b < ad->n_blocks; b++) {
         blocks[b] = calloc(ad->block_numel[b] + 1, sizeof(float));
         for (size_t i = 0; i < ad->block_numel[b]; i++) {
@@ -615,7 +617,7 @@ static void test_mla_latent_cache(void **state)
     memcpy(plain, lat, n * sizeof *plain);
     /* adapters on latent attention's four projections (kv_b_proj's too) */
     tf_lora_options lo = {.r = 4, .alpha = 8.0f, .targets = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V};
-    mla_write_adapter(&cfg, &lo, adir);
+    mla_write_adapter(&cfg, &lo, adir, 0);
     for (int nf4 = 0; nf4 < 2; nf4++) {
         lo.nf4 = nf4;
         mla_generate(&cfg, wp, TF_MLA_CACHE_LATENT, nf4 ? OFFLOAD_DEVICE : OFFLOAD_CPU, &lo, adir, lat, &kv_lat);
@@ -638,6 +640,133 @@ static void test_mla_latent_cache(void **state)
     free(lat);
     free(full);
     free(plain);
+}
+
+/* One forward of b x t tokens at positions pos (tf_set_tokens: what
+ * tf_gen_next makes for t 1), the logits of each sequence's last row. */
+static void mla_call(tf_gen *g, const int32_t *tok, int t, const int *pos, float *logits)
+{
+    int last[B];
+    for (int j = 0; j < B; j++) last[j] = t - 1;
+    assert_int_equal(tf_set_tokens(&g->m, g->s, tok, B, t, pos, last), ZO_OK);
+    assert_int_equal(offload_forward(g->rt, g->s), ZO_OK);
+    assert_int_equal(tf_logits(&g->m, g->s, logits), ZO_OK);
+}
+
+/* The calls of mla_calls_generate: a prompt, MLA_LONG tokens after it, 3
+ * more, one more; the layer forwards the latent cache took in each form
+ * (mla_forms) after each call into forms [4][2]. */
+#define MLA_LONG 16
+#define MLA_CALLS 4
+static void mla_calls_run(tf_gen *g, const zo_model_config *cfg, float *out, uint64_t forms[MLA_CALLS][2])
+{
+    const int V = cfg->vocab, lens[B] = {3, 5}, ts[MLA_CALLS] = {0, MLA_LONG, 3, 1};
+    int32_t p0[5] = {3, 17, 40}, p1[5] = {9, 2, 33, 61, 5}, tok[B * MLA_LONG];
+    const int32_t *pp[B] = {p0, p1};
+    int pos[B] = {lens[0], lens[1]};
+    assert_int_equal(tf_gen_prompt(g, pp, lens, B, out), ZO_OK);
+    memcpy(forms[0], g->m.mla_forms, sizeof forms[0]);
+    for (int k = 1; k < MLA_CALLS; k++) {
+        for (int j = 0; j < B; j++)
+            for (int i = 0; i < ts[k]; i++) tok[j * ts[k] + i] = (int32_t)((7 * k + 11 * j + 5 * i + 1) % V);
+        mla_call(g, tok, ts[k], pos, out + (size_t)k * B * V);
+        memcpy(forms[k], g->m.mla_forms, sizeof forms[k]);
+        for (int j = 0; j < B; j++) pos[j] += ts[k];
+    }
+}
+
+/* tiny_deepseek_v2 (fp32, adapters on q_a, q_b, kv_a and kv_b) over the
+ * cache `mla_cache`: mla_calls_run with the adapter of seed 1, then with
+ * the adapter of seed 2 loaded into the same model, the logits of each run
+ * into out [2][MLA_CALLS B vocab]. */
+static void mla_calls_generate(const zo_model_config *cfg, const char *weights, int mla_cache, const char *adir1,
+                               const char *adir2, float *out, uint64_t forms[2][MLA_CALLS][2])
+{
+    gpu_cpu_options o = {.n_threads = 2};
+    gpu_device_t dev;
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    tf_gen_config gc = {.batch = B, .prompt_max = MLA_LONG, .ctx = 5 + MLA_LONG + 3 + 1, .dtype = ZO_DTYPE_F32,
+                        .mla_cache = mla_cache,
+                        .lora = {.r = 4, .alpha = 8.0f, .targets = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V}};
+    offload_config_defaults(&gc.oc);
+    gc.oc.params_on = OFFLOAD_DEVICE;
+    tf_gen g;
+    assert_int_equal(tf_gen_init(&g, cfg, dev, &gc), ZO_OK);
+    const size_t n = (size_t)MLA_CALLS * B * cfg->vocab;
+    assert_int_equal(tf_gen_load(&g, weights, 0, adir1), ZO_OK);
+    mla_calls_run(&g, cfg, out, forms[0]);
+    assert_int_equal(tf_gen_load(&g, weights, 0, adir2), ZO_OK);
+    mla_calls_run(&g, cfg, out + n, forms[1]);
+    tf_gen_free(&g);
+    gpu_device_free(dev);
+}
+
+/* The latent cache's other calls against the full cache's logits. After a
+ * prompt of 3 and 5 tokens, a call of MLA_LONG (16) tokens a sequence
+ * attends decompressed (mla_decompressed; at tiny_deepseek_v2's shape, H 3,
+ * r 20, nope 12, v 10, D 28, d 20, the two sequences' layer is 201600 FLOPs
+ * decompressed against 218880 absorbed), the cached positions decompressed
+ * from their latent rows; a call of 3 tokens after those is absorbed
+ * (60192 against 153120), its 2 x 3 rows wider than the absorbed form's 2
+ * (B): in chunks (mla_latent_chunks); then a token. Each call's form is
+ * checked (the layer forwards mla_forms counts), and its logits held to the
+ * full cache's as test_mla_latent_cache's are (a cached position not
+ * decompressed, a row at the wrong position, a chunk's rows or positions
+ * wrong move them by far more). Then the adapters are loaded again with
+ * other values into the same model and the calls run again: the absorbed
+ * form's kv_b_proj adapter terms read the new ones (a fold of the first
+ * adapter kept would answer with the first run's logits). */
+static void test_mla_latent_calls(void **state)
+{
+    (void)state;
+    char cfgp[512], wp[512], adir1[64], adir2[64];
+    snprintf(cfgp, sizeof cfgp, "%s/tiny_deepseek_v2.json", fix_dir());
+    snprintf(wp, sizeof wp, "%s/tiny_deepseek_v2.safetensors", fix_dir());
+    snprintf(adir1, sizeof adir1, "/tmp/zo_test_mla1_%d", (int)getpid());
+    snprintf(adir2, sizeof adir2, "/tmp/zo_test_mla2_%d", (int)getpid());
+    zo_model_config cfg;
+    assert_int_equal(zo_model_config_load(cfgp, &cfg), ZO_OK);
+    tf_lora_options lo = {.r = 4, .alpha = 8.0f, .targets = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V};
+    mla_write_adapter(&cfg, &lo, adir1, 1);
+    mla_write_adapter(&cfg, &lo, adir2, 2);
+    const size_t n = (size_t)MLA_CALLS * B * cfg.vocab, L = (size_t)cfg.n_layers;
+    float *lat = malloc(2 * n * sizeof *lat), *full = malloc(2 * n * sizeof *full);
+    uint64_t fl[2][MLA_CALLS][2], ff[2][MLA_CALLS][2];
+    mla_calls_generate(&cfg, wp, TF_MLA_CACHE_LATENT, adir1, adir2, lat, fl);
+    mla_calls_generate(&cfg, wp, TF_MLA_CACHE_FULL, adir1, adir2, full, ff);
+    int bad = 0;
+    for (int run = 0; run < 2; run++) {
+        /* the forms: prompt and long call decompressed, then absorbed (counts since the model began) */
+        const uint64_t *f0 = run ? fl[0][MLA_CALLS - 1] : (const uint64_t[2]){0, 0};
+        static const int want_dec[MLA_CALLS] = {1, 1, 0, 0};
+        for (int k = 0; k < MLA_CALLS; k++) {
+            const uint64_t *prev = k ? fl[run][k - 1] : f0;
+            assert_int_equal(fl[run][k][1] - prev[1], want_dec[k] ? L : 0);
+            assert_int_equal(fl[run][k][0] - prev[0], want_dec[k] ? 0 : L);
+        }
+        static const char *const what[2][MLA_CALLS] = {
+            {"adapter 1: the prompt", "adapter 1: 16 tokens after it (decompressed)",
+             "adapter 1: 3 tokens after those (absorbed, chunks)", "adapter 1: a token"},
+            {"adapter 2: the prompt", "adapter 2: 16 tokens after it (decompressed)",
+             "adapter 2: 3 tokens after those (absorbed, chunks)", "adapter 2: a token"}};
+        const size_t per = (size_t)B * cfg.vocab;
+        for (int k = 0; k < MLA_CALLS; k++)
+            bad += mla_compare(what[run][k], lat + run * n + k * per, full + run * n + k * per, per);
+    }
+    assert_int_equal(ff[1][MLA_CALLS - 1][0] + ff[1][MLA_CALLS - 1][1], 0); /* (the full cache: neither) */
+    /* the second adapter moves the absorbed calls' logits by far more than the tolerance */
+    double moved = 0, scale = 0;
+    for (size_t i = 2 * (size_t)B * cfg.vocab; i < n; i++) {
+        moved = fmax(moved, fabs((double)lat[n + i] - lat[i]));
+        scale = fmax(scale, fabs((double)lat[i]));
+    }
+    if (moved < 1e-2 * scale) fail_msg("the second adapter moved the logits by %g of %g", moved, scale);
+    assert_int_equal(bad, 0);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", adir1, adir2);
+    assert_int_equal(system(cmd), 0);
+    free(lat);
+    free(full);
 }
 
 /* The fixture's data as a uint16 token file, so batches come from the real
@@ -2079,6 +2208,7 @@ int main(void)
         cmocka_unit_test(test_phi3_vs_torch),
         cmocka_unit_test(test_deepseek_v2_vs_torch),
         cmocka_unit_test(test_mla_latent_cache),
+        cmocka_unit_test(test_mla_latent_calls),
         cmocka_unit_test(test_phi3_longrope_vs_torch),
         cmocka_unit_test(test_phi3_partial_vs_torch),
         cmocka_unit_test(test_gemma_vs_torch),

@@ -476,12 +476,11 @@ size_t tf_kv_cache_bytes(const zo_model_config *cfg, zo_dtype dtype, int B, int 
     return (size_t)cfg->n_layers * (size_t)B * (size_t)kv_len * row * zo_dtype_size(dtype);
 }
 
-/* kv_b_proj's weight needs a buffer of its own for the latent cache: with
- * an adapter on it (folded in) over a 16-bit base (an NF4 one is
- * dequantized into wdq, which takes the adapter in place) */
-static int mla_w_own(const tf_model *m)
+/* An adapter on kv_b_proj under the latent cache: the absorbed form runs
+ * its terms beside the absorbed weight (mla_latent_attention), in mla_u */
+static int mla_kvb_adapter(const tf_model *m)
 {
-    if (!latent_cache(m) || !has_lora(m) || m->opts.lora.nf4) return 0;
+    if (!latent_cache(m) || !has_lora(m)) return 0;
     for (int j = 0; j < m->n_lora; j++)
         if (m->lora[j].stage == TF_LORA_MLA_KVB) return 1;
     return 0;
@@ -507,7 +506,9 @@ static zo_status gen_alloc(tf_model *m)
     m->vcache = calloc(L ? L : 1, sizeof *m->vcache);
     m->hpos = calloc(B, sizeof *m->hpos);
     m->hlast = calloc(B, sizeof *m->hlast);
-    if (!m->kcache || !m->vcache || !m->hpos || !m->hlast) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
+    m->hrowpos = latent_cache(m) ? calloc(N, sizeof *m->hrowpos) : NULL;
+    if (!m->kcache || !m->vcache || !m->hpos || !m->hlast || (latent_cache(m) && !m->hrowpos))
+        return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     const act_req io[] = {{(void **)&m->tokens, N * 4, "tokens"}, {(void **)&m->pos, B * 4, "positions"}};
     if ((st = act_alloc(m, io, N_REQ(io))) != ZO_OK) return st;
     if (!m->opts.external_res)
@@ -516,19 +517,21 @@ static zo_status gen_alloc(tf_model *m)
             if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
         }
     tf_layer_acts *a = &m->acts[0];
-    /* the latent cache: q|k|v of H query heads and one key and value head
-     * of the cache row's width, the output (q before absorption first) of
-     * H heads of it; for the prompt's decompressed form (mla_decompressed)
-     * the full cache's c_kv copy and kv_b output, and the call's decompressed
-     * keys and values */
+    /* the latent cache: the absorbed form (decoding) runs at most B rows at
+     * once (mla_latent_chunks), its q|k|v H query heads and one key and
+     * value head of the cache row's width, its output (q before absorption
+     * first) H heads of it, with an adapter on kv_b_proj that adapter's
+     * terms; the decompressed form (mla_decompressed: a prompt, a long call)
+     * the full cache's q|k|v, c_kv copy and kv_b output at B T rows, and the
+     * keys and values it attends; each new row's position */
     const int lat = latent_cache(m);
     size_t Hr = (size_t)c->n_heads * (lat ? (size_t)mla_row(c) : 0);
     const act_req r[] = {
         {&a->ln1, L ? N * h * es : 0, "ln1"},
         {(void **)&a->mean1, L ? N * 4 : 0, "ln1 mean"},
         {(void **)&a->rstd1, L ? N * 4 : 0, "ln1 rstd"},
-        {&a->qkv, L ? N * max_z((size_t)qkv_width(c), lat ? Hr + 2 * (size_t)mla_row(c) : 0) * es : 0, "qkv"},
-        {&a->att, L ? N * max_z((size_t)q_width(c), Hr) * es : 0, "attention"},
+        {&a->qkv, L ? max_z(N * qkv_width(c), B * (lat ? Hr + 2 * (size_t)mla_row(c) : 0)) * es : 0, "qkv"},
+        {&a->att, L ? max_z(N * q_width(c), B * Hr) * es : 0, "attention"},
         {&a->mla_qa, L ? N * (size_t)c->mla.q_rank * es : 0, "latent attention q_a"},
         {&a->mla_ckv, L ? N * (size_t)c->mla.kv_rank * es : 0, "latent attention c_kv"},
         {&a->mla_attv, L && is_mla(c) ? N * o_width(c) * es : 0, "latent attention output (o_proj input)"},
@@ -536,9 +539,10 @@ static zo_status gen_alloc(tf_model *m)
         {&m->mla_kv, L && is_mla(c) ? N * (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * es : 0,
          "latent attention kv_b"},
         {&m->mla_kdec, L && lat ? N * (size_t)(qkv_width(c) - q_width(c)) * es : 0,
-         "latent cache: the prompt's keys and values"},
-        {&m->mla_w, L && mla_w_own(m) ? (size_t)c->n_heads * (c->mla.qk_nope + c->mla.v_dim) * c->mla.kv_rank * es : 0,
-         "latent attention kv_b_proj with its adapter folded in"},
+         "latent cache: the decompressed keys and values"},
+        {&m->mla_u, L && mla_kvb_adapter(m) ? B * c->n_heads * (size_t)m->opts.lora.r * es : 0,
+         "latent cache: kv_b_proj's adapter terms"},
+        {(void **)&m->rowpos, lat ? N * 4 : 0, "latent cache: the rows' positions"},
         {&a->x_mid, L && !parallel_residual(m) ? N * h * es : 0, "residual mid"},
         /* Gemma-2: one input and 1/rms for both output norms (nothing kept) */
         {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "post norm input"},
@@ -922,7 +926,7 @@ void tf_free(tf_model *m)
                  m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
                  m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d,
-                 m->mla_kva, m->mla_kv, m->mla_kdec, m->mla_w, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa,
+                 m->mla_kva, m->mla_kv, m->mla_kdec, m->mla_u, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa,
                  m->mla_dattv};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     for (size_t l = 0; l < L; l++) {
@@ -930,11 +934,13 @@ void tf_free(tf_model *m)
         if (m->vcache) gpu_mem_free(d, m->vcache[l]);
     }
     gpu_mem_free(d, m->pos);
+    gpu_mem_free(d, m->rowpos);
     gpu_mem_free(d, m->hsel);
     free(m->kcache);
     free(m->vcache);
     free(m->hpos);
     free(m->hlast);
+    free(m->hrowpos);
     free(m->res);
     free(m->acts);
     free(m->moe_w_h);
@@ -1094,6 +1100,12 @@ zo_status tf_set_tokens(tf_model *m, gpu_stream_t s, const int32_t *tokens, int 
     memcpy(m->hlast, last, (size_t)b * sizeof *last);
     if ((st = gpu_memcpy_async(s, m->tokens, tokens, (size_t)b * t * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
         return st;
+    if (m->hrowpos) { /* (the latent cache's forms take a sequence's rows apart: mla_latent_chunks) */
+        for (int j = 0; j < b; j++)
+            for (int i = 0; i < t; i++) m->hrowpos[(size_t)j * t + i] = pos[j] + i;
+        if ((st = gpu_memcpy_async(s, m->rowpos, m->hrowpos, (size_t)b * t * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
+            return st;
+    }
     return gpu_memcpy_async(s, m->pos, m->hpos, (size_t)b * 4, GPU_COPY_HOST_TO_DEVICE);
 }
 
@@ -2508,43 +2520,52 @@ static zo_status mla_out_forward(tf_model *m, gpu_stream_t s, gpu_tensor attv, g
  * key and value caches one buffer: the new rows' key and value heads are
  * equal), at the decompressed attention's scale. */
 
-/* kv_b_proj's weight of layer l [H (nope + v), kv_rank] as the absorbed
- * attention reads it: the base's view; an NF4 base dequantized into wdq;
- * an adapter folded in, W + (alpha / r) B A, into wdq (NF4) or mla_w. */
-static zo_status mla_kvb_weight(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, const mla_dims *md,
-                                gpu_tensor *w)
+/* An adapter on kv_b_proj (W + s B A, B [H (nope + v), r], A [r, kv_rank])
+ * in the absorbed form, as terms beside the base weight rather than folded
+ * into a copy of it: q'_nope_h += s (q_nope_h B_K_h) A before the
+ * attention (stage 0), out_h += s (o_h A^T) B_V_h^T after it (stage 1), B_K_h
+ * and B_V_h head h's key and value rows of B, through u [N, H, r]. Nothing
+ * is kept between forwards, so a changed adapter or base is what the next
+ * forward reads; a term is r / kv_rank of the absorbed GEMM beside it. */
+static zo_status mla_kvb_adapter_terms(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
+                                       const mla_dims *md, int stage, gpu_tensor x, int64_t ldx, int64_t hsx,
+                                       gpu_tensor y, int64_t ldy, int64_t hsy)
 {
     zo_status st;
-    const int blk = model_layout_layer_block(l), r = m->opts.lora.r;
-    if ((st = base_weight(m, s, base_buf(m, bb), blk, MODEL_ROLE_KV_B_W, w)) != ZO_OK) return st;
+    const int N = md->N, H = md->H, r = m->opts.lora.r;
     int n;
     const tf_lora_slot *slots = layer_slots(m, l, &n);
+    gpu_tensor u = gpu_t(m->mla_u, m->dtype);
     for (int j = 0; j < n; j++) {
         const tf_lora_slot *sl = &slots[j];
         if (sl->stage != TF_LORA_MLA_KVB) continue;
-        const size_t numel = (size_t)md->kvw * md->kvr, bytes = numel * zo_dtype_size(m->dtype);
-        if (w->data != m->wdq) { /* the base's view into a buffer of its own */
-            if (!m->mla_w)
-                return zo_error(ZO_ERR_INTERNAL, "latent attention, layer %d: kv_b_proj's adapter and no buffer "
-                                "to fold it into (a 16-bit kv_b_proj under NF4)", l);
-            if ((st = gpu_memcpy_async(s, m->mla_w, w->data, bytes, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK) return st;
-            *w = gpu_t(m->mla_w, m->dtype);
-        }
-        m->wdq_src = NULL; /* (wdq no longer holds a tensor as dequantized) */
-        gpu_gemm_desc g = {.m = md->kvw, .n = md->kvr, .k = r, .alpha = stage_scale(m, TF_LORA_MLA_KVB),
-                           .beta = 1.0f, .a = lora_part(m, bb->params, sl, MODEL_LORA_B),
-                           .b = lora_part(m, bb->params, sl, MODEL_LORA_A), .c = *w, .lda = r, .ldb = md->kvr,
-                           .ldc = md->kvr};
-        if ((st = gpu_gemm(s, &g)) != ZO_OK) return st;
+        gpu_tensor A = lora_part(m, bb->params, sl, MODEL_LORA_A), Bk = lora_part(m, bb->params, sl, MODEL_LORA_B);
+        gpu_tensor Bv = col_at(Bk, (size_t)md->nope * r);
+        const float sc = stage_scale(m, TF_LORA_MLA_KVB);
+        /* u_h = q_nope_h B_K_h [N, r] (x: q_nope), or o_h A^T (x: o's c_kv part) */
+        gpu_gemm_desc g1 = {.trans_b = stage, .m = N, .n = r, .k = stage ? md->kvr : md->nope, .alpha = 1.0f,
+                            .beta = 0.0f, .a = x, .b = stage ? A : Bk, .c = u, .lda = ldx, .ldb = stage ? md->kvr : r,
+                            .ldc = (int64_t)H * r, .batch = H, .stride_a = hsx,
+                            .stride_b = stage ? 0 : (int64_t)md->kvh * r, .stride_c = r};
+        /* y_h += s u_h A [N, kv_rank], or s u_h B_V_h^T [N, v] */
+        gpu_gemm_desc g2 = {.trans_b = stage, .m = N, .n = stage ? md->v : md->kvr, .k = r, .alpha = sc, .beta = 1.0f,
+                            .a = u, .b = stage ? Bv : A, .c = y, .lda = (int64_t)H * r, .ldb = stage ? r : md->kvr,
+                            .ldc = ldy, .batch = H, .stride_a = r, .stride_b = stage ? (int64_t)md->kvh * r : 0,
+                            .stride_c = hsy};
+        if ((st = gpu_gemm(s, &g1)) != ZO_OK || (st = gpu_gemm(s, &g2)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
 
-/* Layer l's attention over the latent cache, from ln1 [N, h] to o_proj's
- * input mla_attv [N, H v]. q goes to att first [N, H d]; qkv [N, (H + 2) D]
- * holds the absorbed queries, the row as key and as value; the attention's
- * output [N, H D] overwrites att. */
-static zo_status mla_latent_attention(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, gpu_tensor ln1)
+/* Layer l's attention over the latent cache, absorbed, from ln1 [N, h] to
+ * o_proj's input attv [N, H v] (N = b t, at most B rows: mla_latent_chunks).
+ * q goes to att first [N, H d]; qkv [N, (H + 2) D] holds the absorbed
+ * queries, the row as key and as value; the attention's output [N, H D]
+ * overwrites att. kv_b_proj's weight is the base's view (an NF4 base
+ * dequantized into wdq), an adapter's terms beside it. The rows are
+ * sequences seq .. seq + b - 1 of the cache. */
+static zo_status mla_latent_attention(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, gpu_tensor ln1,
+                                      gpu_tensor attv, int seq)
 {
     zo_status st;
     const zo_model_config *c = &m->cfg;
@@ -2573,7 +2594,7 @@ static zo_status mla_latent_attention(tf_model *m, int l, const tf_block_bufs *b
             ZO_OK)
         return st;
     gpu_tensor w;
-    if ((st = mla_kvb_weight(m, l, bb, s, &md, &w)) != ZO_OK) return st;
+    if ((st = base_weight(m, s, W, blk, MODEL_ROLE_KV_B_W, &w)) != ZO_OK) return st;
     /* q'_h = [q_pe_h | q_nope_h W_UK_h]: q_nope_h [N, nope] x W_UK_h [nope, kv_rank], a GEMM a head */
     gpu_gemm_desc uk = {.m = N, .n = md.kvr, .k = md.nope, .alpha = 1.0f, .beta = 0.0f,
                         .a = col_at(q, (size_t)md.rope), .b = w, .c = col_at(qkv, (size_t)md.rope),
@@ -2581,6 +2602,8 @@ static zo_status mla_latent_attention(tf_model *m, int l, const tf_block_bufs *b
                         .stride_b = (int64_t)md.kvh * md.kvr, .stride_c = D};
     if ((st = gpu_head_copy(s, qkv, q, N, H, md.rope, md.rope, ldq, D, md.qw, md.d)) != ZO_OK ||
         (st = gpu_gemm(s, &uk)) != ZO_OK ||
+        (st = mla_kvb_adapter_terms(m, l, bb, s, &md, 0, col_at(q, (size_t)md.rope), md.qw, md.d,
+                                    col_at(qkv, (size_t)md.rope), ldq, D)) != ZO_OK ||
         (st = gpu_head_copy(s, krow, kva, N, 1, D, D, ldq, D, md.kaw, 0)) != ZO_OK ||
         /* RoPE on every q_pe and on k_pe, then the rotated row as the value too */
         (st = rope_gen(m, l, s, qkv, ldq, H + 1, D)) != ZO_OK ||
@@ -2590,32 +2613,81 @@ static zo_status mla_latent_attention(tf_model *m, int l, const tf_block_bufs *b
     ad.scale = gpu_attn_scale(&ad); /* the decompressed heads' (d = nope + rope) */
     ad.hkv = 1;
     ad.d = D;
-    gpu_tensor cache = gpu_t(m->kcache[l], dt);
+    gpu_tensor cache = col_at(gpu_t(m->kcache[l], dt), (size_t)seq * m->opts.kv_len * D);
     if ((st = gpu_attention_cached(s, &ad, att, qkv, cache, cache, m->pos, m->opts.kv_len)) != ZO_OK) return st;
     /* out_h [N, v] = o_h [N, kv_rank] x W_UV_h^T, a GEMM a head */
     gpu_gemm_desc uv = {.trans_b = 1, .m = N, .n = md.v, .k = md.kvr, .alpha = 1.0f, .beta = 0.0f,
                         .a = col_at(att, (size_t)md.rope), .b = col_at(w, (size_t)md.nope * md.kvr),
-                        .c = gpu_t(a->mla_attv, dt), .lda = (int64_t)H * D, .ldb = md.kvr,
+                        .c = attv, .lda = (int64_t)H * D, .ldb = md.kvr,
                         .ldc = (int64_t)H * md.v, .batch = H, .stride_a = D, .stride_b = (int64_t)md.kvh * md.kvr,
                         .stride_c = md.v};
-    return gpu_gemm(s, &uv);
+    if ((st = gpu_gemm(s, &uv)) != ZO_OK) return st;
+    return mla_kvb_adapter_terms(m, l, bb, s, &md, 1, col_at(att, (size_t)md.rope), (int64_t)H * D, D, attv,
+                                 (int64_t)H * md.v, md.v);
 }
 
-/* The latent cache's form of this call (docs/generate.md, "The prompt's
- * form"): 1 to attend decompressed, as the full cache does, 0 absorbed.
- * Per layer, sequence s of n new tokens after p_s cached ones attends over
- * P_s = p_s + n positions, A_s = n p_s + n (n + 1) / 2 query-key pairs:
+/* A forward's rows narrowed to `t` rows of sequence j from row i0 (m->b,
+ * m->t and m->pos: what the layer's ops read), and back (rows_restore). */
+typedef struct row_view {
+    int b, t;
+    int32_t *pos;
+} row_view;
+
+static row_view rows_narrow(tf_model *m, int j, int i0, int t)
+{
+    row_view v = {m->b, m->t, m->pos};
+    m->pos = m->rowpos + (size_t)j * m->t + i0;
+    m->b = 1;
+    m->t = t;
+    return v;
+}
+
+static void rows_restore(tf_model *m, row_view v)
+{
+    m->b = v.b;
+    m->t = v.t;
+    m->pos = v.pos;
+}
+
+/* The absorbed form of a call of b x t rows: at once when they are at most
+ * the B rows its buffers hold (a token of each sequence), else each
+ * sequence's rows in chunks of B, in order (a chunk's rows go into the
+ * cache before the next chunk's queries read them: each query attends over
+ * the positions up to its own, as at once). */
+static zo_status mla_latent_chunks(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, gpu_tensor ln1)
+{
+    const int b = m->b, t = m->t, R = m->B;
+    const size_t hrow = (size_t)m->cfg.hidden, orow = (size_t)m->cfg.n_heads * m->cfg.mla.v_dim;
+    gpu_tensor attv = gpu_t(m->acts[l].mla_attv, m->dtype);
+    if (b * t <= R) return mla_latent_attention(m, l, bb, s, ln1, attv, 0);
+    zo_status st = ZO_OK;
+    for (int j = 0; j < b && st == ZO_OK; j++)
+        for (int i0 = 0; i0 < t && st == ZO_OK; i0 += R) {
+            const size_t row = (size_t)j * t + i0;
+            row_view v = rows_narrow(m, j, i0, t - i0 < R ? t - i0 : R);
+            st = mla_latent_attention(m, l, bb, s, col_at(ln1, row * hrow), col_at(attv, row * orow), j);
+            rows_restore(m, v);
+        }
+    return st;
+}
+
+/* The latent cache's form of this call (docs/generate.md, "The latent
+ * cache's forms"): 1 to attend decompressed, as the full cache does, 0
+ * absorbed. Per layer, sequence s of n new tokens after p_s cached ones
+ * attends over P_s = p_s + n positions, A_s = n p_s + n (n + 1) / 2
+ * query-key pairs:
  *   absorbed:     H (2 n nope r + 2 n r v) + 4 A_s H D    (q_nope W_UK, o W_UV^T;
  *                                                         q.k and p.v D = rope + r wide)
  *   decompressed: 2 P_s r H (nope + v) + 4 A_s H d        (kv_b_proj over c_kv of the
  *                                                         P_s positions; q.k, p.v d wide)
  * The decompressed form is taken when its sum over the sequences is the
- * smaller and every sequence starts at position 0 (a prompt: its keys and
- * values are the call's own, scratch of b x t rows; decompressing cached
- * positions is not implemented, so a multi-token call after earlier tokens,
- * which only tf_set_tokens makes, attends absorbed). At position 0 the
- * projections cost the same in both forms and D > d, so a prompt always
- * attends decompressed; a token after a cache of p attends absorbed. */
+ * smaller and its keys and values fit their scratch (mla_kdec: B T rows; a
+ * call after cached positions decompresses one sequence at a time, so each
+ * P_s must fit). At position 0 the projections cost the same in both forms
+ * and D > d, so a prompt always attends decompressed; a token after a
+ * cache of p attends absorbed; a call of n tokens after p cached ones
+ * attends decompressed once 4 A (D - d) passes 2 p r (nope + v), for every
+ * p from n > r (nope + v) / (2 (D - d)) on (171 at DeepSeek-V2-Lite's shape). */
 static int mla_decompressed(const tf_model *m)
 {
     const zo_model_config *c = &m->cfg;
@@ -2624,39 +2696,87 @@ static int mla_decompressed(const tf_model *m)
     double absorbed = 0, dec = 0;
     for (int j = 0; j < m->b; j++) {
         const double p = m->hpos[j], A = n * p + n * (n + 1) / 2;
-        if (m->hpos[j]) return 0;
+        if (m->hpos[j] && m->hpos[j] + m->t > m->B * m->T) return 0;
         absorbed += H * (2 * n * nope * r + 2 * n * r * v) + 4 * A * H * D;
         dec += 2 * (p + n) * r * H * (nope + v) + 4 * A * H * d;
     }
     return dec < absorbed;
 }
 
+/* Sequence j's p cached positions decompressed into the keys and values
+ * kd, vd [P, H d] (one sequence: row stride H d): kv_b_proj (and its
+ * adapters) over each position's c_kv, copied out of the cache into
+ * a->mla_ckv, gives [k_nope | v] of each head into mla_kv; a key is [k_pe |
+ * k_nope] (the cache's k_pe, rotated when it was written), a value [v | 0]. */
+static zo_status mla_decompress_cached(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, int j, int p,
+                                       gpu_tensor kd, gpu_tensor vd)
+{
+    zo_status st;
+    const mla_dims md = mla_dims_of(m);
+    const int D = mla_row(&m->cfg);
+    const zo_dtype dt = m->dtype;
+    gpu_tensor row = col_at(gpu_t(m->kcache[l], dt), (size_t)j * m->opts.kv_len * D);
+    gpu_tensor ckv = gpu_t(m->acts[l].mla_ckv, dt), kv = gpu_t(m->mla_kv, dt);
+    const int64_t hd = (int64_t)md.H * md.d;
+    row_view v = rows_narrow(m, j, 0, p); /* (lora_forward's rows) */
+    st = gpu_head_copy(s, ckv, col_at(row, (size_t)md.rope), p, 1, md.kvr, md.kvr, md.kvr, 0, D, 0);
+    if (st == ZO_OK)
+        st = base_linear_forward(m, s, base_buf(m, bb), model_layout_layer_block(l), MODEL_ROLE_KV_B_W, NO_BIAS, kv,
+                                 md.kvw, ckv, p, md.kvw, md.kvr);
+    if (st == ZO_OK) st = lora_forward(m, s, l, bb, TF_LORA_MLA_KVB, ckv, kv, md.kvw);
+    rows_restore(m, v);
+    if (st != ZO_OK ||
+        (st = gpu_head_copy(s, kd, row, p, md.H, md.rope, md.rope, hd, md.d, D, 0)) != ZO_OK ||
+        (st = gpu_head_copy(s, col_at(kd, (size_t)md.rope), kv, p, md.H, md.nope, md.nope, hd, md.d, md.kvw,
+                            md.kvh)) != ZO_OK)
+        return st;
+    return gpu_head_copy(s, vd, col_at(kv, (size_t)md.nope), p, md.H, md.v, md.d, hd, md.d, md.kvw, md.kvh);
+}
+
 /* The decompressed form over the latent cache: qkv [N, ld] holds the new
  * tokens' q and the full cache's k and v (mla_qkv_forward, rotated), a->mla_ckv
  * their c_kv normed. Their rows [k_pe | c_kv] go into the latent cache at
- * positions 0 .. t - 1 of each sequence, and the queries attend as the full
- * cache's do, over keys and values in m->mla_kdec (the call's alone). */
-static zo_status mla_decompressed_attention(tf_model *m, int l, gpu_stream_t s, const gpu_attn_desc *ad,
-                                            gpu_tensor att, gpu_tensor qkv)
+ * positions pos[j] .. pos[j] + t - 1 of each sequence j, and the queries
+ * attend as the full cache's do, over keys and values in m->mla_kdec: a
+ * prompt's (every sequence at position 0) the call's own [b, t], all
+ * sequences at once; after cached positions, one sequence at a time, its
+ * cached positions decompressed (mla_decompress_cached) and the call's. */
+static zo_status mla_decompressed_attention(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
+                                            const gpu_attn_desc *ad, gpu_tensor att, gpu_tensor qkv)
 {
     zo_status st;
     const mla_dims md = mla_dims_of(m);
     const int b = m->b, t = m->t, D = mla_row(&m->cfg), kv_len = m->opts.kv_len;
     const zo_dtype dt = m->dtype;
     gpu_tensor cache = gpu_t(m->kcache[l], dt), ckv = gpu_t(m->acts[l].mla_ckv, dt);
-    /* k_pe (key head 0's rotated front) and c_kv of row i of sequence j to cache row j kv_len + i */
+    int cached = 0;
+    /* k_pe (key head 0's rotated front) and c_kv of row i of sequence j to cache row j kv_len + pos[j] + i */
     for (int j = 0; j < b; j++) {
-        gpu_tensor row = col_at(cache, (size_t)j * kv_len * D);
+        gpu_tensor row = col_at(cache, ((size_t)j * kv_len + m->hpos[j]) * D);
         const size_t r0 = (size_t)j * t;
         if ((st = gpu_head_copy(s, row, col_at(qkv, r0 * md.ld + md.qw), t, 1, md.rope, md.rope, D, 0, md.ld, 0)) !=
                 ZO_OK ||
             (st = gpu_head_copy(s, col_at(row, (size_t)md.rope), col_at(ckv, r0 * md.kvr), t, 1, md.kvr, md.kvr, D, 0,
                                 md.kvr, 0)) != ZO_OK)
             return st;
+        cached |= m->hpos[j] > 0;
     }
-    const size_t half = (size_t)b * t * ad->hkv * ad->d;
-    gpu_tensor kd = gpu_t(m->mla_kdec, dt), vd = col_at(kd, half);
-    return gpu_attention_cached(s, ad, att, qkv, kd, vd, m->pos, t);
+    gpu_tensor kd = gpu_t(m->mla_kdec, dt);
+    if (!cached)
+        return gpu_attention_cached(s, ad, att, qkv, kd, col_at(kd, (size_t)b * t * ad->hkv * ad->d), m->pos, t);
+    /* one sequence: its P <= B T keys and values (mla_decompressed), the new ones written by the attention */
+    const int cap = m->B * m->T;
+    gpu_tensor vd = col_at(kd, (size_t)cap * ad->hkv * ad->d);
+    gpu_attn_desc one = *ad;
+    one.b = 1;
+    for (int j = 0; j < b; j++) {
+        const size_t r0 = (size_t)j * t;
+        if ((m->hpos[j] && (st = mla_decompress_cached(m, l, bb, s, j, m->hpos[j], kd, vd)) != ZO_OK) ||
+            (st = gpu_attention_cached(s, &one, col_at(att, r0 * md.qw), col_at(qkv, r0 * md.ld), kd, vd, m->pos + j,
+                                       cap)) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
 }
 
 /* Forward of layer l. With `recompute`, stop once every activation the
@@ -2710,8 +2830,10 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         /* by op: q, k, v's adapters' A ln1 (their B and the GEMM were kept in qkv) */
         if ((st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, gpu_t(NULL, dt), ld)) != ZO_OK) return st;
     } else if (latent_cache(m) && !mla_decompressed(m)) {
-        if ((st = mla_latent_attention(m, l, bb, s, ln1)) != ZO_OK) return st;
+        m->mla_forms[0]++;
+        if ((st = mla_latent_chunks(m, l, bb, s, ln1)) != ZO_OK) return st;
     } else {
+        if (latent_cache(m)) m->mla_forms[1]++;
         if (is_mla(c)) {
             if ((st = mla_qkv_forward(m, l, bb, s, ln1, qkv)) != ZO_OK) return st;
         } else if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, qkv, ld, ln1, N,
@@ -2725,7 +2847,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         gpu_attn_desc ad = layer_attn(m, l);
         /* generation: the new keys and values into the caches, the queries against them
          * (the latent cache's prompt: its rows into the cache, the keys and values scratch) */
-        st = latent_cache(m) ? mla_decompressed_attention(m, l, s, &ad, att, qkv)
+        st = latent_cache(m) ? mla_decompressed_attention(m, l, bb, s, &ad, att, qkv)
              : m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt),
                                                      gpu_t(m->vcache[l], dt), m->pos, m->opts.kv_len)
                               : gpu_attention_forward(s, &ad, att, a->lse, qkv);

@@ -246,8 +246,9 @@ typedef struct tf_model {
      * kv_b_proj's [N, heads (nope + v)] (dtype scratch), and the fp32 gradients of those,
      * of c_kv [N, kv_rank], of q_a's output [N, q_rank] and of o_proj's input [N, heads v] */
     void *mla_kva, *mla_kv;
-    void *mla_kdec;      /* the latent cache's prompt (generation): the call's decompressed keys and
-                            values, two [b, t, heads head_dim] (dtype scratch, one layer at a time) */
+    void *mla_kdec;      /* the latent cache's decompressed form (generation): the keys and values
+                            it attends, two [B T, heads head_dim] (dtype scratch, one layer at a time):
+                            a prompt's [b, t] rows, or one sequence's cached and new positions */
     float *mla_dkva, *mla_dkv, *mla_dckv, *mla_dqa, *mla_dattv;
     float *dres;         /* [N, h] gradient of the residual stream */
     float *dh;           /* [N, h] gradient of a norm output */
@@ -327,8 +328,13 @@ typedef struct tf_model {
     /* generation (opts.kv_len > 0) */
     void **kcache, **vcache; /* [L] each [B, kv_len, hkv d] in dtype; the latent cache:
                                 kcache [B, kv_len, rope + kv_rank], vcache NULL */
-    void *mla_w;            /* latent cache with adapters: kv_b_proj's weight [H (nope + v), kv_rank]
-                               dequantized (QLoRA) and its adapters folded in (dtype) */
+    void *mla_u;            /* latent cache with an adapter on kv_b_proj: the absorbed form's
+                               adapter terms [B, H, r] (dtype; mla_latent_attention) */
+    int32_t *rowpos;        /* latent cache: [B T] device, each new row's position (the absorbed
+                               form's chunks of a call wider than its B rows) */
+    int *hrowpos;           /* [B T] host: the same */
+    uint64_t mla_forms[2];  /* latent cache: the layer forwards that attended absorbed [0] and
+                               decompressed [1] (transformer.c, mla_decompressed) */
     int32_t *pos;           /* [B] device: each sequence's first new position */
     int *hpos, *hlast;      /* [B] host: the same; the new row whose logits are wanted */
     void *hsel;             /* [B, h] the final hidden rows of those positions */
