@@ -1318,6 +1318,7 @@ int zo_model_cohere(const zo_model_config *c)
 }
 int zo_model_granitemoe(const zo_model_config *c) { return !strcmp(c->family, "granitemoe"); }
 int zo_model_phimoe(const zo_model_config *c) { return !strcmp(c->family, "phimoe"); }
+int zo_model_mixtral_names(const zo_model_config *c) { return !strcmp(c->family, "mixtral") || zo_model_phimoe(c); }
 int zo_model_rot_interleaved(const zo_model_config *c) { return zo_model_gptj(c) || zo_model_cohere(c); }
 
 int zo_model_rope_dim(const zo_model_config *c)

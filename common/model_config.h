@@ -243,6 +243,9 @@ int zo_model_granitemoe(const zo_model_config *c);
 /* Phi-3.5-MoE: Mixtral's MoE layers with LayerNorms with a bias (layer_norm,
  * norm_bias), q/k/v/o and output biases, and the sparsemixer router. */
 int zo_model_phimoe(const zo_model_config *c);
+/* Mixtral's names for an MoE layer (block_sparse_moe.gate, experts.N.w1, w3,
+ * w2): Mixtral's and Phi-3.5-MoE's. */
+int zo_model_mixtral_names(const zo_model_config *c);
 /* The families whose files interleave each head's rotary pairs (dims 2i,
  * 2i + 1 turn together): GPT-J and Cohere. Their q and k rows are held in
  * the kernels' halves order (model_tensor.hf_rope_rows). */
