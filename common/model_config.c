@@ -305,7 +305,7 @@ static const zo_model_preset presets[] = {
           .moe = {.experts = 128, .top_k = 8, .expert_ffn = 768, .norm_topk = 1, .aux_coef = 0.001f}),
     /* Phi-3.5-MoE (microsoft/Phi-3.5-MoE-instruct's config.json): Mixtral's
      * layers of 16 experts of 6400, 2 a token by the sparsemixer
-     * (router_jitter_noise 0.01), LayerNorms with a bias, q/k/v/o and the
+     * (router_jitter_noise 0.01; router_aux_loss_coef 0), LayerNorms with a bias, q/k/v/o and the
      * untied output layer biased, GQA of 8 kv heads, a window of 131072,
      * longrope over 4096 original positions with both mscales 1.2432. Its
      * factor lists are its config.json's alone: memplan sizes the preset,
@@ -317,7 +317,7 @@ static const zo_model_preset presets[] = {
       .rope_theta = 10000.0f, .act = "silu", .sliding_window = 131072, .rope_scaling = "longrope",
       .rope_factor = 1.0f, .rope_original_max = 4096, .rope_attention_factor = 1.2431631f,
       .rope_long_attention_factor = 1.2431631f,
-      .moe = {.experts = 16, .top_k = 2, .expert_ffn = 6400, .aux_coef = 0.001f, .sparsemixer = 1,
+      .moe = {.experts = 16, .top_k = 2, .expert_ffn = 6400, .aux_coef = 0.0f, .sparsemixer = 1,
               .jitter_eps = 0.01f}}},
     /* DeepSeekMoE 16B (deepseek-ai/deepseek-moe-16b-base's config.json): a
      * dense first layer of 10944, then 27 MoE layers of 64 routed experts of
