@@ -203,7 +203,9 @@ static void expect_named(const char *json, const char *key)
 
 /* Phi-3.5-MoE: the preset is its config.json in every field that sizes or
  * computes it but the longrope lists (the config.json's alone: tf_init
- * refuses the preset's, by name); PhimoeConfig's defaults; refusals by name. */
+ * refuses the preset's, by name); PhimoeConfig's defaults; refusals by name.
+ * The fixture has the published config's keys and values but for those
+ * lists, which hold 1.0 each here (64 a list, as published; no size). */
 static void test_phimoe_config(void **state)
 {
     (void)state;
