@@ -567,11 +567,13 @@ FAMILIES["qwen2_yarn"] = dict(
 # projections (the router frozen), QLoRA.
 FAMILIES["phimoe"] = dict(
     seed=83,
-    config={"architectures": ["PhiMoEForCausalLM"], "model_type": "phimoe", "num_hidden_layers": 2,
-            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 96, "num_local_experts": 4, "num_experts_per_tok": 2,
-            "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0, "sliding_window": 48, "attention_bias": True, "lm_head_bias": True,
+    # (Granite-MoE's shape)
+    config={**{k: FAMILIES["granitemoe"]["config"][k] for k in (
+                "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "num_local_experts", "num_experts_per_tok", "vocab_size", "max_position_embeddings", "hidden_act",
+                "rope_theta")},
+            "architectures": ["PhiMoEForCausalLM"], "model_type": "phimoe", "rms_norm_eps": 1e-5,
+            "sliding_window": 48, "attention_bias": True, "lm_head_bias": True,
             "rope_scaling": {"type": "longrope", "short_factor": [1 + (i % 8) / 8 for i in range(32)],
                              "long_factor": [1 + i / 4 for i in range(32)], "short_mscale": 1.25,
                              "long_mscale": 1.5, "original_max_position_embeddings": 64},

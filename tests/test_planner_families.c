@@ -163,6 +163,20 @@ static void test_family_counts(void **state)
     assert_true(sizeof counts / sizeof counts[0] >= 15);
 }
 
+/* Whether a preset and a config.json differ in a field every family's
+ * layers read: the shape, the norms' and biases' kinds, eps, rope_theta,
+ * the activation. */
+static int shape_differs(const zo_model_config *p, const zo_model_config *c)
+{
+    return strcmp(p->family, c->family) || p->arch != c->arch || p->n_layers != c->n_layers ||
+           p->hidden != c->hidden || p->n_heads != c->n_heads || p->n_kv_heads != c->n_kv_heads ||
+           p->head_dim != c->head_dim || p->ffn != c->ffn || p->vocab != c->vocab || p->max_seq != c->max_seq ||
+           p->tied_embeddings != c->tied_embeddings || p->norm_eps != c->norm_eps ||
+           p->rope_theta != c->rope_theta || p->attn_bias != c->attn_bias || p->out_bias != c->out_bias ||
+           p->norm_bias != c->norm_bias || p->layer_norm != c->layer_norm || p->head_bias != c->head_bias ||
+           strcmp(p->act, c->act);
+}
+
 /* The Qwen3 presets are their config.json files (tests/fixtures/hf-configs,
  * whose totals test_family_counts checks against keras-hub's): every field
  * that sizes or computes the model. */
@@ -175,11 +189,7 @@ static void test_qwen3_presets(void **state)
         zo_model_config p, c;
         assert_int_equal(zo_model_preset_find(pairs[i][0], &p), ZO_OK);
         load(pairs[i][1], &c);
-        if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
-            p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
-            p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
-            p.norm_eps != c.norm_eps || p.rope_theta != c.rope_theta || p.qk_norm != c.qk_norm ||
-            p.attn_bias != c.attn_bias || strcmp(p.act, c.act) || p.sliding_window != c.sliding_window ||
+        if (shape_differs(&p, &c) || p.qk_norm != c.qk_norm || p.sliding_window != c.sliding_window ||
             p.moe.experts != c.moe.experts || p.moe.top_k != c.moe.top_k || p.moe.expert_ffn != c.moe.expert_ffn ||
             p.moe.shared_ffn != c.moe.shared_ffn || p.moe.norm_topk != c.moe.norm_topk ||
             p.moe.aux_loss != c.moe.aux_loss || p.moe.aux_coef != c.moe.aux_coef)
@@ -212,13 +222,7 @@ static void test_phimoe_config(void **state)
     zo_model_config p, c;
     assert_int_equal(zo_model_preset_find("phi-3.5-moe", &p), ZO_OK);
     load("phi-3.5-moe-instruct.json", &c);
-    if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
-        p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
-        p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
-        p.norm_eps != c.norm_eps || p.rope_theta != c.rope_theta || p.attn_bias != c.attn_bias ||
-        p.out_bias != c.out_bias || p.norm_bias != c.norm_bias || p.layer_norm != c.layer_norm ||
-        p.head_bias != c.head_bias || strcmp(p.act, c.act) || p.sliding_window != c.sliding_window ||
-        strcmp(p.rope_scaling, c.rope_scaling) || p.rope_original_max != c.rope_original_max ||
+    if (shape_differs(&p, &c) || p.sliding_window != c.sliding_window || strcmp(p.rope_scaling, c.rope_scaling) || p.rope_original_max != c.rope_original_max ||
         p.rope_attention_factor != c.rope_attention_factor ||
         p.rope_long_attention_factor != c.rope_long_attention_factor || p.moe.experts != c.moe.experts ||
         p.moe.top_k != c.moe.top_k || p.moe.expert_ffn != c.moe.expert_ffn || p.moe.norm_topk != c.moe.norm_topk ||
@@ -258,12 +262,7 @@ static void test_phi_presets(void **state)
     zo_model_config p, c;
     assert_int_equal(zo_model_preset_find("phi-2", &p), ZO_OK);
     load("phi-2.json", &c);
-    if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
-        p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
-        p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
-        p.attn_bias != c.attn_bias || p.out_bias != c.out_bias || p.norm_bias != c.norm_bias ||
-        p.head_bias != c.head_bias || p.norm_eps != c.norm_eps || p.rope_theta != c.rope_theta ||
-        p.rope_partial != c.rope_partial || strcmp(p.act, c.act) || p.pos != c.pos ||
+    if (shape_differs(&p, &c) || p.rope_partial != c.rope_partial || p.pos != c.pos ||
         p.layer_norms != c.layer_norms || p.parallel_block != c.parallel_block)
         fail_msg("preset phi-2 differs from phi-2.json");
     assert_true(c.head_bias && c.rope_partial == 0.4 && zo_model_rope_dim(&c) == 32);
