@@ -162,7 +162,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
      * refuses ParallelExperts) and its router (router.layer, a Linear that
      * PEFT's "all-linear" would reach) carries no adapters here, as no
      * MoE router does */
-    const int mixtral = !strcmp(c->family, "mixtral"), granite = zo_model_granitemoe(c);
+    const int mixtral = zo_model_mixtral_names(c), granite = zo_model_granitemoe(c);
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
     /* the shared expert's paths (Qwen2-MoE's mlp.shared_expert, DeepSeek's mlp.shared_experts) */

@@ -303,6 +303,22 @@ static const zo_model_preset presets[] = {
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
     QWEN3("qwen3-30b-a3b", "qwen3_moe", 48, 2048, 32, 4, 6144, 0,
           .moe = {.experts = 128, .top_k = 8, .expert_ffn = 768, .norm_topk = 1, .aux_coef = 0.001f}),
+    /* Phi-3.5-MoE (microsoft/Phi-3.5-MoE-instruct's config.json): Mixtral's
+     * layers of 16 experts of 6400, 2 a token by the sparsemixer
+     * (router_jitter_noise 0.01; router_aux_loss_coef 0), LayerNorms with a bias, q/k/v/o and the
+     * untied output layer biased, GQA of 8 kv heads, a window of 131072,
+     * longrope over 4096 original positions with both mscales 1.2432. Its
+     * factor lists are its config.json's alone: memplan sizes the preset,
+     * train and generate refuse it by name (give the config.json) */
+    {"phi-3.5-moe", "phi-3.5-moe-instruct",
+     {.name = "phi-3.5-moe", .family = "phimoe", .arch = ZO_ARCH_LLAMA, .n_layers = 32, .hidden = 4096,
+      .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .ffn = 6400, .vocab = 32064, .max_seq = 131072,
+      .attn_bias = 1, .out_bias = 1, .norm_bias = 1, .layer_norm = 1, .head_bias = 1, .norm_eps = 1e-5f,
+      .rope_theta = 10000.0f, .act = "silu", .sliding_window = 131072, .rope_scaling = "longrope",
+      .rope_factor = 1.0f, .rope_original_max = 4096, .rope_attention_factor = 1.2431631f,
+      .rope_long_attention_factor = 1.2431631f,
+      .moe = {.experts = 16, .top_k = 2, .expert_ffn = 6400, .aux_coef = 0.0f, .sparsemixer = 1,
+              .jitter_eps = 0.01f}}},
     /* DeepSeekMoE 16B (deepseek-ai/deepseek-moe-16b-base's config.json): a
      * dense first layer of 10944, then 27 MoE layers of 64 routed experts of
      * 1408 (6 a token, not renormalized) and 2 shared ones (one MLP of
@@ -699,7 +715,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         snprintf(lacks, sizeof lacks, "its norms");
     else if (c->parallel_block && !grouped && !phi && !zo_model_cohere(c))
         snprintf(lacks, sizeof lacks, "parallel attention and MLP");
-    else if (c->layer_norm && !zo_model_cohere(c)) snprintf(lacks, sizeof lacks, "a LayerNorm on LLaMA layers");
+    else if (c->layer_norm && !zo_model_cohere(c) && !zo_model_phimoe(c))
+        snprintf(lacks, sizeof lacks, "a LayerNorm on LLaMA layers");
     else if (zo_model_falcon(c) && !c->parallel_block && c->n_kv_heads != 1 && c->n_kv_heads != c->n_heads)
         /* FalconConfig has grouped kv heads only with the new decoder
          * architecture, whose attention and MLP are side by side */
@@ -988,6 +1005,20 @@ static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
      * max_position_embeddings and s rope_scaling's factor (rope_scaling's
      * own original_max_position_embeddings unread) */
     double s = c->rope_factor;
+    if (!strcmp(f->type, "phimoe")) {
+        /* PhiMoE's rotary: the original length rope_scaling's own (required,
+         * as PhimoeRotaryEmbedding reads it), cos and sin times short_mscale
+         * within it and long_mscale past it (numbers, as PhimoeConfig
+         * requires), in place of the derived factor */
+        c->rope_original_max = hf_int2(sub, "original_max_position_embeddings", NULL, 1, REQ);
+        c->rope_attention_factor = hf_float(sub, "short_mscale", 0.0f);
+        c->rope_long_attention_factor = hf_float(sub, "long_mscale", 0.0f);
+        if (!sub->st && !(c->rope_attention_factor > 0.0f))
+            hf_fail(sub, ZO_ERR_FORMAT, "short_mscale", "must be a number > 0 (got %g)", c->rope_attention_factor);
+        if (!sub->st && !(c->rope_long_attention_factor > 0.0f))
+            hf_fail(sub, ZO_ERR_FORMAT, "long_mscale", "must be a number > 0 (got %g)", c->rope_long_attention_factor);
+        return;
+    }
     if (!strcmp(f->type, "phi3") || hf_item(r, "original_max_position_embeddings")) {
         c->rope_original_max = hf_int2(r, "original_max_position_embeddings", NULL, 1, 4096);
         s = (double)c->max_seq / c->rope_original_max;
@@ -1146,8 +1177,8 @@ static float hf_cap(hf *r, const char *key, float def)
  * - sliding_window, as Hugging Face reads it: Mistral's (MistralConfig's
  *   default 4096 when absent, none when null), on every layer; Qwen2's and
  *   Qwen3's (dense and MoE) only with use_sliding_window, on the layers at or past max_window_layers
- *   (default 28); Phi-3's on every layer when present and not null
- *   (Phi3Config's default is none);
+ *   (default 28); Phi-3's and PhiMoE's on every layer when present and
+ *   not null (their configs' default is none);
  * - rope_scaling's rope_type (or its older "type"), unless "default", and
  *   its parameters: factor, llama3's low_freq_factor (default 1),
  *   high_freq_factor (default 4) and original_max_position_embeddings;
@@ -1165,7 +1196,7 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
                hf_bool(r, "use_sliding_window", 0)) {
         c->window_from_layer = hf_int2(r, "max_window_layers", NULL, 0, 28);
         if (c->window_from_layer < c->n_layers) c->sliding_window = hf_int(r, "sliding_window", 4096);
-    } else if (!strcmp(f->type, "phi3") && w && !null_window) {
+    } else if ((!strcmp(f->type, "phi3") || !strcmp(f->type, "phimoe")) && w && !null_window) {
         c->sliding_window = hf_int(r, "sliding_window", REQ);
     } else if (!strcmp(f->type, "gemma2")) {
         if (!null_window) c->sliding_window = hf_int(r, "sliding_window", 4096);
@@ -1218,11 +1249,13 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
 {
     c->arch = ZO_ARCH_LLAMA;
     hf_shape(r, c, "intermediate_size");
+    const int phimoe = !strcmp(f->type, "phimoe"); /* PhimoeConfig's defaults: 4096 x 32 positions, eps 1e-5 */
+    if (phimoe) c->max_seq = hf_int(r, "max_position_embeddings", 4096 * 32);
     c->n_kv_heads = hf_int(r, "num_key_value_heads", f->kv_heads ? f->kv_heads : c->n_heads);
     c->head_dim = hf_int(r, "head_dim", f->head_dim);
-    c->norm_eps = hf_float(r, "rms_norm_eps", 1e-6f);
+    c->norm_eps = hf_float(r, "rms_norm_eps", phimoe ? 1e-5f : 1e-6f);
     int gemma3 = !strcmp(f->type, "gemma3_text");
-    c->rope_theta = hf_float(r, "rope_theta", gemma3 ? 1e6f : 10000.0f);
+    c->rope_theta = hf_float(r, "rope_theta", gemma3 || phimoe ? 1e6f : 10000.0f);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
     if (zo_family_gemma(f->type)) {
         /* Hugging Face's GemmaMLP reads hidden_activation alone (hidden_act
@@ -1284,6 +1317,8 @@ int zo_model_cohere(const zo_model_config *c)
     return !strcmp(c->family, "cohere") || !strcmp(c->family, "cohere2");
 }
 int zo_model_granitemoe(const zo_model_config *c) { return !strcmp(c->family, "granitemoe"); }
+int zo_model_phimoe(const zo_model_config *c) { return !strcmp(c->family, "phimoe"); }
+int zo_model_mixtral_names(const zo_model_config *c) { return !strcmp(c->family, "mixtral") || zo_model_phimoe(c); }
 int zo_model_rot_interleaved(const zo_model_config *c) { return zo_model_gptj(c) || zo_model_cohere(c); }
 
 int zo_model_rope_dim(const zo_model_config *c)
@@ -1320,6 +1355,39 @@ static void parse_mixtral(hf *r, zo_model_config *c, const family *f)
     c->moe.expert_ffn = c->ffn;
     c->moe.norm_topk = 1;
     hf_router_training(r, c);
+}
+
+/* Phi-3.5-MoE (PhiMoEForCausalLM; transformers' PhimoeForCausalLM): Mixtral's layers (block_sparse_moe.gate,
+ * experts w1/w3/w2 of intermediate_size; 16 experts, 2 a token) with
+ * LayerNorms with a bias (weight and bias, at rms_norm_eps) before attention
+ * and MLP and at the end, q, k, v and o biased with attention_bias, the
+ * output layer biased with lm_head_bias, longrope with short_mscale and
+ * long_mscale (hf_longrope), and the sparsemixer router at
+ * router_jitter_noise (default 0.01), top 2 only. The router's training
+ * form samples its choices and jitters the layer's input
+ * (input_jitter_noise): the runtime trains the eval form (docs/transformer.md). */
+static void parse_phimoe(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->layer_norm = c->norm_bias = 1;
+    c->attn_bias = c->out_bias = hf_bool(r, "attention_bias", 0); /* out_bias: o_proj's (no dense MLP) */
+    c->head_bias = hf_bool(r, "lm_head_bias", 0);
+    c->moe.experts = hf_int(r, "num_local_experts", 16);
+    c->moe.top_k = hf_int(r, "num_experts_per_tok", 2);
+    c->moe.expert_ffn = c->ffn;
+    c->moe.sparsemixer = 1;
+    c->moe.aux_loss = hf_bool(r, "output_router_logits", 0);
+    c->moe.aux_coef = hf_float(r, "router_aux_loss_coef", 0.001f);
+    c->moe.jitter_eps = hf_float(r, "router_jitter_noise", 0.01f);
+    if (!r->st && !(c->moe.jitter_eps >= 0.0f && isfinite(c->moe.jitter_eps)))
+        hf_fail(r, ZO_ERR_FORMAT, "router_jitter_noise", "must be a finite number >= 0 (got %g)",
+                (double)c->moe.jitter_eps);
+    double in_jitter = hf_double(r, "input_jitter_noise", 0.0);
+    if (!r->st && !(in_jitter >= 0.0 && isfinite(in_jitter)))
+        hf_fail(r, ZO_ERR_FORMAT, "input_jitter_noise", "must be a finite number >= 0 (got %g)", in_jitter);
+    if (!r->st && c->moe.top_k != 2)
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "num_experts_per_tok",
+                "the sparsemixer router chooses 2 experts a token (got %d)", c->moe.top_k);
 }
 
 /* Qwen2-MoE (Qwen1.5-MoE) and Qwen3-MoE: every layer an MoE layer (the dense
@@ -1644,6 +1712,10 @@ static const family families[] = {
      "Granite-MoE (Granite 3.0/3.1 a400m, a800m): Granite's multipliers on Mixtral's MoE MLP, the "
      "experts stored fused (block_sparse_moe.input_linear, output_linear)", 0, 0, 0,
      "num_local_experts", 1},
+    {"phimoe", "PhiMoEForCausalLM", parse_phimoe,
+     "Phi-3.5-MoE: Mixtral's MoE layers with LayerNorms with a bias, biased q/k/v/o and output layer, "
+     "longrope with short_mscale / long_mscale, the sparsemixer router (its eval form)", 0, 8, 0,
+     "num_local_experts,attention_bias,lm_head_bias", 1},
     {"qwen2_moe", "Qwen2MoeForCausalLM", parse_qwen_moe,
      "Qwen1.5-MoE / Qwen2-MoE: Qwen2 attention, routed experts + a gated shared expert", 0, 16,
      0, MOE_KEYS ",shared_expert_intermediate_size", 1},
@@ -1700,8 +1772,6 @@ static const family families[] = {
     {"rwkv", NULL, NULL, "recurrent (RWKV) layers", 0, 0, 0, NULL, 0},
     {"jamba", NULL, NULL, "hybrid attention / state-space layers with experts", 0, 0, 0, NULL, 0},
     {"qwen3_next", NULL, NULL, "hybrid linear / full attention layers", 0, 0, 0, NULL, 0},
-    {"phimoe", "PhiMoEForCausalLM", NULL,
-     "Phi-3.5-MoE: LayerNorm, biased attention output and output layer", 0, 0, 0, NULL, 0},
     {"phi3small", NULL, NULL, "Phi-3-small: block-sparse attention and its own MLP", 0, 0, 0,
      NULL, 0},
     {"llama4", NULL, NULL, "multimodal with interleaved MoE layers", 0, 0, 0, NULL, 0},

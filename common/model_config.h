@@ -64,6 +64,14 @@ typedef struct zo_moe {
     float aux_coef;
     int aux_per_layer;
     int seq_aux;
+    /* Phi-3.5-MoE's router (sparsemixer; top_k 2), in its deterministic eval
+     * form: the largest logit's expert weighed by the softmax over the
+     * logits within 2 jitter_eps of it (relative: (max - s) / max(|s|, max)),
+     * then the same over the others for the second; no renormalization
+     * (gpu/device.h, GPU_MOE_ROUTE_SPARSEMIXER). jitter_eps is
+     * router_jitter_noise. */
+    int sparsemixer;
+    float jitter_eps;
 } zo_moe;
 
 #define ZO_ROPE_MAX_FACTORS 256 /* longrope factors a config may hold: head_dim up to 512 */
@@ -130,6 +138,9 @@ typedef struct zo_model_config {
     double rope_partial;   /* partial_rotary_factor (Phi-4-mini's 0.75): the first int(head_dim x
                               it) of each head rotate, the rest pass; 0: all (zo_model_rope_dim).
                               A double, as Python multiplies: 0.7 x 80 is 56 (a float's 55) */
+    float rope_long_attention_factor; /* > 0: cos and sin's factor past rope_original_max, where it differs
+                                         from the one within (Phi-3.5-MoE's long_mscale and short_mscale);
+                                         0: rope_attention_factor at every length */
     float rope_attention_factor; /* rope_scaling's attention_factor, or as Hugging Face derives it:
                                     longrope: sqrt(1 + ln(s) / ln(original)) for s =
                                     max_position_embeddings / original > 1, else 1; yarn:
@@ -229,6 +240,12 @@ int zo_model_cohere(const zo_model_config *c);
 /* Granite-MoE: Granite's multipliers on Mixtral's MoE layers, its experts
  * stored fused (model/layout.c). */
 int zo_model_granitemoe(const zo_model_config *c);
+/* Phi-3.5-MoE: Mixtral's MoE layers with LayerNorms with a bias (layer_norm,
+ * norm_bias), q/k/v/o and output biases, and the sparsemixer router. */
+int zo_model_phimoe(const zo_model_config *c);
+/* Mixtral's names for an MoE layer (block_sparse_moe.gate, experts.N.w1, w3,
+ * w2): Mixtral's and Phi-3.5-MoE's. */
+int zo_model_mixtral_names(const zo_model_config *c);
 /* The families whose files interleave each head's rotary pairs (dims 2i,
  * 2i + 1 turn together): GPT-J and Cohere. Their q and k rows are held in
  * the kernels' halves order (model_tensor.hf_rope_rows). */

@@ -118,6 +118,8 @@ static const field moe_fields[] = {
     {"aux_coef", F_FLT, offsetof(E, aux_coef), 0, 0, 1e6, NULL, F_SHAPE | F_COMPARE | F_OPTIONAL},
     BOOL(E, aux_per_layer, F_SHAPE | F_COMPARE | F_OPTIONAL),
     BOOL(E, seq_aux, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    BOOL(E, sparsemixer, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    {"jitter_eps", F_FLT, offsetof(E, jitter_eps), 0, 0, 1e6, NULL, F_SHAPE | F_COMPARE | F_OPTIONAL},
 };
 #undef E
 

@@ -508,17 +508,20 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
 }
 
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, int norm, int group_rows)
+                                 float *stats, int n, int e, int k, gpu_moe_route mode, float eps,
+                                 int group_rows)
 {
-    RUN(MOE_ROUTER_FORWARD, .t = {weights, logits}, .p = {stats}, .i = {n, e, k, norm, group_rows});
+    RUN(MOE_ROUTER_FORWARD, .t = {weights, logits}, .p = {stats}, .i = {n, e, k, mode, group_rows},
+        .f = {0.0f, eps});
 }
 
 zo_status gpu_moe_router_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  int norm, int layers, int group_rows, float aux_scale)
+                                  gpu_moe_route mode, float eps, int layers, int group_rows,
+                                  float aux_scale)
 {
     RUN(MOE_ROUTER_BACKWARD, .t = {dlogits, dweights, logits}, .p = {(void *)stats},
-        .i = {n, e, k, norm, layers, group_rows}, .f = {aux_scale});
+        .i = {n, e, k, mode, layers, group_rows}, .f = {aux_scale, eps});
 }
 
 zo_status gpu_moe_scale_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const float *scale,

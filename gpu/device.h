@@ -576,29 +576,45 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
 
 /* ---- ops: mixture of experts (Mixtral, Qwen2-MoE) -------------------------------------- */
 
-/* The router of n tokens over e experts, as Hugging Face's Mixtral and
- * Qwen2-MoE: p = softmax(logits row) over all e experts, the k largest
- * chosen (ties: the lower index), their weights p (norm 0) or p divided by
- * their sum (norm 1). weights [n, e] fp32 gets those weights and 0 for the
- * experts not chosen; logits [n, e] fp32. stats [groups, 2 e] fp32 receives
- * the load-balancing loss's counts of each group of group_rows rows (row r
- * in group r / group_rows, groups = ceil(n / group_rows): DeepSeek's
- * sequences; group_rows >= n: one group): stats[g, j] = sum over the
- * group's rows of p_j, stats[g, e + j] = the group's rows that chose j
- * (written, not accumulated). */
+/* How the router weighs the k experts it chooses (gpu_moe_router_*'s mode). */
+typedef enum gpu_moe_route {
+    GPU_MOE_ROUTE_SOFTMAX = 0, /* p of the softmax over all e experts (Qwen2-MoE's default) */
+    GPU_MOE_ROUTE_NORM = 1,    /* p divided by the chosen ones' sum (Mixtral) */
+    /* Phi-3.5-MoE's sparsemixer in its eval form, k 2: i1 = argmax s (s the
+     * row's logits, ties to the lower index), m = s_i1; every expert j with
+     * (m - s_j) / max(|s_j|, m) > 2 eps (the ratio in double) is masked out,
+     * w1 = the softmax over the rest at i1; then with s_i1 set to -inf the
+     * same from the new maximum (i2, its mask over the other logits) gives
+     * w2. Not renormalized over the two. */
+    GPU_MOE_ROUTE_SPARSEMIXER = 2,
+} gpu_moe_route;
+
+/* The router of n tokens over e experts, as Hugging Face's Mixtral,
+ * Qwen2-MoE and PhiMoE: p = softmax(logits row) over all e experts, the k
+ * largest chosen (ties: the lower index), weighed as `mode` says (eps:
+ * the sparsemixer's jitter_eps, unread by the other modes). weights [n, e]
+ * fp32 gets those weights and 0 for the experts not chosen; logits [n, e]
+ * fp32. stats [groups, 2 e] fp32 receives the load-balancing loss's counts
+ * of each group of group_rows rows (row r in group r / group_rows, groups =
+ * ceil(n / group_rows): DeepSeek's sequences; group_rows >= n: one group):
+ * stats[g, j] = sum over the group's rows of p_j, stats[g, e + j] = the
+ * group's rows that chose j (written, not accumulated). */
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, int norm, int group_rows);
-/* Its backward: dlogits [n, e] fp32 = the softmax's backward of dp, where dp
- * is the gradient of the loss with respect to p: through the chosen
- * weights (dweights [n, e] fp32, read at the chosen experts only, the
- * normalization's backward when norm) plus, when aux_scale is not 0, the
- * load-balancing loss's aux_scale * C_j for every expert, C_j the rows of
- * row r's group (r / group_rows, as the forward's) that chose j, summed
- * over `layers` layers of stats ([layers, groups, 2 e], as the forward
- * wrote them). */
+                                 float *stats, int n, int e, int k, gpu_moe_route mode, float eps,
+                                 int group_rows);
+/* Its backward: dlogits [n, e] fp32 = the gradient of the loss through the
+ * chosen weights (dweights [n, e] fp32, read at the chosen experts only):
+ * the softmax's backward of dp (with NORM the normalization's backward
+ * first); with SPARSEMIXER each weight's masked softmax's backward, its mask
+ * and the choices held as constants. Plus, when aux_scale is not 0, the
+ * load-balancing loss's aux_scale * C_j added to dp for every expert (through
+ * the softmax over all e), C_j the rows of row r's group (r / group_rows, as
+ * the forward's) that chose j, summed over `layers` layers of stats
+ * ([layers, groups, 2 e], as the forward wrote them). */
 zo_status gpu_moe_router_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  int norm, int layers, int group_rows, float aux_scale);
+                                  gpu_moe_route mode, float eps, int layers, int group_rows,
+                                  float aux_scale);
 /* An expert's output weighted per token: y[r, j] = g(scale[r * lds]) x[r, j]
  * for n rows of c columns (y, x [n, c]); g the identity, or the sigmoid
  * (sigmoid 1: Qwen2-MoE's gate on the shared expert). scale fp32. */

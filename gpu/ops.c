@@ -256,16 +256,24 @@ static zo_status gpu_check_adam_state(const char *op, const gpu_op_args *a)
     return ZO_OK;
 }
 
-/* The router ops: k of e experts; their weights (and gradients) fp32; the
- * backward's auxiliary loss needs the layers' statistics. */
+/* The router ops: k of e experts, a known mode (the sparsemixer's: 2 of at
+ * least 2, eps finite and >= 0, in f[1]); their weights (and gradients)
+ * fp32; the backward's auxiliary loss needs the layers' statistics. */
 static zo_status gpu_check_moe_router(const char *op, const gpu_op_args *a)
 {
     if (a->i[2] > a->i[1])
         return zo_error(ZO_ERR_INVALID, "%s: k %lld exceeds the %lld experts", op, (long long)a->i[2],
                         (long long)a->i[1]);
+    if (a->i[3] < GPU_MOE_ROUTE_SOFTMAX || a->i[3] > GPU_MOE_ROUTE_SPARSEMIXER)
+        return zo_error(ZO_ERR_INVALID, "%s: unknown mode %lld", op, (long long)a->i[3]);
+    if (a->i[3] == GPU_MOE_ROUTE_SPARSEMIXER && (a->i[2] != 2 || !(a->f[1] >= 0.0f && isfinite(a->f[1]))))
+        return zo_error(ZO_ERR_INVALID, "%s: the sparsemixer chooses 2 experts (k %lld) with a finite jitter "
+                        "eps >= 0 (got %g)", op, (long long)a->i[2], (double)a->f[1]);
     if (a->t[0].dtype != ZO_DTYPE_F32 || a->t[1].dtype != ZO_DTYPE_F32)
         return zo_error(ZO_ERR_INVALID, "%s: %s and %s must be fp32", op,
                         slot_name(op, GPU_SLOT_TENSOR, 0), slot_name(op, GPU_SLOT_TENSOR, 1));
+    if (a->t[2].data && a->t[2].dtype != ZO_DTYPE_F32) /* the backward's logits */
+        return zo_error(ZO_ERR_INVALID, "%s: %s must be fp32", op, slot_name(op, GPU_SLOT_TENSOR, 2));
     if (a->f[0] != 0.0f && (!a->p[0] || a->i[4] < 1))
         return zo_error(ZO_ERR_INVALID, "%s: the auxiliary loss needs stats of >= 1 layers", op);
     return ZO_OK;

@@ -35,6 +35,36 @@ static void route_row(gpu_tensor logits, size_t r, int e, int k, float *p, int *
     }
 }
 
+/* The sparsemixer's mask (gpu_moe_route): whether logit x lies more than
+ * thr (2 eps) below the maximum m, relative to max(|x|, m); in double, as
+ * the CUDA kernel computes it. A 0 / 0 (x = m = 0) is not above thr: kept,
+ * as Hugging Face's comparison of a NaN. */
+static int mixer_masked(float m, float x, double thr)
+{
+    double f = fabs((double)x) > (double)m ? fabs((double)x) : (double)m;
+    return ((double)m - (double)x) / f > thr;
+}
+
+/* Row r of the sparsemixer (eval form): its two choices sel [2] (i1 the
+ * largest logit, i2 the largest of the others; ties to the lower index)
+ * and their weights w [2], each the softmax at its choice over the logits
+ * its mask keeps (i1 left out of the second). */
+static void mixer_row(gpu_tensor logits, size_t r, int e, double thr, int *sel, float *w)
+{
+    const float *l = (const float *)logits.data + r * (size_t)e; /* fp32 (gpu_check_moe_router) */
+    for (int i = 0; i < 2; i++) {
+        int best = -1;
+        for (int j = 0; j < e; j++)
+            if ((i == 0 || j != sel[0]) && (best < 0 || l[j] > l[best])) best = j;
+        const float m = l[best];
+        float sum = 0.0f;
+        for (int j = 0; j < e; j++)
+            if ((i == 0 || j != sel[0]) && !mixer_masked(m, l[j], thr)) sum += expf(l[j] - m);
+        sel[i] = best;
+        w[i] = 1.0f / sum; /* exp(0) / sum */
+    }
+}
+
 /* Scratch for every thread's p [e] and sel [k] (floats and ints, 4 bytes
  * each), then `extra` doubles. */
 static zo_status route_scratch(cpu_scratch *ws, const char *op, int nt, int e, int k, size_t extra,
@@ -51,8 +81,11 @@ static zo_status route_scratch(cpu_scratch *ws, const char *op, int nt, int e, i
 }
 
 zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, int norm, int group_rows, int nt)
+                                 float *stats, int n, int e, int k, int mode, float eps, int group_rows,
+                                 int nt)
 {
+    const int norm = mode == GPU_MOE_ROUTE_NORM, mixer = mode == GPU_MOE_ROUTE_SPARSEMIXER;
+    const double thr = 2.0 * (double)eps;
     nt = cpu_team(nt); /* 0: OpenMP's team, sized here: the scratch is per thread */
     float *rows;
     double *acc;
@@ -63,9 +96,15 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
     for (int r = 0; r < n; r++) {
         float *p = rows + (size_t)omp_get_thread_num() * (size_t)(e + k);
         int *sel = (int *)(p + e);
-        route_row(logits, (size_t)r, e, k, p, sel);
         float *wr = w + (size_t)r * e, S = 0.0f;
         memset(wr, 0, (size_t)e * sizeof *wr);
+        if (mixer) {
+            float mw[2];
+            mixer_row(logits, (size_t)r, e, thr, sel, mw);
+            wr[sel[0]] = mw[0], wr[sel[1]] = mw[1];
+            continue;
+        }
+        route_row(logits, (size_t)r, e, k, p, sel);
         for (int i = 0; i < k; i++) S += p[sel[i]];
         for (int i = 0; i < k; i++) wr[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]];
     }
@@ -77,6 +116,10 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
             float *p = rows;
             int *sel = (int *)(p + e);
             route_row(logits, (size_t)r, e, k, p, sel);
+            if (mixer) { /* its choices, by the logits (the softmax's p can tie where they do not) */
+                float mw[2];
+                mixer_row(logits, (size_t)r, e, thr, sel, mw);
+            }
             for (int j = 0; j < e; j++) acc[j] += p[j];
             for (int i = 0; i < k; i++) acc[e + sel[i]] += 1.0;
         }
@@ -88,8 +131,10 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
 
 zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  int norm, int layers, int group_rows, float aux_scale, int nt)
+                                  int mode, float eps, int layers, int group_rows, float aux_scale, int nt)
 {
+    const int norm = mode == GPU_MOE_ROUTE_NORM, mixer = mode == GPU_MOE_ROUTE_SPARSEMIXER;
+    const double thr = 2.0 * (double)eps;
     nt = cpu_team(nt); /* 0: OpenMP's team, sized here: the scratch is per thread */
     const int groups = (n + group_rows - 1) / group_rows;
     float *rows;
@@ -119,6 +164,30 @@ zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tenso
         route_row(logits, (size_t)r, e, k, p, sel);
         const float *dwr = dw + (size_t)r * e;
         for (int j = 0; j < e; j++) dp[j] = ag[j];
+        if (mixer) {
+            /* the auxiliary loss's share through the softmax over all e,
+             * then each weight's: w_i = the softmax at sel[i] over the
+             * kept set K_i, so dl_j += dw_i w_i ([j == sel[i]] - q_j) for j
+             * in K_i, q_j = exp(l_j - m_i) w_i (the masks held constant) */
+            double dot = 0.0;
+            for (int j = 0; j < e; j++) dot += p[j] * dp[j];
+            float *dlr = dl + (size_t)r * e;
+            for (int j = 0; j < e; j++) dlr[j] = (float)(p[j] * (dp[j] - dot));
+            float mw[2];
+            mixer_row(logits, (size_t)r, e, thr, sel, mw);
+            const float *l = (const float *)logits.data + (size_t)r * e;
+            for (int j = 0; j < e; j++) dp[j] = 0.0;
+            for (int i = 0; i < 2; i++) {
+                const float m = l[sel[i]];
+                const double g = (double)dwr[sel[i]] * mw[i];
+                for (int j = 0; j < e; j++) {
+                    if ((i == 1 && j == sel[0]) || mixer_masked(m, l[j], thr)) continue;
+                    dp[j] += g * ((j == sel[i]) - (double)expf(l[j] - m) * mw[i]);
+                }
+            }
+            for (int j = 0; j < e; j++) dlr[j] = (float)((double)dlr[j] + dp[j]);
+            continue;
+        }
         if (norm) { /* w_i = p_i / S: dp_i = (dw_i - sum_q dw_q w_q) / S */
             double S = 0.0, dot = 0.0;
             for (int i = 0; i < k; i++) S += p[sel[i]];

@@ -230,7 +230,7 @@ static void moe_layer(builder *b, int i)
 {
     const zo_model_config *c = &b->l->cfg;
     const int64_t h = c->hidden, fe = c->moe.expert_ffn, fs = c->moe.shared_ffn;
-    const int mixtral = !strcmp(c->family, "mixtral"), granite = zo_model_granitemoe(c);
+    const int mixtral = zo_model_mixtral_names(c), granite = zo_model_granitemoe(c);
     const char *p = "model.layers", *m = mixtral ? "block_sparse_moe" : "mlp";
     int first = b->l->n_tensors;
     if (granite) {

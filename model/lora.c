@@ -291,7 +291,7 @@ static zo_status module_bits(const char *path, const zo_model_config *cfg, const
                             mods[i].experts ? mods[i].path : "", mods[i].peft);
     if (*bits) return ZO_OK;
     if (cfg->moe.experts) {
-        const char *router = !strcmp(cfg->family, "mixtral")  ? "block_sparse_moe.gate"
+        const char *router = zo_model_mixtral_names(cfg)    ? "block_sparse_moe.gate"
                              : zo_model_granitemoe(cfg)          ? "block_sparse_moe.router.layer"
                                                                  : "mlp.gate";
         if (entry_matches(router, entry) || entry_matches("mlp.shared_expert_gate", entry))

@@ -558,6 +558,30 @@ FAMILIES["qwen2_yarn"] = dict(
     config=dict(FAMILIES["qwen2"]["config"],
                 rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
                               "original_max_position_embeddings": 128}))
+# Phi-3.5-MoE (PhiMoEForCausalLM): Mixtral's MoE layers (4 experts of 96, 2 a token) with LayerNorms
+# with a bias, q, k, v and o biased, lm_head biased, GQA (heads of 64, 4 over 2 kv heads), a window of 48
+# keys, longrope over an original length of 64 that the rows of 70 pass (long_factor, long_mscale 1.5;
+# short_mscale 1.25, so the mscale of the wrong side moves the loss) and the sparsemixer router with
+# router_jitter_noise 0.3 (a mask threshold of 0.6, so that most tokens' softmaxes keep more than one
+# expert and the router's gradient counts); the balance loss on. LoRA on the attention's and the experts'
+# projections (the router frozen), QLoRA.
+FAMILIES["phimoe"] = dict(
+    seed=83,
+    # (Granite-MoE's shape)
+    config={**{k: FAMILIES["granitemoe"]["config"][k] for k in (
+                "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "num_local_experts", "num_experts_per_tok", "vocab_size", "max_position_embeddings", "hidden_act",
+                "rope_theta")},
+            "architectures": ["PhiMoEForCausalLM"], "model_type": "phimoe", "rms_norm_eps": 1e-5,
+            "sliding_window": 48, "attention_bias": True, "lm_head_bias": True,
+            "rope_scaling": {"type": "longrope", "short_factor": [1 + (i % 8) / 8 for i in range(32)],
+                             "long_factor": [1 + i / 4 for i in range(32)], "short_mscale": 1.25,
+                             "long_mscale": 1.5, "original_max_position_embeddings": 64},
+            "router_jitter_noise": 0.3, "input_jitter_noise": 0.01, "output_router_logits": True,
+            "router_aux_loss_coef": 0.02, "tie_word_embeddings": False, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=70, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+    lora=dict(r=4, alpha=8.0, targets="q_proj,v_proj,o_proj,w1,w2,w3", lr=1e-2),
+    qlora=True)
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
 # tokens a micro-batch): torch.optim.AdamW skips a parameter whose grad is None (no moment decay,
 # no weight decay, its step count unmoved), and train leaves such an expert as it is too
@@ -581,7 +605,8 @@ def sparse(name):
 # ---- the PyTorch side -----------------------------------------------------------------------
 
 def is_moe(c):
-    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "granitemoe")
+    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "granitemoe",
+                               "phimoe")
 
 
 def deepseek(c):
@@ -604,14 +629,14 @@ def shared_name(c):
 
 def moe_names(c):
     """The MLP's module prefix and the expert's gate, up and down names, as the checkpoints."""
-    if c["model_type"] == "mixtral":
+    if c["model_type"] in ("mixtral", "phimoe"):
         return "block_sparse_moe.", ("w1", "w3", "w2")
     return "mlp.", ("gate_proj", "up_proj", "down_proj")
 
 
 def moe_shape(c):
     """Experts, experts per token, an expert's width, the shared expert's (0: none)."""
-    if c["model_type"] in ("mixtral", "granitemoe"):
+    if c["model_type"] in ("mixtral", "granitemoe", "phimoe"):
         return c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], 0
     if deepseek(c):
         f = c["moe_intermediate_size"]
@@ -649,6 +674,15 @@ def moe_params(c, g):
             p[se + "down_proj.weight"] = 0.75 * torch.randn(h, fs, generator=g) / math.sqrt(fs)
             if not deepseek(c):
                 p[m + "shared_expert_gate.weight"] = torch.randn(1, h, generator=g) / math.sqrt(h)
+    if c["model_type"] == "phimoe":  # the norms' biases, q, k, v and o's, the output layer's
+        nh, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], mf.head_dim(c)
+        for l in range(c["num_hidden_layers"]):
+            pre = f"model.layers.{l}."
+            for name, n in (("input_layernorm", h), ("post_attention_layernorm", h), ("self_attn.q_proj", nh * d),
+                            ("self_attn.k_proj", nkv * d), ("self_attn.v_proj", nkv * d), ("self_attn.o_proj", h)):
+                p[pre + name + ".bias"] = 0.1 * torch.randn(n, generator=g)
+        p["model.norm.bias"] = 0.1 * torch.randn(h, generator=g)
+        p["lm_head.bias"] = 0.5 * torch.randn(c["vocab_size"], generator=g)
     return p
 
 
@@ -690,13 +724,18 @@ def moe_mlp(c, p, m, x):
     hs = x.reshape(-1, h)
     logits = hs @ p[m + "gate.weight"].T
     w = torch.softmax(logits, dim=1)
-    if k < E:
+    if c["model_type"] == "phimoe":
+        w, sel = sparsemixer_route(c, logits)
+        if ROUTED[0] is not None:
+            ROUTED[0].append(len(set(sel.flatten().tolist())))
+    elif k < E:
         with torch.no_grad():
             top = torch.topk(w, k + 1, dim=-1).values
             MIN_GAP[0] = min(MIN_GAP[0], ((top[:, k - 1] - top[:, k]) / top[:, k - 1]).min().item())
-    w, sel = torch.topk(w, k, dim=-1)
-    if ROUTED[0] is not None:
-        ROUTED[0].append(len(set(sel.flatten().tolist())))
+    if c["model_type"] != "phimoe":
+        w, sel = torch.topk(w, k, dim=-1)
+        if ROUTED[0] is not None:
+            ROUTED[0].append(len(set(sel.flatten().tolist())))
     if deepseek(c):
         # MoEGate: renormalized only with top_k > 1, the sum plus 1e-20
         if k > 1 and c.get("norm_topk_prob", False):
@@ -719,6 +758,32 @@ def moe_mlp(c, p, m, x):
         # DeepSeek's shared experts are added as they are; Qwen2-MoE's behind a sigmoid gate
         out = out + (ys if deepseek(c) else torch.sigmoid(hs @ p[m + "shared_expert_gate.weight"].T) * ys)
     return out.view(b, t, h), logits
+
+
+def sparsemixer_route(c, logits):
+    """PhiMoE's router, sparsemixer() as Hugging Face computes it without training (its eval form):
+    the first expert is the largest logit; every logit s_j with (max - s_j) / max(|s_j|, max) above
+    2 router_jitter_noise is masked to -inf (the mask computed without gradient) and the weight is
+    the softmax at the chosen expert; then the first expert's logit set to -inf, the same again from
+    the new maximum. The weights are not renormalized. Returns the weights [tokens, 2] and the
+    choices; MIN_GAP notes the smallest relative gap of a choice (the top logits) or of a mask
+    ratio to its threshold, where float32 and float64 could decide differently."""
+    thr = 2 * c.get("router_jitter_noise", 0.01)
+    ws, sels, s = [], [], logits
+    for i in range(2):
+        with torch.no_grad():
+            m, top = s.max(dim=-1, keepdim=True)
+            ratio = (m - logits) / logits.abs().clamp(min=m)
+            mask = ratio > thr
+            near = (ratio - thr).abs()[torch.isfinite(s)] / thr
+            MIN_GAP[0] = min(MIN_GAP[0], near.min().item())
+            two = torch.topk(s, 2, dim=-1).values
+            MIN_GAP[0] = min(MIN_GAP[0], ((two[:, 0] - two[:, 1]).abs() / two[:, 0].abs()).min().item())
+        gates = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+        ws.append(gates.gather(-1, top))
+        sels.append(top)
+        s = torch.scatter(s, -1, top, float("-inf"))
+    return torch.cat(ws, dim=-1), torch.cat(sels, dim=-1)
 
 
 def note_routing(logits, sel, k):
@@ -744,26 +809,32 @@ def moe_forward(c, p, idx):
     # (latent attention turns its qk_rope_head_dim dims in mf.mla_attention, not with these)
     d, eps = c["qk_rope_head_dim"] if mla(c) else mf.head_dim(c), c["rms_norm_eps"]
     b, t = idx.shape
-    inv_freq = mf.rope_inv_freq(c, d)
+    phimoe = c["model_type"] == "phimoe"
+    inv_freq, att = phimoe_rope(c, d, t) if phimoe else (mf.rope_inv_freq(c, d), mf.rope_attention_scaling(c))
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     x = p["model.embed_tokens.weight"][idx]
-    att = mf.rope_attention_scaling(c)  # yarn's and longrope's attention factor (else 1)
+    # (att: yarn's and longrope's attention factor, else 1; PhiMoE's short or long mscale)
     cos, sin = (emb.cos() * att).to(x.dtype), (emb.sin() * att).to(x.dtype)  # (float32 in replay_lora's rounding probe)
     lin = lambda z, name: z @ p[name + ".weight"].T + (p[name + ".bias"] if name + ".bias" in p else 0)
     routers = []
+    # PhiMoE: LayerNorms with a bias at rms_norm_eps, a window where sliding_window is set
+    norm = (lambda z, name: torch.nn.functional.layer_norm(z, (z.shape[-1],), p[name + ".weight"],
+                                                           p[name + ".bias"], eps)) if phimoe else \
+        (lambda z, name: mf.rms_norm(z, p[name + ".weight"], eps))
+    window = c.get("sliding_window") if phimoe else None
     for l in range(c["num_hidden_layers"]):
         pre = f"model.layers.{l}."
-        a = mf.rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        a = norm(x, pre + "input_layernorm")
         if mla(c):
             x = x + mf.mla_attention(c, p, pre + "self_attn.", a)
         else:
             q, k, v = mf.attention_qkv(c, p, pre, a, lin)
             q = q * cos + mf.rotate_half(q) * sin
             k = k * cos + mf.rotate_half(k) * sin
-            y = mf.causal_attention(q, k, v, None).transpose(1, 2).reshape(b, t, nh * d)
+            y = mf.causal_attention(q, k, v, window).transpose(1, 2).reshape(b, t, nh * d)
             x = x + lin(y, pre + "self_attn.o_proj")
-        a = mf.rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        a = norm(x, pre + "post_attention_layernorm")
         if dense_layer(c, l):
             mlp = pre + "mlp."
             silu = torch.nn.functional.silu
@@ -773,8 +844,22 @@ def moe_forward(c, p, idx):
         y, r = moe_mlp(c, p, pre + moe_names(c)[0], a)
         x = x + y
         routers.append(r)
-    x = mf.rms_norm(x, p["model.norm.weight"], eps)
-    return x @ p["lm_head.weight"].T, routers
+    x = norm(x, "model.norm")
+    return lin(x, "lm_head"), routers
+
+
+def phimoe_rope(c, d, t):
+    """PhiMoE's rotary over t positions from 0 (PhimoeRotaryEmbedding): longrope's frequencies, each
+    divided by short_factor's entry, or long_factor's when t passes rope_scaling's
+    original_max_position_embeddings, and cos and sin times short_mscale or long_mscale, chosen the
+    same way; rope_theta's plain frequencies without rope_scaling."""
+    inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = c.get("rope_scaling")
+    if not rs:
+        return inv_freq, 1.0
+    past = t > rs["original_max_position_embeddings"]
+    ext = torch.tensor(rs["long_factor"] if past else rs["short_factor"], dtype=torch.float64)
+    return inv_freq / ext, rs["long_mscale"] if past else rs["short_mscale"]
 
 
 def load_balancing_loss(routers, E, k):
@@ -1131,6 +1216,9 @@ def check_family(train, name, workdir):
         variants["cohere"] = {"logit_scale": 1.0}
         if c.get("use_qk_norm"):
             variants["cohere"]["use_qk_norm"] = False
+    if c["model_type"] == "phimoe":  # Phi-3.5-MoE's router threshold; one mscale for both lengths
+        variants["phimoe"] = {"router_jitter_noise": 0.01,
+                              "rope_scaling": dict(c["rope_scaling"], long_mscale=c["rope_scaling"]["short_mscale"])}
     if c["model_type"] == "cohere2":  # the logits unscaled; every layer sliding (the global one turned)
         variants["cohere2"] = {"logit_scale": 1.0, "sliding_window_pattern": c["num_hidden_layers"] + 1}
     if c["model_type"] == "cohere2":  # the window one key wider, one narrower

@@ -280,6 +280,15 @@ FAMILIES["granitemoe"] = dict(
     config=dict(e2e.FAMILIES["granitemoe"]["config"], num_hidden_layers=4, num_local_experts=8,
                 intermediate_size=64, max_position_embeddings=128, eos_token_id=127, tie_word_embeddings=False),
     lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,o_proj"))
+# Phi-3.5-MoE: test_e2e_torch's model with 4 layers and 8 experts of 64 (2 a token by the sparsemixer
+# at router_jitter_noise 0.3), LayerNorms with a bias, q/k/v/o and lm_head biased, a window of 24 keys,
+# longrope's short factors and short_mscale (the 43 positions stay within its original 64: generation
+# refuses past it); LoRA on q, o and the experts, over the resident, the streamed and an NF4 base
+FAMILIES["phimoe"] = dict(
+    seed=89, moe=True,
+    config=dict(e2e.FAMILIES["phimoe"]["config"], num_hidden_layers=4, num_local_experts=8, intermediate_size=64,
+                max_position_embeddings=128, sliding_window=24, eos_token_id=127),
+    lora=dict(r=4, alpha=8.0, targets="q_proj,o_proj,w1,w2,w3"))
 # GPT-J: test_e2e_torch's model with 4 layers (4 heads of 64, 24 rotary dimensions interleaved in
 # pairs, one norm before the parallel attention and MLP, the biased lm_head); q, k, v apart (q's and
 # k's lora_B in the file's row order) with out_proj, fc_in and fc_out

@@ -1042,21 +1042,60 @@ static void route_d(const double *lg, int e, int k, double *p, int *sel)
     }
 }
 
-/* t: weights logits; p: stats [groups, 2e]; i: n e k norm group_rows */
+/* Phi-3.5-MoE's sparsemixer, eval form, as Hugging Face's sparsemixer()
+ * reads without training: the first choice is the largest logit (the lower
+ * index of a tie), every logit x with (max - x) / max(|x|, max) > thr (2
+ * jitter eps; a 0 / 0 compares false) leaves the softmax, whose value at
+ * the choice is its weight; then the same with the first choice's logit at
+ * -inf. `keep` [2][e] (optional): 1 where each softmax kept the logit. */
+static void mixer_d(const double *lg, int e, double thr, int sel[2], double w[2], int *keep)
+{
+    for (int i = 0; i < 2; i++) {
+        double m = -INFINITY, sum = 0.0;
+        for (int j = 0; j < e; j++)
+            if (!(i == 1 && j == sel[0]) && lg[j] > m) m = lg[j], sel[i] = j;
+        for (int j = 0; j < e; j++) {
+            double ratio = (m - lg[j]) / (fabs(lg[j]) > m ? fabs(lg[j]) : m);
+            int kept = !(i == 1 && j == sel[0]) && !(ratio > thr);
+            if (keep) keep[i * e + j] = kept;
+            if (kept) sum += exp(lg[j] - m);
+        }
+        w[i] = 1.0 / sum;
+    }
+}
+
+/* The sparsemixer's weights as functions of the logits with the choices
+ * and masks held (keep [2][e]): sum_i dw[sel_i] w_i(lg), the loss whose
+ * gradient the backward gives. */
+static double mixer_loss_d(const double *lg, int e, const int sel[2], const int *keep, const double *dw)
+{
+    double L = 0.0;
+    for (int i = 0; i < 2; i++) {
+        double sum = 0.0;
+        for (int j = 0; j < e; j++)
+            if (keep[i * e + j]) sum += exp(lg[j] - lg[sel[i]]);
+        L += dw[sel[i]] / sum;
+    }
+    return L;
+}
+
+/* t: weights logits; p: stats [groups, 2e]; i: n e k mode group_rows; f[1]: jitter eps */
 static void ref_moe_router_forward(const gpu_op_args *a, hostv *h)
 {
-    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3], gr = (int)a->i[4];
-    int groups = (n + gr - 1) / gr;
+    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3] == 1, gr = (int)a->i[4];
+    int mixer = (int)a->i[3] == 2, groups = (n + gr - 1) / gr;
     double *p = malloc((size_t)e * sizeof *p);
     int *sel = malloc((size_t)k * sizeof *sel);
     for (size_t j = 0; j < (size_t)groups * 2 * e; j++) h->P[0][j] = 0.0;
     for (int r = 0; r < n; r++) {
         route_d(h->T[1] + (size_t)r * e, e, k, p, sel);
-        double S = 0.0, *st = h->P[0] + (size_t)(r / gr) * 2 * e;
+        double S = 0.0, *st = h->P[0] + (size_t)(r / gr) * 2 * e, mw[2];
+        if (mixer) mixer_d(h->T[1] + (size_t)r * e, e, 2.0 * a->f[1], sel, mw, NULL);
         for (int i = 0; i < k; i++) S += p[sel[i]];
         double *w = h->T[0] + (size_t)r * e;
         for (int j = 0; j < e; j++) w[j] = 0.0, st[j] += p[j];
-        for (int i = 0; i < k; i++) w[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]], st[e + sel[i]] += 1.0;
+        for (int i = 0; i < k; i++)
+            w[sel[i]] = mixer ? mw[i] : norm ? p[sel[i]] / S : p[sel[i]], st[e + sel[i]] += 1.0;
     }
     free(p), free(sel);
 }
@@ -1067,7 +1106,7 @@ static void ref_moe_router_forward(const gpu_op_args *a, hostv *h)
  * + aux_scale * sum_j C_j p_j; dlogits by the chain rule through the softmax. */
 static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
 {
-    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3];
+    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3] == 1, mixer = (int)a->i[3] == 2;
     int layers = (int)a->i[4], gr = (int)a->i[5], groups = (n + gr - 1) / gr;
     double *p = malloc((size_t)e * sizeof *p), *dp = malloc((size_t)e * sizeof *dp);
     int *sel = malloc((size_t)k * sizeof *sel);
@@ -1083,8 +1122,9 @@ static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
         double S = 0.0;
         for (int i = 0; i < k; i++) S += p[sel[i]];
         /* d w_i / d p_q = ([i == q] S - p_i) / S^2 (q chosen) with norm, else [i == q];
-         * one expert of one: exactly 0 */
-        for (int i = 0; i < k; i++)
+         * one expert of one: exactly 0 (the sparsemixer's weights are not p's:
+         * below, by finite differences) */
+        for (int i = 0; i < k && !mixer; i++)
             for (int q = 0; q < k; q++) {
                 double d = norm ? ((i == q) * S - p[sel[i]]) / (S * S) : (i == q);
                 dp[sel[q]] += dw[sel[i]] * d;
@@ -1096,6 +1136,23 @@ static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
             for (int j = 0; j < e; j++) g += p[j] * (dp[q] - dp[j]);
             h->T[0][(size_t)r * e + q] = p[q] * g;
         }
+        if (!mixer) continue;
+        /* the sparsemixer's share: central differences (step 1e-5, the
+         * error ~1e-10) of its weights' loss, masks and choices held */
+        int ms[2], *keep = malloc(2 * (size_t)e * sizeof *keep);
+        double mw[2], *lg = malloc((size_t)e * sizeof *lg);
+        memcpy(lg, h->T[2] + (size_t)r * e, (size_t)e * sizeof *lg);
+        mixer_d(lg, e, 2.0 * a->f[1], ms, mw, keep);
+        for (int q = 0; q < e; q++) {
+            const double step = 1e-5, x = lg[q];
+            lg[q] = x + step;
+            double up = mixer_loss_d(lg, e, ms, keep, dw);
+            lg[q] = x - step;
+            double down = mixer_loss_d(lg, e, ms, keep, dw);
+            lg[q] = x;
+            h->T[0][(size_t)r * e + q] += (up - down) / (2 * step);
+        }
+        free(keep), free(lg);
     }
     free(p), free(dp), free(sel);
 }
@@ -3299,8 +3356,8 @@ static const int router_ek[][2] = {{2, 1}, {8, 2}, {60, 4}, {5, 5}};
 static void router_forward_case(int n, int e, int k, int norm, int gr)
 {
     int groups = (n + gr - 1) / gr;
-    pcase c = gr < n ? new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d norm %d groups of %d", n, e, k, norm, gr)
-                     : new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d norm %d", n, e, k, norm);
+    pcase c = gr < n ? new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d mode %d groups of %d", n, e, k, norm, gr)
+                     : new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d mode %d", n, e, k, norm);
     c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = gr;
     OUT_T(&c, 0, E_F32, (size_t)n * e);
     IN_T(&c, 1, E_F32, (size_t)n * e);
@@ -3314,9 +3371,9 @@ static void router_forward_case(int n, int e, int k, int norm, int gr)
 static void router_backward_case(int n, int e, int k, int norm, int layers, int gr)
 {
     int groups = (n + gr - 1) / gr;
-    pcase c = gr < n ? new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d norm %d aux layers %d groups of %d", n,
+    pcase c = gr < n ? new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d mode %d aux layers %d groups of %d", n,
                                 e, k, norm, layers, gr)
-                     : new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d norm %d aux layers %d", n, e, k, norm,
+                     : new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d mode %d aux layers %d", n, e, k, norm,
                                 layers);
     c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = layers, c.a.i[5] = gr;
     c.a.f[0] = layers ? 0.0125f : 0.0f;
@@ -3354,6 +3411,88 @@ static void router_group_cases(int backward)
     rng = keep;
 }
 
+/* The sparsemixer's logits (GPU_MOE_ROUTE_SPARSEMIXER; c->a.f[1] its eps):
+ * with eps 0.125 (a threshold of 0.25) rows of patterns at its edges, their
+ * columns shuffled, the rest far below (masked); with any eps, rows of
+ * random logits within or around the threshold. The patterns, first
+ * column first (each row's others at -30 plus noise):
+ *   0  1, 0.75 (ratio 0.25 exactly: kept), 0.75 less one fp32 ulp (masked
+ *      from 1, kept from 0.75), 0.5
+ *   1  negative maxima -1, -1.25 (ratio 0.25 / 1.25: kept), -1.5 (masked
+ *      from -1, kept from -1.25), -3
+ *   2  2 and every other below its threshold: both weights 1
+ *   3  4, 2 (masked from 4), 1.9 (kept from 2): the second choice is an
+ *      expert the first softmax masked
+ *   4  a tie at the top, 1.5 and 1.5 (the lower index first), 1.4 kept by
+ *      both, 0.3 by neither
+ *   5  0, 0 (0 / 0: kept), -0.5 (masked)
+ *   6  every logit within the threshold: softmaxes over all the row */
+static void mixer_prep(const pcase *c, hostv *h)
+{
+    int n = (int)c->a.i[0], e = (int)c->a.i[1], crafted = c->a.f[1] == 0.125f && e >= 5;
+    double *lg = h->T[c->param[0]];
+    static const double pat[6][4] = {{1.0, 0.75, 0.0, 0.5}, {-1.0, -1.25, -1.5, -3.0}, {2.0, -1.0, -2.0, -3.0},
+                                     {4.0, 2.0, 1.9, 0.1},  {1.5, 1.5, 1.4, 0.3},       {0.0, 0.0, -0.5, -4.0}};
+    int *perm = malloc((size_t)e * sizeof *perm);
+    for (int r = 0; r < n; r++) {
+        double *row = lg + (size_t)r * e;
+        for (int j = 0; j < e; j++) perm[j] = j;
+        for (int j = e - 1; j > 0; j--) {
+            int q = (int)(urand() * (j + 1)), t = perm[j];
+            perm[j] = perm[q], perm[q] = t;
+        }
+        int kind = r % 7;
+        if (!crafted || kind == 6) { /* within the threshold, or around it */
+            double spread = crafted ? 0.2 : 4.0 * c->a.f[1] * (1 + r % 3);
+            for (int j = 0; j < e; j++) row[j] = 1.0 + spread * urand() - (crafted ? 0.0 : 0.5 * spread * (j % 2));
+            continue;
+        }
+        for (int j = 0; j < e; j++) row[perm[j]] = j < 4 ? pat[kind][j] : -30.0 - urand();
+        if (kind == 0) row[perm[2]] = (double)nextafterf(0.75f, 0.0f);
+    }
+    free(perm);
+}
+
+/* A sparsemixer case (forward, or backward with the auxiliary loss over
+ * `layers` layers): n rows of e experts, eps */
+static void mixer_case(int backward, int n, int e, float eps, int layers)
+{
+    pcase c = backward ? new_case(GPU_OP_MOE_ROUTER_BACKWARD, "sparsemixer n %d e %d eps %g aux layers %d", n, e,
+                                  (double)eps, layers)
+                       : new_case(GPU_OP_MOE_ROUTER_FORWARD, "sparsemixer n %d e %d eps %g", n, e, (double)eps);
+    c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = 2, c.a.i[3] = GPU_MOE_ROUTE_SPARSEMIXER;
+    c.a.f[1] = eps;
+    OUT_T(&c, 0, E_F32, (size_t)n * e);
+    IN_T(&c, 1, E_F32, (size_t)n * e);
+    if (backward) {
+        c.a.i[4] = layers, c.a.i[5] = n, c.a.f[0] = layers ? 0.0125f : 0.0f;
+        IN_T(&c, 2, E_F32, (size_t)n * e);
+        if (layers) add_buf(&c, 'p', 0, E_F32, (size_t)layers * 2 * e, FILL_INT, 0, n + 1, 0);
+        c.param[0] = 2;
+    } else {
+        c.a.i[4] = n;
+        OUT_P(&c, 0, E_F32, 2 * (size_t)e);
+        c.param[0] = 1;
+    }
+    c.prep = mixer_prep;
+    emit(&c);
+}
+
+/* The sparsemixer: its patterns (7 rows, 300 across the CUDA blocks of
+ * 256), Phi-3.5-MoE's 16 experts and eps 0.01 over random rows, two experts */
+static void mixer_cases(int backward)
+{
+    const uint64_t keep = rng;
+    static const struct {
+        int n, e;
+        float eps;
+    } shapes[] = {{7, 5, 0.125f}, {300, 16, 0.125f}, {300, 16, 0.01f}, {33, 2, 0.01f}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int v = 0; v < (backward ? 2 : 1); v++)
+            mixer_case(backward, shapes[s].n, shapes[s].e, shapes[s].eps, v ? 3 : 0);
+    rng = keep;
+}
+
 static void parity_moe_router_forward(void)
 {
     for (size_t s = 0; s < 3; s++)
@@ -3361,6 +3500,7 @@ static void parity_moe_router_forward(void)
             for (int norm = 0; norm < 2; norm++)
                 router_forward_case(router_rows[s], router_ek[g][0], router_ek[g][1], norm, router_rows[s]);
     router_group_cases(0);
+    mixer_cases(0);
 }
 
 static void parity_moe_router_backward(void)
@@ -3371,6 +3511,7 @@ static void parity_moe_router_backward(void)
                 router_backward_case(router_rows[s], router_ek[g][0], router_ek[g][1], v & 1, v & 2 ? 3 : 0,
                                      router_rows[s]);
     router_group_cases(1);
+    mixer_cases(1);
 }
 
 static const int scale_shapes[][3] = {{1, 1, 1}, {5, 17, 3}, {33, 64, 1}, {300, 257, 8}};

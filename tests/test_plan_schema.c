@@ -228,7 +228,8 @@ static const char *const optional_fields[] = {"training.recompute_layers", "trai
                                               "hardware.peers_via_host", "model.features.moe.norm_topk",
                                               "model.features.moe.aux_loss",
                                               "model.features.moe.aux_coef", "model.features.moe.aux_per_layer",
-                                              "model.features.moe.seq_aux", "training.optim_dtype",
+                                              "model.features.moe.seq_aux", "model.features.moe.sparsemixer",
+                                              "model.features.moe.jitter_eps", "training.optim_dtype",
                                               "training.master", "training.loss_chunk",
                                               "hardware.nvme_read_bw_busy", "model.features.head_bias",
                                               "model.features.attn_out_nobias",
@@ -271,6 +272,7 @@ static void test_required_and_unknown(void **state)
             assert_int_equal(q->model.attn_out_nobias, 0);
             assert_int_equal(q->model.qk_norm_heads, 0);
             assert_int_equal(q->model.mm_text, 0);
+            assert_int_equal(q->model.moe.sparsemixer, 0);
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
             continue;
         }

@@ -21,6 +21,10 @@
 #include "planner/planfile.h"
 #include "tests/support/run.h" /* defines: run_memplan, run_memplan_json, run_json_num */
 
+/* A small shape for the parser's defaults and refusals */
+#define SHAPE_ONLY "\"num_hidden_layers\": 2, \"hidden_size\": 128, \"num_attention_heads\": 8, " \
+                   "\"intermediate_size\": 128, \"vocab_size\": 100"
+
 static void load(const char *name, zo_model_config *c)
 {
     char path[512];
@@ -114,6 +118,13 @@ static const struct {
     /* keras-hub mixtral_8_7b_en; active 46,702,792,704 - 6 x 3 x 4096 x 14336
      * x 32 (Mistral: 12.9B active) */
     {"mixtral-8x7b.json", 46702792704ull, 12879925248ull},
+    /* Phi-3.5-MoE (41.9B, 6.6B active), by hand: 32 layers x (two LayerNorms 2
+     * x 2 x 4096 + q and o 2 x 4096^2 + k and v 2 x 4096 x 1024 + their biases
+     * 2 x 4096 + 2 x 1024 + router 16 x 4096 + 16 experts x 3 x 4096 x 6400
+     * = 1,300,326,400) + embedding and lm_head 2 x 32064 x 4096 + lm_head's
+     * bias 32064 + the final norm 2 x 4096; active less 14 x 3 x 4096 x 6400
+     * x 32 */
+    {"phi-3.5-moe-instruct.json", 41873153344ull, 6640999744ull},
     /* keras-hub qwen1.5_moe_2.7b_en; active - 56 x 3 x 2048 x 1408 x 24 (A2.7B) */
     {"qwen1.5-moe-a2.7b.json", 14315784192ull, 2689173504ull},
     /* keras-hub qwen3_moe_30b_a3b_en; active - 120 x 3 x 2048 x 768 x 48 (A3B, 3.3B) */
@@ -152,6 +163,20 @@ static void test_family_counts(void **state)
     assert_true(sizeof counts / sizeof counts[0] >= 15);
 }
 
+/* Whether a preset and a config.json differ in a field every family's
+ * layers read: the shape, the norms' and biases' kinds, eps, rope_theta,
+ * the activation. */
+static int shape_differs(const zo_model_config *p, const zo_model_config *c)
+{
+    return strcmp(p->family, c->family) || p->arch != c->arch || p->n_layers != c->n_layers ||
+           p->hidden != c->hidden || p->n_heads != c->n_heads || p->n_kv_heads != c->n_kv_heads ||
+           p->head_dim != c->head_dim || p->ffn != c->ffn || p->vocab != c->vocab || p->max_seq != c->max_seq ||
+           p->tied_embeddings != c->tied_embeddings || p->norm_eps != c->norm_eps ||
+           p->rope_theta != c->rope_theta || p->attn_bias != c->attn_bias || p->out_bias != c->out_bias ||
+           p->norm_bias != c->norm_bias || p->layer_norm != c->layer_norm || p->head_bias != c->head_bias ||
+           strcmp(p->act, c->act);
+}
+
 /* The Qwen3 presets are their config.json files (tests/fixtures/hf-configs,
  * whose totals test_family_counts checks against keras-hub's): every field
  * that sizes or computes the model. */
@@ -164,11 +189,7 @@ static void test_qwen3_presets(void **state)
         zo_model_config p, c;
         assert_int_equal(zo_model_preset_find(pairs[i][0], &p), ZO_OK);
         load(pairs[i][1], &c);
-        if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
-            p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
-            p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
-            p.norm_eps != c.norm_eps || p.rope_theta != c.rope_theta || p.qk_norm != c.qk_norm ||
-            p.attn_bias != c.attn_bias || strcmp(p.act, c.act) || p.sliding_window != c.sliding_window ||
+        if (shape_differs(&p, &c) || p.qk_norm != c.qk_norm || p.sliding_window != c.sliding_window ||
             p.moe.experts != c.moe.experts || p.moe.top_k != c.moe.top_k || p.moe.expert_ffn != c.moe.expert_ffn ||
             p.moe.shared_ffn != c.moe.shared_ffn || p.moe.norm_topk != c.moe.norm_topk ||
             p.moe.aux_loss != c.moe.aux_loss || p.moe.aux_coef != c.moe.aux_coef)
@@ -177,6 +198,58 @@ static void test_qwen3_presets(void **state)
         /* and the runtime builds it */
         assert_int_equal(zo_model_config_runtime_check(&p), ZO_OK);
     }
+}
+
+/* json fails to parse, its message naming "key" */
+static void expect_named(const char *json, const char *key)
+{
+    zo_model_config d;
+    char want[64];
+    snprintf(want, sizeof want, "\"%s\"", key);
+    zo_status st = zo_model_config_parse(json, "r.json", &d);
+    if (st == ZO_OK || !strstr(zo_last_error(), want))
+        fail_msg("%s: status %d, \"%s\" (want %s named)", json, st, st ? zo_last_error() : "", want);
+}
+
+/* Phi-3.5-MoE: the preset is its config.json in every field that sizes or
+ * computes it but the longrope lists (the config.json's alone: tf_init
+ * refuses the preset's, by name); PhimoeConfig's defaults; refusals by name.
+ * The fixture has the published config's keys and values but for those
+ * lists, which hold 1.0 each here (64 a list, as published; no size). */
+static void test_phimoe_config(void **state)
+{
+    (void)state;
+    zo_model_config p, c;
+    assert_int_equal(zo_model_preset_find("phi-3.5-moe", &p), ZO_OK);
+    load("phi-3.5-moe-instruct.json", &c);
+    if (shape_differs(&p, &c) || p.sliding_window != c.sliding_window || strcmp(p.rope_scaling, c.rope_scaling) || p.rope_original_max != c.rope_original_max ||
+        p.rope_attention_factor != c.rope_attention_factor ||
+        p.rope_long_attention_factor != c.rope_long_attention_factor || p.moe.experts != c.moe.experts ||
+        p.moe.top_k != c.moe.top_k || p.moe.expert_ffn != c.moe.expert_ffn || p.moe.norm_topk != c.moe.norm_topk ||
+        p.moe.sparsemixer != c.moe.sparsemixer || p.moe.jitter_eps != c.moe.jitter_eps ||
+        p.moe.aux_loss != c.moe.aux_loss || p.moe.aux_coef != c.moe.aux_coef)
+        fail_msg("preset phi-3.5-moe differs from phi-3.5-moe-instruct.json");
+    assert_true(c.layer_norm && c.norm_bias && c.attn_bias && c.out_bias && c.head_bias && c.moe.sparsemixer);
+    assert_true(c.rope_original_max == 4096 && c.rope_n_factors == 64 && c.sliding_window == 131072);
+    assert_true(fabsf(c.rope_long_attention_factor - 1.2431631f) < 1e-6f && c.moe.jitter_eps == 0.01f);
+    assert_int_equal(zo_model_params(&p), 41873153344ull);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+    /* PhimoeConfig's defaults: 8 kv heads, eps 1e-5, rope_theta 1e6, jitter 0.01, no biases */
+    zo_model_config d;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"phimoe\", " SHAPE_ONLY "}", "d.json", &d), ZO_OK);
+    assert_true(d.n_kv_heads == 8 && d.norm_eps == 1e-5f && d.rope_theta == 1e6f && d.moe.jitter_eps == 0.01f &&
+                d.moe.experts == 16 && d.moe.top_k == 2 && !d.attn_bias && !d.head_bias && d.max_seq == 131072);
+    /* refused by name */
+    expect_named("{\"model_type\": \"phimoe\", \"num_experts_per_tok\": 3, " SHAPE_ONLY "}",
+                   "num_experts_per_tok");
+    expect_named("{\"model_type\": \"phimoe\", \"router_jitter_noise\": -0.5, " SHAPE_ONLY "}",
+                   "router_jitter_noise");
+    expect_named("{\"model_type\": \"phimoe\", \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1], "
+                   "\"long_factor\": [1], \"short_mscale\": 1.2, \"original_max_position_embeddings\": 8}, " SHAPE_ONLY "}",
+                   "long_mscale");
+    expect_named("{\"model_type\": \"phimoe\", \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1], "
+                   "\"long_factor\": [1], \"short_mscale\": 1.2, \"long_mscale\": 1.2}, " SHAPE_ONLY "}",
+                   "original_max_position_embeddings");
 }
 
 /* The phi-2 preset is microsoft/phi-2's config.json: every field that sizes
@@ -189,12 +262,7 @@ static void test_phi_presets(void **state)
     zo_model_config p, c;
     assert_int_equal(zo_model_preset_find("phi-2", &p), ZO_OK);
     load("phi-2.json", &c);
-    if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
-        p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
-        p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
-        p.attn_bias != c.attn_bias || p.out_bias != c.out_bias || p.norm_bias != c.norm_bias ||
-        p.head_bias != c.head_bias || p.norm_eps != c.norm_eps || p.rope_theta != c.rope_theta ||
-        p.rope_partial != c.rope_partial || strcmp(p.act, c.act) || p.pos != c.pos ||
+    if (shape_differs(&p, &c) || p.rope_partial != c.rope_partial || p.pos != c.pos ||
         p.layer_norms != c.layer_norms || p.parallel_block != c.parallel_block)
         fail_msg("preset phi-2 differs from phi-2.json");
     assert_true(c.head_bias && c.rope_partial == 0.4 && zo_model_rope_dim(&c) == 32);
@@ -404,8 +472,7 @@ static void test_refused(void **state)
 {
     (void)state;
     /* recognised families that are not modelled */
-    static const char *families[] = {"t5", "bert", "mamba", "rwkv", "jamba", "phimoe",
-                                     "mllama", "qwen3_next"};
+    static const char *families[] = {"t5", "bert", "mamba", "rwkv", "jamba", "mllama", "qwen3_next"};
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
         char json[256];
         snprintf(json, sizeof json, "{\"model_type\": \"%s\", " SHAPE "}", families[i]);
@@ -927,6 +994,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
         cmocka_unit_test(test_qwen3_presets),
+        cmocka_unit_test(test_phimoe_config),
         cmocka_unit_test(test_phi_presets),
         cmocka_unit_test(test_gptj_presets),
         cmocka_unit_test(test_attention_extent),

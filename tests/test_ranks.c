@@ -2288,6 +2288,22 @@ static const char phi3_config[] =
     "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0, 1.125, 1.25, 1.5], "
     "\"long_factor\": [1.0, 1.5, 2.0, 2.5]}, \"tie_word_embeddings\": false}";
 
+/* Phi-3.5-MoE: Mixtral's layers (4 experts of 64, 2 a token by the
+ * sparsemixer at router_jitter_noise 0.3: most tokens' weights a softmax
+ * over more than one logit), LayerNorms with a bias, q/k/v/o and lm_head
+ * biased, a window of 24, longrope past an original length of 16 with
+ * long_mscale 1.5, the balance loss on */
+static const char phimoe_config[] =
+    "{\"model_type\": \"phimoe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64, "
+    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"sliding_window\": 24, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
+    "\"attention_bias\": true, \"lm_head_bias\": true, \"router_jitter_noise\": 0.3, "
+    "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0, 1.125, 1.25, 1.5, 1.0, 1.25, 1.5, 2.0], "
+    "\"long_factor\": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5], \"short_mscale\": 1.25, \"long_mscale\": 1.5, "
+    "\"original_max_position_embeddings\": 16}, \"output_router_logits\": true, \"router_aux_loss_coef\": 0.02, "
+    "\"tie_word_embeddings\": false}";
+
 /* Gemma: one kv head (MQA), GeGLU, norms times (1 + w), the embedding
  * times sqrt(hidden), tied. */
 static const char gemma_config[] =
@@ -2489,10 +2505,12 @@ static void test_family_qwen3(void **state)
     family_rows("cohere2", cohere2_config);
 }
 
+/* Phi-3's rows, then Phi-3.5-MoE's (a few seconds: they share Phi-3's ctest entry) */
 static void test_family_phi3(void **state)
 {
     (void)state;
     family_rows("phi3", phi3_config);
+    family_rows("phimoe", phimoe_config);
 }
 
 static void test_family_gemma(void **state)

@@ -323,7 +323,9 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
                             c->name, c->rope_original_max, T, c->rope_original_max);
         const float *ext = T > c->rope_original_max ? c->rope_long_factor : c->rope_short_factor;
         for (int i = 0; i < half; i++) f[i] /= (double)ext[i];
-        *scale = c->rope_attention_factor;
+        /* (Phi-3.5-MoE: long_mscale past the original length, short_mscale within) */
+        *scale = T > c->rope_original_max && c->rope_long_attention_factor > 0.0f ? c->rope_long_attention_factor
+                                                                                  : c->rope_attention_factor;
     } else if (!strcmp(kind, "yarn")) {
         if (!(c->rope_theta > 1.0f))
             return zo_error(ZO_ERR_FORMAT, "tf_init: model %s: rope_scaling \"yarn\" needs rope_theta > 1 (got %g)",
@@ -371,7 +373,7 @@ static zo_status rope_upload(tf_model *m)
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     zo_status st = rope_frequencies(c, two ? c->rope_original_max : T, m->opts.kv_len > 0, host,
                                     &m->rope_scale); /* the last position */
-    if (st == ZO_OK && two) st = rope_frequencies(c, T, 0, host + half, &m->rope_scale);
+    if (st == ZO_OK && two) st = rope_frequencies(c, T, 0, host + half, &m->rope_scale_long);
     if (st == ZO_OK) st = upload_new(m, (void **)&m->rope_freq, host, bytes);
     if (st == ZO_OK && two) m->rope_freq_long = m->rope_freq + half;
     free(host);
@@ -610,7 +612,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
 {
     zo_status st;
     memset(m, 0, sizeof *m);
-    m->rope_scale = 1.0f;
+    m->rope_scale = m->rope_scale_long = 1.0f;
     if (opts) m->opts = *opts;
     if (B < 1 || T < 1)
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
@@ -1519,8 +1521,9 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
 static void rope_params(const tf_model *m, int l, const double **f, float *theta, float *scale)
 {
     const zo_model_config *c = &m->cfg;
-    *f = m->rope_freq_long && m->t > c->rope_original_max ? m->rope_freq_long : m->rope_freq;
-    *theta = c->rope_theta, *scale = m->rope_scale;
+    const int lng = m->rope_freq_long && m->t > c->rope_original_max;
+    *f = lng ? m->rope_freq_long : m->rope_freq;
+    *theta = c->rope_theta, *scale = lng ? m->rope_scale_long : m->rope_scale;
     if (c->rope_local_theta > 0.0f && zo_model_layer_sliding(c, l))
         *f = NULL, *theta = c->rope_local_theta, *scale = 1.0f;
 }
@@ -2037,6 +2040,13 @@ static zo_status ep_return(tf_model *m, int l, gpu_stream_t s, gpu_tensor groupe
     return ep_exchange(m, l, s, arrival, recv, cols, grouped.dtype, 1, -1);
 }
 
+/* How the router weighs its choices: Phi-3.5-MoE's sparsemixer (eval form),
+ * or the softmax's p, renormalized over the chosen with norm_topk */
+static gpu_moe_route router_mode(const zo_moe *mo)
+{
+    return mo->sparsemixer ? GPU_MOE_ROUTE_SPARSEMIXER : mo->norm_topk ? GPU_MOE_ROUTE_NORM : GPU_MOE_ROUTE_SOFTMAX;
+}
+
 /* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
  * once the activations backward reads are saved. A routed expert's
  * adapters add to its GEMMs on its pairs; the shared expert's as a dense
@@ -2059,7 +2069,7 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     const size_t S = stat_rows(m);
     if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
         (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits), m->moe_stats + (size_t)l * S * 2 * E,
-                                     N, E, mo->top_k, mo->norm_topk, S > 1 ? m->t : N)) != ZO_OK)
+                                     N, E, mo->top_k, router_mode(mo), mo->jitter_eps, S > 1 ? m->t : N)) != ZO_OK)
         return st;
     if ((st = moe_route(m, l, s, !recompute)) != ZO_OK) return st;
     const int *off = a->moe_off, M = off[E];
@@ -2328,8 +2338,8 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
         double LN = (double)moe_layers * N;
         float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN)) : 0.0f;
         return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
-                                       m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, k, mo->norm_topk,
-                                       moe_layers, N, aux);
+                                       m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, k, router_mode(mo),
+                                       mo->jitter_eps, moe_layers, N, aux);
     }
     /* the groups of rows counted apart: the b sequences, or the micro-batch */
     const int rows = S > 1 ? m->t : N, groups = N / rows;
@@ -2337,7 +2347,8 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
                                        ((double)groups * rows * rows * k))
                              : 0.0f;
     return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
-                                   m->moe_stats + (size_t)l * S * 2 * E, N, E, k, mo->norm_topk, 1, rows, aux);
+                                   m->moe_stats + (size_t)l * S * 2 * E, N, E, k, router_mode(mo), mo->jitter_eps,
+                                   1, rows, aux);
 }
 
 /* On entry dres = dL/d(layer output); on exit dh = dL/d ln2 through the MoE

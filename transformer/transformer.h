@@ -232,6 +232,7 @@ typedef struct tf_model {
                                rope_freq's allocation; rope_freq is short_factor's), for batches past
                                it; NULL otherwise */
     float rope_scale;    /* the rotation's cos and sin times this (longrope's attention factor; 1) */
+    float rope_scale_long; /* with rope_freq_long: its batches' factor (Phi-3.5-MoE's long_mscale) */
     void **res;          /* [L+1] residual stream [N, h]: res[0] embedding output, res[l+1] layer l output */
     tf_layer_acts *acts; /* [L] */
     void *lnf;           /* [N, h] */

@@ -18,7 +18,7 @@ static const char HELP[] =
     "Generate text with a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2, GPT-J, Cohere\n"
     "(Command-R, Aya), Cohere2 (Command-R7B, Command-A) or LLaMA-family model (LLaMA, Mistral,\n"
     "Qwen2/3, Phi-3, Gemma, Gemma-2, Gemma-3, Granite; Mixtral, Granite-MoE, Qwen-MoE,\n"
-    "DeepSeekMoE, DeepSeek-V2 with its latent attention):\n"
+    "DeepSeekMoE, DeepSeek-V2 with its latent attention, Phi-3.5-MoE):\n"
     "each prompt is read in one forward that fills a key/value cache on the device, then one token\n"
     "at a time is chosen (greedy, or sampled) and fed back, until --max-new-tokens or the\n"
     "end-of-sequence token.\n"

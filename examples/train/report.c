@@ -147,6 +147,13 @@ static void print_header(const train_run *r)
     if (a->p.selective_as_none && !oc->recompute)
         printf("# recompute: \"selective\" runs as none (the attention keeps no s x s "
                "scores, so selective would recompute nothing)\n");
+    if (cfg->moe.sparsemixer) /* docs/transformer.md, "The sparsemixer" */
+        printf("# router: sparsemixer in its eval form (jitter eps %g): the top expert and the next, each "
+               "weighed by a softmax over the logits its mask keeps, its gradient through those softmaxes with "
+               "the masks and choices held constant; Hugging Face's training mode samples the choices (Gumbel), "
+               "jitters the layer's input and scales a straight-through gradient, which is random and not "
+               "computed here\n",
+               (double)cfg->moe.jitter_eps);
     const ft_schedule *sc = &a->sched;
     if (sc->kind != FT_LR_CONSTANT || sc->warmup)
         printf("# lr: %s from %g to %g over %ld steps, %ld warmup\n", ft_schedule_name(sc->kind), sc->lr,

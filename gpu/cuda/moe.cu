@@ -1,5 +1,5 @@
 /* Mixture of experts: the router (softmax over the experts, the top k, their
- * weights; the load-balancing loss's statistics) forward and backward, and
+ * weights, or Phi-3.5-MoE's sparsemixer; the load-balancing loss's statistics) forward and backward, and
  * the per-token scaling of an expert's output, with the formulas of the CPU
  * reference (gpu/ops_cpu_moe.c) in fp32. The router runs one thread per
  * row (or per expert for the statistics) and finds the chosen experts by
@@ -35,11 +35,51 @@ __device__ int router_chosen(gpu_tensor logits, size_t r, int e, int k, int j, f
     return before < k;
 }
 
-/* weights [n, e]: the chosen experts' p (divided by their sum with norm), 0 elsewhere */
-__global__ void moe_router_forward_kernel(float *w, gpu_tensor logits, int n, int e, int k, int norm)
+/* The sparsemixer (GPU_MOE_ROUTE_SPARSEMIXER, eval form; gpu/ops_cpu_moe.c's
+ * mixer_row): whether logit x lies more than thr below the maximum m,
+ * relative to max(|x|, m), in double (0 / 0 kept) */
+__device__ int mixer_masked(float m, float x, double thr)
+{
+    double f = fmax(fabs((double)x), (double)m);
+    return ((double)m - (double)x) / f > thr;
+}
+
+/* Row r's two choices (i1 the largest logit, i2 the largest of the rest,
+ * ties to the lower index) and their weights: each the softmax at its
+ * choice over the logits its mask keeps (i1 left out of the second) */
+__device__ void mixer_row(gpu_tensor logits, size_t r, int e, double thr, int *sel, float *w)
+{
+    for (int i = 0; i < 2; i++) {
+        int best = -1;
+        float m = 0.0f;
+        for (int j = 0; j < e; j++) {
+            float x = tload(logits, r * e + j);
+            if ((i == 0 || j != sel[0]) && (best < 0 || x > m)) best = j, m = x;
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < e; j++) {
+            float x = tload(logits, r * e + j);
+            if ((i == 0 || j != sel[0]) && !mixer_masked(m, x, thr)) sum += expf(x - m);
+        }
+        sel[i] = best;
+        w[i] = 1.0f / sum;
+    }
+}
+
+/* weights [n, e]: the chosen experts' p (divided by their sum with norm), 0
+ * elsewhere; the sparsemixer's two weights (mode 2) */
+__global__ void moe_router_forward_kernel(float *w, gpu_tensor logits, int n, int e, int k, int norm,
+                                          double thr)
 {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
+    if (norm == 2) {
+        int sel[2];
+        float mw[2];
+        mixer_row(logits, r, e, thr, sel, mw);
+        for (int j = 0; j < e; j++) w[(size_t)r * e + j] = j == sel[0] ? mw[0] : j == sel[1] ? mw[1] : 0.0f;
+        return;
+    }
     float mx, sum, S = 0.0f;
     router_row(logits, r, e, &mx, &sum);
     for (int j = 0; j < e; j++)
@@ -54,7 +94,8 @@ __global__ void moe_router_forward_kernel(float *w, gpu_tensor logits, int n, in
 /* stats [groups, 2 e]: expert j's p summed over group g's rows (group_rows
  * of them from g group_rows), and its rows choosing j; one thread per
  * expert and group (blockIdx.y), the rows in order */
-__global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, int e, int k, int group_rows)
+__global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, int e, int k, int group_rows,
+                                        int mixer, double thr)
 {
     int j = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
     if (j >= e) return;
@@ -65,17 +106,26 @@ __global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, 
         float mx, sum;
         router_row(logits, r, e, &mx, &sum);
         ps += router_p(logits, r, e, j, mx, sum);
-        cnt += router_chosen(logits, r, e, k, j, mx, sum);
+        if (mixer) { /* its choices, by the logits */
+            int sel[2];
+            float mw[2];
+            mixer_row(logits, r, e, thr, sel, mw);
+            cnt += sel[0] == j || sel[1] == j;
+        } else {
+            cnt += router_chosen(logits, r, e, k, j, mx, sum);
+        }
     }
     stats[j] = (float)ps;
     stats[e + j] = (float)cnt;
 }
 
 /* dlogits [n, e] = p (dp - sum_j p_j dp_j); dp_j = aux_j + the chosen
- * weights' share (through the normalization with norm) */
+ * weights' share (through the normalization with norm); the sparsemixer
+ * (norm 2): dp_j = aux_j, plus each weight's masked softmax's backward,
+ * dw_i w_i ([j == sel_i] - q_j) for the j its mask keeps */
 __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tensor logits,
                                            const float *stats, int n, int e, int k, int norm,
-                                           int layers, int group_rows, float aux_scale)
+                                           int layers, int group_rows, float aux_scale, double thr)
 {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
@@ -84,10 +134,14 @@ __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tenso
     const float *dwr = dw + (size_t)r * e;
     float mx, sum;
     router_row(logits, r, e, &mx, &sum);
+    const int mixer = norm == 2;
+    int sel[2] = {-1, -1};
+    float mw[2] = {0.0f, 0.0f};
+    if (mixer) mixer_row(logits, r, e, thr, sel, mw);
     double S = 0.0, wdot = 0.0;
-    for (int j = 0; j < e; j++)
+    for (int j = 0; j < e && !mixer; j++)
         if (router_chosen(logits, r, e, k, j, mx, sum)) S += router_p(logits, r, e, j, mx, sum);
-    for (int j = 0; j < e; j++)
+    for (int j = 0; j < e && !mixer; j++)
         if (router_chosen(logits, r, e, k, j, mx, sum))
             wdot += (double)dwr[j] * router_p(logits, r, e, j, mx, sum) / S;
     /* two passes: the dot product of p and dp, then the gradient */
@@ -99,9 +153,23 @@ __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tenso
                 for (int l = 0; l < layers; l++) cnt += stats[(size_t)l * groups * 2 * e + e + j];
             double dp = (double)aux_scale * cnt;
             float p = router_p(logits, r, e, j, mx, sum);
-            if (router_chosen(logits, r, e, k, j, mx, sum)) dp += norm ? (dwr[j] - wdot) / S : dwr[j];
-            if (pass == 0) dot += p * dp;
-            else dl[(size_t)r * e + j] = (float)(p * (dp - dot));
+            if (!mixer && router_chosen(logits, r, e, k, j, mx, sum)) dp += norm ? (dwr[j] - wdot) / S : dwr[j];
+            if (pass == 0) {
+                dot += p * dp;
+                continue;
+            }
+            float g = (float)(p * (dp - dot));
+            if (mixer) {
+                double dm = 0.0;
+                float x = tload(logits, (size_t)r * e + j);
+                for (int i = 0; i < 2; i++) {
+                    float m = tload(logits, (size_t)r * e + sel[i]);
+                    if ((i == 1 && j == sel[0]) || mixer_masked(m, x, thr)) continue;
+                    dm += (double)dwr[sel[i]] * mw[i] * ((j == sel[i]) - (double)expf(x - m) * mw[i]);
+                }
+                g = (float)((double)g + dm);
+            }
+            dl[(size_t)r * e + j] = g;
         }
 }
 
@@ -173,25 +241,28 @@ extern "C" zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, 
 
 extern "C" zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights,
                                                     gpu_tensor logits, float *stats, int n, int e,
-                                                    int k, int norm, int group_rows)
+                                                    int k, int mode, float eps, int group_rows)
 {
+    const double thr = 2.0 * (double)eps;
     ZO_LAUNCH(moe_router_forward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)weights.data, logits,
-              n, e, k, norm);
+              n, e, k, mode, thr);
     zo_status s = cuda_launch_check("moe_router_forward_kernel");
     if (s != ZO_OK) return s;
     const int groups = (n + group_rows - 1) / group_rows;
     ZO_LAUNCH(moe_router_stats_kernel, dim3((e + BS - 1) / BS, groups), BS, 0, st, stats, logits, n, e, k,
-              group_rows);
+              group_rows, mode == 2, thr);
     return cuda_launch_check("moe_router_stats_kernel");
 }
 
 extern "C" zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits,
                                                      gpu_tensor dweights, gpu_tensor logits,
                                                      const float *stats, int n, int e, int k,
-                                                     int norm, int layers, int group_rows, float aux_scale)
+                                                     int mode, float eps, int layers, int group_rows,
+                                                     float aux_scale)
 {
     ZO_LAUNCH(moe_router_backward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)dlogits.data,
-              (const float *)dweights.data, logits, stats, n, e, k, norm, layers, group_rows, aux_scale);
+              (const float *)dweights.data, logits, stats, n, e, k, mode, layers, group_rows, aux_scale,
+              2.0 * (double)eps);
     return cuda_launch_check("moe_router_backward_kernel");
 }
 
