@@ -629,7 +629,9 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
 
 static double gib(uint64_t v) { return (double)v / (1 << 30); }
 
-/* Try `t` with one change: fits? and its step time. */
+/* Try `t` with one change: 1 fits, 0 does not, -1 the change is no plan
+ * (the estimate refuses the combination: *e is then not its estimate);
+ * *step its step time. */
 static int try_change(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                       plan_estimate *e, double *step)
 {
@@ -637,9 +639,9 @@ static int try_change(const zo_model_config *m, const plan_hw *hw, const plan_tr
     /* a change that puts optimizer state on the GPU takes the delayed
      * update's place with the overlapped schedule (dpu cannot wait on it) */
     if (u.schedule == ZO_PLAN_SCHED_DPU && u.opt_frac[ZO_PLAN_GPU] > 0) u.schedule = ZO_PLAN_SCHED_OVERLAP;
-    if (plan_estimate_run(m, hw, &u, e)) return 0;
+    if (plan_estimate_run(m, hw, &u, e)) return -1;
     plan_time pt;
-    if (plan_time_run(m, hw, &u, e, &pt)) return 0;
+    if (plan_time_run(m, hw, &u, e, &pt)) return -1;
     *step = pt.step;
     return e->fits;
 }
@@ -651,7 +653,16 @@ static void because(sbuf *b, const char *what, const plan_estimate *e, int fits,
 {
     static const char *names[] = {"GPU", "CPU", "NVMe"};
     double best_step = c->time.step;
+    if (fits < 0) return; /* no plan to compare with */
     if (!fits) {
+        /* the tier the change fills, else the one that overflows (moving
+         * the weights off the CPU can overflow the GPU) */
+        if (e->total[tier] <= e->capacity[tier])
+            for (int k = 0; k < ZO_PLAN_TIERS; k++)
+                if (e->total[k] > e->capacity[k]) {
+                    tier = (zo_plan_tier)k;
+                    break;
+                }
         put(b, "%s because there the %s would need %.1f GiB of its %.1f GiB per rank\n", what,
             names[tier], gib(e->total[tier]), gib(e->capacity[tier]));
     } else if (step > best_step * (1 + SCORE_TIE)) {
@@ -727,7 +738,7 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
             int fits = try_change(m, &h, &u, &e, &step);
             char o[48];
             describe_opt(t->opt_frac, o, sizeof o);
-            if (!fits)
+            if (fits == 0)
                 put(&b, "optimizer on %s because CPU memory is %.0f GiB per node (%.1f GiB per "
                         "rank) and all of it in CPU memory would need %.1f GiB per rank\n",
                     o, gib(h.cpu_mem), gib(h.cpu_mem) / rpn, gib(e.total[ZO_PLAN_CPU]));
@@ -772,6 +783,9 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
     if (t->recompute != ZO_PLAN_RECOMPUTE_NONE) {
         plan_train u = *t;
         u.recompute = ZO_PLAN_RECOMPUTE_NONE;
+        /* (checkpoints in CPU memory need every layer recomputed: without
+         * recompute they stay on the GPU) */
+        if (u.checkpoints_on == ZO_PLAN_CPU) u.checkpoints_on = ZO_PLAN_GPU;
         int fits = try_change(m, &h, &u, &e, &step);
         snprintf(what, sizeof what, "%s recompute", zo_plan_recompute_name(t->recompute));
         because(&b, what, &e, fits, step, c, ZO_PLAN_GPU);
@@ -783,7 +797,7 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         int layers = e.layers;
         for (int k = 1; k < layers; k++) {
             u.recompute_layers = k;
-            if (!try_change(m, &h, &u, &e, &step)) continue;
+            if (try_change(m, &h, &u, &e, &step) <= 0) continue;
             if (step <= c->time.step * (1 + SCORE_TIE) && e.total[ZO_PLAN_GPU] > c->total[ZO_PLAN_GPU])
                 put(&b, "every layer recomputed for the GPU's headroom (the same %.3f s per step with %.1f GiB on "
                         "the GPU, not %.1f recomputing %d of %d)\n", c->time.step, gib(c->total[ZO_PLAN_GPU]),

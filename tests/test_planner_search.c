@@ -115,6 +115,22 @@ static void test_llama13b_one_gpu(void **state)
     }
 }
 
+/* Every "because there the T would need A GiB of its B GiB" in an
+ * explanation names a tier that overflows (A > B): the plan with the
+ * choice changed back does not fit because of that tier. */
+static void check_overflow_named(const char *why)
+{
+    const char *key = " would need ";
+    for (const char *p = strstr(why, key); p; p = strstr(p + 1, key)) {
+        double need = 0, cap = 0;
+        if (sscanf(p + strlen(key), "%lf GiB of its %lf GiB", &need, &cap) != 2) continue;
+        if (!(need > cap)) {
+            print_error("a tier that fits named as the reason: %.*s\n", 80, p);
+            fail();
+        }
+    }
+}
+
 /* LLaMA-2-13B on one H200 with 128 GiB of host memory and 50 GiB of disk
  * (the project's GPU machine), fp32 gradients: the model states (about 208
  * GB) fit neither the GPU nor the host alone, and the whole optimizer fits
@@ -185,6 +201,20 @@ static void test_llama13b_h200_split(void **state)
         print_error("explanation: %s\n", why);
         fail();
     }
+    check_overflow_named(why);
+    /* as `memplan plan` searches it (every layout the model counts): the
+     * checkpoints in CPU memory need every layer recomputed, so recompute
+     * none is weighed with them on the GPU (the explanation once read the
+     * estimate of the change before, a GPU that fits) */
+    s.runtime_plans = 0;
+    assert_int_equal(plan_search(&m, &hw, &s, 1, &r), ZO_OK);
+    assert_true(r.n_best > 0);
+    plan_explain(&m, &hw, &r.best[0], why, sizeof why);
+    if (r.best[0].t.checkpoints_on == PLAN_CPU && !strstr(why, "full recompute because there the GPU would need")) {
+        print_error("explanation: %s\n", why);
+        fail();
+    }
+    check_overflow_named(why);
 }
 
 /* Plans whose steps tie: LLaMA-2-13B full fine-tuning on the fifth GPU
