@@ -9,7 +9,9 @@ one norm, or grouped kv heads with two; OPT, head size 64, learned positions
 from row 2, ReLU; Phi, head size 80, 32 rotary dimensions, one norm, a biased
 output layer; GPT-J, head size 64, 24 rotary dimensions interleaved in pairs, one
 norm, a biased output layer; Cohere2, head size 64, GQA, layers over a window of 12 keys with
-the interleaved rotary and global layers without rotary, whose keys are cached unturned), a
+the interleaved rotary and global layers without rotary, whose keys are cached unturned; Phi-3
+with longrope past its original length, crossed during the decode or by the prompt, against
+greedy_longrope's decode, Hugging Face's rule written here), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -131,6 +133,19 @@ FAMILIES = {
         config=dict(e2e.FAMILIES["phi3"]["config"], num_hidden_layers=4, hidden_size=256,
                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
                     sliding_window=24, eos_token_id=127,
+                    rope_scaling={"type": "longrope", "short_factor": [1 + (i % 4) / 4 for i in range(64)],
+                                  "long_factor": [1 + i for i in range(64)]}),
+        lora=dict(r=4, alpha=8.0, targets=["v", "o", "up", "down"],
+                  peft=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])),
+        # Phi-3 generating past its original length (24): short_factor while every position is within it,
+    # then at the step whose longest sequence first holds 25 tokens (the 11-token prompt's 14th new
+    # token; the 5-token one, at 19, follows the batch's longest) one forward over every token so far
+    # with long_factor rebuilds the caches, long_factor from there on (greedy_longrope)
+    "phi3_cross": dict(
+        seed=93,
+        config=dict(e2e.FAMILIES["phi3"]["config"], num_hidden_layers=4, hidden_size=256,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                    original_max_position_embeddings=24, sliding_window=24, eos_token_id=127,
                     rope_scaling={"type": "longrope", "short_factor": [1 + (i % 4) / 4 for i in range(64)],
                                   "long_factor": [1 + i for i in range(64)]}),
         lora=dict(r=4, alpha=8.0, targets=["v", "o", "up", "down"],
@@ -280,10 +295,14 @@ FAMILIES["granitemoe"] = dict(
     config=dict(e2e.FAMILIES["granitemoe"]["config"], num_hidden_layers=4, num_local_experts=8,
                 intermediate_size=64, max_position_embeddings=128, eos_token_id=127, tie_word_embeddings=False),
     lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,o_proj"))
+# the same with an original length of 8 the longer prompt (11) passes: long_factor from the prompts'
+# forward on, for both sequences (the batch's longest decides), no crossing
+FAMILIES["phi3_past"] = dict(
+    FAMILIES["phi3_cross"], seed=92, config=dict(FAMILIES["phi3_cross"]["config"], original_max_position_embeddings=8))
 # Phi-3.5-MoE: test_e2e_torch's model with 4 layers and 8 experts of 64 (2 a token by the sparsemixer
 # at router_jitter_noise 0.3), LayerNorms with a bias, q/k/v/o and lm_head biased, a window of 24 keys,
-# longrope's short factors and short_mscale (the 43 positions stay within its original 64: generation
-# refuses past it); LoRA on q, o and the experts, over the resident, the streamed and an NF4 base
+# longrope's short factors and short_mscale (the 43 positions stay within its original 64: Phi-3's
+# phi3_cross and phi3_past generate past theirs); LoRA on q, o and the experts, over the resident, the streamed and an NF4 base
 FAMILIES["phimoe"] = dict(
     seed=89, moe=True,
     config=dict(e2e.FAMILIES["phimoe"]["config"], num_hidden_layers=4, num_local_experts=8, intermediate_size=64,
@@ -368,6 +387,72 @@ def greedy(fwd, prompts, guess=None):
                 ids.append(int(torch.argmax(logits)))
             outs.append(ids[len(p):])
     return outs, gap
+
+
+def longrope_crossing(c, prompts, fwd_of):
+    """For a longrope config whose generation passes its original length: (the original length, the
+    forward fwd_of gives for a copy of c whose short factors are its long ones: long_factor at every
+    length). None otherwise."""
+    rs = c.get("rope_scaling") or {}
+    if rs.get("type", rs.get("rope_type")) != "longrope":
+        return None
+    orig = c["original_max_position_embeddings"] if c["model_type"] == "phi3" else \
+        rs["original_max_position_embeddings"]
+    if max(len(p) for p in prompts) + NEW - 1 <= orig:
+        return None
+    long_rs = dict(rs, short_factor=rs["long_factor"])
+    if "long_mscale" in rs:
+        long_rs["short_mscale"] = rs["long_mscale"]
+    return orig, fwd_of(dict(c, rope_scaling=long_rs))
+
+
+def greedy_longrope(fwd, prompts, orig, fwd_long, guess=None):
+    """The prompts' NEW greedy tokens as Hugging Face's Phi-3 generates them as one batch past the
+    original length `orig`: a forward whose positions reach past orig (its longest sequence's
+    length, so the batch's longest decides for every sequence) turns every position by long_factor,
+    short_factor otherwise; at the step whose longest sequence first holds orig + 1 tokens the cache
+    is dropped and every token so far goes through again. So each step's logits are those of the
+    whole sequence so far through the model with the factors of that step's longest length: fwd
+    (short_factor within orig) or fwd_long (long_factor at every length).
+
+    guess (optional): generate's decode, checked as greedy checks one: the steps before the
+    crossing are rows of one short forward of the prompt and the guess up to orig tokens, those
+    from it rows of one long forward of the whole; a guess that differs anywhere (or stops
+    short) is dropped and the decode done token by token."""
+    kx = max(0, orig + 1 - max(len(p) for p in prompts))  # the first step that turns by long_factor
+    with torch.no_grad():
+        if guess is not None and len(guess) == len(prompts) and all(len(g) >= NEW for g in guess):
+            outs, gap = [], math.inf
+            for p, g in zip(prompts, guess):
+                ids, n = list(p) + list(g[:NEW]), len(p)
+                rows = ([fwd(torch.tensor([ids[:n + kx - 1]]))[0, n - 1:]] if kx else []) + \
+                    ([fwd_long(torch.tensor([ids[:-1]]))[0, n - 1 + kx:]] if kx < NEW else [])
+                logits = torch.cat(rows)
+                if torch.argmax(logits, dim=-1).tolist() != ids[n:]:
+                    break
+                top = torch.topk(logits, 2).values
+                gap = min(gap, float((top[:, 0] - top[:, 1]).min()))
+                outs.append(ids[n:])
+            else:
+                return outs, gap
+        seqs, gap = [list(p) for p in prompts], math.inf
+        for _ in range(NEW):
+            f = fwd_long if max(len(q) for q in seqs) > orig else fwd
+            for q in seqs:
+                logits = f(torch.tensor([q]))[0, -1]
+                top = torch.topk(logits, 2).values
+                gap = min(gap, float(top[0] - top[1]))
+                q.append(int(torch.argmax(logits)))
+    return [q[len(p):] for q, p in zip(seqs, prompts)], gap
+
+
+def reference(c, fwd_of, prompts, guess):
+    """greedy over fwd_of(c), or greedy_longrope where longrope's generation passes its original
+    length."""
+    cross = longrope_crossing(c, prompts, fwd_of)
+    if cross:
+        return greedy_longrope(fwd_of(c), prompts, *cross, guess)
+    return greedy(fwd_of(c), prompts, guess)
 
 
 def write_adapter(d, c, spec, params, g):
@@ -458,8 +543,9 @@ def check_family(gen, name, workdir):
           f"{mf.head_dim(c)}, prompts of "
           f"{PROMPT_LENS} tokens, {NEW} new tokens each; device memory {cap} bytes where the weights stream")
 
-    fwd = (lambda idx: e2e.moe_forward(c, params, idx)[0]) if moe else \
-        (lambda idx: mf.FORWARD.get(c["model_type"], mf.llama_forward)(c, params, idx))
+    def fwd_of(cc):
+        return (lambda idx: e2e.moe_forward(cc, params, idx)[0]) if moe else \
+            (lambda idx: mf.FORWARD.get(cc["model_type"], mf.llama_forward)(cc, params, idx))
     mla = bool(c.get("kv_lora_rank"))
     runs = [
         ("resident", ["--params-on", "gpu"]),
@@ -473,7 +559,7 @@ def check_family(gen, name, workdir):
     if first is None:
         return ck.failed + 1
     e2e.MIN_GAP[0] = math.inf
-    want, gap = greedy(fwd, prompts, first)
+    want, gap = reference(c, fwd_of, prompts, first)
     if moe:
         ck.fact(f"the reference's expert choices clear of ties (smallest gap {e2e.MIN_GAP[0]:.1e} > "
                 f"{e2e.TIE_GAP:.0e})", e2e.MIN_GAP[0] > e2e.TIE_GAP)
@@ -514,7 +600,8 @@ def check_family(gen, name, workdir):
         first = run_ok(gen, d, prompts, flags)  # the resident base's tokens: greedy's guess
         if first is None:
             return ck.failed + 1
-        want_l, gap_l = greedy(lambda idx: mlf.forward(c, params, W, ad, s, idx), prompts, first)
+        want_l, gap_l = reference(c, lambda cc: (lambda idx: mlf.forward(cc, params, W, ad, s, idx)), prompts,
+                                  first)
         moved = want_l != want
         # an adapted decode that reaches the end-of-sequence id stops there (kept), as generate
         # stops at the config's eos_token_id (the base's decode is checked to reach none)
