@@ -308,6 +308,13 @@ FAMILIES["phimoe"] = dict(
     config=dict(e2e.FAMILIES["phimoe"]["config"], num_hidden_layers=4, num_local_experts=8, intermediate_size=64,
                 max_position_embeddings=128, sliding_window=24, eos_token_id=127),
     lora=dict(r=4, alpha=8.0, targets="q_proj,o_proj,w1,w2,w3"))
+# the same past an original length of 24 (rope_scaling's: PhiMoE's), which the longer sequence crosses
+# after 14 new tokens: long_factor and long_mscale from the crossing's forward on; no adapters (phimoe's
+# run them over the same layers)
+FAMILIES["phimoe_cross"] = dict(
+    FAMILIES["phimoe"], seed=95, lora=None,
+    config=dict(FAMILIES["phimoe"]["config"],
+                rope_scaling=dict(FAMILIES["phimoe"]["config"]["rope_scaling"], original_max_position_embeddings=24)))
 # GPT-J: test_e2e_torch's model with 4 layers (4 heads of 64, 24 rotary dimensions interleaved in
 # pairs, one norm before the parallel attention and MLP, the biased lm_head); q, k, v apart (q's and
 # k's lora_B in the file's row order) with out_proj, fc_in and fc_out
@@ -389,21 +396,32 @@ def greedy(fwd, prompts, guess=None):
     return outs, gap
 
 
-def longrope_crossing(c, prompts, fwd_of):
-    """For a longrope config whose generation passes its original length: (the original length, the
-    forward fwd_of gives for a copy of c whose short factors are its long ones: long_factor at every
-    length). None otherwise."""
+def longrope_original(c):
+    """longrope's original length (Phi-3's top-level key, PhiMoE's rope_scaling's), or None."""
     rs = c.get("rope_scaling") or {}
     if rs.get("type", rs.get("rope_type")) != "longrope":
         return None
-    orig = c["original_max_position_embeddings"] if c["model_type"] == "phi3" else \
+    return c["original_max_position_embeddings"] if c["model_type"] == "phi3" else \
         rs["original_max_position_embeddings"]
-    if max(len(p) for p in prompts) + NEW - 1 <= orig:
+
+
+def longrope_as(c, kind):
+    """c with both factor lists (and mscales) set to its `kind` ("long" or "short") ones: its forward
+    turns by those at every length."""
+    rs = c["rope_scaling"]
+    other = dict(rs, short_factor=rs[kind + "_factor"], long_factor=rs[kind + "_factor"])
+    if kind + "_mscale" in rs:
+        other["short_mscale"] = other["long_mscale"] = rs[kind + "_mscale"]
+    return dict(c, rope_scaling=other)
+
+
+def longrope_crossing(c, prompts, fwd_of):
+    """For a longrope config whose generation passes its original length: (the original length, the
+    forward fwd_of gives for longrope_as(c, "long")). None otherwise."""
+    orig = longrope_original(c)
+    if orig is None or max(len(p) for p in prompts) + NEW - 1 <= orig:
         return None
-    long_rs = dict(rs, short_factor=rs["long_factor"])
-    if "long_mscale" in rs:
-        long_rs["short_mscale"] = rs["long_mscale"]
-    return orig, fwd_of(dict(c, rope_scaling=long_rs))
+    return orig, fwd_of(longrope_as(c, "long"))
 
 
 def greedy_longrope(fwd, prompts, orig, fwd_long, guess=None):
@@ -586,7 +604,7 @@ def check_family(gen, name, workdir):
         check_cache_bytes(ck, gen, c, d, prompts)
     if moe:
         check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes)
-        if spec["lora"] is None:  # (latent attention: LoRA refused by name)
+        if spec["lora"] is None:  # (latent attention: LoRA refused by name; phimoe_cross: phimoe's)
             return ck.failed
         return ck.failed + check_moe_adapters(gen, c, params, spec["lora"], d, prompts, want, g)
     # adapters over the base, and over an NF4 base
@@ -676,30 +694,44 @@ def nf4_base(params, c=None):
 def routed_experts(c, params, prompts, want):
     """The experts each of generate's forwards routes some token to, layer by layer, by the
     reference: the prompts' forward (every row of each prompt padded to the longest with its last
-    token, as generate pads it), then each later token of every sequence at its position. A
+    token, as generate pads it), then each later token of every sequence at its position; with
+    longrope past its original length, the crossing's forward (every token so far, padded the same
+    way) in place of that step's token, each forward at its factors (greedy_longrope's rule). A
     forward's count is that of the distinct experts per layer; summed over the forwards."""
     k = e2e.moe_shape(c)[1]
     t = max(len(p) for p in prompts)
+    orig = longrope_original(c)
+    orig = orig if orig is not None else math.inf
 
-    def routers(ids):  # every layer's router logits over the sequence's rows
+    def routers(ids, kind):  # every layer's router logits over the sequence's rows, at kind's factors
+        cc = longrope_as(c, kind) if orig < math.inf else c
         with torch.no_grad():
-            return e2e.moe_forward(c, params, torch.tensor([ids]))[1]
+            return e2e.moe_forward(cc, params, torch.tensor([ids]))[1]
 
     def chosen(rs, rows):  # per layer, the experts the given rows of the sequence choose
         return [set(torch.topk(r[rows], k, dim=-1).indices.flatten().tolist()) for r in rs]
 
+    def whole(n):  # one forward of every sequence's first n tokens, padded to the longest's n
+        sets = [set() for _ in range(L)]
+        for p, w in zip(prompts, want):
+            q = (p + w)[:n - t + len(p)]
+            for l, s in enumerate(chosen(routers(q + [q[-1]] * (n - len(q)), "long" if n > orig else "short"),
+                                         slice(0, n))):
+                sets[l] |= s
+        return sum(len(s) for s in sets)
+
     L = c["num_hidden_layers"]
-    sets = [set() for _ in range(L)]
-    for p in prompts:
-        for l, s in enumerate(chosen(routers(p + [p[-1]] * (t - len(p))), slice(0, t))):
-            sets[l] |= s
-    total = sum(len(s) for s in sets)
+    total = whole(t)
     # the forward of each sequence's token i - 1 (the last has none after it) routes as row
     # len(p) + i - 1 of one forward of the whole sequence (the model is causal)
-    full = [routers(p + w[:NEW - 1]) for p, w in zip(prompts, want)]
+    kinds = {"long" if t + i > orig else "short" for i in range(1, NEW)}
+    full = {kind: [routers(p + w[:NEW - 1], kind) for p, w in zip(prompts, want)] for kind in kinds}
     for i in range(1, NEW):
+        if t <= orig and t + i == orig + 1:  # the crossing
+            total += whole(t + i)
+            continue
         sets = [set() for _ in range(L)]
-        for p, rs in zip(prompts, full):
+        for p, rs in zip(prompts, full["long" if t + i > orig else "short"]):
             row = len(p) + i - 1
             for l, s in enumerate(chosen(rs, slice(row, row + 1))):
                 sets[l] |= s
@@ -773,7 +805,7 @@ def check_moe_adapters(gen, c, params, spec, d, prompts, want, g):
         if first is None:
             return ck.failed + 1
         e2e.MIN_GAP[0] = math.inf
-        want_l, gap_l = greedy(lambda idx: e2e.moe_forward(c, p, idx)[0], prompts, first)
+        want_l, gap_l = reference(c, lambda cc: (lambda idx: e2e.moe_forward(cc, p, idx)[0]), prompts, first)
         what = "QLoRA" if nf4 else "LoRA"
         ck.fact(f"{what} reference on {len(mods)} modules ({n_exp} routed experts'): the adapters change the "
                 f"tokens (top-2 gap {gap_l:.2e}, expert choices' gap {e2e.MIN_GAP[0]:.1e})",
