@@ -1327,6 +1327,17 @@ int zo_model_rope_dim(const zo_model_config *c)
     return c->rope_partial > 0.0 ? (int)(c->head_dim * c->rope_partial) : c->head_dim;
 }
 
+int zo_model_longrope_switches(const zo_model_config *c, int positions)
+{
+    return !strcmp(c->rope_scaling, "longrope") && positions > c->rope_original_max;
+}
+
+int zo_model_longrope_rows(const zo_model_config *c, int prompt, int context)
+{
+    const int cross = c->rope_original_max + 1;
+    return zo_model_longrope_switches(c, context) && prompt < cross ? cross : prompt;
+}
+
 /* The router's training keys (Mixtral, Qwen-MoE): the auxiliary loss as
  * Hugging Face adds it; router jitter (Mixtral's router_jitter_noise, a
  * random multiplier on the router's input in training) is not modelled. */

@@ -276,6 +276,18 @@ int zo_model_layer_rotary(const zo_model_config *c, int l);
  * Hugging Face computes it, or head_dim. */
 int zo_model_rope_dim(const zo_model_config *c);
 
+/* Whether a rope_scaling "longrope" switches from short_factor to
+ * long_factor within `positions` (past rope_original_max). Generation
+ * whose cache can cross it runs one forward over every token so far at the
+ * crossing, of rope_original_max + 1 tokens a sequence
+ * (zo_model_longrope_rows). */
+int zo_model_longrope_switches(const zo_model_config *c, int positions);
+
+/* The tokens a sequence generation's forwards take with `prompt`-token
+ * prompts and a cache of `context`: the prompt, or the crossing's
+ * rope_original_max + 1 when longrope switches within the context. */
+int zo_model_longrope_rows(const zo_model_config *c, int prompt, int context);
+
 /* The built-in presets, in listing order. */
 const zo_model_preset *zo_model_presets(size_t *count);
 

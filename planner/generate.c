@@ -485,7 +485,10 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     e->kv_cache = L * (uint64_t)g->batch * (uint64_t)e->context * row * es;
     add(e, latent(m, g) ? "latent cache [k_pe | c_kv]" : "key/value cache", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
         L ? parts * L * r256(e->kv_cache / (parts * L)) : 0);
-    int rows = g->prompt_buffers ? g->prompt_buffers : g->prompt;
+    /* (longrope's crossing: one forward of original + 1 tokens a sequence) */
+    int rows = zo_model_longrope_rows(m, g->prompt_buffers ? g->prompt_buffers : g->prompt, e->context);
+    e->longrope_rows = g->prompt <= m->rope_original_max && zo_model_longrope_switches(m, e->context)
+                           ? m->rope_original_max + 1 : 0;
     add(e, "forward buffers (one layer, logits)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
         forward_buffers(m, g, rows, dense_mods * g->lora.r, expert_ad, wdq));
     add(e, "block boundaries (two)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
@@ -546,6 +549,11 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
      * are the fewer: transformer.c, mla_decompressed) */
     e->prompt_compute_s =
         forward_time(m, hw, g, g->prompt, (g->prompt + 1) / 2.0, 0, mods, n_mods, prompt_part);
+    if (e->longrope_rows) {
+        double part[3], r = e->longrope_rows;
+        e->longrope_s = forward_time(m, hw, g, r, (r + 1) / 2.0, 0, mods, n_mods, part);
+        if (e->longrope_s < e->link_s) e->longrope_s = e->link_s;
+    }
     /* the pipeline block by block: what it adds to the pace (the logits
      * wait at each token's end), and the first tokens' time */
     sim_block kind[3];

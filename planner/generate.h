@@ -83,6 +83,12 @@ typedef struct plan_gen_estimate {
     double ttft_s;              /* time to the first tokens: the prompts' forward through the same
                                    schedule from cold (the first blocks read and copied before
                                    anything runs, at the disk's idle rate) */
+    int longrope_rows;          /* longrope switching to long_factor within the context with prompts
+                                   within the original length: the crossing's forward over every
+                                   token so far, original + 1 a sequence (its buffers counted at
+                                   those rows); 0: none */
+    double longrope_s;          /* that forward's time, once: its GPU work, or the streamed weights'
+                                   pass (link_s) when slower */
     const char *bound;          /* what sets pace_s: "compute", "compute+copies", "pcie", "nvme" */
     double tokens_per_s;        /* batch / s_per_token */
 } plan_gen_estimate;

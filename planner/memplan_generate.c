@@ -175,6 +175,10 @@ static void print_table(const zo_model_config *m, const plan_gen *g, const plan_
            e->nvme_bytes ? " (read from NVMe, then over PCIe)" : e->stream_bytes ? " (over PCIe)" : "", e->stall_s);
     printf("time to first token: %.4g s (the prompts' forward, its first blocks loaded before it starts)\n",
            e->ttft_s);
+    if (e->longrope_rows)
+        printf("longrope: the context passes original_max_position_embeddings %d: once, a forward over every "
+               "token so far (%d a sequence) with long_factor recomputes the cache, %.4g s\n",
+               m->rope_original_max, e->longrope_rows, e->longrope_s);
 }
 
 static cJSON *report_json(const zo_model_config *m, const plan_hw *hw, const plan_hw_basis *basis,
@@ -232,6 +236,10 @@ static cJSON *report_json(const zo_model_config *m, const plan_hw *hw, const pla
     cJSON_AddNumberToObject(x, "link_s", e->link_s);
     cJSON_AddStringToObject(x, "bound", e->bound);
     cJSON_AddNumberToObject(x, "time_to_first_token_s", e->ttft_s);
+    if (e->longrope_rows) {
+        cJSON_AddNumberToObject(x, "longrope_rows", e->longrope_rows);
+        cJSON_AddNumberToObject(x, "longrope_recompute_s", e->longrope_s);
+    }
     return o;
 }
 

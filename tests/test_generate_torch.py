@@ -9,7 +9,9 @@ one norm, or grouped kv heads with two; OPT, head size 64, learned positions
 from row 2, ReLU; Phi, head size 80, 32 rotary dimensions, one norm, a biased
 output layer; GPT-J, head size 64, 24 rotary dimensions interleaved in pairs, one
 norm, a biased output layer; Cohere2, head size 64, GQA, layers over a window of 12 keys with
-the interleaved rotary and global layers without rotary, whose keys are cached unturned), a
+the interleaved rotary and global layers without rotary, whose keys are cached unturned; Phi-3
+with longrope past its original length, crossed during the decode or by the prompt, against
+greedy_longrope's decode, Hugging Face's rule written here), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -131,6 +133,19 @@ FAMILIES = {
         config=dict(e2e.FAMILIES["phi3"]["config"], num_hidden_layers=4, hidden_size=256,
                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
                     sliding_window=24, eos_token_id=127,
+                    rope_scaling={"type": "longrope", "short_factor": [1 + (i % 4) / 4 for i in range(64)],
+                                  "long_factor": [1 + i for i in range(64)]}),
+        lora=dict(r=4, alpha=8.0, targets=["v", "o", "up", "down"],
+                  peft=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])),
+        # Phi-3 generating past its original length (24): short_factor while every position is within it,
+    # then at the step whose longest sequence first holds 25 tokens (the 11-token prompt's 14th new
+    # token; the 5-token one, at 19, follows the batch's longest) one forward over every token so far
+    # with long_factor rebuilds the caches, long_factor from there on (greedy_longrope)
+    "phi3_cross": dict(
+        seed=93,
+        config=dict(e2e.FAMILIES["phi3"]["config"], num_hidden_layers=4, hidden_size=256,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                    original_max_position_embeddings=24, sliding_window=24, eos_token_id=127,
                     rope_scaling={"type": "longrope", "short_factor": [1 + (i % 4) / 4 for i in range(64)],
                                   "long_factor": [1 + i for i in range(64)]}),
         lora=dict(r=4, alpha=8.0, targets=["v", "o", "up", "down"],
@@ -280,15 +295,26 @@ FAMILIES["granitemoe"] = dict(
     config=dict(e2e.FAMILIES["granitemoe"]["config"], num_hidden_layers=4, num_local_experts=8,
                 intermediate_size=64, max_position_embeddings=128, eos_token_id=127, tie_word_embeddings=False),
     lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,o_proj"))
+# the same with an original length of 8 the longer prompt (11) passes: long_factor from the prompts'
+# forward on, for both sequences (the batch's longest decides), no crossing
+FAMILIES["phi3_past"] = dict(
+    FAMILIES["phi3_cross"], seed=92, config=dict(FAMILIES["phi3_cross"]["config"], original_max_position_embeddings=8))
 # Phi-3.5-MoE: test_e2e_torch's model with 4 layers and 8 experts of 64 (2 a token by the sparsemixer
 # at router_jitter_noise 0.3), LayerNorms with a bias, q/k/v/o and lm_head biased, a window of 24 keys,
-# longrope's short factors and short_mscale (the 43 positions stay within its original 64: generation
-# refuses past it); LoRA on q, o and the experts, over the resident, the streamed and an NF4 base
+# longrope's short factors and short_mscale (the 43 positions stay within its original 64: Phi-3's
+# phi3_cross and phi3_past generate past theirs); LoRA on q, o and the experts, over the resident, the streamed and an NF4 base
 FAMILIES["phimoe"] = dict(
     seed=89, moe=True,
     config=dict(e2e.FAMILIES["phimoe"]["config"], num_hidden_layers=4, num_local_experts=8, intermediate_size=64,
                 max_position_embeddings=128, sliding_window=24, eos_token_id=127),
     lora=dict(r=4, alpha=8.0, targets="q_proj,o_proj,w1,w2,w3"))
+# the same past an original length of 24 (rope_scaling's: PhiMoE's), which the longer sequence crosses
+# after 14 new tokens: long_factor and long_mscale from the crossing's forward on; no adapters (phimoe's
+# run them over the same layers)
+FAMILIES["phimoe_cross"] = dict(
+    FAMILIES["phimoe"], seed=95, lora=None,
+    config=dict(FAMILIES["phimoe"]["config"],
+                rope_scaling=dict(FAMILIES["phimoe"]["config"]["rope_scaling"], original_max_position_embeddings=24)))
 # GPT-J: test_e2e_torch's model with 4 layers (4 heads of 64, 24 rotary dimensions interleaved in
 # pairs, one norm before the parallel attention and MLP, the biased lm_head); q, k, v apart (q's and
 # k's lora_B in the file's row order) with out_proj, fc_in and fc_out
@@ -368,6 +394,83 @@ def greedy(fwd, prompts, guess=None):
                 ids.append(int(torch.argmax(logits)))
             outs.append(ids[len(p):])
     return outs, gap
+
+
+def longrope_original(c):
+    """longrope's original length (Phi-3's top-level key, PhiMoE's rope_scaling's), or None."""
+    rs = c.get("rope_scaling") or {}
+    if rs.get("type", rs.get("rope_type")) != "longrope":
+        return None
+    return c["original_max_position_embeddings"] if c["model_type"] == "phi3" else \
+        rs["original_max_position_embeddings"]
+
+
+def longrope_as(c, kind):
+    """c with both factor lists (and mscales) set to its `kind` ("long" or "short") ones: its forward
+    turns by those at every length."""
+    rs = c["rope_scaling"]
+    other = dict(rs, short_factor=rs[kind + "_factor"], long_factor=rs[kind + "_factor"])
+    if kind + "_mscale" in rs:
+        other["short_mscale"] = other["long_mscale"] = rs[kind + "_mscale"]
+    return dict(c, rope_scaling=other)
+
+
+def longrope_crossing(c, prompts, fwd_of):
+    """For a longrope config whose generation passes its original length: (the original length, the
+    forward fwd_of gives for longrope_as(c, "long")). None otherwise."""
+    orig = longrope_original(c)
+    if orig is None or max(len(p) for p in prompts) + NEW - 1 <= orig:
+        return None
+    return orig, fwd_of(longrope_as(c, "long"))
+
+
+def greedy_longrope(fwd, prompts, orig, fwd_long, guess=None):
+    """The prompts' NEW greedy tokens as Hugging Face's Phi-3 generates them as one batch past the
+    original length `orig`: a forward whose positions reach past orig (its longest sequence's
+    length, so the batch's longest decides for every sequence) turns every position by long_factor,
+    short_factor otherwise; at the step whose longest sequence first holds orig + 1 tokens the cache
+    is dropped and every token so far goes through again. So each step's logits are those of the
+    whole sequence so far through the model with the factors of that step's longest length: fwd
+    (short_factor within orig) or fwd_long (long_factor at every length).
+
+    guess (optional): generate's decode, checked as greedy checks one: the steps before the
+    crossing are rows of one short forward of the prompt and the guess up to orig tokens, those
+    from it rows of one long forward of the whole; a guess that differs anywhere (or stops
+    short) is dropped and the decode done token by token."""
+    kx = max(0, orig + 1 - max(len(p) for p in prompts))  # the first step that turns by long_factor
+    with torch.no_grad():
+        if guess is not None and len(guess) == len(prompts) and all(len(g) >= NEW for g in guess):
+            outs, gap = [], math.inf
+            for p, g in zip(prompts, guess):
+                ids, n = list(p) + list(g[:NEW]), len(p)
+                rows = ([fwd(torch.tensor([ids[:n + kx - 1]]))[0, n - 1:]] if kx else []) + \
+                    ([fwd_long(torch.tensor([ids[:-1]]))[0, n - 1 + kx:]] if kx < NEW else [])
+                logits = torch.cat(rows)
+                if torch.argmax(logits, dim=-1).tolist() != ids[n:]:
+                    break
+                top = torch.topk(logits, 2).values
+                gap = min(gap, float((top[:, 0] - top[:, 1]).min()))
+                outs.append(ids[n:])
+            else:
+                return outs, gap
+        seqs, gap = [list(p) for p in prompts], math.inf
+        for _ in range(NEW):
+            f = fwd_long if max(len(q) for q in seqs) > orig else fwd
+            for q in seqs:
+                logits = f(torch.tensor([q]))[0, -1]
+                top = torch.topk(logits, 2).values
+                gap = min(gap, float(top[0] - top[1]))
+                q.append(int(torch.argmax(logits)))
+    return [q[len(p):] for q, p in zip(seqs, prompts)], gap
+
+
+def reference(c, fwd_of, prompts, guess):
+    """greedy over fwd_of(c), or greedy_longrope where longrope's generation passes its original
+    length."""
+    cross = longrope_crossing(c, prompts, fwd_of)
+    if cross:
+        return greedy_longrope(fwd_of(c), prompts, *cross, guess)
+    return greedy(fwd_of(c), prompts, guess)
 
 
 def write_adapter(d, c, spec, params, g):
@@ -458,8 +561,9 @@ def check_family(gen, name, workdir):
           f"{mf.head_dim(c)}, prompts of "
           f"{PROMPT_LENS} tokens, {NEW} new tokens each; device memory {cap} bytes where the weights stream")
 
-    fwd = (lambda idx: e2e.moe_forward(c, params, idx)[0]) if moe else \
-        (lambda idx: mf.FORWARD.get(c["model_type"], mf.llama_forward)(c, params, idx))
+    def fwd_of(cc):
+        return (lambda idx: e2e.moe_forward(cc, params, idx)[0]) if moe else \
+            (lambda idx: mf.FORWARD.get(cc["model_type"], mf.llama_forward)(cc, params, idx))
     mla = bool(c.get("kv_lora_rank"))
     runs = [
         ("resident", ["--params-on", "gpu"]),
@@ -473,7 +577,7 @@ def check_family(gen, name, workdir):
     if first is None:
         return ck.failed + 1
     e2e.MIN_GAP[0] = math.inf
-    want, gap = greedy(fwd, prompts, first)
+    want, gap = reference(c, fwd_of, prompts, first)
     if moe:
         ck.fact(f"the reference's expert choices clear of ties (smallest gap {e2e.MIN_GAP[0]:.1e} > "
                 f"{e2e.TIE_GAP:.0e})", e2e.MIN_GAP[0] > e2e.TIE_GAP)
@@ -500,7 +604,7 @@ def check_family(gen, name, workdir):
         check_cache_bytes(ck, gen, c, d, prompts)
     if moe:
         check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes)
-        if spec["lora"] is None:  # (latent attention: LoRA refused by name)
+        if spec["lora"] is None:  # (latent attention: LoRA refused by name; phimoe_cross: phimoe's)
             return ck.failed
         return ck.failed + check_moe_adapters(gen, c, params, spec["lora"], d, prompts, want, g)
     # adapters over the base, and over an NF4 base
@@ -514,7 +618,8 @@ def check_family(gen, name, workdir):
         first = run_ok(gen, d, prompts, flags)  # the resident base's tokens: greedy's guess
         if first is None:
             return ck.failed + 1
-        want_l, gap_l = greedy(lambda idx: mlf.forward(c, params, W, ad, s, idx), prompts, first)
+        want_l, gap_l = reference(c, lambda cc: (lambda idx: mlf.forward(cc, params, W, ad, s, idx)), prompts,
+                                  first)
         moved = want_l != want
         # an adapted decode that reaches the end-of-sequence id stops there (kept), as generate
         # stops at the config's eos_token_id (the base's decode is checked to reach none)
@@ -589,30 +694,44 @@ def nf4_base(params, c=None):
 def routed_experts(c, params, prompts, want):
     """The experts each of generate's forwards routes some token to, layer by layer, by the
     reference: the prompts' forward (every row of each prompt padded to the longest with its last
-    token, as generate pads it), then each later token of every sequence at its position. A
+    token, as generate pads it), then each later token of every sequence at its position; with
+    longrope past its original length, the crossing's forward (every token so far, padded the same
+    way) in place of that step's token, each forward at its factors (greedy_longrope's rule). A
     forward's count is that of the distinct experts per layer; summed over the forwards."""
     k = e2e.moe_shape(c)[1]
     t = max(len(p) for p in prompts)
+    orig = longrope_original(c)
+    orig = orig if orig is not None else math.inf
 
-    def routers(ids):  # every layer's router logits over the sequence's rows
+    def routers(ids, kind):  # every layer's router logits over the sequence's rows, at kind's factors
+        cc = longrope_as(c, kind) if orig < math.inf else c
         with torch.no_grad():
-            return e2e.moe_forward(c, params, torch.tensor([ids]))[1]
+            return e2e.moe_forward(cc, params, torch.tensor([ids]))[1]
 
     def chosen(rs, rows):  # per layer, the experts the given rows of the sequence choose
         return [set(torch.topk(r[rows], k, dim=-1).indices.flatten().tolist()) for r in rs]
 
+    def whole(n):  # one forward of every sequence's first n tokens, padded to the longest's n
+        sets = [set() for _ in range(L)]
+        for p, w in zip(prompts, want):
+            q = (p + w)[:n - t + len(p)]
+            for l, s in enumerate(chosen(routers(q + [q[-1]] * (n - len(q)), "long" if n > orig else "short"),
+                                         slice(0, n))):
+                sets[l] |= s
+        return sum(len(s) for s in sets)
+
     L = c["num_hidden_layers"]
-    sets = [set() for _ in range(L)]
-    for p in prompts:
-        for l, s in enumerate(chosen(routers(p + [p[-1]] * (t - len(p))), slice(0, t))):
-            sets[l] |= s
-    total = sum(len(s) for s in sets)
+    total = whole(t)
     # the forward of each sequence's token i - 1 (the last has none after it) routes as row
     # len(p) + i - 1 of one forward of the whole sequence (the model is causal)
-    full = [routers(p + w[:NEW - 1]) for p, w in zip(prompts, want)]
+    kinds = {"long" if t + i > orig else "short" for i in range(1, NEW)}
+    full = {kind: [routers(p + w[:NEW - 1], kind) for p, w in zip(prompts, want)] for kind in kinds}
     for i in range(1, NEW):
+        if t <= orig and t + i == orig + 1:  # the crossing
+            total += whole(t + i)
+            continue
         sets = [set() for _ in range(L)]
-        for p, rs in zip(prompts, full):
+        for p, rs in zip(prompts, full["long" if t + i > orig else "short"]):
             row = len(p) + i - 1
             for l, s in enumerate(chosen(rs, slice(row, row + 1))):
                 sets[l] |= s
@@ -686,7 +805,7 @@ def check_moe_adapters(gen, c, params, spec, d, prompts, want, g):
         if first is None:
             return ck.failed + 1
         e2e.MIN_GAP[0] = math.inf
-        want_l, gap_l = greedy(lambda idx: e2e.moe_forward(c, p, idx)[0], prompts, first)
+        want_l, gap_l = reference(c, lambda cc: (lambda idx: e2e.moe_forward(cc, p, idx)[0]), prompts, first)
         what = "QLoRA" if nf4 else "LoRA"
         ck.fact(f"{what} reference on {len(mods)} modules ({n_exp} routed experts'): the adapters change the "
                 f"tokens (top-2 gap {gap_l:.2e}, expert choices' gap {e2e.MIN_GAP[0]:.1e})",

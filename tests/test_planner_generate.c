@@ -33,12 +33,34 @@ static char nvme_dir[64];
 /* The families of the cases: gpt (1) or not (0, LLaMA), and the mixtures of
  * experts and Gemma-2 (its output norms' buffers), from their Hugging Face
  * configs. */
-enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3, FAM_GEMMA2 = 4, FAM_DEEPSEEK = 5, FAM_DEEPSEEK_V2 = 6 };
+enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3, FAM_GEMMA2 = 4, FAM_DEEPSEEK = 5, FAM_DEEPSEEK_V2 = 6, FAM_PHI3 = 7 };
+
+/* Phi-3 with longrope over an original length of 16 (lists of 32 for
+ * head_dim 64): generation past it runs the crossing's forward of 17 tokens
+ * a sequence, whose buffers the planner counts. */
+static zo_model_config phi3_longrope(int layers)
+{
+    char json[2048], shortf[400] = "", longf[400] = "";
+    for (int i = 0; i < 32; i++) {
+        snprintf(shortf + strlen(shortf), sizeof shortf - strlen(shortf), "%s%g", i ? ", " : "", 1 + (i % 4) / 4.0);
+        snprintf(longf + strlen(longf), sizeof longf - strlen(longf), "%s%d", i ? ", " : "", 1 + i);
+    }
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"phi3\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 384, "
+             "\"vocab_size\": 320, \"max_position_embeddings\": 4096, \"original_max_position_embeddings\": 16, "
+             "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [%s], \"long_factor\": [%s]}}",
+             layers, shortf, longf);
+    zo_model_config m;
+    assert_int_equal(zo_model_config_parse(json, "phi3.json", &m), 0);
+    return m;
+}
 
 /* A small model of the family's shape. */
 static zo_model_config model(int gpt, int layers)
 {
     zo_model_config m;
+    if (gpt == FAM_PHI3) return phi3_longrope(layers);
     if (gpt >= FAM_MIXTRAL) { /* Mixtral: 8 experts, 2 a token; Qwen2-MoE: 6, 3 a token, a shared expert */
         char json[1024];
         snprintf(json, sizeof json,
@@ -150,6 +172,10 @@ static int run_case(const gcase *c)
     cpu_hw(&hw);
     plan_gen_estimate e;
     assert_int_equal(plan_gen_estimate_run(&m, &hw, &g, &e), 0);
+    if (c->gpt == FAM_PHI3) { /* (the prompt within the original 16, the context past it) */
+        assert_int_equal(e.longrope_rows, 17);
+        assert_true(e.longrope_s > 0);
+    }
 
     gpu_cpu_options o = {.n_threads = 2};
     gpu_device_t dev;
@@ -277,6 +303,11 @@ static void test_peaks(void **state)
          ZO_PLAN_CPU, ZO_PLAN_GPU, 2, ZO_PLAN_LORA, 4, all, 0},
         {"deepseek_v2 bf16, latent, QLoRA r 8, resident", FAM_DEEPSEEK_V2, 3, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU,
          ZO_PLAN_GPU, 2, ZO_PLAN_QLORA, 8, all, 0},
+        /* longrope's crossing (17 of 29 positions): a forward of 17 tokens a sequence past prompts of 9 */
+        {"phi3 bf16, longrope crossing, resident", FAM_PHI3, 3, 2, 9, 20, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
+         ZO_PLAN_FULL, 0, 0, 0},
+        {"phi3 fp32, longrope crossing, LoRA r 4 all-linear, streamed", FAM_PHI3, 3, 2, 9, 20, ZO_DTYPE_F32,
+         ZO_PLAN_CPU, ZO_PLAN_GPU, 1, ZO_PLAN_LORA, 4, all, 0},
     };
     int bad = 0;
     printf("  measured / planned peak bytes per tier:\n");

@@ -987,12 +987,21 @@ static void test_phi3_longrope_vs_torch(void **state)
     gpu_cpu_options o = {.n_threads = 1};
     assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
     tf_model g;
+    /* generation: a cache within the original length keeps the short table
+     * only; one past it both (the crossing switches: test_generate_torch's
+     * phi3_cross) */
     tf_options go = {.kv_len = 32};
     assert_int_equal(tf_init_opts(&g, &c, dev, ZO_DTYPE_F32, 1, 8, &go), ZO_OK);
+    assert_null(g.rope_freq_long);
     tf_free(&g);
     go.kv_len = 33;
+    assert_int_equal(tf_init_opts(&g, &c, dev, ZO_DTYPE_F32, 1, 8, &go), ZO_OK);
+    assert_non_null(g.rope_freq_long);
+    tf_free(&g);
+    /* without long_factor (the parser's -1) refused by name, in generation too */
+    c.rope_n_factors = -1;
     assert_int_equal(tf_init_opts(&g, &c, dev, ZO_DTYPE_F32, 1, 8, &go), ZO_ERR_UNSUPPORTED);
-    assert_non_null(strstr(zo_last_error(), "longrope"));
+    assert_non_null(strstr(zo_last_error(), "long_factor"));
     /* lists that are not head_dim / 2 long are refused by name */
     c.rope_n_factors = 3;
     assert_int_equal(tf_init(&g, &c, dev, ZO_DTYPE_F32, 1, 8), ZO_ERR_UNSUPPORTED);

@@ -4,7 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/lora.h"        /* defines: model_lora_load */
+#include "common/model_config.h" /* defines: zo_model_longrope_rows, zo_model_longrope_switches */
+#include "model/lora.h"          /* defines: model_lora_load */
 
 zo_status tf_gen_init(tf_gen *g, const zo_model_config *cfg, gpu_device_t dev, const tf_gen_config *c)
 {
@@ -13,11 +14,16 @@ zo_status tf_gen_init(tf_gen *g, const zo_model_config *cfg, gpu_device_t dev, c
     if (c->batch < 1 || c->prompt_max < 1 || c->ctx < c->prompt_max)
         return zo_error(ZO_ERR_INVALID, "tf_gen_init: %d sequences, prompts of %d tokens, a context of %d "
                         "(at least the prompt)", c->batch, c->prompt_max, c->ctx);
+    /* (longrope: the forward at the crossing takes original + 1 tokens a sequence) */
+    const int rows = zo_model_longrope_rows(cfg, c->prompt_max, c->ctx);
+    g->prompt_max = c->prompt_max;
+    g->ctx = c->ctx;
     g->len = calloc((size_t)c->batch, sizeof *g->len);
     g->pos = calloc((size_t)c->batch, sizeof *g->pos);
     g->last = calloc((size_t)c->batch, sizeof *g->last);
-    g->tok = calloc((size_t)c->batch * c->prompt_max, sizeof *g->tok);
-    if (!g->len || !g->pos || !g->last || !g->tok) {
+    g->tok = calloc((size_t)c->batch * rows, sizeof *g->tok);
+    g->seq = calloc((size_t)c->batch * c->ctx, sizeof *g->seq);
+    if (!g->len || !g->pos || !g->last || !g->tok || !g->seq) {
         tf_gen_free(g);
         return zo_error(ZO_ERR_NOMEM, "tf_gen_init: out of host memory");
     }
@@ -25,7 +31,7 @@ zo_status tf_gen_init(tf_gen *g, const zo_model_config *cfg, gpu_device_t dev, c
     offload_config oc = c->oc;
     oc.forward_only = 1;
     if ((st = gpu_stream_create(dev, &g->s)) != ZO_OK ||
-        (st = tf_init_opts(&g->m, cfg, dev, c->dtype, c->batch, c->prompt_max, &to)) != ZO_OK ||
+        (st = tf_init_opts(&g->m, cfg, dev, c->dtype, c->batch, rows, &to)) != ZO_OK ||
         (st = tf_offload_model_init(&g->tm, &g->m)) != ZO_OK || (st = offload_init(&g->rt, dev, &g->tm.om, &oc)) != ZO_OK) {
         tf_gen_free(g);
         return st;
@@ -43,6 +49,7 @@ void tf_gen_free(tf_gen *g)
     free(g->pos);
     free(g->last);
     free(g->tok);
+    free(g->seq);
     memset(g, 0, sizeof *g);
 }
 
@@ -108,38 +115,59 @@ static zo_status run(tf_gen *g, int t, float *logits)
     return tf_logits(&g->m, g->s, logits);
 }
 
+/* Every sequence's tokens so far from position 0 (g->seq, g->len), one
+ * forward of the longest's t: a shorter one is padded with its last token,
+ * whose keys the tokens after it overwrite before anything reads them. */
+static zo_status run_whole(tf_gen *g, float *logits)
+{
+    int t = 1;
+    for (int j = 0; j < g->n; j++)
+        if (g->len[j] > t) t = g->len[j];
+    for (int j = 0; j < g->n; j++) {
+        const int32_t *q = g->seq + (size_t)j * g->ctx;
+        for (int i = 0; i < t; i++) g->tok[(size_t)j * t + i] = q[i < g->len[j] ? i : g->len[j] - 1];
+        g->pos[j] = 0;
+        g->last[j] = g->len[j] - 1;
+    }
+    return run(g, t, logits);
+}
+
 zo_status tf_gen_prompt(tf_gen *g, const int32_t *const *prompts, const int *lens, int n, float *logits)
 {
     if (n < 1 || n > g->m.B)
         return zo_error(ZO_ERR_INVALID, "tf_gen_prompt: %d prompts (the model holds 1 to %d)", n, g->m.B);
-    int t = 1;
+    for (int j = 0; j < n; j++)
+        if (lens[j] < 1 || lens[j] > g->prompt_max)
+            return zo_error(ZO_ERR_INVALID, "tf_gen_prompt: prompt %d has %d tokens (1 to %d)", j, lens[j],
+                            g->prompt_max);
     for (int j = 0; j < n; j++) {
-        if (lens[j] < 1 || lens[j] > g->m.T)
-            return zo_error(ZO_ERR_INVALID, "tf_gen_prompt: prompt %d has %d tokens (1 to %d)", j, lens[j], g->m.T);
-        if (lens[j] > t) t = lens[j];
-    }
-    /* one forward of t tokens: a shorter prompt is padded with its last token,
-     * whose keys the tokens after the prompt overwrite before anything reads them */
-    for (int j = 0; j < n; j++) {
-        for (int i = 0; i < t; i++) g->tok[(size_t)j * t + i] = prompts[j][i < lens[j] ? i : lens[j] - 1];
-        g->pos[j] = 0;
-        g->last[j] = lens[j] - 1;
+        memcpy(g->seq + (size_t)j * g->ctx, prompts[j], (size_t)lens[j] * sizeof *g->seq);
         g->len[j] = lens[j];
     }
     g->n = n;
-    return run(g, t, logits);
+    return run_whole(g, logits);
 }
 
 zo_status tf_gen_next(tf_gen *g, const int32_t *tokens, float *logits)
 {
     if (!g->n) return zo_error(ZO_ERR_INVALID, "tf_gen_next: no prompt yet (tf_gen_prompt)");
+    int before = 0;
     for (int j = 0; j < g->n; j++) {
-        if (g->len[j] >= g->m.opts.kv_len)
+        if (g->len[j] >= g->ctx)
             return zo_error(ZO_ERR_INVALID, "tf_gen_next: sequence %d holds %d tokens, the context's %d", j,
-                            g->len[j], g->m.opts.kv_len);
+                            g->len[j], g->ctx);
+        if (g->len[j] > before) before = g->len[j];
+    }
+    for (int j = 0; j < g->n; j++) {
+        g->seq[(size_t)j * g->ctx + g->len[j]] = tokens[j];
         g->tok[j] = tokens[j];
         g->pos[j] = g->len[j]++;
         g->last[j] = 0;
     }
+    /* longrope's crossing: the longest sequence reaches original + 1 tokens
+     * with a cache of at most original positions (Hugging Face's Phi-3
+     * drops its cache there): every token again, with long_factor */
+    if (!zo_model_longrope_switches(&g->m.cfg, before) && zo_model_longrope_switches(&g->m.cfg, before + 1))
+        return run_whole(g, logits);
     return run(g, 1, logits);
 }

@@ -43,9 +43,11 @@ typedef struct tf_gen {
     offload_t *rt;
     gpu_stream_t s;
     int n;              /* sequences of the current prompts */
+    int prompt_max, ctx; /* tf_gen_config's */
     int *len;           /* [batch] tokens each sequence holds so far */
     int *pos, *last;    /* [batch] the forward's positions and rows */
-    int32_t *tok;       /* [batch * prompt_max] the forward's tokens (host) */
+    int32_t *tok;       /* [batch * m.T] the forward's tokens (host) */
+    int32_t *seq;       /* [batch * ctx] each sequence's tokens so far (longrope's crossing reads them) */
 } tf_gen;
 
 /* The model for generation on `dev` and the forward-only runtime over it
@@ -66,7 +68,12 @@ zo_status tf_gen_load(tf_gen *g, const char *weights, uint64_t seed, const char 
 zo_status tf_gen_prompt(tf_gen *g, const int32_t *const *prompts, const int *lens, int n, float *logits);
 
 /* One new token per sequence (tokens[n]) at its next position; the logits
- * after it. ZO_ERR_INVALID when a sequence would pass tf_gen_config.ctx. */
+ * after it. ZO_ERR_INVALID when a sequence would pass tf_gen_config.ctx.
+ * longrope (Phi-3-mini-128k, Phi-3.5): the step at which the longest
+ * sequence first holds original_max_position_embeddings + 1 tokens runs one
+ * forward over every sequence's tokens so far with long_factor, which
+ * computes the caches again, as Hugging Face's Phi-3 generation does; the
+ * forwards before it turn by short_factor, those after by long_factor. */
 zo_status tf_gen_next(tf_gen *g, const int32_t *tokens, float *logits);
 
 #endif

@@ -285,12 +285,11 @@ static void yarn_frequencies(const zo_model_config *c, int d, double *f)
  * blend between; dynamic: f itself within its original length; longrope:
  * f / short_factor[i] for T up to the original length, f / long_factor[i]
  * past it (Hugging Face chooses by the sequence length of a forward; T is
- * the batch's), and *scale its attention factor. Generation
- * whose cache passes the original length is refused: Hugging Face's
- * switches factors there and computes the cache again. yarn: a blend of f
+ * the batch's: rope_params picks the table a forward turns by), and *scale
+ * its attention factor. yarn: a blend of f
  * and f / factor (yarn_frequencies) at every length, and *scale its
  * attention factor. Other kinds are refused by name (ZO_ERR_UNSUPPORTED). */
-static zo_status rope_frequencies(const zo_model_config *c, int T, int generating, double *f, float *scale)
+static zo_status rope_frequencies(const zo_model_config *c, int T, double *f, float *scale)
 {
     const int d = zo_model_rope_dim(c), half = d / 2;
     const char *kind = c->rope_scaling;
@@ -315,12 +314,6 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
                             "lists of %s / 2 = %d numbers each (got %d)",
                             c->name, d == c->head_dim ? "head_dim" : "the rotary dim (head_dim x partial_rotary_factor or rotary_pct)",
                             half, c->rope_n_factors);
-        if (generating && T > c->rope_original_max)
-            return zo_error(ZO_ERR_UNSUPPORTED,
-                            "tf_init: model %s: rope_scaling \"longrope\" switches to long_factor past %d "
-                            "positions (original_max_position_embeddings), and the cache holds %d; generation "
-                            "computes it within %d",
-                            c->name, c->rope_original_max, T, c->rope_original_max);
         const float *ext = T > c->rope_original_max ? c->rope_long_factor : c->rope_short_factor;
         for (int i = 0; i < half; i++) f[i] /= (double)ext[i];
         /* (Phi-3.5-MoE: long_mscale past the original length, short_mscale within) */
@@ -359,21 +352,21 @@ static zo_status upload_new(tf_model *m, void **dst, const void *host, size_t by
     return st;
 }
 
-/* A rope_scaling's frequencies into device memory (m->rope_freq). Training
- * with longrope past its original length makes both tables, the short one
- * for batches within it and the long one (m->rope_freq_long) past it. */
+/* A rope_scaling's frequencies into device memory (m->rope_freq). longrope
+ * over sequences (training) or a cache (generation) past its original
+ * length makes both tables, the short one for forwards within it and the
+ * long one (m->rope_freq_long) past it. */
 static zo_status rope_upload(tf_model *m)
 {
     const zo_model_config *c = &m->cfg;
     if (!c->rope_scaling[0] || !has_rope(m)) return ZO_OK;
     const int half = zo_model_rope_dim(c) / 2, T = m->opts.kv_len ? m->opts.kv_len : m->T;
-    const int two = !m->opts.kv_len && !strcmp(c->rope_scaling, "longrope") && T > c->rope_original_max;
+    const int two = zo_model_longrope_switches(c, T);
     size_t bytes = (size_t)(two ? 2 : 1) * half * sizeof(double);
     double *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
-    zo_status st = rope_frequencies(c, two ? c->rope_original_max : T, m->opts.kv_len > 0, host,
-                                    &m->rope_scale); /* the last position */
-    if (st == ZO_OK && two) st = rope_frequencies(c, T, 0, host + half, &m->rope_scale_long);
+    zo_status st = rope_frequencies(c, two ? c->rope_original_max : T, host, &m->rope_scale); /* the last position */
+    if (st == ZO_OK && two) st = rope_frequencies(c, T, host + half, &m->rope_scale_long);
     if (st == ZO_OK) st = upload_new(m, (void **)&m->rope_freq, host, bytes);
     if (st == ZO_OK && two) m->rope_freq_long = m->rope_freq + half;
     free(host);
@@ -1515,13 +1508,26 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     return st != ZO_OK || es == 1.0f ? st : gpu_scale(s, res0, es, (size_t)N * c->hidden);
 }
 
-/* Layer l's rotation: longrope's factors of the batch's length, as Hugging
- * Face picks them; Gemma-3's sliding layers turn with their own base
- * (rope_local_base_freq) and no rope_scaling. */
+/* The positions a forward reaches, as Hugging Face's longrope update reads
+ * them (the largest position id + 1): a training batch's length, or in
+ * generation the longest sequence's last new position + 1 (the batch's
+ * rule: every sequence turns by the longest one's factors). */
+static int rope_seq_len(const tf_model *m)
+{
+    int n = 0;
+    if (!m->opts.kv_len) return m->t;
+    for (int j = 0; j < m->b; j++)
+        if (m->hpos[j] + m->t > n) n = m->hpos[j] + m->t;
+    return n;
+}
+
+/* Layer l's rotation: longrope's factors of the forward's positions
+ * (rope_seq_len), as Hugging Face picks them; Gemma-3's sliding layers
+ * turn with their own base (rope_local_base_freq) and no rope_scaling. */
 static void rope_params(const tf_model *m, int l, const double **f, float *theta, float *scale)
 {
     const zo_model_config *c = &m->cfg;
-    const int lng = m->rope_freq_long && m->t > c->rope_original_max;
+    const int lng = m->rope_freq_long && rope_seq_len(m) > c->rope_original_max;
     *f = lng ? m->rope_freq_long : m->rope_freq;
     *theta = c->rope_theta, *scale = lng ? m->rope_scale_long : m->rope_scale;
     if (c->rope_local_theta > 0.0f && zo_model_layer_sliding(c, l))
