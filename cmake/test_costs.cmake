@@ -12,7 +12,9 @@
 # test_ranks_moe_ep_qwen3 plus what the rankrows branch measured its rows and
 # test_state_fused_experts add; test_ranks_moe_ep4_lora as the ep4 branch
 # measured it, 4.9 s; test_e2e_torch_mixtral and test_generate_torch_mixtral
-# as measured with their phimoe families, 11.3 and 13.0 s): ctest -j starts
+# as measured with their phimoe families, 11.3 and 13.0 s, the latter 17 with
+# phimoe_cross, and test_generate_torch_phi3 12 with the longrope crossings,
+# as the longgen branch measured them): ctest -j starts
 # the costliest first, so that a long test
 # does not begin last and run alone while the other core idles. Without this
 # a clean build folder (no Testing/Temporary/CTestCostData.txt yet) runs them
@@ -30,7 +32,7 @@ set(zo_test_costs
     test_plan_schema 10 test_gpu_gemm 10 test_cpu_adam_state 10 test_transformer 10 test_tokenizer_js 9
     test_e2e_torch_phi3 9 test_generate_torch_qwen3_moe 9 test_ranks_moe_ep_qlora 9 test_e2e_torch_gemma2 9
     test_ranks_moe_ep_qwen3 10 test_cuda_shim 8 test_configure 8 test_ranks_moe_ep_ckpt 8
-    test_ranks_refusals 8 test_generate_torch_mixtral 13 test_ranks_moe_ep_nvme 7
+    test_ranks_refusals 8 test_generate_torch_mixtral 17 test_generate_torch_phi3 12 test_ranks_moe_ep_nvme 7
     test_planner_generate 7 test_planner_attn 9 test_ranks_family_qwen3 9 test_cpu_adam 7 test_e2e_torch_qwen2_moe 7
     test_finetune_torch 7 test_e2e_torch_mixtral 11 test_generate_torch_gpt2 6 test_profile 6
     test_e2e_torch_gemma 6 test_e2e_torch_falcon_new 5 test_generate_torch_qwen2_moe 5
