@@ -513,6 +513,36 @@ int zo_model_layer_window(const zo_model_config *c, int l)
     return zo_model_layer_sliding(c, l) ? c->sliding_window : 0;
 }
 
+int zo_model_windows(const zo_model_config *c, int first, int layers, int window[ZO_MODEL_WINDOWS],
+                     int count[ZO_MODEL_WINDOWS])
+{
+    if (layers <= 0) return 0;
+    /* zo_model_layer_sliding's rule counted in closed form (the planner
+     * asks this of every candidate it searches): with a period p the
+     * global layers are those with l + 1 a multiple of p */
+    const int end = first + layers;
+    int sliding = 0;
+    if (c->window_period > 0) {
+        sliding = layers - (end / c->window_period - first / c->window_period);
+    } else if (c->sliding_window > 0) {
+        const int from = first > c->window_from_layer ? first : c->window_from_layer;
+        sliding = end > from ? end - from : 0;
+    }
+    if (c->sliding_window == 0 || sliding == 0 || sliding == layers) {
+        window[0] = zo_model_layer_window(c, first);
+        if (count) count[0] = layers;
+        return 1;
+    }
+    const int lead = zo_model_layer_sliding(c, first);
+    window[0] = lead ? c->sliding_window : 0;
+    window[1] = lead ? 0 : c->sliding_window;
+    if (count) {
+        count[0] = lead ? sliding : layers - sliding;
+        count[1] = layers - count[0];
+    }
+    return 2;
+}
+
 int zo_model_layer_rotary(const zo_model_config *c, int l)
 {
     return !c->global_nope || zo_model_layer_sliding(c, l);

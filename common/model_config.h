@@ -268,6 +268,20 @@ int zo_model_layer_sliding(const zo_model_config *c, int l);
  * elsewhere. */
 int zo_model_layer_window(const zo_model_config *c, int l);
 
+/* At most how many distinct windows a model's layers take
+ * (zo_model_layer_window: sliding_window or 0). */
+#define ZO_MODEL_WINDOWS 2
+
+/* The distinct windows of layers [first, first + layers) in the order first
+ * met (window[i]), and how many of those layers take each (count[i], or
+ * count NULL); returns how many (0 for no layers). Counted by
+ * zo_model_layer_sliding's rule without a walk over the layers. What asks
+ * a question per window rather than per layer (memplan's attention scratch
+ * and path shares) walks these, so a model whose layers take other windows
+ * changes these functions, not their callers. */
+int zo_model_windows(const zo_model_config *c, int first, int layers, int window[ZO_MODEL_WINDOWS],
+                     int count[ZO_MODEL_WINDOWS]);
+
 /* Whether layer l turns its q and k by their positions: every layer of a
  * rotary model but Cohere2's global ones (global_nope). */
 int zo_model_layer_rotary(const zo_model_config *c, int l);

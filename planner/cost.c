@@ -483,17 +483,13 @@ static void attn_path_shares(const zo_model_config *m, const plan_train *t, cons
         return;
     }
     const int d = dqk == dv ? (int)dqk : 0;
-    if (!zo_attn_window_masks(m->sliding_window, t->seq)) { /* every layer alike */
-        const zo_attn_path p = layer_attn_path(m, t, c, d, 0);
-        share[p] = work[p] = 1;
-        return;
-    }
-    int n[ATTN_PATHS] = {0};
-    for (int l = 0; l < m->n_layers; l++) {
-        const int w = zo_model_layer_window(m, l), masks = zo_attn_window_masks(w, t->seq);
+    int n[ATTN_PATHS] = {0}, win[ZO_MODEL_WINDOWS], layers[ZO_MODEL_WINDOWS];
+    const int nw = zo_model_windows(m, 0, m->n_layers, win, layers);
+    for (int i = 0; i < nw; i++) {
+        const int w = win[i], masks = zo_attn_window_masks(w, t->seq);
         const zo_attn_path p = layer_attn_path(m, t, c, d, masks ? w : 0);
-        n[p]++;
-        work[p] += p == ZO_ATTN_TC || p == ZO_ATTN_MMA ? attn_window_work(w, t->seq) : 1.0;
+        n[p] += layers[i];
+        work[p] += layers[i] * (p == ZO_ATTN_TC || p == ZO_ATTN_MMA ? attn_window_work(w, t->seq) : 1.0);
     }
     for (int p = 0; p < ATTN_PATHS; p++) {
         share[p] = (double)n[p] / m->n_layers;

@@ -1729,15 +1729,12 @@ uint64_t plan_attn_scratch(const zo_model_config *m, const plan_train *t, int ws
     const int hkv = (int)ceil_div((uint64_t)m->n_kv_heads, (uint64_t)t->tp);
     uint64_t most = 0;
     *path = ZO_ATTN_FLASH;
-    /* a layer's scratch depends on its window alone, 0 or the model's
-     * sliding_window (zo_model_layer_window): the search asks this of every
-     * candidate, so the stage's layers are read only until both are seen */
-    int seen[2] = {0, 0};
-    for (int l = first; l < first + layers && !(seen[0] && seen[1]); l++) {
-        const int w = zo_model_layer_window(m, l), k = w != 0;
-        if (seen[k]) continue;
-        seen[k] = 1;
-        if (!m->sliding_window) seen[1] = 1; /* every layer's is 0 */
+    /* a layer's scratch depends on its window alone: each distinct one once
+     * (the search asks this of every candidate) */
+    int win[ZO_MODEL_WINDOWS];
+    const int nw = zo_model_windows(m, first, layers, win, NULL);
+    for (int i = 0; i < nw; i++) {
+        const int w = win[i];
         const zo_attn_path p = plan_attn_path(m, t, wsz == 2, m->head_dim, w);
         const int wm = zo_attn_window_masks(w, t->seq) ? w : 0;
         const uint64_t bytes = plan_attn_pool_bytes(p, 1, t->micro_batch, t->seq, hq, hkv, m->head_dim, wm, 0);

@@ -1069,6 +1069,83 @@ static void assert_same_shape(const zo_model_config *c, const zo_model_config *w
     assert_true(zo_model_params(c) == zo_model_params(want));
 }
 
+/* zo_model_windows: the distinct windows of a range of layers, first met
+ * first, and their layer counts, against what each model's config says
+ * (written here): Gemma-2-27B's 46 layers alternate 4096 and global from
+ * layer 0; a period-3 list two sliding layers of 8 then a global one;
+ * Mistral-7B's 32 layers all 4096; LLaMA-2-7B's none. Ranges inside a
+ * model and an empty one too; then every range of several models against
+ * the layers' windows one by one. */
+static void check_windows_every_range(const zo_model_config *c)
+{
+    for (int first = 0; first <= c->n_layers; first++)
+        for (int layers = 0; first + layers <= c->n_layers; layers++) {
+            int want_w[2], want_n[2] = {0, 0}, nw = 0;
+            for (int l = first; l < first + layers; l++) { /* layer by layer */
+                const int x = zo_model_layer_window(c, l);
+                int i = 0;
+                while (i < nw && want_w[i] != x) i++;
+                if (i == nw) want_w[nw++] = x;
+                want_n[i]++;
+            }
+            int w[ZO_MODEL_WINDOWS], n[ZO_MODEL_WINDOWS];
+            assert_int_equal(zo_model_windows(c, first, layers, w, n), nw);
+            for (int i = 0; i < nw; i++) {
+                assert_int_equal(w[i], want_w[i]);
+                assert_int_equal(n[i], want_n[i]);
+            }
+        }
+}
+
+static void test_model_windows(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    int w[ZO_MODEL_WINDOWS], n[ZO_MODEL_WINDOWS];
+    load_hf_fixture("gemma-2-27b.json", &c);
+    assert_int_equal(zo_model_windows(&c, 0, 46, w, n), 2);
+    assert_true(w[0] == 4096 && n[0] == 23 && w[1] == 0 && n[1] == 23);
+    assert_int_equal(zo_model_windows(&c, 1, 2, w, n), 2); /* layers 1, 2 */
+    assert_true(w[0] == 0 && n[0] == 1 && w[1] == 4096 && n[1] == 1);
+    assert_int_equal(zo_model_windows(&c, 45, 1, w, NULL), 1);
+    assert_int_equal(w[0], 0);
+    assert_int_equal(zo_model_windows(&c, 3, 0, w, n), 0);
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma2\", \"num_hidden_layers\": 6, "
+                                           "\"hidden_size\": 64, \"num_attention_heads\": 2, "
+                                           "\"num_key_value_heads\": 1, \"head_dim\": 32, "
+                                           "\"intermediate_size\": 96, \"vocab_size\": 100, "
+                                           "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+                                           "\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+                                           "\"sliding_attention\", \"full_attention\"]}",
+                                           "period3.json", &c),
+                     ZO_OK);
+    assert_int_equal(zo_model_windows(&c, 0, 6, w, n), 2);
+    assert_true(w[0] == 8 && n[0] == 4 && w[1] == 0 && n[1] == 2);
+    assert_int_equal(zo_model_windows(&c, 2, 4, w, n), 2); /* global, two sliding, global */
+    assert_true(w[0] == 0 && n[0] == 2 && w[1] == 8 && n[1] == 2);
+    assert_int_equal(zo_model_windows(&c, 3, 2, w, n), 1);
+    assert_true(w[0] == 8 && n[0] == 2);
+    assert_int_equal(zo_model_preset_find("mistral-7b", &c), ZO_OK);
+    assert_int_equal(zo_model_windows(&c, 0, 32, w, n), 1);
+    assert_true(w[0] == 4096 && n[0] == 32);
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &c), ZO_OK);
+    assert_int_equal(zo_model_windows(&c, 0, 32, w, n), 1);
+    assert_true(w[0] == 0 && n[0] == 32);
+    /* every range against the layers one by one: those models, Gemma-3's
+     * period of 6, a window from layer 5 (Qwen2's max_window_layers) */
+    const char *presets[] = {"gemma-2-27b", "gemma-3-4b", "mistral-7b", "llama-2-7b"};
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+        assert_int_equal(zo_model_preset_find(presets[i], &c), ZO_OK);
+        check_windows_every_range(&c);
+    }
+    c.sliding_window = 16;
+    c.window_from_layer = 5;
+    check_windows_every_range(&c);
+    c.window_period = 3;
+    c.sliding_window = 0; /* a period without a window: every layer 0 */
+    check_windows_every_range(&c);
+}
+
 /* Gemma-2's attention keys as Hugging Face's Gemma2Config reads them: the
  * real configs (27b: heads of 128, query_pre_attn_scalar 144; caps 50 and
  * 30; a window of 4096 on the even layers), null caps and window (none),
@@ -1795,6 +1872,7 @@ int main(void)
         cmocka_unit_test(test_layout_mla),
         cmocka_unit_test(test_hf_config_partial_rotary),
         cmocka_unit_test(test_gemma2_config),
+        cmocka_unit_test(test_model_windows),
         cmocka_unit_test(test_gemma3_config),
         cmocka_unit_test(test_multimodal_text_config),
         cmocka_unit_test(test_granite_config),
