@@ -197,6 +197,9 @@ static int run_case(const gcase *c)
     }
     tf_gen tg;
     assert_int_equal(tf_gen_init(&tg, &m, dev, &gc), 0);
+    /* the tokens so far are kept for longrope's crossing alone (Phi-3 here,
+     * its context past the original 16) */
+    assert_int_equal(tg.seq != NULL, c->gpt == FAM_PHI3);
     if (adapter) {
         const model_layout *ad = &tg.m.adapters;
         float **blocks = calloc((size_t)ad->n_blocks, sizeof *blocks);

@@ -22,8 +22,11 @@ zo_status tf_gen_init(tf_gen *g, const zo_model_config *cfg, gpu_device_t dev, c
     g->pos = calloc((size_t)c->batch, sizeof *g->pos);
     g->last = calloc((size_t)c->batch, sizeof *g->last);
     g->tok = calloc((size_t)c->batch * rows, sizeof *g->tok);
-    g->seq = calloc((size_t)c->batch * c->ctx, sizeof *g->seq);
-    if (!g->len || !g->pos || !g->last || !g->tok || !g->seq) {
+    /* every token so far, for longrope's crossing only (a context past the
+     * original length) */
+    const int keep = zo_model_longrope_switches(cfg, c->ctx);
+    if (keep) g->seq = calloc((size_t)c->batch * c->ctx, sizeof *g->seq);
+    if (!g->len || !g->pos || !g->last || !g->tok || (keep && !g->seq)) {
         tf_gen_free(g);
         return zo_error(ZO_ERR_NOMEM, "tf_gen_init: out of host memory");
     }
@@ -115,16 +118,17 @@ static zo_status run(tf_gen *g, int t, float *logits)
     return tf_logits(&g->m, g->s, logits);
 }
 
-/* Every sequence's tokens so far from position 0 (g->seq, g->len), one
- * forward of the longest's t: a shorter one is padded with its last token,
- * whose keys the tokens after it overwrite before anything reads them. */
-static zo_status run_whole(tf_gen *g, float *logits)
+/* Every sequence's tokens so far from position 0 (prompts[j], or g->seq
+ * where prompts is NULL; g->len), one forward of the longest's t: a shorter
+ * one is padded with its last token, whose keys the tokens after it
+ * overwrite before anything reads them. */
+static zo_status run_whole(tf_gen *g, const int32_t *const *prompts, float *logits)
 {
     int t = 1;
     for (int j = 0; j < g->n; j++)
         if (g->len[j] > t) t = g->len[j];
     for (int j = 0; j < g->n; j++) {
-        const int32_t *q = g->seq + (size_t)j * g->ctx;
+        const int32_t *q = prompts ? prompts[j] : g->seq + (size_t)j * g->ctx;
         for (int i = 0; i < t; i++) g->tok[(size_t)j * t + i] = q[i < g->len[j] ? i : g->len[j] - 1];
         g->pos[j] = 0;
         g->last[j] = g->len[j] - 1;
@@ -141,11 +145,11 @@ zo_status tf_gen_prompt(tf_gen *g, const int32_t *const *prompts, const int *len
             return zo_error(ZO_ERR_INVALID, "tf_gen_prompt: prompt %d has %d tokens (1 to %d)", j, lens[j],
                             g->prompt_max);
     for (int j = 0; j < n; j++) {
-        memcpy(g->seq + (size_t)j * g->ctx, prompts[j], (size_t)lens[j] * sizeof *g->seq);
+        if (g->seq) memcpy(g->seq + (size_t)j * g->ctx, prompts[j], (size_t)lens[j] * sizeof *g->seq);
         g->len[j] = lens[j];
     }
     g->n = n;
-    return run_whole(g, logits);
+    return run_whole(g, prompts, logits);
 }
 
 zo_status tf_gen_next(tf_gen *g, const int32_t *tokens, float *logits)
@@ -159,7 +163,7 @@ zo_status tf_gen_next(tf_gen *g, const int32_t *tokens, float *logits)
         if (g->len[j] > before) before = g->len[j];
     }
     for (int j = 0; j < g->n; j++) {
-        g->seq[(size_t)j * g->ctx + g->len[j]] = tokens[j];
+        if (g->seq) g->seq[(size_t)j * g->ctx + g->len[j]] = tokens[j];
         g->tok[j] = tokens[j];
         g->pos[j] = g->len[j]++;
         g->last[j] = 0;
@@ -168,6 +172,6 @@ zo_status tf_gen_next(tf_gen *g, const int32_t *tokens, float *logits)
      * with a cache of at most original positions (Hugging Face's Phi-3
      * drops its cache there): every token again, with long_factor */
     if (!zo_model_longrope_switches(&g->m.cfg, before) && zo_model_longrope_switches(&g->m.cfg, before + 1))
-        return run_whole(g, logits);
+        return run_whole(g, NULL, logits);
     return run(g, 1, logits);
 }

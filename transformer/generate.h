@@ -47,7 +47,8 @@ typedef struct tf_gen {
     int *len;           /* [batch] tokens each sequence holds so far */
     int *pos, *last;    /* [batch] the forward's positions and rows */
     int32_t *tok;       /* [batch * m.T] the forward's tokens (host) */
-    int32_t *seq;       /* [batch * ctx] each sequence's tokens so far (longrope's crossing reads them) */
+    int32_t *seq;       /* [batch * ctx] each sequence's tokens so far, or NULL: kept only where
+                           longrope's crossing can come (a context past the original length) */
 } tf_gen;
 
 /* The model for generation on `dev` and the forward-only runtime over it
