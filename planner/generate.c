@@ -274,6 +274,18 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
     }
     for (int j = 0; j < n_mods; j++) { /* u = x A^T, y += s u B^T: a routed expert's on its pairs */
         double r = g->lora.r, in = (double)mods[j].in, out = (double)mods[j].out;
+        if (absorb && !strcmp(mods[j].peft, "kv_b_proj")) {
+            /* the absorbed form's terms (transformer.c's
+             * mla_kvb_adapter_terms), four batched GEMMs over the H heads:
+             * u_h = q_nope_h B_K_h, q'_h += s u_h A; u_h = o_h A^T,
+             * out_h += s u_h B_V_h^T (A and the B rows read once) */
+            const double nope = m->mla.qk_nope, v = m->mla.v_dim;
+            layer += roofline(hw, g->dtype, 2 * M * hq * nope * r, (hq * nope * r + M * hq * (nope + r)) * es);
+            layer += roofline(hw, g->dtype, 2 * M * hq * r * kvr, (r * kvr + M * hq * (r + 2 * kvr)) * es);
+            layer += roofline(hw, g->dtype, 2 * M * hq * kvr * r, (r * kvr + M * hq * (kvr + r)) * es);
+            layer += roofline(hw, g->dtype, 2 * M * hq * r * v, (hq * v * r + M * hq * (r + 2 * v)) * es);
+            continue;
+        }
         double rows_j = mods[j].experts ? P : M, n = mods[j].experts ? T : 1;
         layer += roofline(hw, g->dtype, 2 * rows_j * r * in, (n * r * in + rows_j * (in + r)) * es);
         layer += roofline(hw, g->dtype, 2 * rows_j * r * out, (n * r * out + rows_j * (r + 2 * out)) * es);

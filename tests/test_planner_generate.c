@@ -573,6 +573,47 @@ static void test_mla_projections(void **state)
     assert_true(fabs(got - want) <= 1e-9 * base.prompt_compute_s);
 }
 
+/* memplan generate's time of LoRA adapters on latent attention's k and v
+ * (kv_a_proj_with_mqa and kv_b_proj), r 16 at V2-Lite's shape, on the same
+ * free-FLOP, byte-a-second device, against no adapters: each GEMM's
+ * operands read and its output written (read too where added into). An
+ * ordinary adapter over M rows, in -> out: x [M, in] x A^T [in, r] -> u,
+ * u [M, r] x B^T [r, out] added into y [M, out]. kv_a's is ordinary at a
+ * token and over the prompt, kv_b's only over the prompt (decompressed);
+ * a token runs kv_b's in the absorbed form as the runtime does, four GEMMs
+ * a layer over the 16 heads: q_nope_h [1, 128] x B_K_h [128, r] -> u_h;
+ * u_h x A [r, 512] added into q'_h; o_h [1, 512] x A^T -> u_h; u_h x
+ * B_V_h^T [r, 128] added into out_h (A and the heads' B rows read once). */
+static void test_mla_kvb_adapter(void **state)
+{
+    (void)state;
+    plan_hw hw;
+    cpu_hw(&hw);
+    hw.peak_flops_16 = hw.peak_flops_32 = 1e30;
+    hw.hbm_bw = 1;
+    plan_gen g = one_sequence(512, 256);
+    zo_model_config m = lite(0, 128);
+    plan_gen_estimate base, ad;
+    assert_int_equal(plan_gen_estimate_run(&m, &hw, &g, &base), 0);
+    g.method = ZO_PLAN_LORA;
+    g.lora = (zo_lora_config){.r = 16, .alpha = 32.0f, .targets = ZO_LORA_K | ZO_LORA_V};
+    assert_int_equal(plan_gen_estimate_run(&m, &hw, &g, &ad), 0);
+    const double L = 27, es = 2, r = 16, H = 16, h = 2048, kvr = 512, rope = 64, nope = 128, v = 128, P = 512;
+    const double eff = hw.hbm_eff;
+#define ORDINARY(M, in, out) (((in) * r + (M) * ((in) + r)) + (r * (out) + (M) * (r + 2 * (out))))
+    const double kva1 = ORDINARY(1, h, kvr + rope), kvaP = ORDINARY(P, h, kvr + rope);
+    const double kvbP = ORDINARY(P, kvr, H * (nope + v));
+#undef ORDINARY
+    const double kvb1 = (H * nope * r + H * (nope + r)) + (r * kvr + H * (r + 2 * kvr)) +
+                        (r * kvr + H * (kvr + r)) + (H * v * r + H * (r + 2 * v));
+    double want = L * (kva1 + kvb1) * es / eff, got = ad.compute_s - base.compute_s;
+    printf("  a token, LoRA r 16 on k and v - none: %.0f bytes (want %.0f)\n", got * eff, want * eff);
+    assert_true(fabs(got - want) <= 1e-9 * base.compute_s);
+    want = L * (kvaP + kvbP) * es / eff, got = ad.prompt_compute_s - base.prompt_compute_s;
+    printf("  the prompt, LoRA r 16 on k and v - none: %.0f bytes (want %.0f)\n", got * eff, want * eff);
+    assert_true(fabs(got - want) <= 1e-9 * base.prompt_compute_s);
+}
+
 /* The logits wait, from the schedule's structure: with the disk setting the
  * pace, the host reads the next token's first prefetch_depth blocks, then
  * waits for the logits before it reads on, so the disk idles while the
@@ -662,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_plan_run),
         cmocka_unit_test(test_time_model),
         cmocka_unit_test(test_mla_projections),
+        cmocka_unit_test(test_mla_kvb_adapter),
         cmocka_unit_test(test_logits_wait),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
