@@ -507,6 +507,17 @@ static void test_time_model(void **state)
 /* DeepSeek-V2-Lite's shape (27 layers, hidden 2048, 16 heads of 128 + 64,
  * v 128, kv_lora_rank 512, 64 experts), with q_lora_rank and v_head_dim
  * set apart, bf16, one sequence of 512 + 256, resident. */
+/* A device whose FLOPs are free and whose memory moves a byte a second:
+ * a time is the bytes moved. */
+static plan_hw byte_a_second(void)
+{
+    plan_hw hw;
+    cpu_hw(&hw);
+    hw.peak_flops_16 = hw.peak_flops_32 = 1e30;
+    hw.hbm_bw = 1;
+    return hw;
+}
+
 static zo_model_config lite(int q_rank, int v_dim)
 {
     char json[1024], qr[16];
@@ -547,10 +558,7 @@ static zo_model_config lite(int q_rank, int v_dim)
 static void test_mla_projections(void **state)
 {
     (void)state;
-    plan_hw hw;
-    cpu_hw(&hw);
-    hw.peak_flops_16 = hw.peak_flops_32 = 1e30;
-    hw.hbm_bw = 1;
+    plan_hw hw = byte_a_second();
     plan_gen g = one_sequence(512, 256);
     plan_gen_estimate base, qa, v64;
     zo_model_config m0 = lite(0, 128), mq = lite(1536, 128), mv = lite(0, 64);
@@ -587,10 +595,7 @@ static void test_mla_projections(void **state)
 static void test_mla_kvb_adapter(void **state)
 {
     (void)state;
-    plan_hw hw;
-    cpu_hw(&hw);
-    hw.peak_flops_16 = hw.peak_flops_32 = 1e30;
-    hw.hbm_bw = 1;
+    plan_hw hw = byte_a_second();
     plan_gen g = one_sequence(512, 256);
     zo_model_config m = lite(0, 128);
     plan_gen_estimate base, ad;
