@@ -240,7 +240,8 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
      * [k_pe | c_kv]; kv_b_proj over c_kv, except in the absorbed form, whose
      * attention term below reads its weight; o_proj from H v */
     const int mla = m->mla.kv_rank > 0, absorb = latent(m, g) && absorbed;
-    const double qr = m->mla.q_rank, kvr = m->mla.kv_rank, kvw = hq * (m->mla.qk_nope + m->mla.v_dim);
+    const double qr = m->mla.q_rank, kvr = m->mla.kv_rank, nope = m->mla.qk_nope, vd = m->mla.v_dim;
+    const double kvw = hq * (nope + vd);
     uint64_t uq, uk, uv, uo;
     zo_model_attn_widths(m, &uq, &uk, &uv, &uo);
     /* out, in, the matrices of that shape, the rows through each, the copies
@@ -279,11 +280,10 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
              * mla_kvb_adapter_terms), four batched GEMMs over the H heads:
              * u_h = q_nope_h B_K_h, q'_h += s u_h A; u_h = o_h A^T,
              * out_h += s u_h B_V_h^T (A and the B rows read once) */
-            const double nope = m->mla.qk_nope, v = m->mla.v_dim;
             layer += roofline(hw, g->dtype, 2 * M * hq * nope * r, (hq * nope * r + M * hq * (nope + r)) * es);
             layer += roofline(hw, g->dtype, 2 * M * hq * r * kvr, (r * kvr + M * hq * (r + 2 * kvr)) * es);
             layer += roofline(hw, g->dtype, 2 * M * hq * kvr * r, (r * kvr + M * hq * (kvr + r)) * es);
-            layer += roofline(hw, g->dtype, 2 * M * hq * r * v, (hq * v * r + M * hq * (r + 2 * v)) * es);
+            layer += roofline(hw, g->dtype, 2 * M * hq * r * vd, (hq * vd * r + M * hq * (r + 2 * vd)) * es);
             continue;
         }
         double rows_j = mods[j].experts ? P : M, n = mods[j].experts ? T : 1;
@@ -298,7 +298,11 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
         const double D = (double)latent_row(m);
         layer += roofline(hw, g->dtype, 4 * M * keys * hq * D, B * (keys + rows) * D * es + 2 * M * hq * D * es);
         if (nf4) layer += ((double)zo_nf4_bytes((uint64_t)(kvw * kvr)) + kvw * kvr * es) / (hw->hbm_bw * hw->hbm_eff);
-        layer += roofline(hw, g->dtype, 2 * M * kvw * kvr, kvw * kvr * es + M * (hq * d + 2 * hq * D) * es);
+        /* kv_b_proj's key rows into the queries, q_nope_h W_UK_h, and its
+         * value rows onto the output, o_h W_UV_h^T: two batched GEMMs over
+         * the heads, each its weight rows, its input and its output */
+        layer += roofline(hw, g->dtype, 2 * M * hq * nope * kvr, (hq * nope * kvr + M * hq * (nope + kvr)) * es);
+        layer += roofline(hw, g->dtype, 2 * M * hq * vd * kvr, (hq * vd * kvr + M * hq * (kvr + vd)) * es);
     } else {
         layer += roofline(hw, g->dtype, 4 * M * keys * hq * d, B * (keys + rows) * 2 * hkv * d * es + 2 * M * q * es);
     }

@@ -550,7 +550,8 @@ static zo_model_config lite(int q_rank, int v_dim)
  *   more of rows (q_a's output written, q_b's input read);
  * - v_head_dim 128 against 64: o_proj's input 16 x 64 wider, its weight
  *   2048 x 16 x 64 more, M x 16 x 64 more read; kv_b_proj's 16 x 64 more
- *   rows of 512 read once a token (absorbed), in the prompt as a projection
+ *   rows of 512 read once a token (absorbed: its value rows' GEMM writes
+ *   the heads' output, 1 x 16 x 64 more), in the prompt as a projection
  *   with M x 16 x 64 more written.
  * memplan's old single q|k|v of (16 + 2 x 16) heads of 192 from the hidden
  * state moved neither; kv_b_proj counted twice in a token moves the second
@@ -573,7 +574,7 @@ static void test_mla_projections(void **state)
     want = L * (dq_w + P * 2 * qr * es), got = qa.prompt_compute_s - base.prompt_compute_s;
     printf("  the prompt, q_lora_rank 1536 - none: %.0f bytes (want %.0f)\n", got, want);
     assert_true(fabs(got - want) <= 1e-9 * base.prompt_compute_s);
-    want = L * ((h * dv + 1 * dv) + dv * kvr) * es, got = base.compute_s - v64.compute_s;
+    want = L * ((h * dv + 1 * dv) + (dv * kvr + 1 * dv)) * es, got = base.compute_s - v64.compute_s;
     printf("  a token, v_head_dim 128 - 64: %.0f bytes (want %.0f)\n", got, want);
     assert_true(fabs(got - want) <= 1e-9 * base.compute_s);
     want = L * ((h * dv + P * dv) + (dv * kvr + P * dv)) * es, got = base.prompt_compute_s - v64.prompt_compute_s;
