@@ -1,15 +1,17 @@
 /* Capacity-limited MoE routing (tf_options.capacity_factor) in one MoE
  * layer on the CPU backend in fp32, against a plain double-precision
- * reference of the layer's MoE block written here: RMSNorm, the router
- * (softmax, top_k with ties to the lower index, Mixtral's renormalized or
- * Qwen2-MoE's raw weights), the capacity C = ceil(F N top_k / E) per
- * expert with every token's first choice before any token's second
- * (choice rank by weight, ties to the lower expert; tokens in order
- * within a rank), the kept pairs' SwiGLU experts weighted and summed,
- * Qwen2-MoE's gated shared expert, and the backward of all of it.
+ * reference of the layer's MoE block written here: RMSNorm (Phi-3.5-MoE:
+ * LayerNorm with a bias), the router (softmax, top_k with ties to the
+ * lower index, Mixtral's renormalized or Qwen2-MoE's raw weights;
+ * Phi-3.5-MoE's sparsemixer in its eval form), the capacity
+ * C = ceil(F N top_k / E) per expert with every token's first choice
+ * before any token's second (choice rank: the order the router chose the
+ * token's experts; tokens in order within a rank), the kept pairs' SwiGLU
+ * experts weighted and summed, Qwen2-MoE's gated shared expert, and the
+ * backward of all of it.
  *
  * The layer's attention output projection is zero, so the layer is
- * out = x + moe(rmsnorm(x)); the loss is sum(out * G) for a fixed G (the
+ * out = x + moe(norm(x)); the loss is sum(out * G) for a fixed G (the
  * gradient the layer's backward receives). Checked: that loss, dL/dx, the
  * gradients of the router, every expert, the shared expert, its gate and
  * the norm, and the pairs routed and dropped (tf_model.moe_pairs,
@@ -19,7 +21,14 @@
  * two router rows are equal (exact ties in the router's weights); N = 7
  * tokens, a multiple of neither model's experts. Factors 0.5, 1.0 and
  * 1.25 drop, 8 never does, 0 is dropless; 0.5 also with the layer
- * recomputed before its backward (it routes again, uncounted). */
+ * recomputed before its backward (it routes again, uncounted).
+ *
+ * The sparsemixer's second weight can exceed its first (w1 a softmax over
+ * the logits near the top, w2 one over those near the second: often w2
+ * alone, 1; at a tie of the top two logits always), so its choice order is
+ * not its weights' order: the Phi-3.5-MoE cases hold tokens whose w2 > w1
+ * (the tied router rows among them) and drop first and second choices
+ * both, so ranking a token's pairs by weight fails them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,11 +47,15 @@
 #define N (NB * NT)
 #define BLK 1 /* layer 0's block */
 #define MAX_E 64 /* the reference's experts at most (its router backward's row) */
+#define N_MODELS 3
 
 /* Mixtral-shaped (4 experts, 2 a token, weights renormalized over the
- * chosen) and Qwen2-MoE-shaped (8 experts, 3 a token, norm_topk off, a
- * shared expert with its sigmoid gate) */
-static const char *const configs[2] = {
+ * chosen), Qwen2-MoE-shaped (8 experts, 3 a token, norm_topk off, a
+ * shared expert with its sigmoid gate) and Phi-3.5-MoE-shaped (4 experts,
+ * the sparsemixer's 2, LayerNorms with a bias; router_jitter_noise 0.05: a
+ * mask threshold of 0.1, so some first softmaxes keep more than one expert) */
+static const char *const names[N_MODELS] = {"mixtral", "qwen2_moe", "phimoe"};
+static const char *const configs[N_MODELS] = {
     "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 1, \"hidden_size\": 16, "
     "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": 12, "
     "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 32, "
@@ -51,7 +64,11 @@ static const char *const configs[2] = {
     "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": 32, "
     "\"moe_intermediate_size\": 8, \"shared_expert_intermediate_size\": 12, \"num_experts\": 8, "
     "\"num_experts_per_tok\": 3, \"norm_topk_prob\": false, \"decoder_sparse_step\": 1, "
-    "\"mlp_only_layers\": [], \"vocab_size\": 32, \"max_position_embeddings\": 16}"};
+    "\"mlp_only_layers\": [], \"vocab_size\": 32, \"max_position_embeddings\": 16}",
+    "{\"model_type\": \"phimoe\", \"num_hidden_layers\": 1, \"hidden_size\": 16, "
+    "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": 12, "
+    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 32, "
+    "\"max_position_embeddings\": 16, \"router_jitter_noise\": 0.05}"};
 
 static uint64_t rng_state;
 static double uniform(void) /* [-1, 1) */
@@ -76,11 +93,23 @@ static double sigm(double v) { return 1.0 / (1.0 + exp(-v)); }
 
 /* What the reference computes: the loss sum(out G), dx [N, h], the block's
  * gradient dw (the MoE block's tensors and the second norm's), the pairs
- * chosen and dropped. */
+ * chosen and dropped (and dropped of each choice rank, the first two), the
+ * tokens whose second choice weighs more than their first. */
 typedef struct ref_out {
     double loss, *dx, *dw;
-    int pairs, dropped;
+    int pairs, dropped, dropped_rank[2], heavier_second;
 } ref_out;
+
+/* The sparsemixer's mask (eval form, gpu/device.h's definition): whether
+ * logit z lies more than thr below the maximum m, relative to max(|z|, m).
+ * *gap: the least distance of such a ratio to thr so far, relative to thr
+ * (the fp32 runtime and this double reference must decide alike). */
+static int mixer_out(double m, double z, double thr, double *gap)
+{
+    double ratio = (m - z) / fmax(fabs(z), m);
+    *gap = fmin(*gap, fabs(ratio - thr) / thr);
+    return ratio > thr;
+}
 
 /* One row u [h] through a SwiGLU MLP of width f (tensors t: gate, up,
  * down) scaled by `scale`: adds scale (silu(u Wg) (u Wu)) Wd . G to the
@@ -132,13 +161,16 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
     const int h = c->hidden, E = c->moe.experts, K = c->moe.top_k, fe = c->moe.expert_ffn;
     const int fs = c->moe.shared_ffn;
     assert_true(E <= MAX_E);
-    model_view vg2, vwr;
+    model_view vg2, vb2, vwr;
     const model_view *g2 = find(l, MODEL_ROLE_LN2_W, 0, &vg2), *wr = find(l, MODEL_ROLE_ROUTER_W, 0, &vwr);
+    const model_view *b2 = c->norm_bias ? find(l, MODEL_ROLE_LN2_B, 0, &vb2) : NULL;
+    assert_true(!c->norm_bias || b2);
     double *u = calloc((size_t)N * h, sizeof *u), *du = calloc((size_t)N * h, sizeof *du);
-    double *rstd = calloc(N, sizeof *rstd), *p = calloc((size_t)N * E, sizeof *p);
+    double *rstd = calloc(N, sizeof *rstd), *mu = calloc(N, sizeof *mu), *p = calloc((size_t)N * E, sizeof *p);
+    double *z = calloc((size_t)N * E, sizeof *z);
     double *wt = calloc((size_t)N * E, sizeof *wt), *dwt = calloc((size_t)N * E, sizeof *dwt);
     int *chosen = calloc((size_t)N * E, sizeof *chosen), *rank = calloc((size_t)N * E, sizeof *rank);
-    int *kept = calloc((size_t)N * E, sizeof *kept);
+    int *kept = calloc((size_t)N * E, sizeof *kept), *sel = calloc((size_t)N * 2, sizeof *sel);
     double *buf = malloc(sizeof(double) * (size_t)(fe > fs ? fe : fs) * 4);
     /* out = x + y: the residual's share of the loss and of dx */
     o->loss = 0;
@@ -146,24 +178,58 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
         o->loss += (double)x[i] * G[i];
         o->dx[i] = G[i];
     }
-    /* u = rmsnorm(x) g2 */
+    /* u = rmsnorm(x) g2, or LayerNorm's (x - mean) rstd g2 + b2 */
+    const int ln = c->layer_norm;
     for (int r = 0; r < N; r++) {
-        double ss = 0;
-        for (int i = 0; i < h; i++) ss += (double)x[r * h + i] * x[r * h + i];
+        double ss = 0, mean = 0;
+        if (ln) {
+            for (int i = 0; i < h; i++) mean += x[r * h + i];
+            mean /= h;
+        }
+        mu[r] = mean;
+        for (int i = 0; i < h; i++) ss += (x[r * h + i] - mean) * (x[r * h + i] - mean);
         rstd[r] = 1.0 / sqrt(ss / h + c->norm_eps);
-        for (int i = 0; i < h; i++) u[r * h + i] = x[r * h + i] * rstd[r] * w[g2->offset + i];
+        for (int i = 0; i < h; i++)
+            u[r * h + i] = (x[r * h + i] - mean) * rstd[r] * w[g2->offset + i] + (b2 ? w[b2->offset + i] : 0.0);
     }
     /* the router: softmax, top_k (ties: the lower index), weights */
+    const double thr = 2.0 * c->moe.jitter_eps;
+    double mask_gap = INFINITY, top_gap = INFINITY;
+    o->heavier_second = 0;
     for (int r = 0; r < N; r++) {
         double mx = -1e300, sum = 0;
         for (int e = 0; e < E; e++) {
-            double z = 0;
-            for (int i = 0; i < h; i++) z += u[r * h + i] * w[wr->offset + (size_t)e * h + i];
-            p[r * E + e] = z;
-            mx = fmax(mx, z);
+            double ze = 0;
+            for (int i = 0; i < h; i++) ze += u[r * h + i] * w[wr->offset + (size_t)e * h + i];
+            p[r * E + e] = z[r * E + e] = ze;
+            mx = fmax(mx, ze);
         }
         for (int e = 0; e < E; e++) sum += (p[r * E + e] = exp(p[r * E + e] - mx));
         for (int e = 0; e < E; e++) p[r * E + e] /= sum;
+        if (c->moe.sparsemixer) {
+            /* i1 = argmax z (ties: the lower index), w1 = the softmax at i1
+             * over the logits its mask keeps; then without i1 the same
+             * from the new maximum: i2, w2. Not renormalized. */
+            const double *zr = z + (size_t)r * E;
+            for (int k = 0; k < 2; k++) {
+                int best = -1;
+                for (int e = 0; e < E; e++)
+                    if (!chosen[r * E + e] && (best < 0 || zr[e] > zr[best])) best = e;
+                double s = 0;
+                for (int e = 0; e < E; e++) {
+                    if (chosen[r * E + e] || e == best) continue;
+                    if (zr[e] != zr[best]) /* (an exact tie is the test's: equal router rows) */
+                        top_gap = fmin(top_gap, (zr[best] - zr[e]) / fabs(zr[best]));
+                    if (!mixer_out(zr[best], zr[e], thr, &mask_gap)) s += exp(zr[e] - zr[best]);
+                }
+                chosen[r * E + best] = 1;
+                rank[r * E + best] = k; /* the order the router chose them */
+                wt[r * E + best] = 1.0 / (1.0 + s);
+                sel[r * 2 + k] = best;
+            }
+            o->heavier_second += wt[r * E + sel[r * 2 + 1]] > wt[r * E + sel[r * 2]];
+            continue;
+        }
         for (int k = 0; k < K; k++) {
             int best = -1;
             for (int e = 0; e < E; e++)
@@ -182,7 +248,7 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
     int C = Cd < N * K ? (int)Cd : N * K;
     if (C < 1) C = 1;
     o->pairs = N * K;
-    o->dropped = 0;
+    o->dropped = o->dropped_rank[0] = o->dropped_rank[1] = 0;
     for (int e = 0; e < E; e++) {
         int taken = 0;
         for (int k = 0; k < K; k++)
@@ -190,6 +256,7 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
                 if (chosen[r * E + e] && rank[r * E + e] == k) {
                     kept[r * E + e] = taken < C;
                     o->dropped += taken >= C;
+                    if (k < 2) o->dropped_rank[k] += taken >= C;
                     taken++;
                 }
     }
@@ -221,8 +288,28 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
             }
         }
     }
-    /* the router's backward: the weights (renormalized or not), the softmax */
-    for (int r = 0; r < N; r++) {
+    /* the router's backward: the weights (renormalized or not), the
+     * softmax; the sparsemixer's w_i = exp(z_i - m_i) / sum over K_i (its
+     * mask's kept logits, the masks and choices constants):
+     * dz_j += dw_i w_i ([j = i] - exp(z_j - m_i) w_i) over j in K_i */
+    for (int r = 0; c->moe.sparsemixer && r < N; r++) {
+        const double *zr = z + (size_t)r * E;
+        double dz[MAX_E] = {0}, unused = INFINITY;
+        for (int k = 0; k < 2; k++) {
+            const int i = sel[r * 2 + k];
+            const double m = zr[i], wi = wt[r * E + i], g = dwt[r * E + i] * wi;
+            for (int e = 0; e < E; e++) {
+                if ((k == 1 && e == sel[r * 2]) || (e != i && mixer_out(m, zr[e], thr, &unused))) continue;
+                dz[e] += g * ((e == i) - exp(zr[e] - m) * wi);
+            }
+        }
+        for (int e = 0; e < E; e++)
+            for (int i = 0; i < h; i++) {
+                o->dw[wr->offset + (size_t)e * h + i] += dz[e] * u[r * h + i];
+                du[r * h + i] += dz[e] * w[wr->offset + (size_t)e * h + i];
+            }
+    }
+    for (int r = 0; !c->moe.sparsemixer && r < N; r++) {
         double dp[MAX_E] = {0}, s = 0, sdw = 0, pdp = 0;
         for (int e = 0; e < E; e++)
             if (chosen[r * E + e]) {
@@ -241,20 +328,35 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
             }
         }
     }
-    /* the norm's backward */
+    /* the norm's backward: with xh = (x - mean) rstd and dxh = du g2,
+     * dx = rstd (dxh - xh mean(dxh xh)), less mean(dxh) with LayerNorm */
     for (int r = 0; r < N; r++) {
-        double m = 0;
+        double m = 0, md = 0;
         for (int i = 0; i < h; i++) {
-            o->dw[g2->offset + i] += du[r * h + i] * x[r * h + i] * rstd[r];
-            m += du[r * h + i] * w[g2->offset + i] * x[r * h + i];
+            const double xh = (x[r * h + i] - mu[r]) * rstd[r], dxh = du[r * h + i] * w[g2->offset + i];
+            o->dw[g2->offset + i] += du[r * h + i] * xh;
+            if (b2) o->dw[b2->offset + i] += du[r * h + i];
+            m += dxh * xh;
+            md += dxh;
         }
         m /= h;
-        for (int i = 0; i < h; i++)
-            o->dx[r * h + i] += rstd[r] * (du[r * h + i] * w[g2->offset + i] - x[r * h + i] * rstd[r] * rstd[r] * m);
+        md = ln ? md / h : 0.0;
+        for (int i = 0; i < h; i++) {
+            const double xh = (x[r * h + i] - mu[r]) * rstd[r], dxh = du[r * h + i] * w[g2->offset + i];
+            o->dx[r * h + i] += rstd[r] * (dxh - md - xh * m);
+        }
     }
+    /* the fp32 runtime's choices and masks are the reference's only away
+     * from their edges: a case within 1e-4 of one is the test's mistake */
+    if (c->moe.sparsemixer && !(mask_gap > 1e-4 && top_gap > 1e-4))
+        fail_msg("the sparsemixer's case lies within %.2e of a mask's threshold, %.2e of a choice's tie", mask_gap,
+                 top_gap);
     free(u);
     free(du);
     free(rstd);
+    free(mu);
+    free(z);
+    free(sel);
     free(p);
     free(wt);
     free(dwt);
@@ -278,7 +380,8 @@ static void compare(const char *what, const float *got, const double *want, size
         fail_msg("%s: %.3e off at %zu (%.6g against %.6g; largest %.3e)", what, worst, at, got[at], want[at], most);
 }
 
-static double last_loss; /* check's layer loss, the last one */
+static double last_loss;         /* check's layer loss, the last one */
+static int last_dropped_rank[2]; /* and its pairs dropped of the first and second choice ranks */
 
 /* One model and capacity factor: the layer's forward and backward against
  * the reference (with `recompute`: the layer's activations recomputed
@@ -320,9 +423,19 @@ static int check(int which, double F, int recompute)
         w[wr->offset + (size_t)2 * h + i] = w[wr->offset + (size_t)h + i];
         w[wr->offset + (size_t)3 * h + i] = (float)(i < 4 ? 0.5 : 0.0);
     }
+    /* the sparsemixer's tokens lean along rows 0 and 3 by lean[r][0] and
+     * [1], along row 1 (= row 2) by [2]: experts 0 and 3 with margins wide
+     * (weights 1 and 1), 3 first by a little (both kept in its softmax, w1
+     * < w2 = 1) or by more (3 before 0, weights 1 and 1), 1 and 2 tied
+     * (w1 < w2) */
+    static const double lean[NT][3] = {{1, 1.5, 0}, {0.6, 1.5, 0}, {-1, 1.5, 0}, {0.3, 1.5, 0},
+                                       {1, 1.5, 0}, {0, 0, 8}, {0.6, 1.5, 0}};
     for (int r = 0; r < N; r++) /* every third token leans away: expert 0 its last choice */
-        for (int i = 0; i < h; i++)
-            x[r * h + i] = (float)((i % 2 ? 1.0 : -1.0) * (r % 3 == 2 ? -1 : 1) + (i < 4 ? 1.5 : 0) + 0.5 * uniform());
+        for (int i = 0; i < h; i++) {
+            const double *ln = cfg.moe.sparsemixer ? lean[r % NT] : (const double[3]){r % 3 == 2 ? -1 : 1, 1.5, 0};
+            x[r * h + i] = (float)((i % 2 ? 1.0 : -1.0) * ln[0] + (i < 4 ? ln[1] : 0) +
+                                   ln[2] * w[wr->offset + (size_t)h + i] + 0.5 * uniform());
+        }
     for (int i = 0; i < N * h; i++) G[i] = (float)uniform();
     /* the layer on the device (the CPU device's memory is host memory) */
     void *pw, *pg, *xin, *xout;
@@ -351,7 +464,7 @@ static int check(int which, double F, int recompute)
     ref_out ro = {.dx = calloc((size_t)N * h, sizeof(double)), .dw = calloc(nw, sizeof(double))};
     reference(&cfg, l, w, x, G, F, &ro);
     char what[160];
-    snprintf(what, sizeof what, "%s F %g%s", which ? "qwen2_moe" : "mixtral", F, recompute ? " recompute" : "");
+    snprintf(what, sizeof what, "%s F %g%s", names[which], F, recompute ? " recompute" : "");
     if (!(fabs(loss - ro.loss) <= 1e-5 * fmax(1.0, fabs(ro.loss))))
         fail_msg("%s: loss %.9g against %.9g", what, loss, ro.loss);
     assert_int_equal((int)m.moe_pairs, ro.pairs); /* (a recompute's routing not counted) */
@@ -362,7 +475,7 @@ static int check(int which, double F, int recompute)
     /* the MoE block's gradients and the norm's, tensor by tensor */
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *mt = &l->tensors[i];
-        if (mt->block != BLK || mt->role < MODEL_ROLE_LN2_W || mt->role == MODEL_ROLE_LN2_B) continue;
+        if (mt->block != BLK || mt->role < MODEL_ROLE_LN2_W) continue;
         float *dg = (float *)pg + mt->offset;
         double any = 0;
         for (size_t j = 0; j < mt->numel; j++) any = fmax(any, fabs(ro.dw[mt->offset + j]));
@@ -374,7 +487,14 @@ static int check(int which, double F, int recompute)
         }
         compare(t, dg, ro.dw + mt->offset, mt->numel, 1e-5);
     }
-    printf("# %s: %d of %d pairs dropped (E %d, N %d), loss %.6f\n", what, ro.dropped, ro.pairs, E, N, loss);
+    printf("# %s: %d of %d pairs dropped (%d first choices, %d second; E %d, N %d), loss %.6f\n", what, ro.dropped,
+           ro.pairs, ro.dropped_rank[0], ro.dropped_rank[1], E, N, loss);
+    if (cfg.moe.sparsemixer) { /* the cases the sparsemixer's rows are for */
+        printf("#   %d of %d tokens weigh their second choice more\n", ro.heavier_second, N);
+        assert_true(ro.heavier_second > 0);
+    }
+    last_dropped_rank[0] = ro.dropped_rank[0];
+    last_dropped_rank[1] = ro.dropped_rank[1];
     last_loss = loss;
     free(ro.dx);
     free(ro.dw);
@@ -402,6 +522,8 @@ static void run_model(int which)
     assert_int_equal(check(which, 1e30, 0), 0);
     assert_true(last_loss == dropless);
     assert_true(check(which, 0.5, 0) > 0);
+    /* first choices dropped as well as second ones: the priority between them counts */
+    assert_true(last_dropped_rank[0] > 0 && last_dropped_rank[1] > 0);
     assert_true(check(which, 0.5, 1) > 0);   /* the recompute routes as the forward did */
     assert_true(check(which, 1.0, 0) > 0);   /* skewed: experts 0 and 3 over their fair share */
     assert_true(check(which, 1.25, 0) > 0);
@@ -418,6 +540,15 @@ static void test_qwen2_moe(void **state)
 {
     (void)state;
     run_model(1);
+}
+
+/* Phi-3.5-MoE's sparsemixer: a token's first choice outranks every
+ * second choice whatever the weights say, so with tokens whose w2 > w1 and
+ * first and second choices both dropped, ranking by weight fails it */
+static void test_phimoe(void **state)
+{
+    (void)state;
+    run_model(2);
 }
 
 /* The buffers hold what can arrive: min(N top_k, E C) rows, and LoRA's
@@ -514,6 +645,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_qwen2_moe),
+        cmocka_unit_test(test_phimoe),
         cmocka_unit_test(test_sizes_and_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -918,6 +918,22 @@ static void ep_save_flags(const char *common, int lora, int zero, const char *la
     }
 }
 
+/* Phi-3.5-MoE: Mixtral's layers (4 experts of 64, 2 a token by the
+ * sparsemixer at router_jitter_noise 0.3: most tokens' weights a softmax
+ * over more than one logit), LayerNorms with a bias, q/k/v/o and lm_head
+ * biased, a window of 24, longrope past an original length of 16 with
+ * long_mscale 1.5, the balance loss on */
+static const char phimoe_config[] =
+    "{\"model_type\": \"phimoe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64, "
+    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"sliding_window\": 24, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
+    "\"attention_bias\": true, \"lm_head_bias\": true, \"router_jitter_noise\": 0.3, "
+    "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0, 1.125, 1.25, 1.5, 1.0, 1.25, 1.5, 2.0], "
+    "\"long_factor\": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5], \"short_mscale\": 1.25, \"long_mscale\": 1.5, "
+    "\"original_max_position_embeddings\": 16}, \"output_router_logits\": true, \"router_aux_loss_coef\": 0.02, "
+    "\"tie_word_embeddings\": false}";
+
 /* Qwen3-MoE-shaped with 8 experts: Qwen3's q/k norms, head_dim 32 (q 4 x 32
  * wider than hidden 64), routed experts only, their weights renormalized. */
 static const char qwen3_moe8_config[] =
@@ -928,15 +944,15 @@ static const char qwen3_moe8_config[] =
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[6] = {"mixtral",  "qwen2_moe8", "qwen3_moe8",
-                                        "deepseek", "granitemoe", "deepseek_v2_q"};
+static const char *const ep_names[7] = {"mixtral",  "qwen2_moe8", "qwen3_moe8",   "deepseek",
+                                        "granitemoe", "deepseek_v2_q", "phimoe"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[6] = {mixtral_config,  qwen2_moe8_config, qwen3_moe8_config,
-                            deepseek_config, granitemoe_config, deepseek_v2_q_config};
+    const char *texts[7] = {mixtral_config,  qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
+                            granitemoe_config, deepseek_v2_q_config, phimoe_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -2056,7 +2072,8 @@ static void moe_drops(const char *stats, double F, double *pairs, double *droppe
 
 /* Capacity-limited routing with expert parallelism, for model mdl: memplan's
  * plans with --capacity-factor 0.5 (parallel.capacity_factor; test_moe_ep_capacity:
- * the Mixtral- and Qwen2-MoE-shaped models of test_moe_ep), --ep 2 on 2 ranks (each rank drops among its own
+ * the Mixtral- and Qwen2-MoE-shaped models of test_moe_ep and the
+ * Phi-3.5-MoE-shaped one of family_phi3), --ep 2 on 2 ranks (each rank drops among its own
  * tokens before the exchange) against one rank with --grad-accum 2 (the
  * same micro-batches, each dropping among its tokens): losses within 1e-6
  * relative, every rank's peaks within 3% of the plan, the same pairs
@@ -2091,13 +2108,17 @@ static void ep_capacity(int mdl, int lora)
     assert_true(pairs[0] == pairs[1] && dropped[0] == dropped[1] && dropped[0] > 0);
 }
 
-/* the full models, then LoRA on the Mixtral-shaped one */
+/* the full models, then LoRA on the Mixtral-shaped one, then the full
+ * Phi-3.5-MoE-shaped one (the sparsemixer's choices ranked in the order it
+ * chose them, by their logits: each rank's the same as in one rank's
+ * micro-batch) */
 static void test_moe_ep_capacity(void **state)
 {
     (void)state;
     ep_capacity(0, 0);
     ep_capacity(1, 0);
     ep_capacity(0, 1);
+    ep_capacity(6, 0);
 }
 
 static void family_rows(const char *name, const char *text);
@@ -2287,22 +2308,6 @@ static const char phi3_config[] =
     "\"partial_rotary_factor\": 0.5, \"sliding_window\": 24, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
     "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0, 1.125, 1.25, 1.5], "
     "\"long_factor\": [1.0, 1.5, 2.0, 2.5]}, \"tie_word_embeddings\": false}";
-
-/* Phi-3.5-MoE: Mixtral's layers (4 experts of 64, 2 a token by the
- * sparsemixer at router_jitter_noise 0.3: most tokens' weights a softmax
- * over more than one logit), LayerNorms with a bias, q/k/v/o and lm_head
- * biased, a window of 24, longrope past an original length of 16 with
- * long_mscale 1.5, the balance loss on */
-static const char phimoe_config[] =
-    "{\"model_type\": \"phimoe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
-    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64, "
-    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
-    "\"max_position_embeddings\": 64, \"sliding_window\": 24, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
-    "\"attention_bias\": true, \"lm_head_bias\": true, \"router_jitter_noise\": 0.3, "
-    "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0, 1.125, 1.25, 1.5, 1.0, 1.25, 1.5, 2.0], "
-    "\"long_factor\": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5], \"short_mscale\": 1.25, \"long_mscale\": 1.5, "
-    "\"original_max_position_embeddings\": 16}, \"output_router_logits\": true, \"router_aux_loss_coef\": 0.02, "
-    "\"tie_word_embeddings\": false}";
 
 /* Gemma: one kv head (MQA), GeGLU, norms times (1 + w), the embedding
  * times sqrt(hidden), tied. */

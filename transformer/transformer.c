@@ -852,12 +852,15 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         goto out_free;
     }
     /* the router's weights, read to route; with a capacity factor the
-     * chosen experts' choice ranks and each expert's pairs of each rank */
+     * chosen experts' choice ranks and each expert's pairs of each rank
+     * (and the sparsemixer's logits, which order its choices) */
     const char *host = NULL;
     if (E && !(m->moe_w_h = malloc(N * E * 4)))
         host = "router weights";
     else if (E && F > 0 && !(m->moe_rank_h = malloc(N * E)))
         host = "choice ranks";
+    else if (E && F > 0 && c->moe.sparsemixer && !(m->moe_logit_h = malloc(N * E * 4)))
+        host = "router logits";
     else if (E && F > 0 && !(m->moe_quota_h = malloc(E * K * sizeof(int))))
         host = "capacity quotas";
     if (host) {
@@ -940,6 +943,7 @@ void tf_free(tf_model *m)
     free(m->acts);
     free(m->moe_w_h);
     free(m->moe_rank_h);
+    free(m->moe_logit_h);
     free(m->moe_quota_h);
     free(m->ep_cnt_h);
     free(m->ep_counts);
@@ -1838,16 +1842,22 @@ static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor
 }
 
 /* Capacity-limited routing: each chosen (token, expert)'s choice rank,
- * how many of the token's chosen experts weigh more (ties: the lower
- * index first), into moe_rank_h [N, E], and each expert's pairs of each
- * choice rank into moe_quota_h [E, K]. */
+ * the place the router chose it in: how many of the token's chosen
+ * experts have a larger key (ties: the lower index first), into
+ * moe_rank_h [N, E], and each expert's pairs of each choice rank into
+ * moe_quota_h [E, K]. The key is the weight for the softmax routers (they
+ * choose by p, ties to the lower index, and their weights keep p's order:
+ * p, or p over the chosen's sum), the logit for the sparsemixer (i1 the
+ * largest logit, i2 the next, ties to the lower index: its w2 may exceed
+ * its w1). */
 static zo_status moe_choice_ranks(tf_model *m, int l, int N)
 {
     const int E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
+    const float *keys = m->cfg.moe.sparsemixer ? m->moe_logit_h : m->moe_w_h;
     int chosen[UINT8_MAX]; /* a token's chosen experts (tf_init: top_k <= UINT8_MAX with a capacity) */
     memset(m->moe_quota_h, 0, (size_t)E * K * sizeof *m->moe_quota_h);
     for (int r = 0; r < N; r++) {
-        const float *w = m->moe_w_h + (size_t)r * E;
+        const float *w = m->moe_w_h + (size_t)r * E, *key = keys + (size_t)r * E;
         int k = 0;
         for (int e = 0; e < E; e++) {
             if (w[e] == 0.0f) continue;
@@ -1858,7 +1868,7 @@ static zo_status moe_choice_ranks(tf_model *m, int l, int N)
         }
         for (int i = 0; i < k; i++) {
             int e = chosen[i], rank = 0;
-            for (int j = 0; j < k; j++) rank += w[chosen[j]] > w[e] || (w[chosen[j]] == w[e] && chosen[j] < e);
+            for (int j = 0; j < k; j++) rank += key[chosen[j]] > key[e] || (key[chosen[j]] == key[e] && chosen[j] < e);
             m->moe_rank_h[(size_t)r * E + e] = (uint8_t)rank;
             m->moe_quota_h[(size_t)e * K + rank]++;
         }
@@ -1878,12 +1888,16 @@ static zo_status moe_route(tf_model *m, int l, gpu_stream_t s, int count)
     const int N = m->b * m->t, E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
     const double F = m->opts.capacity_factor;
     tf_layer_acts *a = &m->acts[l];
-    if ((st = gpu_memcpy_async(s, m->moe_w_h, a->router_w, (size_t)N * E * 4, GPU_COPY_DEVICE_TO_HOST)) !=
-            ZO_OK ||
-        (st = gpu_stream_synchronize(s)) != ZO_OK) /* also: the last uploads from the host lists ran */
-        return st;
     /* (C >= N: an expert takes a token once, so nothing can drop) */
     const int cap = (int)zo_moe_capacity(&m->cfg, F, (uint64_t)N), limit = F > 0 && cap < N;
+    /* the weights; the sparsemixer's logits too when a capacity ranks its choices */
+    if ((st = gpu_memcpy_async(s, m->moe_w_h, a->router_w, (size_t)N * E * 4, GPU_COPY_DEVICE_TO_HOST)) !=
+            ZO_OK ||
+        (limit && m->cfg.moe.sparsemixer &&
+         (st = gpu_memcpy_async(s, m->moe_logit_h, a->router_logits, (size_t)N * E * 4,
+                                GPU_COPY_DEVICE_TO_HOST)) != ZO_OK) ||
+        (st = gpu_stream_synchronize(s)) != ZO_OK) /* also: the last uploads from the host lists ran */
+        return st;
     if (limit && (st = moe_choice_ranks(m, l, N)) != ZO_OK) return st;
     int n = 0, chosen = 0;
     a->moe_off[0] = 0;

@@ -204,10 +204,11 @@ typedef struct tf_options {
      * C = ceil(F N top_k / experts) pairs (at least 1) of the rank's N
      * tokens in a micro-batch and layer (zo_moe_capacity), by priority:
      * every token's first choice before any token's second (its experts
-     * ordered by router weight, ties to the lower index), tokens in order
-     * within a choice. A dropped pair adds nothing to its token (the
-     * weights are not renormalized), its expert sees no row and its
-     * weight's gradient is 0; the load-balancing loss is the router's,
+     * in the order the router chose them: by router weight for the softmax
+     * routers, by logit for the sparsemixer; ties to the lower index),
+     * tokens in order within a choice. A dropped pair adds nothing to its
+     * token (the weights are not renormalized), its expert sees no row and
+     * its weight's gradient is 0; the load-balancing loss is the router's,
      * before dropping. With expert parallelism each rank drops among its
      * own tokens before the exchange. 0: dropless. Generation (kv_len)
      * always routes dropless. */
@@ -298,6 +299,7 @@ typedef struct tf_model {
     float *moe_dscale;      /* [moe_rows] the pairs' weight gradients */
     float *moe_w_h;         /* [N, experts] host: the router's weights, read to route */
     uint8_t *moe_rank_h;    /* [N, experts] host: a chosen expert's choice rank in its token (capacity) */
+    float *moe_logit_h;     /* [N, experts] host: the router's logits, the sparsemixer's choice order (capacity) */
     int *moe_quota_h;       /* [experts, top_k] host: an expert's pairs of each choice rank (capacity) */
     size_t moe_rows;        /* the most pairs a layer keeps: zo_moe_rank_rows of B T tokens, 1 rank */
     /* the pairs the forwards routed since tf_init (recomputes not counted):
