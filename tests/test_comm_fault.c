@@ -18,7 +18,11 @@
  * must end the job naming rank 1 of the child as world rank 3, and what it
  * was doing, which it can only answer if both agree which communicator is
  * asked about. A rank that never arrives at comm_split itself
- * ("split-absent") is named the same way as in a collective. */
+ * ("split-absent") is named the same way as in a collective.
+ *
+ * The jobs spend their seconds waiting out the timeout: the group's setup
+ * runs them side by side (run_jobs), each timed alone, and each test reads
+ * its job's result. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -115,24 +119,103 @@ static int victim(const char *how, int k)
 
 /* ---- the test: launch the victims, time them, read their messages ---------------------- */
 
-/* Run `np` victims; returns the exit status, the seconds taken and the output. */
-static int run_victims(int np, const char *how, int k, const char *flags, double *seconds,
-                       char *out, size_t cap)
+/* The jobs of the tests below. Each waits out the timeout (3 s) with its
+ * ranks asleep or yielding, so they run side by side, JOBS_AT_ONCE at a
+ * time (the ranks' start-up stays well inside the timeout on a loaded
+ * 2-core machine): the group's wall is about the longest job's, not the
+ * sum. Each is timed from its own start to its own end. */
+enum { JOB_STALL, JOB_KILL, JOB_KILL_RECOVERY, JOB_SPLIT_STALL, JOB_SPLIT_ABSENT, N_JOBS };
+#define JOBS_AT_ONCE 3
+static struct job {
+    int np, k;
+    const char *how, *flags;
+    int wanted;      /* started by the group's setup (test_kill_no_launcher_help: Open MPI only) */
+    pid_t pid;       /* running: > 0 */
+    double t0, seconds;
+    int rc;          /* exit status, 128 + signal */
+    char file[64];   /* its output */
+} jobs[N_JOBS] = {
+    [JOB_STALL] = {3, 1, "stall", ""},
+    [JOB_KILL] = {3, 2, "kill", ""},
+    [JOB_KILL_RECOVERY] = {3, 2, "kill", "--enable-recovery"},
+    [JOB_SPLIT_STALL] = {4, 3, "split-stall", ""},
+    [JOB_SPLIT_ABSENT] = {3, 2, "split-absent", ""},
+};
+
+static int is_open_mpi(void)
+{
+    return system(ZO_MPIEXEC " --version 2>&1 | grep -qiE 'open ?mpi|openrte'") == 0;
+}
+
+/* Start job j: `np` victims `how` with rank k the culprit, output in its file. */
+static int job_start(struct job *j)
 {
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "ZO_COMM_TIMEOUT=%d ZO_MPIEXEC_FLAGS='%s' %s %s %d %s --victim %s %d 2>&1",
-             TIMEOUT_S, flags, ZO_RUN_MPI, ZO_MPIEXEC, np, self_path, how, k);
-    double t0 = zo_now();
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t len = 0, got;
-    while (len + 1 < cap && (got = fread(out + len, 1, cap - 1 - len, p)) > 0) len += got;
+    snprintf(j->file, sizeof j->file, "/tmp/zo_comm_fault_XXXXXX");
+    int fd = mkstemp(j->file);
+    if (fd < 0) return -1;
+    close(fd);
+    snprintf(cmd, sizeof cmd, "ZO_COMM_TIMEOUT=%d ZO_MPIEXEC_FLAGS='%s' %s %s %d %s --victim %s %d > %s 2>&1",
+             TIMEOUT_S, j->flags, ZO_RUN_MPI, ZO_MPIEXEC, j->np, self_path, j->how, j->k, j->file);
+    j->t0 = zo_now();
+    j->pid = fork();
+    if (j->pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return j->pid > 0 ? 0 : -1;
+}
+
+/* The group's setup: every wanted job run, JOBS_AT_ONCE at a time, each
+ * one's exit status and seconds recorded as it ends. */
+static int run_jobs(void **state)
+{
+    (void)state;
+    int next = 0, running = 0;
+    jobs[JOB_KILL_RECOVERY].wanted = is_open_mpi();
+    for (int i = 0; i < N_JOBS; i++)
+        if (i != JOB_KILL_RECOVERY) jobs[i].wanted = 1;
+    for (;;) {
+        while (running < JOBS_AT_ONCE && next < N_JOBS) {
+            struct job *j = &jobs[next++];
+            if (!j->wanted) continue;
+            if (job_start(j)) return -1;
+            running++;
+        }
+        if (!running) return 0;
+        int st;
+        pid_t pid = waitpid(-1, &st, 0);
+        if (pid < 0) return -1;
+        for (int i = 0; i < N_JOBS; i++)
+            if (jobs[i].pid == pid) {
+                jobs[i].seconds = zo_now() - jobs[i].t0;
+                jobs[i].rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                jobs[i].pid = 0;
+                running--;
+            }
+    }
+}
+
+static int remove_outputs(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_JOBS; i++)
+        if (jobs[i].file[0]) remove(jobs[i].file);
+    return 0;
+}
+
+/* Job i's exit status, seconds and output (what run_jobs recorded). */
+static int job_result(int i, double *seconds, char *out, size_t cap)
+{
+    struct job *j = &jobs[i];
+    assert_true(j->wanted);
+    FILE *f = fopen(j->file, "r");
+    assert_non_null(f);
+    size_t len = fread(out, 1, cap - 1, f);
     out[len] = '\0';
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, p) > 0) {}
-    int st = pclose(p);
-    *seconds = zo_now() - t0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    fclose(f);
+    *seconds = j->seconds;
+    return j->rc;
 }
 
 static void test_stall(void **state)
@@ -140,7 +223,7 @@ static void test_stall(void **state)
     (void)state;
     static char out[1 << 16];
     double s;
-    int rc = run_victims(3, "stall", 1, "", &s, out, sizeof out);
+    int rc = job_result(JOB_STALL, &s, out, sizeof out);
     printf("stall: exit %d after %.1f s\n", rc, s);
     assert_int_not_equal(rc, 0);
     assert_true(s < TIMEOUT_S + SLACK_S);
@@ -157,7 +240,7 @@ static void test_kill(void **state)
     (void)state;
     static char out[1 << 16];
     double s;
-    int rc = run_victims(3, "kill", 2, "", &s, out, sizeof out);
+    int rc = job_result(JOB_KILL, &s, out, sizeof out);
     printf("kill: exit %d after %.1f s\n", rc, s);
     if (rc == 0) fprintf(stderr, "output:\n%s\n", out);
     assert_int_not_equal(rc, 0);
@@ -165,15 +248,15 @@ static void test_kill(void **state)
     assert_null(strstr(out, "completed the collective without"));
 }
 
-/* Run `np` victims `how` with rank k the culprit: the job must fail within
- * the timeout plus slack, print `expect` and `missing` (NULL: not checked),
- * and no rank may complete the collective. */
-static void expect_fault(int np, const char *how, int k, const char *expect, const char *missing)
+/* Job i (`how`, rank k the culprit): the job must fail within the timeout
+ * plus slack, print `expect` and `missing` (NULL: not checked), and no rank
+ * may complete the collective. */
+static void expect_fault(int i, const char *expect, const char *missing)
 {
     static char out[1 << 16];
     double s;
-    int rc = run_victims(np, how, k, "", &s, out, sizeof out);
-    printf("%s: exit %d after %.1f s\n", how, rc, s);
+    int rc = job_result(i, &s, out, sizeof out);
+    printf("%s: exit %d after %.1f s\n", jobs[i].how, rc, s);
     if (!strstr(out, expect) || (missing && !strstr(out, missing)))
         fprintf(stderr, "output:\n%s\n", out);
     assert_int_not_equal(rc, 0);
@@ -187,7 +270,7 @@ static void expect_fault(int np, const char *how, int k, const char *expect, con
 static void test_split_stall(void **state)
 {
     (void)state;
-    expect_fault(4, "split-stall", 3,
+    expect_fault(JOB_SPLIT_STALL,
                  "all_reduce #3 (fp32, 1024 elements) did not complete within 3 s on rank 0 of 2 "
                  "(world rank 1 of 4); did not arrive: rank 1, world rank 3 (not in it: busy "
                  "elsewhere after all_reduce #2)", NULL);
@@ -197,7 +280,7 @@ static void test_split_stall(void **state)
 static void test_split_absent(void **state)
 {
     (void)state;
-    expect_fault(3, "split-absent", 2, "split #2 (MPI_Iallgather of the colors) did not complete within 3 s",
+    expect_fault(JOB_SPLIT_ABSENT, "split #2 (MPI_Iallgather of the colors) did not complete within 3 s",
                  "did not arrive: rank 2 (not in it: busy elsewhere after all_reduce #1)");
 }
 
@@ -205,10 +288,10 @@ static void test_split_absent(void **state)
 static void test_kill_no_launcher_help(void **state)
 {
     (void)state;
-    if (system(ZO_MPIEXEC " --version 2>&1 | grep -qiE 'open ?mpi|openrte'") != 0) skip();
+    if (!jobs[JOB_KILL_RECOVERY].wanted) skip();
     static char out[1 << 16];
     double s;
-    int rc = run_victims(3, "kill", 2, "--enable-recovery", &s, out, sizeof out);
+    int rc = job_result(JOB_KILL_RECOVERY, &s, out, sizeof out);
     printf("kill, --enable-recovery: exit %d after %.1f s\n", rc, s);
     if (!strstr(out, "did not arrive: rank 2 (no answer")) fprintf(stderr, "output:\n%s\n", out);
     assert_true(s < TIMEOUT_S + SLACK_S);
@@ -234,5 +317,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_split_stall),
         cmocka_unit_test(test_split_absent),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, run_jobs, remove_outputs);
 }

@@ -111,6 +111,11 @@ struct pcase {
      * (marked by the generator: fiber_repeat); ZO_OPS_SHIM_LEAN leaves it
      * out of those backends */
     int fiber_repeat;
+    /* the tensor-core kernels' path in it (the input type, the head size,
+     * the gradients' type: their template arguments and dO's split) runs
+     * in another case on them, at its tiles, window, cap and GQA: under
+     * ZO_OPS_SHIM_LEAN left out of cuda-shim-tc (grads16_grid) */
+    int tc_repeat;
 };
 
 /* Below this, fp16 stores subnormals: one step of them is the error floor. */
@@ -154,6 +159,9 @@ static int add_buf(pcase *c, char slot, int index, etype type, size_t n, fill_ki
 /* Set by a generator around the cases whose fiber-kernel paths other
  * cases run too (pcase.fiber_repeat). */
 static int fiber_repeat;
+/* Set by a generator around the cases whose tensor-core path other cases
+ * run too (pcase.tc_repeat). */
+static int tc_repeat;
 
 static pcase new_case(gpu_op_id op, const char *fmt, ...)
 {
@@ -161,6 +169,7 @@ static pcase new_case(gpu_op_id op, const char *fmt, ...)
     memset(&c, 0, sizeof c);
     c.op = op;
     c.fiber_repeat = fiber_repeat;
+    c.tc_repeat = tc_repeat;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c.label, sizeof c.label, fmt, ap);
@@ -1263,14 +1272,24 @@ static int long_for_fibers(const backend *be, const pcase *c)
  * fiber kernels leave out the attention cases marked fiber_repeat, whose
  * paths (head size, GQA group, tiles, window, cap, ALiBi form, batch,
  * types) the cases beside them run on those kernels too, each mark saying
- * which (attention_grid, alibi_grid); and test_attention_tune its one case
- * that repeats another's (tune_case.lean_repeat). The CPU backend and the
- * GEMM-path backends still run every case; unset or 0, every case runs. */
+ * which (attention_grid, alibi_grid); the kernels that ignore grads16 the
+ * cases of grads16_grid whose path without it other cases run there: the
+ * flash kernel (cuda-shim) every one (its one template argument is the
+ * head size's dims per lane, the types are read at run time), the
+ * tensor-core kernels (cuda-shim-tc) those marked tc_repeat (their
+ * template instance, by type and head size, and dO's split); and
+ * test_attention_tune its one case that repeats another's
+ * (tune_case.lean_repeat). The CPU backend, the GEMM-path backends and the
+ * mma.sync kernels (which take grads16) still run every case there; unset
+ * or 0, every case runs. */
 static int shim_lean;
 
 static int lean_for_fibers(const backend *be, const pcase *c)
 {
-    return be->fibers && shim_lean && c->fiber_repeat;
+    if (!be->fibers || !shim_lean) return 0;
+    if (c->fiber_repeat) return 1;
+    int g16 = c->op == GPU_OP_ATTENTION_BACKWARD && c->a.d.attn.grads16;
+    return (g16 && !strcmp(be->name, "cuda-shim")) || (c->tc_repeat && !strcmp(be->name, "cuda-shim-tc"));
 }
 
 /* A device of the device interface: the CPU backend, or CUDA (cuda:0). The
@@ -2453,12 +2472,28 @@ static void grads16_grid(void)
     uint64_t saved = rng;
     rng = GRADS16_SEED;
     case_grads16 = 1;
+    /* tc_repeat (ZO_OPS_SHIM_LEAN): the tensor-core kernels ignore grads16,
+     * so on them a case here is its path without it. bf16 at head size 64
+     * with fp32 gradients runs in tc_grid's t 97 and t 200 (a window, a
+     * cap) and alibi_grid's t 130; bf16 at 80 with bf16 gradients in
+     * scale_grid's t 97, t 200 with windows 64 and 65 in tc_grid; fp16 at
+     * 128 with fp16 gradients in tc_grid's t 200 window 65, a soft cap with
+     * a scale of its own at 128 in softcap_grid's t 130, no GQA in tc_grid's
+     * t 65. Kept there: bf16 at 96 and fp16 at 128 with fp32 gradients,
+     * whose instances only these cases run. (The flash kernel leaves out
+     * every case here: head size 256's cases with a window and a cap, fp16
+     * and bf16, run in tc_grid, the others' head sizes, types, windows and
+     * caps in attention_grid's) */
+    tc_repeat = 1;
     attention_case_g(op, 1, 1, 2, 1, 64, 0, E_BF16, E_F32);
     attention_case_g(op, 1, 130, 4, 2, 64, 0, E_BF16, E_F32);
+    tc_repeat = 0;
     attention_case_g(op, 2, 70, 6, 2, 96, 0, E_BF16, E_F32);
     attention_case_g(op, 1, 97, 2, 1, 128, 0, E_F16, E_F32);
+    tc_repeat = 1;
     attention_case_g(op, 1, 200, 4, 2, 80, 65, E_BF16, E_BF16);
     attention_case_sc(op, 1, 150, 4, 4, 128, 0, 1.0f / 144.0f, 1.5f, E_F16, E_F16);
+    tc_repeat = 0;
     attention_case_sc(op, 1, 65, 2, 1, 256, 33, 0.0f, 2.0f, E_BF16, E_F32);
     attention_case_g(op, 1, 97, 2, 1, 256, 0, E_F16, E_F16);
     case_grads16 = 0;
