@@ -118,42 +118,45 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
     return ZO_OK;
 }
 
+/* A module that is neither a routed expert's nor a latent-attention projection */
+#define LORA_MODULE(targets, peft, path, in, out) {targets, peft, path, in, out, 0, NULL, ZO_LORA_LATENT_NONE}
+
 int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
                           zo_lora_module out[ZO_LORA_MAX_MODULES])
 {
     const int64_t h = c->hidden, f = c->ffn;
     const int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
     const zo_lora_module gpt[] = {
-        {ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "c_attn", "attn.c_attn", h, q + 2 * kv, 0, NULL},
-        {ZO_LORA_O, "attn.c_proj", "attn.c_proj", q, h, 0, NULL},
-        {ZO_LORA_UP, "c_fc", "mlp.c_fc", h, f, 0, NULL},
-        {ZO_LORA_DOWN, "mlp.c_proj", "mlp.c_proj", f, h, 0, NULL},
+        LORA_MODULE(ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "c_attn", "attn.c_attn", h, q + 2 * kv),
+        LORA_MODULE(ZO_LORA_O, "attn.c_proj", "attn.c_proj", q, h),
+        LORA_MODULE(ZO_LORA_UP, "c_fc", "mlp.c_fc", h, f),
+        LORA_MODULE(ZO_LORA_DOWN, "mlp.c_proj", "mlp.c_proj", f, h),
     };
     /* GPT-NeoX and Falcon: GPT-2's modules under their names (PEFT matches
      * "dense" to the attention's alone: a name ends with ".dense") */
     const int neox_names = zo_model_neox(c);
     const zo_lora_module neox[] = {
-        {ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "query_key_value",
-         neox_names ? "attention.query_key_value" : "self_attention.query_key_value", h, q + 2 * kv, 0, NULL},
-        {ZO_LORA_O, "dense", neox_names ? "attention.dense" : "self_attention.dense", q, h, 0, NULL},
-        {ZO_LORA_UP, "dense_h_to_4h", "mlp.dense_h_to_4h", h, f, 0, NULL},
-        {ZO_LORA_DOWN, "dense_4h_to_h", "mlp.dense_4h_to_h", f, h, 0, NULL},
+        LORA_MODULE(ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "query_key_value",
+         neox_names ? "attention.query_key_value" : "self_attention.query_key_value", h, q + 2 * kv),
+        LORA_MODULE(ZO_LORA_O, "dense", neox_names ? "attention.dense" : "self_attention.dense", q, h),
+        LORA_MODULE(ZO_LORA_UP, "dense_h_to_4h", "mlp.dense_h_to_4h", h, f),
+        LORA_MODULE(ZO_LORA_DOWN, "dense_4h_to_h", "mlp.dense_4h_to_h", f, h),
     };
     enum { LLAMA_Q, LLAMA_K, LLAMA_V, LLAMA_O, LLAMA_GATE, LLAMA_UP, LLAMA_DOWN }; /* llama[]'s rows */
     const zo_lora_module llama[] = {
-        {ZO_LORA_Q, "q_proj", "self_attn.q_proj", h, q, 0, NULL},
-        {ZO_LORA_K, "k_proj", "self_attn.k_proj", h, kv, 0, NULL},
-        {ZO_LORA_V, "v_proj", "self_attn.v_proj", h, kv, 0, NULL},
-        {ZO_LORA_O, "o_proj", "self_attn.o_proj", q, h, 0, NULL},
-        {ZO_LORA_GATE, "gate_proj", "mlp.gate_proj", h, f, 0, NULL},
-        {ZO_LORA_UP, "up_proj", "mlp.up_proj", h, f, 0, NULL},
-        {ZO_LORA_DOWN, "down_proj", "mlp.down_proj", f, h, 0, NULL},
+        LORA_MODULE(ZO_LORA_Q, "q_proj", "self_attn.q_proj", h, q),
+        LORA_MODULE(ZO_LORA_K, "k_proj", "self_attn.k_proj", h, kv),
+        LORA_MODULE(ZO_LORA_V, "v_proj", "self_attn.v_proj", h, kv),
+        LORA_MODULE(ZO_LORA_O, "o_proj", "self_attn.o_proj", q, h),
+        LORA_MODULE(ZO_LORA_GATE, "gate_proj", "mlp.gate_proj", h, f),
+        LORA_MODULE(ZO_LORA_UP, "up_proj", "mlp.up_proj", h, f),
+        LORA_MODULE(ZO_LORA_DOWN, "down_proj", "mlp.down_proj", f, h),
     };
     /* Phi-3: q|k|v and gate|up are one Linear each */
     const zo_lora_module phi3[] = {
-        {ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "qkv_proj", "self_attn.qkv_proj", h, q + 2 * kv, 0, NULL},
+        LORA_MODULE(ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "qkv_proj", "self_attn.qkv_proj", h, q + 2 * kv),
         llama[LLAMA_O],
-        {ZO_LORA_GATE | ZO_LORA_UP, "gate_up_proj", "mlp.gate_up_proj", h, 2 * f, 0, NULL},
+        LORA_MODULE(ZO_LORA_GATE | ZO_LORA_UP, "gate_up_proj", "mlp.gate_up_proj", h, 2 * f),
         llama[LLAMA_DOWN],
     };
     /* a mixture of experts: the attention's, then the routed experts' (each
@@ -172,35 +175,35 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     const char *const *shared = shared_paths[!strcmp(zo_moe_shared_name(c), "shared_experts")];
     const zo_lora_module moe[] = {
         llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V], llama[LLAMA_O],
-        {ZO_LORA_GATE, mixtral ? "w1" : "gate_proj", mixtral ? "w1" : "gate_proj", h, fe, (int)E, ep},
-        {ZO_LORA_UP, mixtral ? "w3" : "up_proj", mixtral ? "w3" : "up_proj", h, fe, (int)E, ep},
-        {ZO_LORA_DOWN, mixtral ? "w2" : "down_proj", mixtral ? "w2" : "down_proj", fe, h, (int)E, ep},
-        {ZO_LORA_GATE, "gate_proj", shared[0], h, fs, 0, NULL},
-        {ZO_LORA_UP, "up_proj", shared[1], h, fs, 0, NULL},
-        {ZO_LORA_DOWN, "down_proj", shared[2], fs, h, 0, NULL},
+        {ZO_LORA_GATE, mixtral ? "w1" : "gate_proj", mixtral ? "w1" : "gate_proj", h, fe, (int)E, ep, ZO_LORA_LATENT_NONE},
+        {ZO_LORA_UP, mixtral ? "w3" : "up_proj", mixtral ? "w3" : "up_proj", h, fe, (int)E, ep, ZO_LORA_LATENT_NONE},
+        {ZO_LORA_DOWN, mixtral ? "w2" : "down_proj", mixtral ? "w2" : "down_proj", fe, h, (int)E, ep, ZO_LORA_LATENT_NONE},
+        LORA_MODULE(ZO_LORA_GATE, "gate_proj", shared[0], h, fs),
+        LORA_MODULE(ZO_LORA_UP, "up_proj", shared[1], h, fs),
+        LORA_MODULE(ZO_LORA_DOWN, "down_proj", shared[2], fs, h),
     };
     /* OPT: q, k and v as LLaMA's, then out_proj and the MLP's fc1, fc2 */
     const zo_lora_module opt[] = {
         llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V],
-        {ZO_LORA_O, "out_proj", "self_attn.out_proj", q, h, 0, NULL},
-        {ZO_LORA_UP, "fc1", "fc1", h, f, 0, NULL},
-        {ZO_LORA_DOWN, "fc2", "fc2", f, h, 0, NULL},
+        LORA_MODULE(ZO_LORA_O, "out_proj", "self_attn.out_proj", q, h),
+        LORA_MODULE(ZO_LORA_UP, "fc1", "fc1", h, f),
+        LORA_MODULE(ZO_LORA_DOWN, "fc2", "fc2", f, h),
     };
     /* Phi: q, k and v as LLaMA's, then the attention's dense and the MLP's fc1, fc2 */
     const zo_lora_module phi[] = {
         llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V],
-        {ZO_LORA_O, "dense", "self_attn.dense", q, h, 0, NULL},
-        {ZO_LORA_UP, "fc1", "mlp.fc1", h, f, 0, NULL},
-        {ZO_LORA_DOWN, "fc2", "mlp.fc2", f, h, 0, NULL},
+        LORA_MODULE(ZO_LORA_O, "dense", "self_attn.dense", q, h),
+        LORA_MODULE(ZO_LORA_UP, "fc1", "mlp.fc1", h, f),
+        LORA_MODULE(ZO_LORA_DOWN, "fc2", "mlp.fc2", f, h),
     };
     /* GPT-J: q, k, v, out_proj under attn, the MLP's fc_in, fc_out */
     const zo_lora_module gptj[] = {
-        {ZO_LORA_Q, "q_proj", "attn.q_proj", h, q, 0, NULL},
-        {ZO_LORA_K, "k_proj", "attn.k_proj", h, kv, 0, NULL},
-        {ZO_LORA_V, "v_proj", "attn.v_proj", h, kv, 0, NULL},
-        {ZO_LORA_O, "out_proj", "attn.out_proj", q, h, 0, NULL},
-        {ZO_LORA_UP, "fc_in", "mlp.fc_in", h, f, 0, NULL},
-        {ZO_LORA_DOWN, "fc_out", "mlp.fc_out", f, h, 0, NULL},
+        LORA_MODULE(ZO_LORA_Q, "q_proj", "attn.q_proj", h, q),
+        LORA_MODULE(ZO_LORA_K, "k_proj", "attn.k_proj", h, kv),
+        LORA_MODULE(ZO_LORA_V, "v_proj", "attn.v_proj", h, kv),
+        LORA_MODULE(ZO_LORA_O, "out_proj", "attn.out_proj", q, h),
+        LORA_MODULE(ZO_LORA_UP, "fc_in", "mlp.fc_in", h, f),
+        LORA_MODULE(ZO_LORA_DOWN, "fc_out", "mlp.fc_out", f, h),
     };
     /* DeepSeek-V2's latent attention in place of q, k, v and o: q_proj, or
      * q_a_proj and q_b_proj (q); kv_a_proj_with_mqa and kv_b_proj (k and v
@@ -212,15 +215,17 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         zo_lora_module mla[ZO_LORA_MAX_MODULES];
         size_t k = 0;
         if (qr) {
-            mla[k++] = (zo_lora_module){ZO_LORA_Q, "q_a_proj", "self_attn.q_a_proj", h, qr, 0, NULL};
-            mla[k++] = (zo_lora_module){ZO_LORA_Q, "q_b_proj", "self_attn.q_b_proj", qr, H * dq, 0, NULL};
+            mla[k++] = (zo_lora_module){ZO_LORA_Q, "q_a_proj", "self_attn.q_a_proj", h, qr, 0, NULL, ZO_LORA_LATENT_Q_A};
+            mla[k++] = (zo_lora_module){ZO_LORA_Q, "q_b_proj", "self_attn.q_b_proj", qr, H * dq, 0, NULL,
+                                        ZO_LORA_LATENT_Q_B};
         } else {
-            mla[k++] = (zo_lora_module){ZO_LORA_Q, "q_proj", "self_attn.q_proj", h, H * dq, 0, NULL};
+            mla[k++] = (zo_lora_module)LORA_MODULE(ZO_LORA_Q, "q_proj", "self_attn.q_proj", h, H * dq);
         }
         mla[k++] = (zo_lora_module){ZO_LORA_K | ZO_LORA_V, "kv_a_proj_with_mqa", "self_attn.kv_a_proj_with_mqa", h, kaw,
-                                    0, NULL};
-        mla[k++] = (zo_lora_module){ZO_LORA_K | ZO_LORA_V, "kv_b_proj", "self_attn.kv_b_proj", x->kv_rank, kvw, 0, NULL};
-        mla[k++] = (zo_lora_module){ZO_LORA_O, "o_proj", "self_attn.o_proj", ow, h, 0, NULL};
+                                    0, NULL, ZO_LORA_LATENT_KV_A};
+        mla[k++] = (zo_lora_module){ZO_LORA_K | ZO_LORA_V, "kv_b_proj", "self_attn.kv_b_proj", x->kv_rank, kvw, 0, NULL,
+                                    ZO_LORA_LATENT_KV_B};
+        mla[k++] = (zo_lora_module)LORA_MODULE(ZO_LORA_O, "o_proj", "self_attn.o_proj", ow, h);
         /* then the MLP's: the MoE layer's (after moe[]'s four attention
          * modules) or LLaMA's (after its four) */
         const zo_lora_module *mlp = E ? moe + 4 : llama + 4;

@@ -48,6 +48,17 @@ enum {
     ZO_LORA_UP = 1u << 5,
     ZO_LORA_DOWN = 1u << 6,
 };
+/* Which of DeepSeek-V2's latent-attention projections a module is (its
+ * targets say only q, or k and v): the runtime's stages, the weight it sits
+ * beside and memplan's decoding cost all key on this, not on PEFT's name. */
+typedef enum zo_lora_latent {
+    ZO_LORA_LATENT_NONE = 0, /* not one (latent attention's q_proj and o_proj are plain q and o) */
+    ZO_LORA_LATENT_Q_A,      /* q_a_proj */
+    ZO_LORA_LATENT_Q_B,      /* q_b_proj */
+    ZO_LORA_LATENT_KV_A,     /* kv_a_proj_with_mqa */
+    ZO_LORA_LATENT_KV_B,     /* kv_b_proj */
+} zo_lora_latent;
+
 #define ZO_LORA_ALL_LINEAR 0x7fu /* every projection the architecture has */
 #define ZO_LORA_MAX_MODULES 12   /* kinds of adapted linear layers per transformer layer (DeepSeek-V2: 5 + 6) */
 
@@ -66,6 +77,7 @@ typedef struct zo_lora_module {
     int64_t in, out;  /* A is [r, in], B is [out, r] */
     int experts;      /* 0: one module; else one per routed expert, at expert_path.N.path */
     const char *expert_path; /* "block_sparse_moe.experts", "mlp.experts" (experts > 0) */
+    zo_lora_latent latent;   /* a latent-attention projection, or ZO_LORA_LATENT_NONE */
 } zo_lora_module;
 
 /* Parse a comma-separated list of q, k, v, o, gate, up, down (PEFT's module

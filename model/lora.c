@@ -18,14 +18,13 @@
  * the QKV view; Phi-3's gate_up_proj: the GATE_UP view). */
 static model_role role_of(const zo_lora_module *m)
 {
-    /* DeepSeek-V2's latent attention's projections, by their names */
-    static const struct {
-        const char *peft;
-        model_role role;
-    } mla[] = {{"q_a_proj", MODEL_ROLE_Q_A_W}, {"q_b_proj", MODEL_ROLE_Q_B_W},
-               {"kv_a_proj_with_mqa", MODEL_ROLE_KV_A_W}, {"kv_b_proj", MODEL_ROLE_KV_B_W}};
-    for (size_t i = 0; i < sizeof mla / sizeof mla[0]; i++)
-        if (!m->experts && !strcmp(m->peft, mla[i].peft)) return mla[i].role;
+    switch (m->latent) { /* DeepSeek-V2's latent attention's projections */
+    case ZO_LORA_LATENT_Q_A: return MODEL_ROLE_Q_A_W;
+    case ZO_LORA_LATENT_Q_B: return MODEL_ROLE_Q_B_W;
+    case ZO_LORA_LATENT_KV_A: return MODEL_ROLE_KV_A_W;
+    case ZO_LORA_LATENT_KV_B: return MODEL_ROLE_KV_B_W;
+    case ZO_LORA_LATENT_NONE: break;
+    }
     if (m->experts)
         return m->targets == ZO_LORA_GATE ? MODEL_ROLE_EXPERT_GATE_W
                : m->targets == ZO_LORA_UP ? MODEL_ROLE_EXPERT_UP_W

@@ -275,7 +275,7 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
     }
     for (int j = 0; j < n_mods; j++) { /* u = x A^T, y += s u B^T: a routed expert's on its pairs */
         double r = g->lora.r, in = (double)mods[j].in, out = (double)mods[j].out;
-        if (absorb && !strcmp(mods[j].peft, "kv_b_proj")) {
+        if (absorb && mods[j].latent == ZO_LORA_LATENT_KV_B) {
             /* the absorbed form's terms (transformer.c's
              * mla_kvb_adapter_terms), four batched GEMMs over the H heads:
              * u_h = q_nope_h B_K_h, q'_h += s u_h A; u_h = o_h A^T,

@@ -177,6 +177,35 @@ static void test_modules(void **state)
     assert_string_equal(m[3].peft, "down_proj");
     assert_int_equal(zo_lora_targets_effective(&p, ZO_LORA_V | ZO_LORA_GATE),
                      ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_GATE | ZO_LORA_UP);
+    /* DeepSeek-V2's latent attention: each projection says which it is (the
+     * runtime's stages and memplan's decoding key on it); q_proj, o_proj and
+     * the MLP's are none. V2 (q_lora_rank 1536): q_a q_b kv_a kv_b o, then
+     * the routed and shared experts' gate up down; V2-Lite: q_proj in q_a's
+     * and q_b's place */
+    static const struct {
+        const char *peft;
+        zo_lora_latent latent;
+        int64_t in, out;
+    } v2[] = {{"q_a_proj", ZO_LORA_LATENT_Q_A, 5120, 1536},
+              {"q_b_proj", ZO_LORA_LATENT_Q_B, 1536, 128 * 192},
+              {"kv_a_proj_with_mqa", ZO_LORA_LATENT_KV_A, 5120, 512 + 64},
+              {"kv_b_proj", ZO_LORA_LATENT_KV_B, 512, 128 * (128 + 128)},
+              {"o_proj", ZO_LORA_LATENT_NONE, 128 * 128, 5120}};
+    zo_model_config d = load("deepseek-v2");
+    assert_int_equal(zo_lora_layer_modules(&d, ZO_LORA_ALL_LINEAR, m), 11);
+    for (int i = 0; i < 5; i++) {
+        assert_string_equal(m[i].peft, v2[i].peft);
+        assert_int_equal(m[i].latent, v2[i].latent);
+        assert_int_equal(m[i].in, v2[i].in);
+        assert_int_equal(m[i].out, v2[i].out);
+    }
+    for (int i = 5; i < 11; i++) assert_int_equal(m[i].latent, ZO_LORA_LATENT_NONE);
+    zo_model_config lite = load("deepseek-v2-lite");
+    assert_int_equal(zo_lora_layer_modules(&lite, ZO_LORA_Q | ZO_LORA_K, m), 3);
+    assert_string_equal(m[0].peft, "q_proj");
+    assert_int_equal(m[0].latent, ZO_LORA_LATENT_NONE);
+    assert_int_equal(m[1].latent, ZO_LORA_LATENT_KV_A);
+    assert_int_equal(m[2].latent, ZO_LORA_LATENT_KV_B);
 }
 
 static void test_parse_and_check(void **state)

@@ -152,13 +152,13 @@ static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mo
             continue;
         }
         int ex = mods[j].experts > 0;
-        /* latent attention's projections by their names (q_proj: QKV's, at column 0) */
-        const char *pn = mods[j].peft;
+        /* latent attention's projections (its q_proj: QKV's, at column 0) */
+        const zo_lora_latent lt = mods[j].latent;
         const int mla = is_mla(c) && !ex && (t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V));
-        sl->stage = mla && !strcmp(pn, "q_a_proj")             ? TF_LORA_MLA_QA
-                    : mla && !strcmp(pn, "q_b_proj")           ? TF_LORA_MLA_QB
-                    : mla && !strcmp(pn, "kv_a_proj_with_mqa") ? TF_LORA_MLA_KVA
-                    : mla && !strcmp(pn, "kv_b_proj")          ? TF_LORA_MLA_KVB
+        sl->stage = lt == ZO_LORA_LATENT_Q_A                   ? TF_LORA_MLA_QA
+                    : lt == ZO_LORA_LATENT_Q_B                 ? TF_LORA_MLA_QB
+                    : lt == ZO_LORA_LATENT_KV_A                ? TF_LORA_MLA_KVA
+                    : lt == ZO_LORA_LATENT_KV_B                ? TF_LORA_MLA_KVB
                     : t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V) ? TF_LORA_QKV
                     : t == ZO_LORA_O                         ? TF_LORA_O
                     : t == ZO_LORA_GATE                      ? (ex ? TF_LORA_EXPERT_GATE : TF_LORA_GATE)
