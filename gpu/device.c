@@ -508,10 +508,10 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
 }
 
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, gpu_moe_route mode, float eps,
-                                 int group_rows)
+                                 float *stats, uint8_t *order, int n, int e, int k, gpu_moe_route mode,
+                                 float eps, int group_rows)
 {
-    RUN(MOE_ROUTER_FORWARD, .t = {weights, logits}, .p = {stats}, .i = {n, e, k, mode, group_rows},
+    RUN(MOE_ROUTER_FORWARD, .t = {weights, logits}, .p = {stats, order}, .i = {n, e, k, mode, group_rows},
         .f = {0.0f, eps});
 }
 

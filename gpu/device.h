@@ -594,14 +594,21 @@ typedef enum gpu_moe_route {
  * largest chosen (ties: the lower index), weighed as `mode` says (eps:
  * the sparsemixer's jitter_eps, unread by the other modes). weights [n, e]
  * fp32 gets those weights and 0 for the experts not chosen; logits [n, e]
- * fp32. stats [groups, 2 e] fp32 receives the load-balancing loss's counts
+ * fp32. order [n, e] bytes (NULL: not written) gets each chosen expert's
+ * place in the row's choice, 0 for the first chosen (the largest p; the
+ * sparsemixer's i1) to k - 1, and GPU_MOE_NOT_CHOSEN for the others: the
+ * order capacity-limited routing keeps choices by, which the weights do
+ * not carry (the sparsemixer's w2 may exceed its w1; Mixtral's
+ * renormalized weights can round two p to one value).
+ * stats [groups, 2 e] fp32 receives the load-balancing loss's counts
  * of each group of group_rows rows (row r in group r / group_rows, groups =
  * ceil(n / group_rows): DeepSeek's sequences; group_rows >= n: one group):
  * stats[g, j] = sum over the group's rows of p_j, stats[g, e + j] = the
  * group's rows that chose j (written, not accumulated). */
+#define GPU_MOE_NOT_CHOSEN 0xff /* (so k <= 255 with an order) */
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, gpu_moe_route mode, float eps,
-                                 int group_rows);
+                                 float *stats, uint8_t *order, int n, int e, int k, gpu_moe_route mode,
+                                 float eps, int group_rows);
 /* Its backward: dlogits [n, e] fp32 = the gradient of the loss through the
  * chosen weights (dweights [n, e] fp32, read at the chosen experts only):
  * the softmax's backward of dp (with NORM the normalization's backward

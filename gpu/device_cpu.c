@@ -662,7 +662,7 @@ static zo_status cpu_run_swiglu_backward(cpu_scratch *ws, const gpu_op_args *a, 
 
 static zo_status cpu_run_moe_router_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_moe_router_forward(ws, a->t[0], a->t[1], a->p[0], (int)a->i[0], (int)a->i[1],
+    return cpu_moe_router_forward(ws, a->t[0], a->t[1], a->p[0], a->p[1], (int)a->i[0], (int)a->i[1],
                                   (int)a->i[2], (int)a->i[3], a->f[1], (int)a->i[4], nt);
 }
 

@@ -258,7 +258,8 @@ static zo_status gpu_check_adam_state(const char *op, const gpu_op_args *a)
 
 /* The router ops: k of e experts, a known mode (the sparsemixer's: 2 of at
  * least 2, eps finite and >= 0, in f[1]); their weights (and gradients)
- * fp32; the backward's auxiliary loss needs the layers' statistics. */
+ * fp32; the forward's order in bytes (k < 255); the backward's auxiliary
+ * loss needs the layers' statistics. */
 static zo_status gpu_check_moe_router(const char *op, const gpu_op_args *a)
 {
     if (a->i[2] > a->i[1])
@@ -274,6 +275,9 @@ static zo_status gpu_check_moe_router(const char *op, const gpu_op_args *a)
                         slot_name(op, GPU_SLOT_TENSOR, 0), slot_name(op, GPU_SLOT_TENSOR, 1));
     if (a->t[2].data && a->t[2].dtype != ZO_DTYPE_F32) /* the backward's logits */
         return zo_error(ZO_ERR_INVALID, "%s: %s must be fp32", op, slot_name(op, GPU_SLOT_TENSOR, 2));
+    if (a->p[1] && a->i[2] >= GPU_MOE_NOT_CHOSEN) /* the forward's order (the backward has none) */
+        return zo_error(ZO_ERR_INVALID, "%s: an order of %lld choices (at most %d)", op, (long long)a->i[2],
+                        GPU_MOE_NOT_CHOSEN - 1);
     if (a->f[0] != 0.0f && (!a->p[0] || a->i[4] < 1))
         return zo_error(ZO_ERR_INVALID, "%s: the auxiliary loss needs stats of >= 1 layers", op);
     return ZO_OK;

@@ -188,8 +188,8 @@ typedef struct gpu_op_slot {
        GPU_POPT(1, comp)),                                                                       \
       gpu_check_adam_state)                                                                      \
     X(MOE_ROUTER_FORWARD, moe_router_forward,                                                   \
-      (GPU_T(0, weights), GPU_T(1, logits), GPU_P(0, stats), GPU_DIM(0, n), GPU_DIM(1, e),       \
-       GPU_DIM(2, k), GPU_INT(3, mode), GPU_DIM(4, group_rows)),                                 \
+      (GPU_T(0, weights), GPU_T(1, logits), GPU_P(0, stats), GPU_POPT(1, order), GPU_DIM(0, n),  \
+       GPU_DIM(1, e), GPU_DIM(2, k), GPU_INT(3, mode), GPU_DIM(4, group_rows)),                  \
       gpu_check_moe_router)                                                                      \
     X(MOE_ROUTER_BACKWARD, moe_router_backward,                                                 \
       (GPU_T(0, dlogits), GPU_T(1, dweights), GPU_T(2, logits), GPU_POPT(0, stats),              \

@@ -161,8 +161,8 @@ void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor pa
 /* ---- mixture of experts (ops_cpu_moe.c) ---------------------------------------------- */
 
 zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, int mode, float eps, int group_rows,
-                                 int nt);
+                                 float *stats, uint8_t *order, int n, int e, int k, int mode, float eps,
+                                 int group_rows, int nt);
 zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
                                   int mode, float eps, int layers, int group_rows, float aux_scale, int nt);

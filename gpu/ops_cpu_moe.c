@@ -81,8 +81,8 @@ static zo_status route_scratch(cpu_scratch *ws, const char *op, int nt, int e, i
 }
 
 zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, int n, int e, int k, int mode, float eps, int group_rows,
-                                 int nt)
+                                 float *stats, uint8_t *order, int n, int e, int k, int mode, float eps,
+                                 int group_rows, int nt)
 {
     const int norm = mode == GPU_MOE_ROUTE_NORM, mixer = mode == GPU_MOE_ROUTE_SPARSEMIXER;
     const double thr = 2.0 * (double)eps;
@@ -102,11 +102,16 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
             float mw[2];
             mixer_row(logits, (size_t)r, e, thr, sel, mw);
             wr[sel[0]] = mw[0], wr[sel[1]] = mw[1];
-            continue;
+        } else {
+            route_row(logits, (size_t)r, e, k, p, sel);
+            for (int i = 0; i < k; i++) S += p[sel[i]];
+            for (int i = 0; i < k; i++) wr[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]];
         }
-        route_row(logits, (size_t)r, e, k, p, sel);
-        for (int i = 0; i < k; i++) S += p[sel[i]];
-        for (int i = 0; i < k; i++) wr[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]];
+        if (order) { /* sel is in choice order: the largest p (the sparsemixer's i1) first */
+            uint8_t *o = order + (size_t)r * e;
+            memset(o, GPU_MOE_NOT_CHOSEN, (size_t)e);
+            for (int i = 0; i < k; i++) o[sel[i]] = (uint8_t)i;
+        }
     }
     /* the load-balancing loss's sums, each group's in row order */
     for (int r0 = 0; r0 < n; r0 += group_rows) {

@@ -1605,8 +1605,9 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
  * gathered inputs and their outputs (activation dtype), the inputs' fp32
  * gradient and the pairs' weight gradient, the router's gradient and the
  * pairs' weights' gradient per token and expert (fp32), the weighted
- * expert activation of the widest MLP, and each layer's [2 E] statistics
- * of the load-balancing loss (DeepSeek's: of each sequence). */
+ * expert activation of the widest MLP, each layer's [2 E] statistics
+ * of the load-balancing loss (DeepSeek's: of each sequence), and with a
+ * capacity factor the router's choice order (a byte per token and expert). */
 static void moe_buffers(const stage_est *s, plan_estimate *e)
 {
     const zo_model_config *m = s->m;
@@ -1623,7 +1624,7 @@ static void moe_buffers(const stage_est *s, plan_estimate *e)
      * sequence apart; transformer.c's stat_rows) */
     uint64_t stat_rows = m->moe.aux_per_layer && m->moe.seq_aux && m->moe.aux_loss ? (uint64_t)t->micro_batch : 1;
     uint64_t bytes = pairs * h * (2 * s->wsz + 4) + pairs * 4 + 2 * sb * E * 4 + widest * s->wsz +
-                     (uint64_t)m->n_layers * stat_rows * 2 * E * 4;
+                     (uint64_t)m->n_layers * stat_rows * 2 * E * 4 + (t->capacity_factor > 0 ? sb * E : 0);
     add(e, "MoE dispatch buffers (pairs in and out, their gradients, router gradients)", ZO_PLAN_GPU,
         PLAN_ACTIVATIONS, bytes);
     /* expert parallelism: the rows in arrival order and grouped by expert

@@ -1088,7 +1088,9 @@ static double mixer_loss_d(const double *lg, int e, const int sel[2], const int 
     return L;
 }
 
-/* t: weights logits; p: stats [groups, 2e]; i: n e k mode group_rows; f[1]: jitter eps */
+/* t: weights logits; p: stats [groups, 2e], order [n, e] (optional: each
+ * chosen expert's place, sel's order: the largest p, the sparsemixer's
+ * first choice, first); i: n e k mode group_rows; f[1]: jitter eps */
 static void ref_moe_router_forward(const gpu_op_args *a, hostv *h)
 {
     int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3] == 1, gr = (int)a->i[4];
@@ -1105,6 +1107,11 @@ static void ref_moe_router_forward(const gpu_op_args *a, hostv *h)
         for (int j = 0; j < e; j++) w[j] = 0.0, st[j] += p[j];
         for (int i = 0; i < k; i++)
             w[sel[i]] = mixer ? mw[i] : norm ? p[sel[i]] / S : p[sel[i]], st[e + sel[i]] += 1.0;
+        if (h->P[1]) {
+            double *o = h->P[1] + (size_t)r * e;
+            for (int j = 0; j < e; j++) o[j] = GPU_MOE_NOT_CHOSEN;
+            for (int i = 0; i < k; i++) o[sel[i]] = i;
+        }
     }
     free(p), free(sel);
 }
@@ -3364,13 +3371,27 @@ static void parity_adam_state_update(void)
     rng = saved;
 }
 
+/* The forward's choice order out (p[1], when the case has one) starts as
+ * a value no place and not GPU_MOE_NOT_CHOSEN, so an element left
+ * unwritten shows; set without drawing, so that the cases after draw the
+ * data they drew before the order was added. */
+static void order_prefill(const pcase *c, hostv *h)
+{
+    for (int i = 0; i < c->nbuf; i++)
+        if (c->buf[i].slot == 'p' && c->buf[i].index == 1)
+            for (size_t j = 0; j < c->buf[i].n; j++) h->P[1][j] = 200.0;
+}
+
 /* Router logits kept apart: each row a shuffle of 0.25 j plus noise under
- * 0.05, so no two experts' p are near a tie (the choice is the same in
- * every precision); the logits are buffer param[0]'s slot t[param[0]]. */
+ * 0.05, so no two experts' p are near a tie (the choice, and its order,
+ * is the same in every precision); the logits are buffer param[0]'s slot
+ * t[param[0]]. param[1]: the first two experts of every row tie exactly
+ * (the lower index is chosen first; with k 1 the other is not chosen). */
 static void router_prep(const pcase *c, hostv *h)
 {
     int n = (int)c->a.i[0], e = (int)c->a.i[1];
     double *lg = h->T[c->param[0]];
+    order_prefill(c, h);
     int *perm = malloc((size_t)e * sizeof *perm);
     for (int r = 0; r < n; r++) {
         for (int j = 0; j < e; j++) perm[j] = j;
@@ -3379,6 +3400,7 @@ static void router_prep(const pcase *c, hostv *h)
             perm[j] = perm[q], perm[q] = t;
         }
         for (int j = 0; j < e; j++) lg[(size_t)r * e + j] = 0.25 * perm[j] - 0.1 * e + 0.05 * urand();
+        if (c->param[1]) lg[(size_t)r * e + 1] = lg[(size_t)r * e];
     }
     free(perm);
 }
@@ -3388,16 +3410,28 @@ static void router_prep(const pcase *c, hostv *h)
 static const int router_rows[] = {1, 7, 300};
 static const int router_ek[][2] = {{2, 1}, {8, 2}, {60, 4}, {5, 5}};
 
-static void router_forward_case(int n, int e, int k, int norm, int gr)
+/* An order out [n, e] bytes (p[1]), equal to the reference's */
+static void order_out(pcase *c, int n, int e)
+{
+    int o = add_buf(c, 'p', 1, E_U8, (size_t)n * e, FILL_NONE, 0, 0, 1);
+    c->buf[o].rtol = 1e-300;
+}
+
+/* (the choice order out but in the statistics' group cases, which leave it
+ * NULL; tie: router_prep's param[1]) */
+static void router_forward_case(int n, int e, int k, int norm, int gr, int tie)
 {
     int groups = (n + gr - 1) / gr;
     pcase c = gr < n ? new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d mode %d groups of %d", n, e, k, norm, gr)
+              : tie  ? new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d mode %d, a tie at the top", n, e, k, norm)
                      : new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d mode %d", n, e, k, norm);
     c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = gr;
     OUT_T(&c, 0, E_F32, (size_t)n * e);
     IN_T(&c, 1, E_F32, (size_t)n * e);
     OUT_P(&c, 0, E_F32, (size_t)groups * 2 * e);
+    if (gr >= n) order_out(&c, n, e);
     c.param[0] = 1;
+    c.param[1] = tie;
     c.prep = router_prep;
     emit(&c);
 }
@@ -3441,7 +3475,7 @@ static void router_group_cases(int backward)
             for (int norm = 0; norm < 2; norm++) {
                 int n = router_rows[s], e = router_ek[g][0], k = router_ek[g][1], gr = (n + 2) / 3;
                 if (backward) router_backward_case(n, e, k, norm, 1, gr);
-                else router_forward_case(n, e, k, norm, gr);
+                else router_forward_case(n, e, k, norm, gr, 0);
             }
     rng = keep;
 }
@@ -3466,6 +3500,7 @@ static void mixer_prep(const pcase *c, hostv *h)
 {
     int n = (int)c->a.i[0], e = (int)c->a.i[1], crafted = c->a.f[1] == 0.125f && e >= 5;
     double *lg = h->T[c->param[0]];
+    order_prefill(c, h);
     static const double pat[6][4] = {{1.0, 0.75, 0.0, 0.5}, {-1.0, -1.25, -1.5, -3.0}, {2.0, -1.0, -2.0, -3.0},
                                      {4.0, 2.0, 1.9, 0.1},  {1.5, 1.5, 1.4, 0.3},       {0.0, 0.0, -0.5, -4.0}};
     int *perm = malloc((size_t)e * sizeof *perm);
@@ -3507,6 +3542,7 @@ static void mixer_case(int backward, int n, int e, float eps, int layers)
     } else {
         c.a.i[4] = n;
         OUT_P(&c, 0, E_F32, 2 * (size_t)e);
+        order_out(&c, n, e);
         c.param[0] = 1;
     }
     c.prep = mixer_prep;
@@ -3533,8 +3569,14 @@ static void parity_moe_router_forward(void)
     for (size_t s = 0; s < 3; s++)
         for (size_t g = 0; g < 4; g++)
             for (int norm = 0; norm < 2; norm++)
-                router_forward_case(router_rows[s], router_ek[g][0], router_ek[g][1], norm, router_rows[s]);
+                router_forward_case(router_rows[s], router_ek[g][0], router_ek[g][1], norm, router_rows[s], 0);
     router_group_cases(0);
+    /* exact ties at the top: the lower index first, in the weights (k 1)
+     * and the order (Mixtral's k 2, renormalized: both weights 1/2) */
+    const uint64_t keep = rng;
+    for (int norm = 0; norm < 2; norm++) router_forward_case(7, 8, 2, norm, 7, 1);
+    router_forward_case(7, 2, 1, 1, 7, 1);
+    rng = keep;
     mixer_cases(0);
 }
 

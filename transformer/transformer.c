@@ -636,9 +636,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
                         m->opts.mla_cache);
     const char *why = zo_moe_check_capacity(cfg, m->opts.capacity_factor);
     if (why) return zo_error(ZO_ERR_INVALID, "tf_init: capacity factor %g (%s)", m->opts.capacity_factor, why);
-    if (cfg->moe.top_k > UINT8_MAX && m->opts.capacity_factor > 0)
+    if (cfg->moe.top_k >= GPU_MOE_NOT_CHOSEN && m->opts.capacity_factor > 0)
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: a capacity factor with top_k %d (at most %d)",
-                        cfg->name, cfg->moe.top_k, UINT8_MAX);
+                        cfg->name, cfg->moe.top_k, GPU_MOE_NOT_CHOSEN - 1);
     if (m->opts.kv_len) m->opts.capacity_factor = 0; /* generation routes dropless */
     /* expert parallelism: this rank's window of the experts */
     int ep_first = 0, ep_count = cfg->moe.experts;
@@ -828,6 +828,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->dff2, llama ? wide * 4 : 0, "mlp up gradient"},
         {(void **)&m->moe_stats, L * stat_rows(m) * 2 * E * 4, "router statistics"},
         {(void **)&m->drouter, N * E * 4, "router gradient"},
+        {(void **)&m->moe_order, F > 0 ? N * E : 0, "router choice order"},
         {(void **)&m->dweights, N * E * 4, "expert weight gradient"},
         {(void **)&m->dz, c->moe.shared_gate ? N * 4 : 0, "shared expert gate gradient"},
         {&m->sact, E ? max_z(N * (size_t)c->moe.shared_ffn, X * fe) * es : 0, "weighted expert activation"},
@@ -852,15 +853,12 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         goto out_free;
     }
     /* the router's weights, read to route; with a capacity factor the
-     * chosen experts' choice ranks and each expert's pairs of each rank
-     * (and the sparsemixer's logits, which order its choices) */
+     * chosen experts' choice ranks and each expert's pairs of each rank */
     const char *host = NULL;
     if (E && !(m->moe_w_h = malloc(N * E * 4)))
         host = "router weights";
     else if (E && F > 0 && !(m->moe_rank_h = malloc(N * E)))
         host = "choice ranks";
-    else if (E && F > 0 && c->moe.sparsemixer && !(m->moe_logit_h = malloc(N * E * 4)))
-        host = "router logits";
     else if (E && F > 0 && !(m->moe_quota_h = malloc(E * K * sizeof(int))))
         host = "capacity quotas";
     if (host) {
@@ -921,7 +919,7 @@ void tf_free(tf_model *m)
         }
     void *p[] = {m->lnf,  m->meanf, m->rstdf, m->emb_x, m->emb_mean, m->emb_rstd, m->logits, m->losses, m->tmp,
                  m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
-                 m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
+                 m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter, m->moe_order,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
                  m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d,
                  m->mla_kva, m->mla_kv, m->mla_kdec, m->mla_u, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa,
@@ -943,7 +941,6 @@ void tf_free(tf_model *m)
     free(m->acts);
     free(m->moe_w_h);
     free(m->moe_rank_h);
-    free(m->moe_logit_h);
     free(m->moe_quota_h);
     free(m->ep_cnt_h);
     free(m->ep_counts);
@@ -1841,36 +1838,22 @@ static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor
     return gpu_gemm(s, &gx);
 }
 
-/* Capacity-limited routing: each chosen (token, expert)'s choice rank,
- * the place the router chose it in: how many of the token's chosen
- * experts have a larger key (ties: the lower index first), into
- * moe_rank_h [N, E], and each expert's pairs of each choice rank into
- * moe_quota_h [E, K]. The key is the weight for the softmax routers (they
- * choose by p, ties to the lower index, and their weights keep p's order:
- * p, or p over the chosen's sum), the logit for the sparsemixer (i1 the
- * largest logit, i2 the next, ties to the lower index: its w2 may exceed
- * its w1). */
+/* Capacity-limited routing: each expert's pairs of each choice rank into
+ * moe_quota_h [E, K], from the router's choice order (moe_rank_h [N, E],
+ * the place the router chose each expert in: gpu_moe_router_forward).
+ * A pair whose weight underflowed to 0 routes nothing and is not counted. */
 static zo_status moe_choice_ranks(tf_model *m, int l, int N)
 {
     const int E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
-    const float *keys = m->cfg.moe.sparsemixer ? m->moe_logit_h : m->moe_w_h;
-    int chosen[UINT8_MAX]; /* a token's chosen experts (tf_init: top_k <= UINT8_MAX with a capacity) */
     memset(m->moe_quota_h, 0, (size_t)E * K * sizeof *m->moe_quota_h);
     for (int r = 0; r < N; r++) {
-        const float *w = m->moe_w_h + (size_t)r * E, *key = keys + (size_t)r * E;
-        int k = 0;
+        const float *w = m->moe_w_h + (size_t)r * E;
+        const uint8_t *rank = m->moe_rank_h + (size_t)r * E;
         for (int e = 0; e < E; e++) {
-            if (w[e] == 0.0f) continue;
-            if (k == K)
-                return zo_error(ZO_ERR_INTERNAL, "transformer: layer %d: the router chose more than %d experts "
-                                "for token %d", l, K, r);
-            chosen[k++] = e;
-        }
-        for (int i = 0; i < k; i++) {
-            int e = chosen[i], rank = 0;
-            for (int j = 0; j < k; j++) rank += key[chosen[j]] > key[e] || (key[chosen[j]] == key[e] && chosen[j] < e);
-            m->moe_rank_h[(size_t)r * E + e] = (uint8_t)rank;
-            m->moe_quota_h[(size_t)e * K + rank]++;
+            if (rank[e] == GPU_MOE_NOT_CHOSEN ? w[e] != 0.0f : rank[e] >= K)
+                return zo_error(ZO_ERR_INTERNAL, "transformer: layer %d: token %d's expert %d: weight %g at "
+                                "choice %d of %d", l, r, e, (double)w[e], rank[e], K);
+            if (w[e] != 0.0f) m->moe_quota_h[(size_t)e * K + rank[e]]++;
         }
     }
     return ZO_OK;
@@ -1890,12 +1873,11 @@ static zo_status moe_route(tf_model *m, int l, gpu_stream_t s, int count)
     tf_layer_acts *a = &m->acts[l];
     /* (C >= N: an expert takes a token once, so nothing can drop) */
     const int cap = (int)zo_moe_capacity(&m->cfg, F, (uint64_t)N), limit = F > 0 && cap < N;
-    /* the weights; the sparsemixer's logits too when a capacity ranks its choices */
+    /* the weights; the choice order too when a capacity ranks the choices */
     if ((st = gpu_memcpy_async(s, m->moe_w_h, a->router_w, (size_t)N * E * 4, GPU_COPY_DEVICE_TO_HOST)) !=
             ZO_OK ||
-        (limit && m->cfg.moe.sparsemixer &&
-         (st = gpu_memcpy_async(s, m->moe_logit_h, a->router_logits, (size_t)N * E * 4,
-                                GPU_COPY_DEVICE_TO_HOST)) != ZO_OK) ||
+        (limit &&
+         (st = gpu_memcpy_async(s, m->moe_rank_h, m->moe_order, (size_t)N * E, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK) ||
         (st = gpu_stream_synchronize(s)) != ZO_OK) /* also: the last uploads from the host lists ran */
         return st;
     if (limit && (st = moe_choice_ranks(m, l, N)) != ZO_OK) return st;
@@ -2089,7 +2071,8 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     const size_t S = stat_rows(m);
     if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
         (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits), m->moe_stats + (size_t)l * S * 2 * E,
-                                     N, E, mo->top_k, router_mode(mo), mo->jitter_eps, S > 1 ? m->t : N)) != ZO_OK)
+                                     m->moe_order, N, E, mo->top_k, router_mode(mo), mo->jitter_eps,
+                                     S > 1 ? m->t : N)) != ZO_OK)
         return st;
     if ((st = moe_route(m, l, s, !recompute)) != ZO_OK) return st;
     const int *off = a->moe_off, M = off[E];

@@ -298,8 +298,8 @@ typedef struct tf_model {
     float *moe_dx;          /* [moe_rows, h] the pairs' input gradients */
     float *moe_dscale;      /* [moe_rows] the pairs' weight gradients */
     float *moe_w_h;         /* [N, experts] host: the router's weights, read to route */
-    uint8_t *moe_rank_h;    /* [N, experts] host: a chosen expert's choice rank in its token (capacity) */
-    float *moe_logit_h;     /* [N, experts] host: the router's logits, the sparsemixer's choice order (capacity) */
+    uint8_t *moe_order;     /* [N, experts] the router's choice order (gpu_moe_router_forward; capacity) */
+    uint8_t *moe_rank_h;    /* [N, experts] host: moe_order, read to rank the pairs (capacity) */
     int *moe_quota_h;       /* [experts, top_k] host: an expert's pairs of each choice rank (capacity) */
     size_t moe_rows;        /* the most pairs a layer keeps: zo_moe_rank_rows of B T tokens, 1 rank */
     /* the pairs the forwards routed since tf_init (recomputes not counted):

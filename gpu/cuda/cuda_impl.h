@@ -228,8 +228,8 @@ zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_ten
 
 /* moe.cu */
 zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights, gpu_tensor logits,
-                                         float *stats, int n, int e, int k, int mode, float eps,
-                                         int group_rows);
+                                         float *stats, uint8_t *order, int n, int e, int k, int mode,
+                                         float eps, int group_rows);
 zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits, gpu_tensor dweights,
                                           gpu_tensor logits, const float *stats, int n, int e,
                                           int k, int mode, float eps, int layers, int group_rows,

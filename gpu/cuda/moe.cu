@@ -24,7 +24,9 @@ __device__ float router_p(gpu_tensor logits, size_t r, int e, int j, float mx, f
     return expf(tload(logits, r * e + j) - mx) / sum;
 }
 
-__device__ int router_chosen(gpu_tensor logits, size_t r, int e, int k, int j, float mx, float sum)
+/* Expert j's place in row r's choice (the experts before it), or k when
+ * it is not chosen */
+__device__ int router_place(gpu_tensor logits, size_t r, int e, int k, int j, float mx, float sum)
 {
     float pj = router_p(logits, r, e, j, mx, sum);
     int before = 0;
@@ -32,7 +34,12 @@ __device__ int router_chosen(gpu_tensor logits, size_t r, int e, int k, int j, f
         float pq = router_p(logits, r, e, q, mx, sum);
         before += pq > pj || (pq == pj && q < j);
     }
-    return before < k;
+    return before;
+}
+
+__device__ int router_chosen(gpu_tensor logits, size_t r, int e, int k, int j, float mx, float sum)
+{
+    return router_place(logits, r, e, k, j, mx, sum) < k;
 }
 
 /* The sparsemixer (GPU_MOE_ROUTE_SPARSEMIXER, eval form; gpu/ops_cpu_moe.c's
@@ -67,9 +74,10 @@ __device__ void mixer_row(gpu_tensor logits, size_t r, int e, double thr, int *s
 }
 
 /* weights [n, e]: the chosen experts' p (divided by their sum with norm), 0
- * elsewhere; the sparsemixer's two weights (mode 2) */
-__global__ void moe_router_forward_kernel(float *w, gpu_tensor logits, int n, int e, int k, int norm,
-                                          double thr)
+ * elsewhere; the sparsemixer's two weights (mode 2); order [n, e] (NULL:
+ * none): each chosen expert's place, GPU_MOE_NOT_CHOSEN elsewhere */
+__global__ void moe_router_forward_kernel(float *w, uint8_t *order, gpu_tensor logits, int n, int e, int k,
+                                          int norm, double thr)
 {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
@@ -77,7 +85,10 @@ __global__ void moe_router_forward_kernel(float *w, gpu_tensor logits, int n, in
         int sel[2];
         float mw[2];
         mixer_row(logits, r, e, thr, sel, mw);
-        for (int j = 0; j < e; j++) w[(size_t)r * e + j] = j == sel[0] ? mw[0] : j == sel[1] ? mw[1] : 0.0f;
+        for (int j = 0; j < e; j++) {
+            w[(size_t)r * e + j] = j == sel[0] ? mw[0] : j == sel[1] ? mw[1] : 0.0f;
+            if (order) order[(size_t)r * e + j] = j == sel[0] ? 0 : j == sel[1] ? 1 : GPU_MOE_NOT_CHOSEN;
+        }
         return;
     }
     float mx, sum, S = 0.0f;
@@ -86,8 +97,9 @@ __global__ void moe_router_forward_kernel(float *w, gpu_tensor logits, int n, in
         if (router_chosen(logits, r, e, k, j, mx, sum)) S += router_p(logits, r, e, j, mx, sum);
     for (int j = 0; j < e; j++) {
         float p = router_p(logits, r, e, j, mx, sum);
-        int c = router_chosen(logits, r, e, k, j, mx, sum);
+        int at = router_place(logits, r, e, k, j, mx, sum), c = at < k;
         w[(size_t)r * e + j] = c ? (norm ? p / S : p) : 0.0f;
+        if (order) order[(size_t)r * e + j] = c ? (uint8_t)at : GPU_MOE_NOT_CHOSEN;
     }
 }
 
@@ -240,12 +252,13 @@ extern "C" zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, 
 }
 
 extern "C" zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights,
-                                                    gpu_tensor logits, float *stats, int n, int e,
-                                                    int k, int mode, float eps, int group_rows)
+                                                    gpu_tensor logits, float *stats, uint8_t *order,
+                                                    int n, int e, int k, int mode, float eps,
+                                                    int group_rows)
 {
     const double thr = 2.0 * (double)eps;
-    ZO_LAUNCH(moe_router_forward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)weights.data, logits,
-              n, e, k, mode, thr);
+    ZO_LAUNCH(moe_router_forward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)weights.data, order,
+              logits, n, e, k, mode, thr);
     zo_status s = cuda_launch_check("moe_router_forward_kernel");
     if (s != ZO_OK) return s;
     const int groups = (n + group_rows - 1) / group_rows;

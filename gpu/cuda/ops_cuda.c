@@ -468,7 +468,7 @@ static zo_status cuda_run_adam_state_update(const cuda_exec *e, const gpu_op_arg
 
 static zo_status cuda_run_moe_router_forward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_moe_router_forward(e->stream, a->t[0], a->t[1], a->p[0], (int)a->i[0],
+    return cuda_launch_moe_router_forward(e->stream, a->t[0], a->t[1], a->p[0], a->p[1], (int)a->i[0],
                                           (int)a->i[1], (int)a->i[2], (int)a->i[3], a->f[1], (int)a->i[4]);
 }
 
