@@ -169,6 +169,8 @@ typedef struct dev_store {
     gpu_event_t stage_ev[2];   /* h2d: the chunk's copy is done */
     int stage_pending[2];
     int stage_cur;
+    gpu_event_t pin_ev;        /* h2d: the last put from pinned memory (put_pinned) is done */
+    int pin_pending;
     gpu_event_t ev;            /* the stream of the last device put, or of a read out: done */
     int ev_pending;
     /* puts_ordered (one rank, puts from the device): block b's last device
@@ -229,6 +231,17 @@ static zo_status dev_put_host(wstore *ws, int b, size_t rel, size_t n, void **ds
     return ZO_OK;
 }
 
+/* Elements [pos, pos + n) of block b from host memory src, on h2d. */
+static zo_status dev_h2d(wstore *ws, int b, size_t pos, const void *src, size_t n)
+{
+    const offload_env *env = ws->env;
+    size_t bytes = n * ws->g->es;
+    if (!bytes) return ZO_OK;
+    zo_status st = gpu_memcpy_async(env->h2d, dev_at(ws, b, pos), src, bytes, GPU_COPY_HOST_TO_DEVICE);
+    if (st == ZO_OK) offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
+    return st;
+}
+
 /* The staged chunk from its element `from` on into elements [pos, pos + n)
  * of block b. */
 static zo_status dev_copy_in(wstore *ws, int b, size_t pos, size_t from, size_t n)
@@ -236,15 +249,12 @@ static zo_status dev_copy_in(wstore *ws, int b, size_t pos, size_t from, size_t 
     dev_store *d = dev_of(ws);
     const offload_env *env = ws->env;
     int k = d->stage_cur;
-    size_t bytes = n * ws->g->es;
     zo_status st;
-    if (!bytes) return ZO_OK;
-    if ((st = gpu_memcpy_async(env->h2d, dev_at(ws, b, pos), (char *)d->stage[k] + from * ws->g->es, bytes,
-                               GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+    if (!n) return ZO_OK;
+    if ((st = dev_h2d(ws, b, pos, (char *)d->stage[k] + from * ws->g->es, n)) != ZO_OK ||
         (st = gpu_event_record(d->stage_ev[k], env->h2d)) != ZO_OK)
         return st;
     d->stage_pending[k] = 1;
-    offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
     return ZO_OK;
 }
 
@@ -370,6 +380,23 @@ static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
     return dev_part_done(ws, b, n);
 }
 
+static zo_status dev_put_pinned(wstore *ws, int b, size_t rel, size_t n, const void *src)
+{
+    dev_store *d = dev_of(ws);
+    zo_status st;
+    /* run by run, as dev_put_host_done, each straight from src */
+    for (size_t done = 0, run; done < n; done += run) {
+        size_t at = offload_dp_part_at(d->dp, b, rel + done, &run);
+        if (run > n - done) run = n - done;
+        if ((st = dev_h2d(ws, b, at, (const char *)src + done * ws->g->es, run)) != ZO_OK) return st;
+    }
+    if (n) {
+        if ((st = gpu_event_record(d->pin_ev, ws->env->h2d)) != ZO_OK) return st;
+        d->pin_pending = 1;
+    }
+    return dev_part_done(ws, b, n);
+}
+
 static zo_status dev_put_dev(wstore *ws, int b, void **dst)
 {
     /* (a part in segments has part_off 0: the block's start, the runs in
@@ -457,6 +484,11 @@ static zo_status dev_sync_host(wstore *ws)
         d->stage_pending[k] = 0;
         if (st == ZO_OK) st = sk;
     }
+    if (d->pin_pending) {
+        zo_status sk = offload_timed_wait(ws->env, d->pin_ev, OFFLOAD_TIME_OPTIMIZER);
+        d->pin_pending = 0;
+        if (st == ZO_OK) st = sk;
+    }
     return st;
 }
 
@@ -483,6 +515,7 @@ static void dev_destroy(wstore *ws)
         if (d->stage_ev[k]) gpu_event_destroy(d->stage_ev[k]);
     }
     if (d->ev) gpu_event_destroy(d->ev);
+    if (d->pin_ev) gpu_event_destroy(d->pin_ev);
     if (d->ag_join) gpu_event_destroy(d->ag_join);
     for (int b = 0; d->put_ev && b < ws->g->nb; b++)
         if (d->put_ev[b]) gpu_event_destroy(d->put_ev[b]);
@@ -496,7 +529,8 @@ static void dev_destroy(wstore *ws)
 
 static const wstore_ops dev_ops = {
     .resident = dev_resident, .fetch = dev_fetch, .put_host = dev_put_host,
-    .put_host_done = dev_put_host_done, .put_dev = dev_put_dev, .put_dev_done = dev_put_dev_done,
+    .put_host_done = dev_put_host_done, .put_pinned = dev_put_pinned, .put_dev = dev_put_dev,
+    .put_dev_done = dev_put_dev_done,
     .sync = dev_sync, .sync_host = dev_sync_host, .will_change = dev_will_change, .use = dev_use,
     .round_end = dev_round_end,
     .load = dev_load, .get_host = dev_get_host, .free = dev_destroy,
@@ -556,6 +590,7 @@ static zo_status dev_create(wstore *ws, const wstore_config *c)
             if ((st = gpu_event_create(env->dev, &d->put_ev[b])) != ZO_OK) return st;
         ws->puts_ordered = 1;
     }
+    if ((st = gpu_event_create(env->dev, &d->pin_ev)) != ZO_OK) return st;
     return gpu_event_create(env->dev, &d->ev);
 }
 
@@ -1008,8 +1043,19 @@ zo_status wstore_publish(wstore *from, wstore *to)
     zo_status st;
     if (from->ops != &host_ops)
         return zo_error(ZO_ERR_INTERNAL, "offload: weights published from a store not in host memory");
-    /* the puts' geometry (the rank's parts with ZeRO 1-3) is from's */
-    for (int b = 0; b < from->g->nb; b++)
-        if ((st = wstore_put_raw(to, b, 0, from->g->numel[b], host_at(from, b, 0))) != ZO_OK) return st;
+    /* the puts' geometry (the rank's parts with ZeRO 1-3) is from's; from's
+     * memory is pinned, so a store that copies from there (the device
+     * tier) takes it with no staging copy (the sync waits for the copies
+     * before from's next writes) */
+    for (int b = 0; b < from->g->nb; b++) {
+        const void *src = host_at(from, b, 0);
+        if (to->ops->put_pinned) {
+            if (!to->round_gens) changed(to, b);
+            st = to->ops->put_pinned(to, b, 0, from->g->numel[b], src);
+        } else {
+            st = wstore_put_raw(to, b, 0, from->g->numel[b], src);
+        }
+        if (st != ZO_OK) return st;
+    }
     return to->ops->sync(to);
 }

@@ -44,6 +44,11 @@ typedef struct wstore_ops {
      * them to the store. n is at most put_max. */
     zo_status (*put_host)(wstore *ws, int b, size_t rel, size_t n, void **dst);
     zo_status (*put_host_done)(wstore *ws, int b, size_t rel, size_t n);
+    /* (optional) New weights of elements [rel, rel + n) of block b (any n)
+     * copied on the h2d stream straight from pinned host memory src, which
+     * stays unchanged until sync_host: no staging copy (the device tier;
+     * dpu's publication of its shadow). NULL: put_host's chunks. */
+    zo_status (*put_pinned)(wstore *ws, int b, size_t rel, size_t n, const void *src);
     /* Device memory for all new weights of block b, written on stream s;
      * put_dev_done (on the same stream) hands them to the store. The
      * optimizer's element rel goes to element rel of it, or with
