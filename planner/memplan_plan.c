@@ -268,10 +268,6 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
            (double)c->total[ZO_PLAN_NVME] / (1 << 30));
 }
 
-/* An encoding of AdamW's m and v worth a line when it takes at most
- * 1/PLAN_STATE_HINT of the 32-bit state's step (or fits where that does not) */
-#define PLAN_STATE_HINT 1.5
-
 /* When the state's encoding was not given (no --optim-dtype, --optim
  * adamw) and the best plan is full fine-tuning with 32-bit m and v, or
  * nothing fits: the search again over every encoding (--optim-dtype

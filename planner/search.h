@@ -84,6 +84,11 @@ typedef struct plan_result {
     uint64_t feasible;     /* of those, fitting every tier (each one costed) */
 } plan_result;
 
+/* memplan plan's state hint: an encoding of AdamW's m and v worth a line
+ * when it takes at most 1/PLAN_STATE_HINT of the 32-bit state's step (or
+ * fits where that does not); its search is capped at that step. */
+#define PLAN_STATE_HINT 1.5
+
 /* Defaults: the model's sequence, global batch 8 x GPUs, micro-batches up to
  * 16, interleaving up to 4, optimizer split in tenths, prefetch 1..3,
  * offload and NVMe allowed, ZeRO 0..3, everything else free. */
