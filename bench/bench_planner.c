@@ -18,9 +18,10 @@
  *   bench_planner [--model NAME] [--hw NAME] [--max-gpus N] [--seconds S] [--rounds N]
  *
  * (--hw, default dgx-a100-80gb, with 64 GPUs; --max-gpus N also tries fewer,
- * as memplan plan's. The space is plan_space_defaults' at global batch 512:
- * `--model llama-2-70b --hw dgx-h100 --max-gpus 64` is docs/memplan.md's
- * 70B command but for memplan's own defaults, fp32 gradients among them) */
+ * as memplan plan's. The space is plan_space_defaults' at global batch 512,
+ * on the preset as plan_hw_find gives it: `--model llama-2-70b --hw dgx-h100
+ * --max-gpus 64` is the model and machine of docs/memplan.md's 70B command,
+ * not its flags' space, whose best differs) */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
