@@ -940,15 +940,17 @@ static uint64_t check_capped(const zo_model_config *m, const plan_hw *hw, plan_s
 }
 
 /* plan_space.max_step, the cap memplan plan's state hint searches under
- * (b.step / 1.5 of the 32-bit best): on a hint case (LLaMA-2-13B on an RTX
- * 4090, 64 GiB: 8-bit m and v about half the step), a mixture of experts
- * on the same desktop, cases without a hint (LLaMA-2-70B on 8 A100s, its
- * pipelines interleaved; Megatron-22B on 16 under DeepSpeed's engine), LoRA
- * and QLoRA beside full fine-tuning, and a fixed schedule: every plan the
- * uncapped search ranks steps at least its layout's floor (the bound), and
- * capped at the hint's cap, at the best's own step, just under it (the true
- * best cut out), at the third plan's, and under every floor, the ranking
- * keeps the uncapped one's plans within the cap and walks less. */
+ * (b.step / 1.5 of the 32-bit best), over the other encodings as the hint
+ * does: hint cases (LLaMA-2-13B on an RTX 4090 with 64 GiB, 8-bit m and v
+ * about half the step; the mixture of experts Qwen3-30B-A3B on an H100),
+ * cases without a hint (LLaMA-2-70B on 8 A100s, its pipelines interleaved;
+ * Megatron-22B on 16 under DeepSpeed's engine), LoRA and QLoRA beside full
+ * fine-tuning, and a fixed schedule. Every plan the searches rank steps at
+ * least its layout's floor (the bound, checked plan by plan); capped at the
+ * hint's cap, at the best's own step, just under it (the true best cut out),
+ * at the third plan's, and under every floor, at top 1 and 5, the ranking
+ * keeps the uncapped one's plans within the cap, in order, walks no more,
+ * and under every floor nothing. */
 static void test_step_cap(void **state)
 {
     (void)state;
