@@ -1163,6 +1163,38 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
     plan_time_schedule(o, t->schedule);
 }
 
+/* Why it is a floor: plan_time_schedule's step, under every schedule, is
+ * the sum of the fourteen parts, and each is >= 0: dp_comm a max with 0 or
+ * a sum of collectives plus the gathers; h2d and d2h sums of copies and of
+ * dmax(..., 0) (a schedule moves d2h between its teams' exposed amounts,
+ * each >= 0, and adds its upload times f >= 0); optimizer_gpu, and
+ * cpu_adam and nvme, the serial update's parts (nvme's max(a, nv) + fill
+ * min(a, nv) - a >= 0) times f = exposed / serial >= 0, exposed the period
+ * beyond the GPU's work, which starts at that work plus added >= 0. Of the
+ * rest, forward, recompute, tp_comm, ep_comm, pp_comm and pp_engine are
+ * the layout's alone (step_compute and step_pp_comm read the shape, the
+ * micro-batch, the dtypes and the links, no estimate); backward and
+ * pp_bubble add to the layout's the pass that sums each micro-batch's
+ * gradients on the GPU (acc >= 0), which depends on the placement: left
+ * out here (nothing summed on the GPU: on_gpu 0). A full recompute of K
+ * of a stage's L layers (plan_time_mb_recompute_part) times K / L of the
+ * micro-batch's recompute, at least none of it: with recompute full the
+ * floor counts no recompute. */
+double plan_time_floor(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                       const plan_time_mb *mb)
+{
+    plan_time_mb lo = *mb;
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) plan_time_mb_recompute_part(mb, 0, &lo);
+    plan_time o;
+    memset(&o, 0, sizeof o);
+    step_in in = {.m = m, .hw = hw, .t = t, .mb = &lo, .n_mb = t->grad_accum,
+                  .wsz = (double)zo_dtype_size(t->dtype), .gsz = (double)zo_dtype_size(t->grad_dtype)};
+    step_compute(&in, &o);
+    step_pp_comm(&in, &o);
+    return o.forward + o.backward + o.recompute + o.tp_comm + o.pp_bubble + o.pp_comm + o.ep_comm +
+           o.pp_engine;
+}
+
 zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                         const plan_estimate *e, plan_time *out)
 {

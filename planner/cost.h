@@ -187,6 +187,18 @@ void plan_time_schedule(plan_time *pt, zo_plan_schedule s);
  * sums: the runtime's offload_optim_sum_threads). */
 int plan_sched_sum_team(zo_plan_schedule s, int clip_stale);
 
+/* A floor under the step of every configuration of one layout (the GPUs,
+ * DP x TP x PP, EP, micro-batch and gradient accumulation, interleaving,
+ * SP, recompute, method, dtypes; its micro-batch `mb` from
+ * plan_time_microbatch): whatever its ZeRO stage, optimizer state and
+ * split, placements, checkpoints, prefetch depth and schedule, and with
+ * recompute full whatever layers it recomputes. The micro-batches' compute
+ * and TP/EP collectives, the pipeline's bubble, sends and engine: the parts
+ * that do not depend on the placement (cost.c says why each other part is
+ * >= 0). The search prunes a capped space with it (plan_space.max_step). */
+double plan_time_floor(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                       const plan_time_mb *mb);
+
 /* Both, after validating the configuration. */
 zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                         const plan_estimate *e, plan_time *out);

@@ -268,10 +268,6 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
            (double)c->total[ZO_PLAN_NVME] / (1 << 30));
 }
 
-/* An encoding of AdamW's m and v worth a line when it takes at most
- * 1/PLAN_STATE_HINT of the 32-bit state's step (or fits where that does not) */
-#define PLAN_STATE_HINT 1.5
-
 /* When the state's encoding was not given (no --optim-dtype, --optim
  * adamw) and the best plan is full fine-tuning with 32-bit m and v, or
  * nothing fits: the search again over every encoding (--optim-dtype
@@ -293,6 +289,12 @@ static void state_hint(const search_cmd *c, const plan_result *r, char *out, siz
     /* the 32-bit state was the search's own: only the others (a third less
      * searching; the line needs one of them to beat the 32-bit best) */
     any.opt_states = ((1u << ZO_PLAN_STATES) - 1) & ~(1u << ZO_PLAN_STATE_FP32);
+    /* the line needs a.step <= b.step / PLAN_STATE_HINT: the search skips the
+     * layouts that cannot (plan_space.max_step), and its best is then the
+     * uncapped search's where that one's is within the cap, and steps more
+     * than the cap where that one's does. The other objectives rank by more
+     * than the step: no cap. */
+    if (b && any.objective == PLAN_OBJ_TIME) any.max_step = b->time.step / PLAN_STATE_HINT;
     plan_result *q = malloc(sizeof *q);
     if (!q) return;
     if (plan_search(&c->m, &c->hw, &any, 1, q) == ZO_OK && q->n_best > 0) {

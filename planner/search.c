@@ -58,6 +58,8 @@ typedef struct ranked {
 /* Scores (predicted steps) within this relative difference of each other
  * are a tie: the step does not tell the plans apart. */
 #define SCORE_TIE 1e-9
+/* plan_space.max_step's margin, far above SCORE_TIE and the roundings */
+#define CAP_SLACK 1e-6
 
 /* The layers a plan recomputes whole (every layer of its stage: INT_MAX). */
 static int recomputed_layers(const plan_train *t)
@@ -131,6 +133,8 @@ typedef struct walk {
     plan_result *r;
     plan_time_mb part_mb; /* the micro-batch of the layout with part_k layers recomputed */
     int part_k;           /* (0: none yet for this layout) */
+    double cap;           /* > 0: layouts whose floor exceeds it are not walked (search_method) */
+    double floor;         /* the layout's plan_time_floor (with a cap or a visitor) */
 } walk;
 
 /* A searched optimizer schedule other than serial counts this much slower
@@ -180,6 +184,7 @@ static void rank_schedules(walk *w, plan_train *t, const plan_estimate *e, plan_
         }
         if (sch != ZO_PLAN_SCHED_SERIAL) plan_time_schedule(pt, t->schedule);
         double sc = score_of(s, pt, se, w->hw.gpus);
+        if (s->visit) s->visit(s->visit_arg, t, w->hw.gpus, pt->step, w->floor);
         if (enters(&w->rk, sc, t, se)) rank_insert(&w->rk, t, w->hw.gpus, sc, pt, se);
     }
 }
@@ -442,6 +447,11 @@ static void walk_gpus(walk *w, int gpus)
                             t.recompute = (zo_plan_recompute)rc;
                             plan_time_mb mb;
                             plan_time_microbatch(m, &w->hw, &t, &mb);
+                            /* a capped search: none of this layout's plans steps within the cap */
+                            if (w->cap > 0 || s->visit) {
+                                w->floor = plan_time_floor(m, &w->hw, &t, &mb);
+                                if (w->cap > 0 && w->floor > w->cap) continue;
+                            }
                             w->part_k = 0;
                             walk_placements(w, &t, &mb);
                         }
@@ -506,10 +516,22 @@ static zo_status search_method(const zo_model_config *m, const plan_hw *hw, cons
     if (st) return st;
     if (hw->peak_flops_16 <= 0 || hw->gemm_eff_max <= 0 || hw->hbm_eff <= 0 || hw->pcie_bw <= 0)
         return zo_error(ZO_ERR_INVALID, "hardware '%s' lacks the cost model's rates", hw->name);
+    /* (the other objectives rank by what a step time does not bound) */
+    if (!(s->max_step >= 0) || (s->max_step > 0 && s->objective != PLAN_OBJ_TIME))
+        return zo_error(ZO_ERR_INVALID, "plan_space.max_step %g: a step-time cap, >= 0, with the step-time "
+                        "objective only", s->max_step);
 
     /* (the memory objective's score is bytes and seconds: exact ties only) */
     walk w = {.m = m, .s = s, .hw = *hw, .rk = {out, top, s->objective == PLAN_OBJ_MEMORY ? 0.0 : SCORE_TIE},
               .r = out};
+    /* The cap on the score: a plan that steps at most max_step scores at
+     * most (1 + SCHED_MIN_GAIN) of it (score_of), one ranked before it no
+     * more than that (within SCORE_TIE), and a plan's step is at most its
+     * score, its layout's floor at most its step (rounded otherwise: the
+     * floor adds a subset of the step's parts). CAP_SLACK covers the tie
+     * and the roundings, so no such plan's layout is skipped. */
+    if (s->max_step > 0)
+        w.cap = s->max_step * (s->schedule < 0 ? 1 + SCHED_MIN_GAIN : 1) * (1 + CAP_SLACK);
     if (s->max_gpus > 0) {
         for (int g = 1; g <= s->max_gpus; g++) {
             int pow2 = (g & (g - 1)) == 0;

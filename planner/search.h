@@ -55,6 +55,17 @@ typedef struct plan_space {
     unsigned opt_states;   /* AdamW's m and v encodings tried, bits (1 << zo_plan_opt_state);
                               0: base.opt_state alone (memplan plan --optim-dtype auto: all) */
     plan_objective objective;
+    double max_step;       /* > 0 (PLAN_OBJ_TIME only): a cap on the step, seconds. A layout
+                              whose plan_time_floor exceeds it (every plan of it steps more) is
+                              not walked, so every plan that steps at most max_step, and every
+                              plan ranked before one of those, is ranked as without the cap:
+                              the ranking, down to its last plan of step <= max_step, is the
+                              uncapped one, and none of its plans steps <= max_step where no
+                              plan does. configs and feasible count what was walked. 0: none */
+    /* (tests) when set, called with every plan ranked (each schedule of each configuration
+       that fits) and the floor of its layout, which its step is at least */
+    void (*visit)(void *arg, const plan_train *t, int gpus, double step, double floor);
+    void *visit_arg;
     plan_train base;       /* dtype, grad dtype, optimizer, seq, flash, dropout, buffers */
 } plan_space;
 
@@ -72,6 +83,11 @@ typedef struct plan_result {
     uint64_t configs;      /* configurations enumerated (each one memory-checked) */
     uint64_t feasible;     /* of those, fitting every tier (each one costed) */
 } plan_result;
+
+/* memplan plan's state hint: an encoding of AdamW's m and v worth a line
+ * when it takes at most 1/PLAN_STATE_HINT of the 32-bit state's step (or
+ * fits where that does not); its search is capped at that step. */
+#define PLAN_STATE_HINT 1.5
 
 /* Defaults: the model's sequence, global batch 8 x GPUs, micro-batches up to
  * 16, interleaving up to 4, optimizer split in tenths, prefetch 1..3,

@@ -870,6 +870,171 @@ static void test_dgx2_max_model_3d(void **state)
     assert_true(n >= zo_model_params(&b));
 }
 
+/* ---- the step cap (plan_space.max_step: the state hint's search) ---------------------- */
+
+/* The visitor: every plan the search ranks steps at least its layout's floor
+ * (plan_time_floor), the bound the cap prunes by. */
+typedef struct floor_check {
+    long plans;
+    double worst;  /* the least step / floor met */
+} floor_check;
+
+static void check_floor(void *arg, const plan_train *t, int gpus, double step, double floor)
+{
+    floor_check *f = arg;
+    f->plans++;
+    if (floor > 0 && step / floor < f->worst) f->worst = step / floor;
+    if (!(floor <= step * (1 + 1e-12))) {
+        print_error("floor %.9g s above the step %.9g s: %d GPUs, DP %d TP %d PP %d v %d, micro-batch %d x %d, "
+                    "recompute %d (%d layers), ZeRO %d, schedule %d, method %d\n", floor, step, gpus, t->dp,
+                    t->tp, t->pp, t->vpp, t->micro_batch, t->grad_accum, t->recompute, t->recompute_layers,
+                    t->zero, t->schedule, t->method);
+        fail();
+    }
+}
+
+/* The same plan: its configuration, GPUs, score, step and bytes. */
+static int same_plan(const plan_candidate *a, const plan_candidate *b)
+{
+    const plan_train *x = &a->t, *y = &b->t;
+    return a->gpus == b->gpus && a->score == b->score && a->time.step == b->time.step &&
+           !memcmp(a->total, b->total, sizeof a->total) && x->method == y->method && x->dp == y->dp &&
+           x->tp == y->tp && x->pp == y->pp && x->ep == y->ep && x->vpp == y->vpp && x->sp == y->sp &&
+           x->zero == y->zero && x->micro_batch == y->micro_batch && x->grad_accum == y->grad_accum &&
+           x->recompute == y->recompute && x->recompute_layers == y->recompute_layers &&
+           x->params_on == y->params_on && x->grads_on == y->grads_on && x->adapters_on == y->adapters_on &&
+           x->checkpoints_on == y->checkpoints_on && !memcmp(x->opt_frac, y->opt_frac, sizeof x->opt_frac) &&
+           x->schedule == y->schedule && x->opt_state == y->opt_state &&
+           x->buf.prefetch_depth == y->buf.prefetch_depth;
+}
+
+/* The search capped at `cap` against the uncapped ranking `all` (of `top`):
+ * the first plans, down to the last of `all` that steps within the cap, are
+ * all's, and no other plan of the capped ranking steps within it. Returns
+ * the configurations the capped search walked. */
+static uint64_t check_capped(const zo_model_config *m, const plan_hw *hw, plan_space s, int top,
+                             const plan_result *all, double cap)
+{
+    plan_result *r = malloc(sizeof *r);
+    assert_non_null(r);
+    s.max_step = cap;
+    assert_int_equal(plan_search(m, hw, &s, top, r), ZO_OK);
+    int within = 0; /* all's plans down to its last within the cap (the first `top` of them) */
+    for (int i = 0; i < all->n_best && i < top; i++)
+        if (all->best[i].time.step <= cap) within = i + 1;
+    assert_true(r->n_best >= within);
+    for (int i = 0; i < r->n_best; i++) {
+        if (i < within) {
+            if (!same_plan(&r->best[i], &all->best[i]))
+                fail_msg("cap %.6g s: plan %d steps %.6g s, not the uncapped %.6g s", cap, i + 1,
+                         r->best[i].time.step, all->best[i].time.step);
+        } else if (r->best[i].time.step <= cap) {
+            fail_msg("cap %.6g s: plan %d steps %.6g s, within the cap, not the uncapped ranking's", cap, i + 1,
+                     r->best[i].time.step);
+        }
+    }
+    assert_true(r->configs <= all->configs);
+    uint64_t n = r->configs;
+    free(r);
+    return n;
+}
+
+/* plan_space.max_step, the cap memplan plan's state hint searches under
+ * (b.step / 1.5 of the 32-bit best), over the other encodings as the hint
+ * does: hint cases (LLaMA-2-13B on an RTX 4090 with 64 GiB, 8-bit m and v
+ * about half the step; the mixture of experts Qwen3-30B-A3B on an H100),
+ * cases without a hint (LLaMA-2-70B on 8 A100s, its pipelines interleaved;
+ * Megatron-22B on 8 under DeepSpeed's engine), LoRA and QLoRA beside full
+ * fine-tuning, and a fixed schedule. Every plan the searches rank steps at
+ * least its layout's floor (the bound, checked plan by plan); capped at the
+ * hint's cap, at the best's own step, just under it (the true best cut out),
+ * at the third plan's, and under every floor (top 5; top 1 too at the
+ * hint's cap and under the best), the ranking
+ * keeps the uncapped one's plans within the cap, in order, walks no more,
+ * and under every floor nothing. */
+static void test_step_cap(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *model, *hw;
+        int gpus, seq, global_batch, max_mb;
+        double cpu_gib;
+        unsigned methods;
+        int schedule, pp_schedule;
+    } cases[] = {
+        {"llama-2-13b", "rtx-4090", 1, 4096, 1, 16, 64, 0, -1, PLAN_PP_MEGATRON},
+        {"qwen3-30b-a3b", "h100-80gb", 1, 4096, 8, 16, 0, 0, -1, PLAN_PP_MEGATRON},
+        {"llama-2-70b", "dgx-a100-80gb", 8, 4096, 16, 1, 0, 0, -1, PLAN_PP_MEGATRON},
+        {"megatron-22b", "dgx-a100-80gb", 8, 2048, 16, 1, 0, 0, -1, PLAN_PP_DEEPSPEED},
+        {"llama-2-13b", "rtx-4090", 1, 2048, 4, 2, 64, 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA | 1u << ZO_PLAN_QLORA,
+         -1, PLAN_PP_MEGATRON},
+        {"llama-2-13b", "rtx-4090", 1, 4096, 1, 16, 64, 0, ZO_PLAN_SCHED_SERIAL, PLAN_PP_MEGATRON},
+    };
+    double t0 = zo_now();
+    plan_result *b = malloc(sizeof *b), *all = malloc(sizeof *all);
+    assert_non_null(b);
+    assert_non_null(all);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        zo_model_config m;
+        plan_hw hw;
+        load(cases[k].model, cases[k].hw, cases[k].gpus, &m, &hw);
+        if (cases[k].cpu_gib > 0) hw.cpu_mem = (uint64_t)(cases[k].cpu_gib * (1 << 30));
+        plan_space s;
+        plan_space_defaults(&s, &m, &hw);
+        s.base.seq = cases[k].seq;
+        s.global_batch = cases[k].global_batch;
+        s.max_micro_batch = cases[k].max_mb;
+        s.opt_steps = 5; /* (the optimizer split in fifths: a fraction of the search's time) */
+        s.pp_schedule = (plan_pp_schedule)cases[k].pp_schedule;
+        s.schedule = cases[k].schedule;
+        if (cases[k].methods) {
+            s.methods = cases[k].methods;
+            s.base.lora = (zo_lora_config){16, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
+        }
+        /* the 32-bit state's best (memplan plan's search), then the others' (the hint's) */
+        assert_int_equal(plan_search(&m, &hw, &s, 1, b), ZO_OK);
+        s.opt_states = ((1u << ZO_PLAN_STATES) - 1) & ~(1u << ZO_PLAN_STATE_FP32);
+        floor_check fc = {0, INFINITY};
+        s.visit = check_floor;
+        s.visit_arg = &fc;
+        const int top = 5;
+        assert_int_equal(plan_search(&m, &hw, &s, top, all), ZO_OK);
+        assert_true(all->n_best >= 1);
+        assert_true(fc.plans > 0);
+        double best = all->best[0].time.step;
+        double hint = b->n_best ? b->best[0].time.step / 1.5 : 0;
+        printf("  %s on %d %s: 32-bit %.4g s, other states %.4g s (%s), %ld plans ranked, step / floor >= %.3f "
+               "(%.2f s)\n", m.name, hw.gpus, cases[k].hw, b->n_best ? b->best[0].time.step : 0, best,
+               hint > 0 && best <= hint ? "a hint" : "no hint", fc.plans, fc.worst, zo_now() - t0);
+        double caps[] = {hint, best, best * (1 - 1e-3), all->best[all->n_best > 2 ? 2 : all->n_best - 1].time.step, 0.5 * best / fc.worst};
+        for (size_t c = 0; c < sizeof caps / sizeof caps[0]; c++) {
+            if (caps[c] <= 0) continue;
+            /* (top 1, the hint's, at its cap and with the best cut out) */
+            for (int t = c == 0 || c == 2 ? 1 : top; t <= top; t += top - 1) {
+                uint64_t n = check_capped(&m, &hw, s, t, all, caps[c]);
+                /* under every floor, nothing is walked */
+                if (c == 4) assert_true(n == 0);
+                if (t == top) printf("    cap %.4g s: %llu of %llu configurations\n", caps[c], (unsigned long long)n,
+                                   (unsigned long long)all->configs);
+            }
+        }
+        /* the other objectives rank by more than the step: refused */
+        s.visit = NULL;
+        s.max_step = best;
+        s.objective = PLAN_OBJ_MEMORY;
+        assert_int_equal(plan_search(&m, &hw, &s, 1, b), ZO_ERR_INVALID);
+        s.objective = PLAN_OBJ_COST;
+        assert_int_equal(plan_search(&m, &hw, &s, 1, b), ZO_ERR_INVALID);
+        s.objective = PLAN_OBJ_TIME;
+        s.max_step = -1;
+        assert_int_equal(plan_search(&m, &hw, &s, 1, b), ZO_ERR_INVALID);
+        zo_clear_error();
+    }
+    free(b);
+    free(all);
+    printf("  (%.2f s)\n", zo_now() - t0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -881,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_objective_cost),    cmocka_unit_test(test_plan_file_roundtrip),
         cmocka_unit_test(test_cli_plan),          cmocka_unit_test(test_plan_file_runs),
         cmocka_unit_test(test_fits_with_distinct), cmocka_unit_test(test_plan_method),
+        cmocka_unit_test(test_step_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
