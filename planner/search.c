@@ -134,7 +134,9 @@ typedef struct walk {
     plan_time_mb part_mb; /* the micro-batch of the layout with part_k layers recomputed */
     int part_k;           /* (0: none yet for this layout) */
     double cap;           /* > 0: layouts whose floor exceeds it are not walked (search_method) */
-    double floor;         /* the layout's plan_time_floor (with a cap or a visitor) */
+    int bound;            /* the step-time objective: once the ranking is full, layouts whose
+                             floor exceeds its last plan's score are not walked (layout_bound) */
+    double floor;         /* the layout's plan_time_floor (with a cap, a bound or a visitor) */
 } walk;
 
 /* A searched optimizer schedule other than serial counts this much slower
@@ -395,6 +397,43 @@ static int ops_searched(const zo_model_config *m, const plan_space *s)
            !m->moe.experts && !m->mla.kv_rank && s->base.flash_attn;
 }
 
+/* The floor above which a layout is not walked (0: every layout is): the
+ * cap (plan_space.max_step, search_method says why it is sound), or, in a
+ * step-time search whose ranking holds `top` plans, the last plan's score
+ * and CAP_SLACK, whichever is smaller (each bound alone skips only layouts
+ * that change nothing the search returns, so the smaller one does too).
+ *
+ * Why the bound leaves the ranking as it is. Every plan of the layout
+ * scores at least its step (score_of: the step-time objective is the step,
+ * times 1 + SCHED_MIN_GAIN >= 1 for a schedule other than serial, so that
+ * margin only raises a score and needs none here), and steps at least the
+ * layout's floor (plan_time_floor, rounded otherwise, far within
+ * CAP_SLACK). With the floor above last * (1 + CAP_SLACK) each plan's score
+ * is above the last's by more than SCORE_TIE, relative: ranks_before puts
+ * the last first whatever the GPU bytes and layers recomputed, and `enters`
+ * refuses the plan, so rank_insert, the list's only writer (which replaces
+ * a same-shape entry only after `enters` let the plan in), is not called.
+ * The list the layout's next plan meets is then the same one, with the
+ * same last, and by induction none of the layout's plans changes it:
+ * walking it would add only to configs and feasible. The list need not be
+ * this search's alone: the methods of --method auto (plan_search) and the
+ * GPU counts of --max-gpus fill one list in turn, and whatever filled it,
+ * a plan enters only before its last. A list not yet full takes any plan:
+ * no bound then. Which layouts the bound skips depends on the order they
+ * are met in; the ranking does not (ranks_before's tie rule; the GPU
+ * counts ascending, as walked, fill the list with slow plans first, and
+ * walking them the other way skips more for little time: docs/memplan.md). */
+static double layout_bound(const walk *w)
+{
+    double lim = w->cap;
+    const plan_result *r = w->r;
+    if (w->bound && r->n_best == w->rk.k) {
+        double last = r->best[r->n_best - 1].score * (1 + CAP_SLACK);
+        if (last > 0 && !(lim > 0 && lim <= last)) lim = last;
+    }
+    return lim;
+}
+
 static void walk_gpus(walk *w, int gpus)
 {
     const zo_model_config *m = w->m;
@@ -447,10 +486,16 @@ static void walk_gpus(walk *w, int gpus)
                             t.recompute = (zo_plan_recompute)rc;
                             plan_time_mb mb;
                             plan_time_microbatch(m, &w->hw, &t, &mb);
-                            /* a capped search: none of this layout's plans steps within the cap */
-                            if (w->cap > 0 || s->visit) {
+                            w->r->layouts++;
+                            /* none of this layout's plans steps within the cap, or enters
+                             * the full ranking */
+                            double bound = layout_bound(w);
+                            if (bound > 0 || s->visit) {
                                 w->floor = plan_time_floor(m, &w->hw, &t, &mb);
-                                if (w->cap > 0 && w->floor > w->cap) continue;
+                                if (bound > 0 && w->floor > bound) {
+                                    w->r->skipped++;
+                                    continue;
+                                }
                             }
                             w->part_k = 0;
                             walk_placements(w, &t, &mb);
@@ -523,7 +568,7 @@ static zo_status search_method(const zo_model_config *m, const plan_hw *hw, cons
 
     /* (the memory objective's score is bytes and seconds: exact ties only) */
     walk w = {.m = m, .s = s, .hw = *hw, .rk = {out, top, s->objective == PLAN_OBJ_MEMORY ? 0.0 : SCORE_TIE},
-              .r = out};
+              .r = out, .bound = s->objective == PLAN_OBJ_TIME && !s->no_bound};
     /* The cap on the score: a plan that steps at most max_step scores at
      * most (1 + SCHED_MIN_GAIN) of it (score_of), one ranked before it no
      * more than that (within SCORE_TIE), and a plan's step is at most its
