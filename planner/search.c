@@ -588,9 +588,10 @@ static zo_status search_method(const zo_model_config *m, const plan_hw *hw, cons
     if (s->max_gpus > 0) {
         /* With the bound, the most GPUs first: under a fixed global batch
          * more GPUs mostly step faster, so the ranking fills with fast plans
-         * early and the bound skips more (the 70B command's search 0.08 s
-         * against 0.53 s walking fewer GPUs first; docs/memplan.md). The
-         * ranking is the same in either order (ranks_before). */
+         * early and the bound skips more (the 70B command's search 0.05-0.07 s
+         * of CPU against 0.56-0.70 s walking fewer GPUs first;
+         * docs/performance.md). The ranking is the same in either order
+         * (ranks_before); without the bound, fewer GPUs first as before. */
         for (int i = 1; i <= s->max_gpus; i++) {
             int g = w.bound ? s->max_gpus + 1 - i : i;
             int pow2 = (g & (g - 1)) == 0;

@@ -506,6 +506,7 @@ static void test_cli_plan(void **state)
              dir, dir);
     assert_int_equal(run_memplan(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "configurations/s"));
+    assert_non_null(strstr(out, "layouts skipped by the step bound"));
     assert_non_null(strstr(out, "best:"));
     assert_non_null(strstr(out, "2. "));
     assert_non_null(strstr(out, "because"));
