@@ -941,6 +941,44 @@ static uint64_t check_capped(const zo_model_config *m, const plan_hw *hw, plan_s
     return n;
 }
 
+/* A search of the step cap's and the step bound's tests: the model on its
+ * hardware (gpus, with cpu_gib of host memory where > 0), up to max_gpus
+ * (0: gpus alone), the sequence, global batch and largest micro-batch, the
+ * methods and AdamW encodings (0: full fine-tuning, base's encoding), the
+ * schedule (-1: searched) and pipeline engine; dp_only: no offload, TP and
+ * PP 1. The optimizer split in fifths (a fraction of the search's time). */
+typedef struct search_case {
+    const char *model, *hw;
+    int gpus, max_gpus, seq, global_batch, max_mb;
+    double cpu_gib;
+    unsigned methods, states;
+    int schedule, pp_schedule;
+    int dp_only;
+} search_case;
+
+static void case_space(const search_case *c, zo_model_config *m, plan_hw *hw, plan_space *s)
+{
+    load(c->model, c->hw, c->gpus, m, hw);
+    if (c->cpu_gib > 0) hw->cpu_mem = (uint64_t)(c->cpu_gib * (1 << 30));
+    plan_space_defaults(s, m, hw);
+    s->max_gpus = c->max_gpus;
+    s->base.seq = c->seq;
+    s->global_batch = c->global_batch;
+    s->max_micro_batch = c->max_mb;
+    s->opt_steps = 5;
+    s->pp_schedule = (plan_pp_schedule)c->pp_schedule;
+    s->schedule = c->schedule;
+    s->opt_states = c->states;
+    if (c->dp_only) {
+        s->allow_offload = 0;
+        s->tp = s->pp = 1;
+    }
+    if (c->methods) {
+        s->methods = c->methods;
+        s->base.lora = (zo_lora_config){16, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
+    }
+}
+
 /* plan_space.max_step, the cap memplan plan's state hint searches under
  * (b.step / 1.5 of the 32-bit best), over the other encodings as the hint
  * does: hint cases (LLaMA-2-13B on an RTX 4090 with 64 GiB, 8-bit m and v
@@ -957,20 +995,14 @@ static uint64_t check_capped(const zo_model_config *m, const plan_hw *hw, plan_s
 static void test_step_cap(void **state)
 {
     (void)state;
-    static const struct {
-        const char *model, *hw;
-        int gpus, seq, global_batch, max_mb;
-        double cpu_gib;
-        unsigned methods;
-        int schedule, pp_schedule;
-    } cases[] = {
-        {"llama-2-13b", "rtx-4090", 1, 4096, 1, 16, 64, 0, -1, PLAN_PP_MEGATRON},
-        {"qwen3-30b-a3b", "h100-80gb", 1, 4096, 8, 16, 0, 0, -1, PLAN_PP_MEGATRON},
-        {"llama-2-70b", "dgx-a100-80gb", 8, 4096, 16, 1, 0, 0, -1, PLAN_PP_MEGATRON},
-        {"megatron-22b", "dgx-a100-80gb", 8, 2048, 16, 1, 0, 0, -1, PLAN_PP_DEEPSPEED},
-        {"llama-2-13b", "rtx-4090", 1, 2048, 4, 2, 64, 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA | 1u << ZO_PLAN_QLORA,
-         -1, PLAN_PP_MEGATRON},
-        {"llama-2-13b", "rtx-4090", 1, 4096, 1, 16, 64, 0, ZO_PLAN_SCHED_SERIAL, PLAN_PP_MEGATRON},
+    static const search_case cases[] = {
+        {"llama-2-13b", "rtx-4090", 1, 0, 4096, 1, 16, 64, 0, 0, -1, PLAN_PP_MEGATRON, 0},
+        {"qwen3-30b-a3b", "h100-80gb", 1, 0, 4096, 8, 16, 0, 0, 0, -1, PLAN_PP_MEGATRON, 0},
+        {"llama-2-70b", "dgx-a100-80gb", 8, 0, 4096, 16, 1, 0, 0, 0, -1, PLAN_PP_MEGATRON, 0},
+        {"megatron-22b", "dgx-a100-80gb", 8, 0, 2048, 16, 1, 0, 0, 0, -1, PLAN_PP_DEEPSPEED, 0},
+        {"llama-2-13b", "rtx-4090", 1, 0, 2048, 4, 2, 64, 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA | 1u << ZO_PLAN_QLORA,
+         0, -1, PLAN_PP_MEGATRON, 0},
+        {"llama-2-13b", "rtx-4090", 1, 0, 4096, 1, 16, 64, 0, 0, ZO_PLAN_SCHED_SERIAL, PLAN_PP_MEGATRON, 0},
     };
     double t0 = zo_now();
     plan_result *b = malloc(sizeof *b), *all = malloc(sizeof *all);
@@ -979,20 +1011,8 @@ static void test_step_cap(void **state)
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         zo_model_config m;
         plan_hw hw;
-        load(cases[k].model, cases[k].hw, cases[k].gpus, &m, &hw);
-        if (cases[k].cpu_gib > 0) hw.cpu_mem = (uint64_t)(cases[k].cpu_gib * (1 << 30));
         plan_space s;
-        plan_space_defaults(&s, &m, &hw);
-        s.base.seq = cases[k].seq;
-        s.global_batch = cases[k].global_batch;
-        s.max_micro_batch = cases[k].max_mb;
-        s.opt_steps = 5; /* (the optimizer split in fifths: a fraction of the search's time) */
-        s.pp_schedule = (plan_pp_schedule)cases[k].pp_schedule;
-        s.schedule = cases[k].schedule;
-        if (cases[k].methods) {
-            s.methods = cases[k].methods;
-            s.base.lora = (zo_lora_config){16, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
-        }
+        case_space(&cases[k], &m, &hw, &s);
         /* the 32-bit state's best (memplan plan's search), then the others' (the hint's) */
         assert_int_equal(plan_search(&m, &hw, &s, 1, b), ZO_OK);
         s.opt_states = ((1u << ZO_PLAN_STATES) - 1) & ~(1u << ZO_PLAN_STATE_FP32);
@@ -1060,14 +1080,7 @@ static void test_step_cap(void **state)
 static void test_step_bound(void **state)
 {
     (void)state;
-    static const struct {
-        const char *model, *hw;
-        int gpus, max_gpus, seq, global_batch, max_mb;
-        double cpu_gib;
-        unsigned methods, states;
-        int schedule, pp_schedule;
-        int dp_only; /* no offload, TP and PP 1: fewer plans than top, the ranking never full */
-    } cases[] = {
+    static const search_case cases[] = {
         {"llama-2-13b", "rtx-4090", 1, 0, 4096, 1, 16, 64, 0, 0, -1, PLAN_PP_MEGATRON, 0},
         {"llama-2-13b", "rtx-4090", 1, 0, 2048, 4, 2, 64, 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA | 1u << ZO_PLAN_QLORA,
          0, -1, PLAN_PP_MEGATRON, 0},
@@ -1089,26 +1102,8 @@ static void test_step_bound(void **state)
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         zo_model_config m;
         plan_hw hw;
-        load(cases[k].model, cases[k].hw, cases[k].gpus, &m, &hw);
-        if (cases[k].cpu_gib > 0) hw.cpu_mem = (uint64_t)(cases[k].cpu_gib * (1 << 30));
         plan_space s;
-        plan_space_defaults(&s, &m, &hw);
-        s.max_gpus = cases[k].max_gpus;
-        s.base.seq = cases[k].seq;
-        s.global_batch = cases[k].global_batch;
-        s.max_micro_batch = cases[k].max_mb;
-        s.opt_steps = 5; /* (the optimizer split in fifths: a fraction of the search's time) */
-        s.pp_schedule = (plan_pp_schedule)cases[k].pp_schedule;
-        s.schedule = cases[k].schedule;
-        s.opt_states = cases[k].states;
-        if (cases[k].dp_only) {
-            s.allow_offload = 0;
-            s.tp = s.pp = 1;
-        }
-        if (cases[k].methods) {
-            s.methods = cases[k].methods;
-            s.base.lora = (zo_lora_config){16, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
-        }
+        case_space(&cases[k], &m, &hw, &s);
         /* the whole space's ranking (of PLAN_TOP_MAX: a smaller top ranks its first plans) */
         s.no_bound = 1;
         assert_int_equal(plan_search(&m, &hw, &s, PLAN_TOP_MAX, off), ZO_OK);
