@@ -5,15 +5,20 @@
  * (plan_estimate_run over a sweep of configurations), and the search of
  * `memplan plan` (plan_search: every layout, ZeRO stage, recompute,
  * micro-batch, interleaving, placement and prefetch depth, each memory-checked
- * and the fitting ones costed), whose configurations/s the goal is >= 1e6/s
- * for, and the whole search in < 10 s. Then `memplan plan`'s whole work
- * where its state hint is asked (no --optim-dtype): the search, and where
- * its best keeps 32-bit m and v the search over the other AdamW encodings,
- * uncapped (the old way) against capped at the best's step / PLAN_STATE_HINT
- * (plan_space.max_step: the layouts that cannot beat it skipped), the two
+ * and the fitting ones costed, the step bound off: plan_space.no_bound),
+ * whose configurations/s the goal is >= 1e6/s for, and the whole search in
+ * < 10 s. Then `memplan plan`'s whole work where its state hint is asked
+ * (no --optim-dtype): the search, and where its best keeps 32-bit m and v
+ * the search over the other AdamW encodings, uncapped (the old way) against
+ * capped at the best's step / PLAN_STATE_HINT (plan_space.max_step: the
+ * layouts that cannot beat it skipped), both with the step bound, the two
  * alternating round by round, the order flipped each round (--rounds; the
  * fastest round of each counts: the machine is shared), their hints checked
- * equal, and the ratio uncapped / capped printed last.
+ * equal, and the ratio uncapped / capped. Last, the search (top 5) without
+ * the step bound (every layout walked, the old way) against with it (the
+ * layouts whose floor is above the full ranking's last plan skipped, the
+ * most GPUs walked first), alternated the same way, their rankings checked
+ * equal plan for plan, and the ratio without / with printed last.
  *
  *   bench_planner [--model NAME] [--hw NAME] [--max-gpus N] [--seconds S] [--rounds N]
  *
@@ -162,7 +167,9 @@ int main(int argc, char **argv)
 
     double t_count = bench_time_best(run_counts, &s, 2, 5, seconds / 2);
     double t_est = bench_time_best(run_estimates, &s, 2, 5, seconds);
+    sr.space.no_bound = 1; /* (configurations/s: the whole space's) */
     double t_search = bench_time_best(run_search, &sr, 1, 3, seconds);
+    sr.space.no_bound = 0;
     double count_rate = (double)s.n / t_count, est_rate = (double)s.n / t_est;
     double search_rate = (double)sr.r.configs / t_search;
     bench_row("%-44s %14s %12s", "case", "per second", "ns each");
@@ -170,7 +177,7 @@ int main(int argc, char **argv)
     bench_row("%-44s %14.4g %12.1f", "full estimate (memory model)", est_rate, 1e9 / est_rate);
     bench_row("%-44s %14.4g %12.1f", "search configurations (memory + time)", search_rate,
               1e9 / search_rate);
-    bench_row("search, global batch 512: %llu configurations (%llu fit) in %.3f s",
+    bench_row("search, global batch 512, every layout: %llu configurations (%llu fit) in %.3f s",
               (unsigned long long)sr.r.configs, (unsigned long long)sr.r.feasible, t_search);
     bench_row("estimate / parameter-count time: %.1f", count_rate / est_rate);
     bench_row("search configuration / parameter-count time: %.1f", count_rate / search_rate);
@@ -212,6 +219,40 @@ int main(int argc, char **argv)
               "best %.4g s, %s; the hint's search %llu configurations uncapped, %llu capped",
               rounds, t_old, t_new, main_new.n_best ? main_new.best[0].time.step : 0.0, line,
               (unsigned long long)old.side.configs, (unsigned long long)now.side.configs);
-    bench_result("hint: uncapped / capped", t_old / t_new);
+    bench_row("hint: uncapped / capped: %.3f", t_old / t_new);
+
+    /* the step bound: the search without it against with it, alternating */
+    search_run off = {.s = &s, .space = sr.space}, on = {.s = &s, .space = sr.space};
+    off.space.no_bound = 1;
+    double t_off = 1e30, t_on = 1e30;
+    for (int r = 0; r < rounds; r++) {
+        for (int k = 0; k < 2; k++) {
+            int bound = (r + k) % 2; /* off, on; on, off; ... */
+            double t0 = zo_now();
+            run_search(bound ? &on : &off);
+            double dt = zo_now() - t0;
+            if (bound) t_on = dt < t_on ? dt : t_on;
+            else t_off = dt < t_off ? dt : t_off;
+        }
+    }
+    /* the same ranking, or the timing means nothing */
+    int same = on.r.n_best == off.r.n_best;
+    for (int i = 0; same && i < on.r.n_best; i++) {
+        const plan_candidate *a = &on.r.best[i], *b = &off.r.best[i];
+        same = a->gpus == b->gpus && a->score == b->score && a->time.step == b->time.step &&
+               !memcmp(a->total, b->total, sizeof a->total) && a->t.dp == b->t.dp && a->t.tp == b->t.tp &&
+               a->t.pp == b->t.pp && a->t.zero == b->t.zero && a->t.micro_batch == b->t.micro_batch &&
+               a->t.schedule == b->t.schedule && a->t.buf.prefetch_depth == b->t.buf.prefetch_depth;
+    }
+    if (!same) {
+        fprintf(stderr, "bench_planner: the search with the step bound ranks other plans than without it\n");
+        return 1;
+    }
+    bench_row("search (top 5), %d rounds alternated (fastest each): every layout %.3f s (%llu configurations), "
+              "with the step bound %.3f s (%llu configurations, %llu of %llu layouts skipped); best %.4g s",
+              rounds, t_off, (unsigned long long)off.r.configs, t_on, (unsigned long long)on.r.configs,
+              (unsigned long long)on.r.skipped, (unsigned long long)on.r.layouts,
+              on.r.n_best ? on.r.best[0].time.step : 0.0);
+    bench_result("search: no bound / bound", t_off / t_on);
     return 0;
 }

@@ -330,9 +330,14 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
             s->max_gpus ? "up to " : "", hw->gpus, hw->gpu, s->base.seq,
             s->base.seq_is_default ? " (default: the model's positions, at most 4096)" : "",
             s->global_batch, obj[s->objective]);
-    fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
+    fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s",
             (unsigned long long)r->configs, (unsigned long long)r->feasible, dt,
             dt > 0 ? (double)r->configs / dt : 0.0);
+    /* (the step-time search's bound: the layouts whose configurations it did not search) */
+    if (s->objective == PLAN_OBJ_TIME)
+        fprintf(tab, "; %llu of %llu layouts skipped by the step bound", (unsigned long long)r->skipped,
+                (unsigned long long)r->layouts);
+    fprintf(tab, "\n");
     if (!s->methods && s->base.method == ZO_PLAN_FULL)
         fprintf(tab, "(full fine-tuning of every weight: --method auto ranks LoRA and QLoRA adapters too)\n");
     if (s->runtime_plans)

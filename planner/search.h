@@ -62,6 +62,11 @@ typedef struct plan_space {
                               the ranking, down to its last plan of step <= max_step, is the
                               uncapped one, and none of its plans steps <= max_step where no
                               plan does. configs and feasible count what was walked. 0: none */
+    int no_bound;          /* (tests, bench_planner) 1: the step-time search walks every layout,
+                              fewer GPUs first, without its bound (search.c, layout_bound: once
+                              the ranking holds `top` plans, a layout whose plan_time_floor is
+                              above the last's score is skipped, and --max-gpus walks the most
+                              GPUs first; the ranking is the same either way) */
     /* (tests) when set, called with every plan ranked (each schedule of each configuration
        that fits) and the floor of its layout, which its step is at least */
     void (*visit)(void *arg, const plan_train *t, int gpus, double step, double floor);
@@ -82,6 +87,10 @@ typedef struct plan_result {
     int n_best;
     uint64_t configs;      /* configurations enumerated (each one memory-checked) */
     uint64_t feasible;     /* of those, fitting every tier (each one costed) */
+    uint64_t layouts;      /* parallel layouts met (GPUs, TP, PP, interleaving, SP, EP,
+                              micro-batch, recompute: one micro-batch time each) */
+    uint64_t skipped;      /* of those, not walked: their step floor above the cap (max_step)
+                              or the ranking's bound */
 } plan_result;
 
 /* memplan plan's state hint: an encoding of AdamW's m and v worth a line

@@ -350,6 +350,7 @@ static void test_search_22b_64gpus(void **state)
     plan_space s;
     plan_space_defaults(&s, &m, &hw);
     s.global_batch = 512;
+    s.no_bound = 1; /* (every layout walked: test_step_bound compares the bound) */
     plan_result r;
     double t0 = zo_now();
     assert_int_equal(plan_search(&m, &hw, &s, 8, &r), ZO_OK);
@@ -505,6 +506,7 @@ static void test_cli_plan(void **state)
              dir, dir);
     assert_int_equal(run_memplan(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "configurations/s"));
+    assert_non_null(strstr(out, "layouts skipped by the step bound"));
     assert_non_null(strstr(out, "best:"));
     assert_non_null(strstr(out, "2. "));
     assert_non_null(strstr(out, "because"));
@@ -939,6 +941,44 @@ static uint64_t check_capped(const zo_model_config *m, const plan_hw *hw, plan_s
     return n;
 }
 
+/* A search of the step cap's and the step bound's tests: the model on its
+ * hardware (gpus, with cpu_gib of host memory where > 0), up to max_gpus
+ * (0: gpus alone), the sequence, global batch and largest micro-batch, the
+ * methods and AdamW encodings (0: full fine-tuning, base's encoding), the
+ * schedule (-1: searched) and pipeline engine; dp_only: no offload, TP and
+ * PP 1. The optimizer split in fifths (a fraction of the search's time). */
+typedef struct search_case {
+    const char *model, *hw;
+    int gpus, max_gpus, seq, global_batch, max_mb;
+    double cpu_gib;
+    unsigned methods, states;
+    int schedule, pp_schedule;
+    int dp_only;
+} search_case;
+
+static void case_space(const search_case *c, zo_model_config *m, plan_hw *hw, plan_space *s)
+{
+    load(c->model, c->hw, c->gpus, m, hw);
+    if (c->cpu_gib > 0) hw->cpu_mem = (uint64_t)(c->cpu_gib * (1 << 30));
+    plan_space_defaults(s, m, hw);
+    s->max_gpus = c->max_gpus;
+    s->base.seq = c->seq;
+    s->global_batch = c->global_batch;
+    s->max_micro_batch = c->max_mb;
+    s->opt_steps = 5;
+    s->pp_schedule = (plan_pp_schedule)c->pp_schedule;
+    s->schedule = c->schedule;
+    s->opt_states = c->states;
+    if (c->dp_only) {
+        s->allow_offload = 0;
+        s->tp = s->pp = 1;
+    }
+    if (c->methods) {
+        s->methods = c->methods;
+        s->base.lora = (zo_lora_config){16, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
+    }
+}
+
 /* plan_space.max_step, the cap memplan plan's state hint searches under
  * (b.step / 1.5 of the 32-bit best), over the other encodings as the hint
  * does: hint cases (LLaMA-2-13B on an RTX 4090 with 64 GiB, 8-bit m and v
@@ -955,20 +995,14 @@ static uint64_t check_capped(const zo_model_config *m, const plan_hw *hw, plan_s
 static void test_step_cap(void **state)
 {
     (void)state;
-    static const struct {
-        const char *model, *hw;
-        int gpus, seq, global_batch, max_mb;
-        double cpu_gib;
-        unsigned methods;
-        int schedule, pp_schedule;
-    } cases[] = {
-        {"llama-2-13b", "rtx-4090", 1, 4096, 1, 16, 64, 0, -1, PLAN_PP_MEGATRON},
-        {"qwen3-30b-a3b", "h100-80gb", 1, 4096, 8, 16, 0, 0, -1, PLAN_PP_MEGATRON},
-        {"llama-2-70b", "dgx-a100-80gb", 8, 4096, 16, 1, 0, 0, -1, PLAN_PP_MEGATRON},
-        {"megatron-22b", "dgx-a100-80gb", 8, 2048, 16, 1, 0, 0, -1, PLAN_PP_DEEPSPEED},
-        {"llama-2-13b", "rtx-4090", 1, 2048, 4, 2, 64, 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA | 1u << ZO_PLAN_QLORA,
-         -1, PLAN_PP_MEGATRON},
-        {"llama-2-13b", "rtx-4090", 1, 4096, 1, 16, 64, 0, ZO_PLAN_SCHED_SERIAL, PLAN_PP_MEGATRON},
+    static const search_case cases[] = {
+        {"llama-2-13b", "rtx-4090", 1, 0, 4096, 1, 16, 64, 0, 0, -1, PLAN_PP_MEGATRON, 0},
+        {"qwen3-30b-a3b", "h100-80gb", 1, 0, 4096, 8, 16, 0, 0, 0, -1, PLAN_PP_MEGATRON, 0},
+        {"llama-2-70b", "dgx-a100-80gb", 8, 0, 4096, 16, 1, 0, 0, 0, -1, PLAN_PP_MEGATRON, 0},
+        {"megatron-22b", "dgx-a100-80gb", 8, 0, 2048, 16, 1, 0, 0, 0, -1, PLAN_PP_DEEPSPEED, 0},
+        {"llama-2-13b", "rtx-4090", 1, 0, 2048, 4, 2, 64, 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA | 1u << ZO_PLAN_QLORA,
+         0, -1, PLAN_PP_MEGATRON, 0},
+        {"llama-2-13b", "rtx-4090", 1, 0, 4096, 1, 16, 64, 0, 0, ZO_PLAN_SCHED_SERIAL, PLAN_PP_MEGATRON, 0},
     };
     double t0 = zo_now();
     plan_result *b = malloc(sizeof *b), *all = malloc(sizeof *all);
@@ -977,20 +1011,8 @@ static void test_step_cap(void **state)
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         zo_model_config m;
         plan_hw hw;
-        load(cases[k].model, cases[k].hw, cases[k].gpus, &m, &hw);
-        if (cases[k].cpu_gib > 0) hw.cpu_mem = (uint64_t)(cases[k].cpu_gib * (1 << 30));
         plan_space s;
-        plan_space_defaults(&s, &m, &hw);
-        s.base.seq = cases[k].seq;
-        s.global_batch = cases[k].global_batch;
-        s.max_micro_batch = cases[k].max_mb;
-        s.opt_steps = 5; /* (the optimizer split in fifths: a fraction of the search's time) */
-        s.pp_schedule = (plan_pp_schedule)cases[k].pp_schedule;
-        s.schedule = cases[k].schedule;
-        if (cases[k].methods) {
-            s.methods = cases[k].methods;
-            s.base.lora = (zo_lora_config){16, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
-        }
+        case_space(&cases[k], &m, &hw, &s);
         /* the 32-bit state's best (memplan plan's search), then the others' (the hint's) */
         assert_int_equal(plan_search(&m, &hw, &s, 1, b), ZO_OK);
         s.opt_states = ((1u << ZO_PLAN_STATES) - 1) & ~(1u << ZO_PLAN_STATE_FP32);
@@ -998,7 +1020,11 @@ static void test_step_cap(void **state)
         s.visit = check_floor;
         s.visit_arg = &fc;
         const int top = 5;
+        /* (every layout walked, every plan's floor checked; the capped searches
+         * take the step bound too, as memplan plan's do) */
+        s.no_bound = 1;
         assert_int_equal(plan_search(&m, &hw, &s, top, all), ZO_OK);
+        s.no_bound = 0;
         assert_true(all->n_best >= 1);
         assert_true(fc.plans > 0);
         double best = all->best[0].time.step;
@@ -1035,6 +1061,82 @@ static void test_step_cap(void **state)
     printf("  (%.2f s)\n", zo_now() - t0);
 }
 
+/* ---- the step bound (branch and bound: search.c, layout_bound) ------------------------ */
+
+/* The step-time search with its bound (the default: once the ranking holds
+ * `top` plans, a layout whose plan_time_floor is above the last plan's score
+ * is not walked, and with --max-gpus the most GPUs are walked first) against
+ * the same search walking every layout, fewer GPUs first (plan_space.no_bound,
+ * top PLAN_TOP_MAX, whose first plans a smaller top ranks): the same ranking,
+ * plan for plan (configuration, GPUs, score, step, bytes
+ * per tier, what memplan plan prints of it), over a single GPU with one
+ * method and with --method auto, several GPU counts (--max-gpus: both walk
+ * orders), a mixture of experts, every AdamW encoding (--optim-dtype auto),
+ * a fixed schedule, a pipeline engine, and fewer plans than top (data
+ * parallelism alone on up to 4 GPUs), top 1 to PLAN_TOP_MAX; the bound walks
+ * no more and skips layouts in most cases. A bound taken from the best plan,
+ * not the last, or from a floor that is not one (1.5 x plan_time_floor), or
+ * applied before the ranking is full, changes a ranking here. */
+static void test_step_bound(void **state)
+{
+    (void)state;
+    static const search_case cases[] = {
+        {"llama-2-13b", "rtx-4090", 1, 0, 4096, 1, 16, 64, 0, 0, -1, PLAN_PP_MEGATRON, 0},
+        {"llama-2-13b", "rtx-4090", 1, 0, 2048, 4, 2, 64, 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA | 1u << ZO_PLAN_QLORA,
+         0, -1, PLAN_PP_MEGATRON, 0},
+        {"llama-2-7b", "dgx-h100", 8, 8, 2048, 32, 2, 0, 0, 0, -1, PLAN_PP_MEGATRON, 0},
+        {"llama-2-7b", "dgx-h100", 8, 8, 2048, 32, 2, 0, 0, (1u << ZO_PLAN_STATES) - 1, ZO_PLAN_SCHED_SERIAL,
+         PLAN_PP_MEGATRON, 0},
+        {"llama-2-13b", "dgx-a100-80gb", 4, 4, 2048, 8, 1, 0, 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA, 0, -1,
+         PLAN_PP_MEGATRON, 0},
+        {"llama-2-7b", "dgx-h100", 4, 4, 2048, 8, 1, 0, 0, 0, -1, PLAN_PP_MEGATRON, 1},
+        {"megatron-22b", "dgx-a100-80gb", 8, 0, 2048, 16, 1, 0, 0, 0, -1, PLAN_PP_DEEPSPEED, 0},
+        {"qwen3-30b-a3b", "dgx-h100", 8, 0, 2048, 8, 1, 0, 0, 0, -1, PLAN_PP_MEGATRON, 0},
+    };
+    static const int tops[] = {1, 5, PLAN_TOP_MAX};
+    double t0 = zo_now();
+    plan_result *on = malloc(sizeof *on), *off = malloc(sizeof *off);
+    assert_non_null(on);
+    assert_non_null(off);
+    uint64_t skipped = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        zo_model_config m;
+        plan_hw hw;
+        plan_space s;
+        case_space(&cases[k], &m, &hw, &s);
+        /* the whole space's ranking (of PLAN_TOP_MAX: a smaller top ranks its first plans) */
+        s.no_bound = 1;
+        assert_int_equal(plan_search(&m, &hw, &s, PLAN_TOP_MAX, off), ZO_OK);
+        assert_true(off->skipped == 0);
+        s.no_bound = 0;
+        for (size_t j = 0; j < sizeof tops / sizeof tops[0]; j++) {
+            int top = tops[j];
+            assert_int_equal(plan_search(&m, &hw, &s, top, on), ZO_OK);
+            assert_true(on->layouts == off->layouts && on->configs <= off->configs);
+            int want = off->n_best < top ? off->n_best : top;
+            if (on->n_best != want)
+                fail_msg("%s on %d %s, top %d: %d plans with the bound, %d without", m.name, hw.gpus,
+                         cases[k].hw, top, on->n_best, want);
+            for (int i = 0; i < on->n_best; i++) {
+                const plan_candidate *a = &on->best[i], *b = &off->best[i];
+                if (!same_plan(a, b) || a->time.tokens_per_s != b->time.tokens_per_s || a->time.mfu != b->time.mfu)
+                    fail_msg("%s on %d %s, top %d: plan %d with the bound %.9g s on %d GPUs, without %.9g s on %d",
+                             m.name, hw.gpus, cases[k].hw, top, i + 1, a->time.step, a->gpus, b->time.step,
+                             b->gpus);
+            }
+            skipped += on->skipped;
+            printf("  %s on %s%d %s, top %d: %d plans, best %.4g s; %llu of %llu layouts skipped, %llu of %llu "
+                   "configurations (%.2f s)\n", m.name, s.max_gpus ? "up to " : "", hw.gpus, cases[k].hw, top,
+                   on->n_best, on->n_best ? on->best[0].time.step : 0.0, (unsigned long long)on->skipped,
+                   (unsigned long long)on->layouts, (unsigned long long)on->configs,
+                   (unsigned long long)off->configs, zo_now() - t0);
+        }
+    }
+    assert_true(skipped > 0);
+    free(on);
+    free(off);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1046,7 +1148,7 @@ int main(void)
         cmocka_unit_test(test_objective_cost),    cmocka_unit_test(test_plan_file_roundtrip),
         cmocka_unit_test(test_cli_plan),          cmocka_unit_test(test_plan_file_runs),
         cmocka_unit_test(test_fits_with_distinct), cmocka_unit_test(test_plan_method),
-        cmocka_unit_test(test_step_cap),
+        cmocka_unit_test(test_step_cap),          cmocka_unit_test(test_step_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
