@@ -333,8 +333,8 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
     fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s",
             (unsigned long long)r->configs, (unsigned long long)r->feasible, dt,
             dt > 0 ? (double)r->configs / dt : 0.0);
-    /* (the step-time search's bound: the layouts whose configurations it did not search) */
-    if (s->objective == PLAN_OBJ_TIME)
+    /* (the step-time and cost searches' bound: the layouts whose configurations they did not search) */
+    if (s->objective != PLAN_OBJ_MEMORY)
         fprintf(tab, "; %llu of %llu layouts skipped by the step bound", (unsigned long long)r->skipped,
                 (unsigned long long)r->layouts);
     fprintf(tab, "\n");

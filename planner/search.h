@@ -62,11 +62,12 @@ typedef struct plan_space {
                               the ranking, down to its last plan of step <= max_step, is the
                               uncapped one, and none of its plans steps <= max_step where no
                               plan does. configs and feasible count what was walked. 0: none */
-    int no_bound;          /* (tests, bench_planner) 1: the step-time search walks every layout,
-                              fewer GPUs first, without its bound (search.c, layout_bound: once
-                              the ranking holds `top` plans, a layout whose plan_time_floor is
-                              above the last's score is skipped, and --max-gpus walks the most
-                              GPUs first; the ranking is the same either way) */
+    int no_bound;          /* (tests, bench_planner) 1: the step-time and cost searches walk
+                              every layout, fewer GPUs first, without their bound (search.c,
+                              layout_bound: once the ranking holds `top` plans, a layout whose
+                              plan_time_floor's score is above the last's is skipped, and the
+                              step-time search walks --max-gpus from the most GPUs; the
+                              ranking is the same either way) */
     /* (tests) when set, called with every plan ranked (each schedule of each configuration
        that fits) and the floor of its layout, which its step is at least */
     void (*visit)(void *arg, const plan_train *t, int gpus, double step, double floor);

@@ -1074,9 +1074,12 @@ static void test_step_cap(void **state)
  * orders), a mixture of experts, every AdamW encoding (--optim-dtype auto),
  * a fixed schedule, a pipeline engine, and fewer plans than top (data
  * parallelism alone on up to 4 GPUs), top 1 to PLAN_TOP_MAX; the bound walks
- * no more and skips layouts in most cases. A bound taken from the best plan,
- * not the last, or from a floor that is not one (1.5 x plan_time_floor), or
- * applied before the ranking is full, changes a ranking here. */
+ * no more and skips layouts in most cases. The searches over several GPU
+ * counts again under the cost objective (GPU-seconds per token, its bound in
+ * those units: the floor times the GPUs over the step's tokens). A bound
+ * taken from the best plan, not the last, or from a floor that is not one
+ * (1.5 x plan_time_floor), or applied before the ranking is full, or a cost
+ * bound left in seconds, changes a ranking here. */
 static void test_step_bound(void **state)
 {
     (void)state;
@@ -1099,11 +1102,15 @@ static void test_step_bound(void **state)
     assert_non_null(on);
     assert_non_null(off);
     uint64_t skipped = 0;
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    for (size_t kk = 0; kk < 2 * (sizeof cases / sizeof cases[0]); kk++) {
+        const size_t k = kk / 2;
+        const int cost = kk & 1;
+        if (cost && !cases[k].max_gpus) continue;
         zo_model_config m;
         plan_hw hw;
         plan_space s;
         case_space(&cases[k], &m, &hw, &s);
+        if (cost) s.objective = PLAN_OBJ_COST;
         /* the whole space's ranking (of PLAN_TOP_MAX: a smaller top ranks its first plans) */
         s.no_bound = 1;
         assert_int_equal(plan_search(&m, &hw, &s, PLAN_TOP_MAX, off), ZO_OK);
@@ -1115,18 +1122,19 @@ static void test_step_bound(void **state)
             assert_true(on->layouts == off->layouts && on->configs <= off->configs);
             int want = off->n_best < top ? off->n_best : top;
             if (on->n_best != want)
-                fail_msg("%s on %d %s, top %d: %d plans with the bound, %d without", m.name, hw.gpus,
-                         cases[k].hw, top, on->n_best, want);
+                fail_msg("%s on %d %s%s, top %d: %d plans with the bound, %d without", m.name, hw.gpus,
+                         cases[k].hw, cost ? " by cost" : "", top, on->n_best, want);
             for (int i = 0; i < on->n_best; i++) {
                 const plan_candidate *a = &on->best[i], *b = &off->best[i];
                 if (!same_plan(a, b) || a->time.tokens_per_s != b->time.tokens_per_s || a->time.mfu != b->time.mfu)
-                    fail_msg("%s on %d %s, top %d: plan %d with the bound %.9g s on %d GPUs, without %.9g s on %d",
-                             m.name, hw.gpus, cases[k].hw, top, i + 1, a->time.step, a->gpus, b->time.step,
-                             b->gpus);
+                    fail_msg("%s on %d %s%s, top %d: plan %d with the bound %.9g s on %d GPUs, without %.9g s "
+                             "on %d", m.name, hw.gpus, cases[k].hw, cost ? " by cost" : "", top, i + 1, a->time.step,
+                             a->gpus, b->time.step, b->gpus);
             }
             skipped += on->skipped;
-            printf("  %s on %s%d %s, top %d: %d plans, best %.4g s; %llu of %llu layouts skipped, %llu of %llu "
-                   "configurations (%.2f s)\n", m.name, s.max_gpus ? "up to " : "", hw.gpus, cases[k].hw, top,
+            printf("  %s on %s%d %s%s, top %d: %d plans, best %.4g s; %llu of %llu layouts skipped, %llu of %llu "
+                   "configurations (%.2f s)\n", m.name, s.max_gpus ? "up to " : "", hw.gpus, cases[k].hw,
+                   cost ? " by cost" : "", top,
                    on->n_best, on->n_best ? on->best[0].time.step : 0.0, (unsigned long long)on->skipped,
                    (unsigned long long)on->layouts, (unsigned long long)on->configs,
                    (unsigned long long)off->configs, zo_now() - t0);
