@@ -5,7 +5,7 @@
 
 int main(int argc, char **argv)
 {
-    if (argc < 3) return fprintf(stderr, "usage: %s PLAN.json STEPS [cpu|cuda]\n", argv[0]), 2;
+    if (argc < 3) return fprintf(stderr, "usage: %s PLAN.json STEPS [cpu|cuda [CONFIG]]\n", argv[0]), 2;
     offload_plan p;
     offload_plan_defaults(&p);
     zo_model_config cfg;
@@ -14,7 +14,10 @@ int main(int argc, char **argv)
     tf_model m;
     tf_offload_model tm;
     offload_t *rt;
-    if (offload_plan_load(argv[1], &p) || zo_model_preset_find(p.model_name, &cfg)) goto fail;
+    if (offload_plan_load(argv[1], &p) ||
+        (argc > 4 ? zo_model_config_load(argv[4], &cfg) : zo_model_preset_find(p.model_name, &cfg)) ||
+        zo_plan_check_run(&p.file, &cfg, 1, argv[1]))
+        goto fail;
     tf_options to = {.recompute = p.cfg.recompute, .external_res = 1};
     int B = p.micro_batch ? p.micro_batch : 1, T = p.seq ? p.seq : 64;
     if (gpu_device_open(argc > 3 ? argv[3] : "cpu", p.gpu_mem, &dev) || gpu_stream_create(dev, &s) ||

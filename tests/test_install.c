@@ -91,15 +91,27 @@ static void test_install_and_link(void **state)
                         prefix, prefix, src),
                      0);
 
-    /* the installed memplan writes a plan; both builds train from it */
-    assert_int_equal(sh("cd %s && %s/usr/bin/memplan estimate --model gpt2 --seq 16 --micro-batch 1 "
+    /* the installed memplan writes a plan for a model folder of the tests'
+     * (a 2-layer GPT-2: a step of the smallest preset, GPT-2 124M, is
+     * seconds of weight initialization); both builds train from it, given
+     * the folder */
+    const char *model = ZO_FIXTURES_DIR "/model/gpt2-tiny";
+    assert_int_equal(sh("cd %s && %s/usr/bin/memplan estimate --model %s --seq 16 --micro-batch 1 "
                         "--params cpu --optimizer cpu --gpu-mem 1GiB --plan-out plan.json > /dev/null; "
                         "test -s plan.json",
-                        prefix, prefix),
+                        prefix, prefix, model),
                      0);
-    assert_int_equal(sh("cd %s && ./consumer/build/train_min plan.json 1 | grep -q '^step 0 loss' && "
-                        "./train_min_pc plan.json 1 | grep -q '^step 0 loss' && test -s stats.json",
-                        prefix),
+    assert_int_equal(sh("cd %s && ./consumer/build/train_min plan.json 1 cpu %s | grep -q '^step 0 loss' && "
+                        "./train_min_pc plan.json 1 cpu %s | grep -q '^step 0 loss' && test -s stats.json",
+                        prefix, model, model),
+                     0);
+    /* without it the program looks the plan's model up among the presets,
+     * which lack it; a model other than the plan's is refused */
+    assert_int_equal(sh("cd %s && ! ./consumer/build/train_min plan.json 1 > out 2>&1 && "
+                        "grep -q \"gpt2-tiny\" out && ! grep -q '^step' out && "
+                        "! ./train_min_pc plan.json 1 cpu %s/model/llama-tiny > out 2>&1 && "
+                        "grep -q 'plan.json' out && ! grep -q '^step' out",
+                        prefix, ZO_FIXTURES_DIR),
                      0);
 }
 

@@ -114,7 +114,7 @@ struct pcase {
     /* the tensor-core kernels' path in it (the input type, the head size,
      * the gradients' type: their template arguments and dO's split) runs
      * in another case on them, at its tiles, window, cap and GQA: under
-     * ZO_OPS_SHIM_LEAN left out of cuda-shim-tc (grads16_grid) */
+     * ZO_OPS_SHIM_LEAN left out of cuda-shim-tc (grads16_grid, scale_grid) */
     int tc_repeat;
 };
 
@@ -1279,12 +1279,15 @@ static int long_for_fibers(const backend *be, const pcase *c)
  * fiber kernels leave out the attention cases marked fiber_repeat, whose
  * paths (head size, GQA group, tiles, window, cap, ALiBi form, batch,
  * types) the cases beside them run on those kernels too, each mark saying
- * which (attention_grid, alibi_grid); the kernels that ignore grads16 the
+ * which (attention_grid, alibi_grid), and the sums of squares whose
+ * kernel paths other sizes run (parity_sum_squares: a fixed grid, as
+ * long on the shim for any n); the kernels that ignore grads16 the
  * cases of grads16_grid whose path without it other cases run there: the
  * flash kernel (cuda-shim) every one (its one template argument is the
  * head size's dims per lane, the types are read at run time), the
  * tensor-core kernels (cuda-shim-tc) those marked tc_repeat (their
- * template instance, by type and head size, and dO's split); and
+ * template instance, by type and head size, and dO's split: grads16_grid,
+ * and scale_grid's one repeat of a softcap_grid case); and
  * test_attention_tune its one case that repeats another's
  * (tune_case.lean_repeat). The CPU backend, the GEMM-path backends and the
  * mma.sync kernels (which take grads16) still run every case there; unset
@@ -1562,7 +1565,10 @@ static int run_on(backend *be, const pcase *c, double **in, double **want, const
         if (b->slot == 't') a.t[b->index] = gpu_t(p, (zo_dtype)(b->type <= E_BF16 ? b->type : E_F32));
         else a.p[b->index] = p;
     }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     zo_status st = be->run(c->op, &a);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     if (st != ZO_OK) {
         printf("  %s on %s: %s: status %d: %s\n", gpu_op_infos[c->op].name, be->name, c->label, st,
                zo_last_error());
@@ -1624,7 +1630,9 @@ static int run_on(backend *be, const pcase *c, double **in, double **want, const
         if (mem[k]) be->release(mem[k]);
     be->cases++;
     be->failed += bad;
-    if (verbose) printf("  %-28s %-10s %s %s\n", gpu_op_infos[c->op].name, be->name, c->label, bad ? "FAILED" : "ok");
+    if (verbose)
+        printf("  %-28s %-10s %s %s %.3f s\n", gpu_op_infos[c->op].name, be->name, c->label, bad ? "FAILED" : "ok",
+               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     return bad;
 }
 
@@ -2384,7 +2392,14 @@ static void scale_grid(gpu_op_id op)
     attention_case_sc(op, 2, 100, 4, 2, 64, 0, 1.0f / 64.0f, 0.0f, E_F16, E_F16);
     /* (two heads where the shim pays seconds a head) */
     attention_case_sc(op, 1, 257, 2, 1, 128, 0, 1.0f / 128.0f, 0.0f, E_BF16, E_BF16);
+    /* tc_repeat (ZO_OPS_SHIM_LEAN): on the tensor-core kernels this is
+     * softcap_grid's t 130 backward less its cap: the same instance (bf16,
+     * head size 128, dO split from fp32 gradients), sequence (two tiles
+     * and 2 rows), GQA group (2) and a scale of its own; the path without a
+     * cap is every other case's there */
+    tc_repeat = 1;
     if (op == GPU_OP_ATTENTION_BACKWARD) attention_case_sc(op, 1, 130, 2, 1, 128, 0, 1.0f / 128.0f, 0.0f, E_BF16, E_F32);
+    tc_repeat = 0;
     rng = saved;
 }
 
@@ -2854,6 +2869,19 @@ static void parity_sum_squares(void)
     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
         for (int t = 0; t < 3; t++) {
             size_t n = sizes[s];
+            /* fiber_repeat (ZO_OPS_SHIM_LEAN): the CUDA kernel launches its
+             * fixed 512 blocks of 256 threads whatever n (CUDA_SUMSQ_BLOCKS:
+             * the fixed order), 0.3-0.5 s on the shim under the sanitizers
+             * for n 1 as for 1048583. Its paths, each type's loads: blocks
+             * past n's end and threads past their block's chunk in n 1
+             * (one element) and 16385 (chunks of 33, the last 17, then 15
+             * empty blocks); the four-load steps in 600001 (chunks of
+             * 1172: the first 404 threads take one, the rest only the
+             * rest; the last block short) and 1048583 (two for every thread
+             * and a rest of one element). The other sizes cross the CPU's
+             * boundaries (blocks of 2048, chunks of 16384) and take one
+             * of these paths on the kernel. */
+            fiber_repeat = n != 1 && n != 16385 && n != 600001 && n != 1048583;
             pcase c = new_case(GPU_OP_SUM_SQUARES, "n %zu %s", n, ename(storage[t]));
             c.a.n = n;
             IN_T(&c, 0, storage[t], n);
@@ -2861,6 +2889,7 @@ static void parity_sum_squares(void)
             c.buf[o].rtol = 1e-12;
             emit(&c);
         }
+    fiber_repeat = 0;
 }
 
 static void embedding_grid(gpu_op_id op)
