@@ -368,33 +368,38 @@ static zo_status dev_use(wstore *ws, int b, gpu_stream_t s)
     return dev_gather_one(ws, b, s);
 }
 
-static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
+/* The optimizer's elements [rel, rel + n) of block b from host memory src
+ * (element 0 of src is rel's) on h2d, run by run: a part in segments
+ * (expert parallelism) is not contiguous in the block. Then `ev` recorded
+ * on h2d (*pending set) and the part counted. */
+static zo_status dev_put_runs(wstore *ws, int b, size_t rel, size_t n, const char *src, gpu_event_t ev,
+                              int *pending)
 {
     zo_status st;
-    /* run by run: a part in segments (expert parallelism) is not contiguous in the block */
     for (size_t done = 0, run; done < n; done += run) {
         size_t at = offload_dp_part_at(dev_of(ws)->dp, b, rel + done, &run);
         if (run > n - done) run = n - done;
-        if ((st = dev_copy_in(ws, b, at, done, run)) != ZO_OK) return st;
+        if ((st = dev_h2d(ws, b, at, src + done * ws->g->es, run)) != ZO_OK) return st;
+    }
+    if (n) {
+        if ((st = gpu_event_record(ev, ws->env->h2d)) != ZO_OK) return st;
+        *pending = 1;
     }
     return dev_part_done(ws, b, n);
 }
 
+static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
+{
+    dev_store *d = dev_of(ws);
+    const int k = d->stage_cur;
+    return dev_put_runs(ws, b, rel, n, d->stage[k], d->stage_ev[k], &d->stage_pending[k]);
+}
+
+/* (straight from src: no staging) */
 static zo_status dev_put_pinned(wstore *ws, int b, size_t rel, size_t n, const void *src)
 {
     dev_store *d = dev_of(ws);
-    zo_status st;
-    /* run by run, as dev_put_host_done, each straight from src */
-    for (size_t done = 0, run; done < n; done += run) {
-        size_t at = offload_dp_part_at(d->dp, b, rel + done, &run);
-        if (run > n - done) run = n - done;
-        if ((st = dev_h2d(ws, b, at, (const char *)src + done * ws->g->es, run)) != ZO_OK) return st;
-    }
-    if (n) {
-        if ((st = gpu_event_record(d->pin_ev, ws->env->h2d)) != ZO_OK) return st;
-        d->pin_pending = 1;
-    }
-    return dev_part_done(ws, b, n);
+    return dev_put_runs(ws, b, rel, n, src, d->pin_ev, &d->pin_pending);
 }
 
 static zo_status dev_put_dev(wstore *ws, int b, void **dst)

@@ -1131,7 +1131,7 @@ static void step_sched_in(const step_in *in, double cpu_n, plan_time *o)
     s->seg_n[end] = 1;
     s->seg_fwd[end] = dmax(s->fwd1 - layers * s->seg_fwd[1], 0);
     s->seg_bwd[end] = dmax(bwd1 - layers * s->seg_bwd[1], 0);
-    double tokens = (double)t->seq * t->micro_batch * t->grad_accum * t->dp;
+    double tokens = plan_step_tokens(t);
     s->tokens = tokens;
     s->peak = (t->dtype == ZO_DTYPE_F32 ? in->hw->peak_flops_32 : in->hw->peak_flops_16) *
               ((double)t->dp * t->tp * t->pp);
@@ -1161,6 +1161,11 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
     double cpu_n = step_optimizer(&in, o);
     step_sched_in(&in, cpu_n, o);
     plan_time_schedule(o, t->schedule);
+}
+
+double plan_step_tokens(const plan_train *t)
+{
+    return (double)t->seq * t->micro_batch * t->grad_accum * t->dp;
 }
 
 /* Why it is a floor: plan_time_schedule's step, under every schedule, is

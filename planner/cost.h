@@ -187,6 +187,8 @@ void plan_time_schedule(plan_time *pt, zo_plan_schedule s);
  * sums: the runtime's offload_optim_sum_threads). */
 int plan_sched_sum_team(zo_plan_schedule s, int clip_stale);
 
+/* The tokens a step of t trains: seq x micro-batch x grad-accum x DP. */
+double plan_step_tokens(const plan_train *t);
 /* A floor under the step of every configuration of one layout (the GPUs,
  * DP x TP x PP, EP, micro-batch and gradient accumulation, interleaving,
  * SP, recompute, method, dtypes; its micro-batch `mb` from

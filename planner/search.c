@@ -442,8 +442,7 @@ static int ops_searched(const zo_model_config *m, const plan_space *s)
 static double floor_score(const walk *w, const plan_train *t, double floor)
 {
     if (w->s->objective != PLAN_OBJ_COST) return floor;
-    double tokens = (double)t->seq * t->micro_batch * t->grad_accum * t->dp; /* (plan_time_schedule's) */
-    return w->hw.gpus * floor / tokens;
+    return w->hw.gpus * floor / plan_step_tokens(t);
 }
 
 static double layout_bound(const walk *w)
