@@ -508,20 +508,24 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
 }
 
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, uint8_t *order, int n, int e, int k, gpu_moe_route mode,
-                                 float eps, int group_rows)
+                                 float *stats, uint8_t *order, int n, int e, int k,
+                                 const gpu_moe_gate *gate, int group_rows)
 {
-    RUN(MOE_ROUTER_FORWARD, .t = {weights, logits}, .p = {stats, order}, .i = {n, e, k, mode, group_rows},
-        .f = {0.0f, eps});
+    if (!gate) return zo_error(ZO_ERR_INVALID, "gpu_moe_router_forward: no gate");
+    RUN(MOE_ROUTER_FORWARD, .t = {weights, logits}, .p = {stats, order, (void *)gate->bias},
+        .i = {n, e, k, gate->mode, group_rows, gate->groups, gate->topk_groups},
+        .f = {0.0f, gate->eps, gate->scale});
 }
 
 zo_status gpu_moe_router_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  gpu_moe_route mode, float eps, int layers, int group_rows,
+                                  const gpu_moe_gate *gate, int layers, int group_rows,
                                   float aux_scale)
 {
-    RUN(MOE_ROUTER_BACKWARD, .t = {dlogits, dweights, logits}, .p = {(void *)stats},
-        .i = {n, e, k, mode, layers, group_rows}, .f = {aux_scale, eps});
+    if (!gate) return zo_error(ZO_ERR_INVALID, "gpu_moe_router_backward: no gate");
+    RUN(MOE_ROUTER_BACKWARD, .t = {dlogits, dweights, logits}, .p = {(void *)stats, (void *)gate->bias},
+        .i = {n, e, k, gate->mode, layers, group_rows, gate->groups, gate->topk_groups},
+        .f = {aux_scale, gate->eps, gate->scale});
 }
 
 zo_status gpu_moe_scale_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const float *scale,

@@ -587,40 +587,71 @@ typedef enum gpu_moe_route {
      * same from the new maximum (i2, its mask over the other logits) gives
      * w2. Not renormalized over the two. */
     GPU_MOE_ROUTE_SPARSEMIXER = 2,
+    /* DeepSeek-V3's scores: s = the sigmoid of each logit (not a softmax);
+     * the chosen experts weigh s, or with SIGMOID_NORM s divided by the
+     * chosen ones' sum plus 1e-20 */
+    GPU_MOE_ROUTE_SIGMOID = 3,
+    GPU_MOE_ROUTE_SIGMOID_NORM = 4,
 } gpu_moe_route;
 
+/* How the router chooses and weighs: gpu_moe_router_*'s `gate`.
+ * The choice ranks each expert by its key, its score (the softmax's p, or
+ * the sigmoid's s) plus bias[j] when a bias is given; the weights are the
+ * scores themselves (the bias never enters them). With groups > 1 the e
+ * experts form `groups` groups of e / groups in index order, each group
+ * scored by its largest key (the softmax modes: DeepSeek-V2's
+ * group_limited_greedy) or its two largest keys' sum (the sigmoid modes:
+ * V3's noaux_tc); the topk_groups best groups (ties to the lower index)
+ * hold the only experts the top k is taken from (k <= topk_groups x
+ * e / groups). The weights end times `scale` (routed_scaling_factor),
+ * after any normalization. The sparsemixer takes none of groups, bias or
+ * scale. */
+typedef struct gpu_moe_gate {
+    gpu_moe_route mode;
+    float eps;         /* the sparsemixer's jitter eps (read by it alone) */
+    int groups;        /* 0 or 1: one group of all e; at most 64 */
+    int topk_groups;   /* with groups > 1: 1 to groups */
+    float scale;       /* 0 or 1: none */
+    const float *bias; /* [e] fp32 device memory; NULL: none */
+} gpu_moe_gate;
+
 /* The router of n tokens over e experts, as Hugging Face's Mixtral,
- * Qwen2-MoE and PhiMoE: p = softmax(logits row) over all e experts, the k
- * largest chosen (ties: the lower index), weighed as `mode` says (eps:
- * the sparsemixer's jitter_eps, unread by the other modes). weights [n, e]
- * fp32 gets those weights and 0 for the experts not chosen; logits [n, e]
- * fp32. order [n, e] bytes (NULL: not written) gets each chosen expert's
- * place in the row's choice, 0 for the first chosen (the largest p; the
- * sparsemixer's i1) to k - 1, and GPU_MOE_NOT_CHOSEN for the others: the
- * order capacity-limited routing keeps choices by, which the weights do
- * not carry (the sparsemixer's w2 may exceed its w1; Mixtral's
- * renormalized weights can round two p to one value).
- * stats [groups, 2 e] fp32 receives the load-balancing loss's counts
- * of each group of group_rows rows (row r in group r / group_rows, groups =
- * ceil(n / group_rows): DeepSeek's sequences; group_rows >= n: one group):
- * stats[g, j] = sum over the group's rows of p_j, stats[g, e + j] = the
+ * Qwen2-MoE, PhiMoE and DeepSeek's MoE gates: the scores of each row (p =
+ * softmax(logits row) over all e experts, or the sigmoid modes' s), the k
+ * best keys chosen (ties: the lower index; `gate` says which keys may
+ * compete), weighed as `gate` says. weights [n, e] fp32 gets those weights
+ * and 0 for the experts not chosen; logits [n, e] fp32. order [n, e] bytes
+ * (NULL: not written) gets each chosen expert's place in the row's choice,
+ * 0 for the first chosen (the largest key; the sparsemixer's i1) to k - 1,
+ * and GPU_MOE_NOT_CHOSEN for the others: the order capacity-limited
+ * routing keeps choices by, which the weights do not carry (the
+ * sparsemixer's w2 may exceed its w1; Mixtral's renormalized weights can
+ * round two p to one value; a bias reorders). stats [groups, 2 e] fp32
+ * receives the load-balancing loss's counts of each group of group_rows
+ * rows (row r in group r / group_rows, groups = ceil(n / group_rows):
+ * DeepSeek's sequences; group_rows >= n: one group): stats[g, j] = sum
+ * over the group's rows of the score of j (p, or s), stats[g, e + j] = the
  * group's rows that chose j (written, not accumulated). */
 #define GPU_MOE_NOT_CHOSEN 0xff /* (so k <= 255 with an order) */
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, uint8_t *order, int n, int e, int k, gpu_moe_route mode,
-                                 float eps, int group_rows);
+                                 float *stats, uint8_t *order, int n, int e, int k,
+                                 const gpu_moe_gate *gate, int group_rows);
 /* Its backward: dlogits [n, e] fp32 = the gradient of the loss through the
- * chosen weights (dweights [n, e] fp32, read at the chosen experts only):
- * the softmax's backward of dp (with NORM the normalization's backward
- * first); with SPARSEMIXER each weight's masked softmax's backward, its mask
- * and the choices held as constants. Plus, when aux_scale is not 0, the
- * load-balancing loss's aux_scale * C_j added to dp for every expert (through
- * the softmax over all e), C_j the rows of row r's group (r / group_rows, as
+ * chosen weights (dweights [n, e] fp32, read at the chosen experts only),
+ * the choice held constant (the same choice as the forward's, from the
+ * same logits and gate): the softmax's backward of dp (with NORM the
+ * normalization's backward first), or each chosen s's sigmoid backward
+ * (with SIGMOID_NORM the normalization's first); the gate's scale
+ * multiplies dweights first; with SPARSEMIXER each weight's masked
+ * softmax's backward, its mask and the choices held as constants. Plus,
+ * when aux_scale is not 0 (the softmax modes only), the load-balancing
+ * loss's aux_scale * C_j added to dp for every expert (through the
+ * softmax over all e), C_j the rows of row r's group (r / group_rows, as
  * the forward's) that chose j, summed over `layers` layers of stats
  * ([layers, groups, 2 e], as the forward wrote them). */
 zo_status gpu_moe_router_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  gpu_moe_route mode, float eps, int layers, int group_rows,
+                                  const gpu_moe_gate *gate, int layers, int group_rows,
                                   float aux_scale);
 /* An expert's output weighted per token: y[r, j] = g(scale[r * lds]) x[r, j]
  * for n rows of c columns (y, x [n, c]); g the identity, or the sigmoid

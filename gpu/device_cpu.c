@@ -662,15 +662,18 @@ static zo_status cpu_run_swiglu_backward(cpu_scratch *ws, const gpu_op_args *a, 
 
 static zo_status cpu_run_moe_router_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
+    const gpu_moe_gate g = {.mode = (gpu_moe_route)a->i[3], .eps = a->f[1], .groups = (int)a->i[5],
+                            .topk_groups = (int)a->i[6], .scale = a->f[2], .bias = a->p[2]};
     return cpu_moe_router_forward(ws, a->t[0], a->t[1], a->p[0], a->p[1], (int)a->i[0], (int)a->i[1],
-                                  (int)a->i[2], (int)a->i[3], a->f[1], (int)a->i[4], nt);
+                                  (int)a->i[2], &g, (int)a->i[4], nt);
 }
 
 static zo_status cpu_run_moe_router_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
+    const gpu_moe_gate g = {.mode = (gpu_moe_route)a->i[3], .eps = a->f[1], .groups = (int)a->i[6],
+                            .topk_groups = (int)a->i[7], .scale = a->f[2], .bias = a->p[1]};
     return cpu_moe_router_backward(ws, a->t[0], a->t[1], a->t[2], a->p[0], (int)a->i[0],
-                                   (int)a->i[1], (int)a->i[2], (int)a->i[3], a->f[1], (int)a->i[4],
-                                   (int)a->i[5], a->f[0], nt);
+                                   (int)a->i[1], (int)a->i[2], &g, (int)a->i[4], (int)a->i[5], a->f[0], nt);
 }
 
 static zo_status cpu_run_moe_scale_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)

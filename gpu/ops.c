@@ -257,25 +257,47 @@ static zo_status gpu_check_adam_state(const char *op, const gpu_op_args *a)
 }
 
 /* The router ops: k of e experts, a known mode (the sparsemixer's: 2 of at
- * least 2, eps finite and >= 0, in f[1]); their weights (and gradients)
- * fp32; the forward's order in bytes (k < 255); the backward's auxiliary
- * loss needs the layers' statistics. */
+ * least 2, eps finite and >= 0, in f[1], and none of the gate's groups,
+ * bias or scale); at most 64 groups (the CUDA kernel's bits) dividing e,
+ * 1 to groups of them kept, enough experts in those for k (the sigmoid
+ * modes' group score needs 2 a group); a scale (f[2]) finite and > 0, or
+ * 0; their weights (and gradients) fp32;
+ * the forward's order in bytes (k < 255); the backward's auxiliary loss
+ * needs the layers' statistics and a softmax. */
 static zo_status gpu_check_moe_router(const char *op, const gpu_op_args *a)
 {
-    if (a->i[2] > a->i[1])
-        return zo_error(ZO_ERR_INVALID, "%s: k %lld exceeds the %lld experts", op, (long long)a->i[2],
-                        (long long)a->i[1]);
-    if (a->i[3] < GPU_MOE_ROUTE_SOFTMAX || a->i[3] > GPU_MOE_ROUTE_SPARSEMIXER)
-        return zo_error(ZO_ERR_INVALID, "%s: unknown mode %lld", op, (long long)a->i[3]);
-    if (a->i[3] == GPU_MOE_ROUTE_SPARSEMIXER && (a->i[2] != 2 || !(a->f[1] >= 0.0f && isfinite(a->f[1]))))
+    const int bwd = a->t[2].data != NULL; /* the backward's logits */
+    const int64_t e = a->i[1], k = a->i[2], mode = a->i[3], groups = a->i[bwd ? 6 : 5],
+                  topk = a->i[bwd ? 7 : 6];
+    const float scale = a->f[2];
+    const int sigmoid = mode == GPU_MOE_ROUTE_SIGMOID || mode == GPU_MOE_ROUTE_SIGMOID_NORM;
+    if (k > e) return zo_error(ZO_ERR_INVALID, "%s: k %lld exceeds the %lld experts", op, (long long)k, (long long)e);
+    if (mode < GPU_MOE_ROUTE_SOFTMAX || mode > GPU_MOE_ROUTE_SIGMOID_NORM)
+        return zo_error(ZO_ERR_INVALID, "%s: unknown mode %lld", op, (long long)mode);
+    if (mode == GPU_MOE_ROUTE_SPARSEMIXER && (k != 2 || !(a->f[1] >= 0.0f && isfinite(a->f[1]))))
         return zo_error(ZO_ERR_INVALID, "%s: the sparsemixer chooses 2 experts (k %lld) with a finite jitter "
-                        "eps >= 0 (got %g)", op, (long long)a->i[2], (double)a->f[1]);
+                        "eps >= 0 (got %g)", op, (long long)k, (double)a->f[1]);
+    if (mode == GPU_MOE_ROUTE_SPARSEMIXER && (groups > 1 || a->p[bwd ? 1 : 2] || (scale != 0.0f && scale != 1.0f)))
+        return zo_error(ZO_ERR_INVALID, "%s: the sparsemixer takes no groups, bias or scale", op);
+    if (groups < 0 || groups > 64 || (groups > 1 && (e % groups || topk < 1 || topk > groups)))
+        return zo_error(ZO_ERR_INVALID, "%s: %lld groups of %lld experts keeping %lld (at most 64 groups, "
+                        "dividing the experts, keeping 1 to groups)", op, (long long)groups, (long long)e, (long long)topk);
+    if (groups > 1 && k > topk * (e / groups))
+        return zo_error(ZO_ERR_INVALID, "%s: k %lld exceeds the %lld experts of %lld kept groups", op,
+                        (long long)k, (long long)(topk * (e / groups)), (long long)topk);
+    if (groups > 1 && sigmoid && e / groups < 2)
+        return zo_error(ZO_ERR_INVALID, "%s: a group's score is its two best experts' (groups of %lld)", op,
+                        (long long)(e / groups));
+    if (!(scale == 0.0f || (scale > 0.0f && isfinite(scale))))
+        return zo_error(ZO_ERR_INVALID, "%s: scale %g (finite and > 0, or 0 for none)", op, (double)scale);
+    if (sigmoid && a->f[0] != 0.0f)
+        return zo_error(ZO_ERR_INVALID, "%s: the load-balancing loss with sigmoid scores is not modelled", op);
     if (a->t[0].dtype != ZO_DTYPE_F32 || a->t[1].dtype != ZO_DTYPE_F32)
         return zo_error(ZO_ERR_INVALID, "%s: %s and %s must be fp32", op,
                         slot_name(op, GPU_SLOT_TENSOR, 0), slot_name(op, GPU_SLOT_TENSOR, 1));
     if (a->t[2].data && a->t[2].dtype != ZO_DTYPE_F32) /* the backward's logits */
         return zo_error(ZO_ERR_INVALID, "%s: %s must be fp32", op, slot_name(op, GPU_SLOT_TENSOR, 2));
-    if (a->p[1] && a->i[2] >= GPU_MOE_NOT_CHOSEN) /* the forward's order (the backward has none) */
+    if (!bwd && a->p[1] && k >= GPU_MOE_NOT_CHOSEN) /* the forward's order (the backward has none) */
         return zo_error(ZO_ERR_INVALID, "%s: an order of %lld choices (at most %d)", op, (long long)a->i[2],
                         GPU_MOE_NOT_CHOSEN - 1);
     if (a->f[0] != 0.0f && (!a->p[0] || a->i[4] < 1))

@@ -40,7 +40,7 @@ extern "C" {
 #define GPU_OP_MAX_T 6
 #define GPU_OP_MAX_P 3
 #define GPU_OP_MAX_I 8
-#define GPU_OP_MAX_F 2
+#define GPU_OP_MAX_F 3
 
 /* gpu_adam_state_update's descriptor as the kernels take it: the step's
  * scalars, the encoding, and the byte offsets of the state's parts. */
@@ -188,13 +188,14 @@ typedef struct gpu_op_slot {
        GPU_POPT(1, comp)),                                                                       \
       gpu_check_adam_state)                                                                      \
     X(MOE_ROUTER_FORWARD, moe_router_forward,                                                   \
-      (GPU_T(0, weights), GPU_T(1, logits), GPU_P(0, stats), GPU_POPT(1, order), GPU_DIM(0, n),  \
-       GPU_DIM(1, e), GPU_DIM(2, k), GPU_INT(3, mode), GPU_DIM(4, group_rows)),                  \
+      (GPU_T(0, weights), GPU_T(1, logits), GPU_P(0, stats), GPU_POPT(1, order),                 \
+       GPU_POPT(2, bias), GPU_DIM(0, n), GPU_DIM(1, e), GPU_DIM(2, k), GPU_INT(3, mode),          \
+       GPU_DIM(4, group_rows), GPU_INT(5, groups), GPU_INT(6, topk_groups)),                     \
       gpu_check_moe_router)                                                                      \
     X(MOE_ROUTER_BACKWARD, moe_router_backward,                                                 \
       (GPU_T(0, dlogits), GPU_T(1, dweights), GPU_T(2, logits), GPU_POPT(0, stats),              \
-       GPU_DIM(0, n), GPU_DIM(1, e), GPU_DIM(2, k), GPU_INT(3, mode), GPU_INT(4, layers),        \
-       GPU_DIM(5, group_rows)),                                                                  \
+       GPU_POPT(1, bias), GPU_DIM(0, n), GPU_DIM(1, e), GPU_DIM(2, k), GPU_INT(3, mode),          \
+       GPU_INT(4, layers), GPU_DIM(5, group_rows), GPU_INT(6, groups), GPU_INT(7, topk_groups)),  \
       gpu_check_moe_router)                                                                      \
     X(MOE_SCALE_FORWARD, moe_scale_forward,                                                     \
       (GPU_T(0, y), GPU_T(1, x), GPU_P(0, scale), GPU_DIM(0, n), GPU_DIM(1, c), GPU_DIM(2, lds), \

@@ -161,11 +161,11 @@ void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor pa
 /* ---- mixture of experts (ops_cpu_moe.c) ---------------------------------------------- */
 
 zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, uint8_t *order, int n, int e, int k, int mode, float eps,
+                                 float *stats, uint8_t *order, int n, int e, int k, const gpu_moe_gate *g,
                                  int group_rows, int nt);
 zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  int mode, float eps, int layers, int group_rows, float aux_scale, int nt);
+                                  const gpu_moe_gate *g, int layers, int group_rows, float aux_scale, int nt);
 void cpu_moe_scale_forward(gpu_tensor y, gpu_tensor x, const float *scale, int n, int c,
                            int64_t lds, int sigmoid, int nt);
 void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_tensor x,

@@ -10,28 +10,79 @@
 #include "common/dtype.h" /* defines: zo_load_f32, zo_store_f32 */
 #include "gpu/ops_cpu.h"
 
-/* Row r of the router: p [e] = softmax(logits row) in fp32 and sel [k] the
- * experts chosen, largest p first, ties to the lower index. */
-static void route_row(gpu_tensor logits, size_t r, int e, int k, float *p, int *sel)
+static int gate_sigmoid(const gpu_moe_gate *g)
 {
-    float mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j < e; j++) {
-        p[j] = zo_load_f32(logits.data, logits.dtype, r * (size_t)e + (size_t)j);
-        mx = p[j] > mx ? p[j] : mx;
+    return g->mode == GPU_MOE_ROUTE_SIGMOID || g->mode == GPU_MOE_ROUTE_SIGMOID_NORM;
+}
+
+/* Row r of the router: p [e] = its scores in fp32 (the softmax over the
+ * row, or each logit's sigmoid) and sel [k] the experts chosen, largest key
+ * first (p + bias; ties to the lower index), from the best topk_groups
+ * groups when the gate has groups. key [e] and gs [2 groups] are scratch. */
+static void route_row(gpu_tensor logits, size_t r, int e, int k, const gpu_moe_gate *g, float *p,
+                      float *key, float *gs, int *sel)
+{
+    if (gate_sigmoid(g)) {
+        for (int j = 0; j < e; j++)
+            p[j] = 1.0f / (1.0f + expf(-zo_load_f32(logits.data, logits.dtype, r * (size_t)e + (size_t)j)));
+    } else {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int j = 0; j < e; j++) {
+            p[j] = zo_load_f32(logits.data, logits.dtype, r * (size_t)e + (size_t)j);
+            mx = p[j] > mx ? p[j] : mx;
+        }
+        for (int j = 0; j < e; j++) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        }
+        for (int j = 0; j < e; j++) p[j] /= sum;
     }
-    for (int j = 0; j < e; j++) {
-        p[j] = expf(p[j] - mx);
-        sum += p[j];
+    for (int j = 0; j < e; j++) key[j] = g->bias ? p[j] + g->bias[j] : p[j];
+    /* the groups: each scored by its best key (softmax) or its best two
+     * keys' sum (sigmoid); the topk_groups best keep their experts, gs
+     * [2 groups] becoming 1 for those and 0 for the others */
+    const int G = g->groups > 1 ? g->groups : 1, gsz = e / G;
+    if (G > 1) {
+        for (int q = 0; q < G; q++) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int j = q * gsz; j < (q + 1) * gsz; j++)
+                if (key[j] > b1) b2 = b1, b1 = key[j];
+                else if (key[j] > b2) b2 = key[j];
+            gs[q] = gate_sigmoid(g) ? b1 + b2 : b1;
+        }
+        float *kept = gs + G; /* 1 for a kept group */
+        for (int q = 0; q < G; q++) kept[q] = 0.0f;
+        for (int i = 0; i < g->topk_groups; i++) {
+            int best = -1;
+            for (int q = 0; q < G; q++)
+                if (kept[q] == 0.0f && (best < 0 || gs[q] > gs[best])) best = q;
+            kept[best] = 1.0f;
+        }
+        for (int q = 0; q < G; q++) gs[q] = kept[q];
     }
-    for (int j = 0; j < e; j++) p[j] /= sum;
     for (int i = 0; i < k; i++) {
         int best = -1;
         for (int j = 0; j < e; j++) {
-            int taken = 0;
+            int taken = G > 1 && gs[j / gsz] == 0.0f;
             for (int q = 0; q < i; q++) taken |= sel[q] == j;
-            if (!taken && (best < 0 || p[j] > p[best])) best = j;
+            if (!taken && (best < 0 || key[j] > key[best])) best = j;
         }
         sel[i] = best;
+    }
+}
+
+/* The chosen experts' weights in wr [e] (the others left) of a row's
+ * scores p and choice sel: p, or p over their sum (plus 1e-20 for the
+ * sigmoid's), times the scale */
+static void route_weights(const gpu_moe_gate *g, const float *p, const int *sel, int k, float *wr)
+{
+    const int norm = g->mode == GPU_MOE_ROUTE_NORM || g->mode == GPU_MOE_ROUTE_SIGMOID_NORM;
+    float S = 0.0f;
+    for (int i = 0; i < k; i++) S += p[sel[i]];
+    if (g->mode == GPU_MOE_ROUTE_SIGMOID_NORM) S += 1e-20f;
+    for (int i = 0; i < k; i++) {
+        float w = norm ? p[sel[i]] / S : p[sel[i]];
+        wr[sel[i]] = g->scale != 0.0f ? w * g->scale : w;
     }
 }
 
@@ -65,12 +116,13 @@ static void mixer_row(gpu_tensor logits, size_t r, int e, double thr, int *sel, 
     }
 }
 
-/* Scratch for every thread's p [e] and sel [k] (floats and ints, 4 bytes
- * each), then `extra` doubles. */
+/* Scratch for every thread's p [e], key [e], gs [2 e] and sel [k] (floats
+ * and ints, 4 bytes each: route_row's), then `extra` doubles. */
+#define ROUTE_PER(e, k) (4 * (size_t)(e) + (size_t)(k))
 static zo_status route_scratch(cpu_scratch *ws, const char *op, int nt, int e, int k, size_t extra,
                                float **rows, double **dbl)
 {
-    size_t per = (size_t)e + (size_t)k, head = (size_t)nt * per * 4;
+    size_t head = (size_t)nt * ROUTE_PER(e, k) * 4;
     head = (head + 7) / 8 * 8;
     void *p;
     zo_status st = cpu_scratch_reserve(ws, head + extra * sizeof(double), op, &p);
@@ -80,12 +132,17 @@ static zo_status route_scratch(cpu_scratch *ws, const char *op, int nt, int e, i
     return ZO_OK;
 }
 
+/* A thread's route_row scratch from route_scratch's rows: p, key, gs, sel */
+#define ROUTE_ROW(rows, tid, e, k)                                                        \
+    float *p = (rows) + (size_t)(tid) * ROUTE_PER(e, k), *key = p + (e), *gs = key + (e); \
+    int *sel = (int *)(gs + 2 * (size_t)(e))
+
 zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
-                                 float *stats, uint8_t *order, int n, int e, int k, int mode, float eps,
+                                 float *stats, uint8_t *order, int n, int e, int k, const gpu_moe_gate *g,
                                  int group_rows, int nt)
 {
-    const int norm = mode == GPU_MOE_ROUTE_NORM, mixer = mode == GPU_MOE_ROUTE_SPARSEMIXER;
-    const double thr = 2.0 * (double)eps;
+    const int mixer = g->mode == GPU_MOE_ROUTE_SPARSEMIXER;
+    const double thr = 2.0 * (double)g->eps;
     nt = cpu_team(nt); /* 0: OpenMP's team, sized here: the scratch is per thread */
     float *rows;
     double *acc;
@@ -94,20 +151,18 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
     float *w = weights.data;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int r = 0; r < n; r++) {
-        float *p = rows + (size_t)omp_get_thread_num() * (size_t)(e + k);
-        int *sel = (int *)(p + e);
-        float *wr = w + (size_t)r * e, S = 0.0f;
+        ROUTE_ROW(rows, omp_get_thread_num(), e, k);
+        float *wr = w + (size_t)r * e;
         memset(wr, 0, (size_t)e * sizeof *wr);
         if (mixer) {
             float mw[2];
             mixer_row(logits, (size_t)r, e, thr, sel, mw);
             wr[sel[0]] = mw[0], wr[sel[1]] = mw[1];
         } else {
-            route_row(logits, (size_t)r, e, k, p, sel);
-            for (int i = 0; i < k; i++) S += p[sel[i]];
-            for (int i = 0; i < k; i++) wr[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]];
+            route_row(logits, (size_t)r, e, k, g, p, key, gs, sel);
+            route_weights(g, p, sel, k, wr);
         }
-        if (order) { /* sel is in choice order: the largest p (the sparsemixer's i1) first */
+        if (order) { /* sel is in choice order: the largest key (the sparsemixer's i1) first */
             uint8_t *o = order + (size_t)r * e;
             memset(o, GPU_MOE_NOT_CHOSEN, (size_t)e);
             for (int i = 0; i < k; i++) o[sel[i]] = (uint8_t)i;
@@ -118,9 +173,8 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
         const int r1 = n - r0 < group_rows ? n : r0 + group_rows;
         memset(acc, 0, 2 * (size_t)e * sizeof *acc);
         for (int r = r0; r < r1; r++) {
-            float *p = rows;
-            int *sel = (int *)(p + e);
-            route_row(logits, (size_t)r, e, k, p, sel);
+            ROUTE_ROW(rows, 0, e, k);
+            route_row(logits, (size_t)r, e, k, g, p, key, gs, sel);
             if (mixer) { /* its choices, by the logits (the softmax's p can tie where they do not) */
                 float mw[2];
                 mixer_row(logits, (size_t)r, e, thr, sel, mw);
@@ -136,38 +190,39 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
 
 zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor dweights,
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
-                                  int mode, float eps, int layers, int group_rows, float aux_scale, int nt)
+                                  const gpu_moe_gate *g, int layers, int group_rows, float aux_scale, int nt)
 {
-    const int norm = mode == GPU_MOE_ROUTE_NORM, mixer = mode == GPU_MOE_ROUTE_SPARSEMIXER;
-    const double thr = 2.0 * (double)eps;
+    const int mixer = g->mode == GPU_MOE_ROUTE_SPARSEMIXER, sigmoid = gate_sigmoid(g);
+    const int norm = g->mode == GPU_MOE_ROUTE_NORM || g->mode == GPU_MOE_ROUTE_SIGMOID_NORM;
+    const double thr = 2.0 * (double)g->eps, scale = g->scale != 0.0f ? (double)g->scale : 1.0;
     nt = cpu_team(nt); /* 0: OpenMP's team, sized here: the scratch is per thread */
     const int groups = (n + group_rows - 1) / group_rows;
     float *rows;
     double *aux;
-    /* per thread: p [e], sel [k], then aux [groups, e] and dp [e] a thread in the doubles */
+    /* per thread: route_row's scratch, then aux [groups, e] and dp [e] a thread in the doubles */
     zo_status st = route_scratch(ws, "gpu_moe_router_backward", nt, e, k,
                                  (size_t)groups * e + (size_t)nt * (size_t)e, &rows, &aux);
     if (st != ZO_OK) return st;
     /* the load-balancing loss's gradient per group and expert: aux_scale
      * times the group's rows that chose it, over the layers */
-    for (int g = 0; g < groups; g++)
+    for (int gi = 0; gi < groups; gi++)
         for (int j = 0; j < e; j++) {
             double cnt = 0.0;
             if (aux_scale != 0.0f)
-                for (int l = 0; l < layers; l++) cnt += stats[((size_t)l * groups + g) * 2 * e + e + j];
-            aux[(size_t)g * e + j] = (double)aux_scale * cnt;
+                for (int l = 0; l < layers; l++) cnt += stats[((size_t)l * groups + gi) * 2 * e + e + j];
+            aux[(size_t)gi * e + j] = (double)aux_scale * cnt;
         }
     const float *dw = dweights.data;
     float *dl = dlogits.data;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int r = 0; r < n; r++) {
         int tid = omp_get_thread_num();
-        float *p = rows + (size_t)tid * (size_t)(e + k);
-        int *sel = (int *)(p + e);
+        ROUTE_ROW(rows, tid, e, k);
         double *dp = aux + (size_t)groups * e + (size_t)tid * e;
         const double *ag = aux + (size_t)(r / group_rows) * e;
-        route_row(logits, (size_t)r, e, k, p, sel);
+        route_row(logits, (size_t)r, e, k, g, p, key, gs, sel);
         const float *dwr = dw + (size_t)r * e;
+        float *dlr = dl + (size_t)r * e;
         for (int j = 0; j < e; j++) dp[j] = ag[j];
         if (mixer) {
             /* the auxiliary loss's share through the softmax over all e,
@@ -176,7 +231,6 @@ zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tenso
              * in K_i, q_j = exp(l_j - m_i) w_i (the masks held constant) */
             double dot = 0.0;
             for (int j = 0; j < e; j++) dot += p[j] * dp[j];
-            float *dlr = dl + (size_t)r * e;
             for (int j = 0; j < e; j++) dlr[j] = (float)(p[j] * (dp[j] - dot));
             float mw[2];
             mixer_row(logits, (size_t)r, e, thr, sel, mw);
@@ -184,26 +238,31 @@ zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tenso
             for (int j = 0; j < e; j++) dp[j] = 0.0;
             for (int i = 0; i < 2; i++) {
                 const float m = l[sel[i]];
-                const double g = (double)dwr[sel[i]] * mw[i];
+                const double gw = (double)dwr[sel[i]] * mw[i];
                 for (int j = 0; j < e; j++) {
                     if ((i == 1 && j == sel[0]) || mixer_masked(m, l[j], thr)) continue;
-                    dp[j] += g * ((j == sel[i]) - (double)expf(l[j] - m) * mw[i]);
+                    dp[j] += gw * ((j == sel[i]) - (double)expf(l[j] - m) * mw[i]);
                 }
             }
             for (int j = 0; j < e; j++) dlr[j] = (float)((double)dlr[j] + dp[j]);
             continue;
         }
-        if (norm) { /* w_i = p_i / S: dp_i = (dw_i - sum_q dw_q w_q) / S */
+        if (norm) { /* w_i = p_i / S: dp_i = (dw_i - sum_q dw_q w_q) / S (S plus 1e-20 for the sigmoid's) */
             double S = 0.0, dot = 0.0;
             for (int i = 0; i < k; i++) S += p[sel[i]];
-            for (int i = 0; i < k; i++) dot += (double)dwr[sel[i]] * p[sel[i]] / S;
-            for (int i = 0; i < k; i++) dp[sel[i]] += (dwr[sel[i]] - dot) / S;
+            if (sigmoid) S += 1e-20;
+            for (int i = 0; i < k; i++) dot += scale * dwr[sel[i]] * p[sel[i]] / S;
+            for (int i = 0; i < k; i++) dp[sel[i]] += (scale * dwr[sel[i]] - dot) / S;
         } else {
-            for (int i = 0; i < k; i++) dp[sel[i]] += dwr[sel[i]];
+            for (int i = 0; i < k; i++) dp[sel[i]] += scale * dwr[sel[i]];
+        }
+        if (sigmoid) { /* each score its own logit's sigmoid: s (1 - s); no auxiliary loss */
+            for (int j = 0; j < e; j++) dlr[j] = (float)(dp[j] * p[j] * (1.0 - p[j]));
+            continue;
         }
         double dot = 0.0;
         for (int j = 0; j < e; j++) dot += p[j] * dp[j];
-        for (int j = 0; j < e; j++) dl[(size_t)r * e + j] = (float)(p[j] * (dp[j] - dot));
+        for (int j = 0; j < e; j++) dlr[j] = (float)(p[j] * (dp[j] - dot));
     }
     return ZO_OK;
 }

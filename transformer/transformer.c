@@ -2042,11 +2042,14 @@ static zo_status ep_return(tf_model *m, int l, gpu_stream_t s, gpu_tensor groupe
     return ep_exchange(m, l, s, arrival, recv, cols, grouped.dtype, 1, -1);
 }
 
-/* How the router weighs its choices: Phi-3.5-MoE's sparsemixer (eval form),
- * or the softmax's p, renormalized over the chosen with norm_topk */
-static gpu_moe_route router_mode(const zo_moe *mo)
+/* How the router chooses and weighs: Phi-3.5-MoE's sparsemixer (eval
+ * form), or the softmax's p, renormalized over the chosen with norm_topk */
+static gpu_moe_gate router_gate(const zo_moe *mo)
 {
-    return mo->sparsemixer ? GPU_MOE_ROUTE_SPARSEMIXER : mo->norm_topk ? GPU_MOE_ROUTE_NORM : GPU_MOE_ROUTE_SOFTMAX;
+    return (gpu_moe_gate){.mode = mo->sparsemixer ? GPU_MOE_ROUTE_SPARSEMIXER
+                                  : mo->norm_topk ? GPU_MOE_ROUTE_NORM
+                                                  : GPU_MOE_ROUTE_SOFTMAX,
+                          .eps = mo->jitter_eps};
 }
 
 /* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
@@ -2069,9 +2072,10 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     /* router: logits [N, E] (fp32), the chosen experts' weights, the
      * statistics of layer l (DeepSeek's per sequence: each sequence's t rows apart) */
     const size_t S = stat_rows(m);
+    const gpu_moe_gate gate = router_gate(mo);
     if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
         (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits), m->moe_stats + (size_t)l * S * 2 * E,
-                                     m->moe_order, N, E, mo->top_k, router_mode(mo), mo->jitter_eps,
+                                     m->moe_order, N, E, mo->top_k, &gate,
                                      S > 1 ? m->t : N)) != ZO_OK)
         return st;
     if ((st = moe_route(m, l, s, !recompute)) != ZO_OK) return st;
@@ -2336,13 +2340,14 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
     const int N = m->b * m->t, E = mo->experts, k = mo->top_k;
     const tf_layer_acts *a = &m->acts[l];
     const size_t S = stat_rows(m);
+    const gpu_moe_gate gate = router_gate(mo);
     if (!mo->aux_per_layer) {
         int moe_layers = zo_model_moe_layers(c);
         double LN = (double)moe_layers * N;
         float aux = mo->aux_loss ? (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN)) : 0.0f;
         return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
-                                       m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, k, router_mode(mo),
-                                       mo->jitter_eps, moe_layers, N, aux);
+                                       m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, k, &gate,
+                                       moe_layers, N, aux);
     }
     /* the groups of rows counted apart: the b sequences, or the micro-batch */
     const int rows = S > 1 ? m->t : N, groups = N / rows;
@@ -2350,8 +2355,7 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
                                        ((double)groups * rows * rows * k))
                              : 0.0f;
     return gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
-                                   m->moe_stats + (size_t)l * S * 2 * E, N, E, k, router_mode(mo), mo->jitter_eps,
-                                   1, rows, aux);
+                                   m->moe_stats + (size_t)l * S * 2 * E, N, E, k, &gate, 1, rows, aux);
 }
 
 /* On entry dres = dL/d(layer output); on exit dh = dL/d ln2 through the MoE

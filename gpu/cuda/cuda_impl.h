@@ -228,11 +228,11 @@ zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_ten
 
 /* moe.cu */
 zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights, gpu_tensor logits,
-                                         float *stats, uint8_t *order, int n, int e, int k, int mode,
-                                         float eps, int group_rows);
+                                         float *stats, uint8_t *order, int n, int e, int k,
+                                         const gpu_moe_gate *g, int group_rows);
 zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits, gpu_tensor dweights,
                                           gpu_tensor logits, const float *stats, int n, int e,
-                                          int k, int mode, float eps, int layers, int group_rows,
+                                          int k, const gpu_moe_gate *g, int layers, int group_rows,
                                           float aux_scale);
 zo_status cuda_launch_moe_scale_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x,
                                         const float *scale, int n, int c, int64_t lds, int sigmoid);

@@ -1,5 +1,6 @@
-/* Mixture of experts: the router (softmax over the experts, the top k, their
- * weights, or Phi-3.5-MoE's sparsemixer; the load-balancing loss's statistics) forward and backward, and
+/* Mixture of experts: the router (softmax or sigmoid scores, the top k of
+ * the keys, within the best groups when it has groups, their weights, or
+ * Phi-3.5-MoE's sparsemixer; the load-balancing loss's statistics) forward and backward, and
  * the per-token scaling of an expert's output, with the formulas of the CPU
  * reference (gpu/ops_cpu_moe.c) in fp32. The router runs one thread per
  * row (or per expert for the statistics) and finds the chosen experts by
@@ -9,38 +10,90 @@
 
 #define BS 256
 
-/* Row r's softmax: the maximum and the sum of exp(l - max). */
-__device__ void router_row(gpu_tensor logits, size_t r, int e, float *mx, float *sum)
+/* A row's router as the kernels read it: the gate's fields, the softmax's
+ * maximum and sum (the softmax modes), and the kept groups' bits (bit q:
+ * group q kept; all with one group). */
+struct router_ctx {
+    gpu_tensor logits;
+    size_t r;
+    int e, k, sigmoid, groups, gsz;
+    const float *bias;
+    float mx, sum;
+    unsigned long long kept;
+};
+
+/* Expert j's score: p of the row's softmax, or the sigmoid of its logit */
+__device__ float router_p(const router_ctx *c, int j)
 {
+    float x = tload(c->logits, c->r * c->e + j);
+    return c->sigmoid ? 1.0f / (1.0f + expf(-x)) : expf(x - c->mx) / c->sum;
+}
+
+/* Its key for the choice: the score plus the bias */
+__device__ float router_key(const router_ctx *c, int j)
+{
+    float p = router_p(c, j);
+    return c->bias ? p + c->bias[j] : p;
+}
+
+/* Group q's score: its best key (softmax) or its best two keys' sum (sigmoid) */
+__device__ float router_group_score(const router_ctx *c, int q)
+{
+    float b1 = -INFINITY, b2 = -INFINITY;
+    for (int j = q * c->gsz; j < (q + 1) * c->gsz; j++) {
+        float x = router_key(c, j);
+        if (x > b1) b2 = b1, b1 = x;
+        else if (x > b2) b2 = x;
+    }
+    return c->sigmoid ? b1 + b2 : b1;
+}
+
+/* Row r's context: the softmax's maximum and sum, and the topk_groups best
+ * groups (a group is kept when fewer than topk_groups score above it, or
+ * equal with a lower index) */
+__device__ void router_row(router_ctx *c, gpu_tensor logits, size_t r, int e, int k, int mode, int groups,
+                           int topk_groups, const float *bias)
+{
+    c->logits = logits, c->r = r, c->e = e, c->k = k, c->bias = bias;
+    c->sigmoid = mode == GPU_MOE_ROUTE_SIGMOID || mode == GPU_MOE_ROUTE_SIGMOID_NORM;
+    c->groups = groups > 1 ? groups : 1, c->gsz = e / c->groups;
     float m = -INFINITY, s = 0.0f;
     for (int j = 0; j < e; j++) m = fmaxf(m, tload(logits, r * e + j));
     for (int j = 0; j < e; j++) s += expf(tload(logits, r * e + j) - m);
-    *mx = m;
-    *sum = s;
+    c->mx = m, c->sum = s;
+    c->kept = ~0ull;
+    if (c->groups > 1) {
+        c->kept = 0ull;
+        for (int q = 0; q < c->groups; q++) {
+            float gq = router_group_score(c, q);
+            int before = 0;
+            for (int t = 0; t < c->groups && before < topk_groups; t++) {
+                float gt = router_group_score(c, t);
+                before += gt > gq || (gt == gq && t < q);
+            }
+            if (before < topk_groups) c->kept |= 1ull << q;
+        }
+    }
 }
 
-__device__ float router_p(gpu_tensor logits, size_t r, int e, int j, float mx, float sum)
-{
-    return expf(tload(logits, r * e + j) - mx) / sum;
-}
+__device__ int router_allowed(const router_ctx *c, int j) { return (int)((c->kept >> (j / c->gsz)) & 1ull); }
 
-/* Expert j's place in row r's choice (the experts before it), or k when
- * it is not chosen */
-__device__ int router_place(gpu_tensor logits, size_t r, int e, int k, int j, float mx, float sum)
+/* Expert j's place in row r's choice (the allowed experts before it), or
+ * k when it is not chosen */
+__device__ int router_place(const router_ctx *c, int j)
 {
-    float pj = router_p(logits, r, e, j, mx, sum);
+    if (!router_allowed(c, j)) return c->k;
+    float kj = router_key(c, j);
     int before = 0;
-    for (int q = 0; q < e && before < k; q++) {
-        float pq = router_p(logits, r, e, q, mx, sum);
-        before += pq > pj || (pq == pj && q < j);
+    for (int q = 0; q < c->e && before < c->k; q++) {
+        if (!router_allowed(c, q)) continue;
+        float kq = router_key(c, q);
+        before += kq > kj || (kq == kj && q < j);
     }
     return before;
 }
 
-__device__ int router_chosen(gpu_tensor logits, size_t r, int e, int k, int j, float mx, float sum)
-{
-    return router_place(logits, r, e, k, j, mx, sum) < k;
-}
+__device__ int router_chosen(const router_ctx *c, int j) { return router_place(c, j) < c->k; }
 
 /* The sparsemixer (GPU_MOE_ROUTE_SPARSEMIXER, eval form; gpu/ops_cpu_moe.c's
  * mixer_row): whether logit x lies more than thr below the maximum m,
@@ -73,15 +126,17 @@ __device__ void mixer_row(gpu_tensor logits, size_t r, int e, double thr, int *s
     }
 }
 
-/* weights [n, e]: the chosen experts' p (divided by their sum with norm), 0
- * elsewhere; the sparsemixer's two weights (mode 2); order [n, e] (NULL:
+/* weights [n, e]: the chosen experts' scores (divided by their sum with
+ * the NORM modes, plus 1e-20 for the sigmoid's), times the scale (0:
+ * none), 0 elsewhere; the sparsemixer's two weights; order [n, e] (NULL:
  * none): each chosen expert's place, GPU_MOE_NOT_CHOSEN elsewhere */
 __global__ void moe_router_forward_kernel(float *w, uint8_t *order, gpu_tensor logits, int n, int e, int k,
-                                          int norm, double thr)
+                                          int mode, double thr, int groups, int topk_groups,
+                                          const float *bias, float scale)
 {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
-    if (norm == 2) {
+    if (mode == GPU_MOE_ROUTE_SPARSEMIXER) {
         int sel[2];
         float mw[2];
         mixer_row(logits, r, e, thr, sel, mw);
@@ -91,23 +146,27 @@ __global__ void moe_router_forward_kernel(float *w, uint8_t *order, gpu_tensor l
         }
         return;
     }
-    float mx, sum, S = 0.0f;
-    router_row(logits, r, e, &mx, &sum);
-    for (int j = 0; j < e; j++)
-        if (router_chosen(logits, r, e, k, j, mx, sum)) S += router_p(logits, r, e, j, mx, sum);
+    const int norm = mode == GPU_MOE_ROUTE_NORM || mode == GPU_MOE_ROUTE_SIGMOID_NORM;
+    router_ctx c;
+    router_row(&c, logits, r, e, k, mode, groups, topk_groups, bias);
+    float S = 0.0f;
+    for (int j = 0; j < e && norm; j++)
+        if (router_chosen(&c, j)) S += router_p(&c, j);
+    if (mode == GPU_MOE_ROUTE_SIGMOID_NORM) S += 1e-20f;
     for (int j = 0; j < e; j++) {
-        float p = router_p(logits, r, e, j, mx, sum);
-        int at = router_place(logits, r, e, k, j, mx, sum), c = at < k;
-        w[(size_t)r * e + j] = c ? (norm ? p / S : p) : 0.0f;
-        if (order) order[(size_t)r * e + j] = c ? (uint8_t)at : GPU_MOE_NOT_CHOSEN;
+        float p = router_p(&c, j);
+        int at = router_place(&c, j), ch = at < k;
+        float wj = norm ? p / S : p;
+        w[(size_t)r * e + j] = ch ? (scale != 0.0f ? wj * scale : wj) : 0.0f;
+        if (order) order[(size_t)r * e + j] = ch ? (uint8_t)at : GPU_MOE_NOT_CHOSEN;
     }
 }
 
-/* stats [groups, 2 e]: expert j's p summed over group g's rows (group_rows
- * of them from g group_rows), and its rows choosing j; one thread per
- * expert and group (blockIdx.y), the rows in order */
+/* stats [groups, 2 e]: expert j's score summed over group g's rows
+ * (group_rows of them from g group_rows), and its rows choosing j; one
+ * thread per expert and group (blockIdx.y), the rows in order */
 __global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, int e, int k, int group_rows,
-                                        int mixer, double thr)
+                                        int mode, double thr, int groups, int topk_groups, const float *bias)
 {
     int j = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
     if (j >= e) return;
@@ -115,47 +174,51 @@ __global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, 
     const int r0 = g * group_rows, r1 = n - r0 < group_rows ? n : r0 + group_rows;
     stats += (size_t)g * 2 * e;
     for (int r = r0; r < r1; r++) {
-        float mx, sum;
-        router_row(logits, r, e, &mx, &sum);
-        ps += router_p(logits, r, e, j, mx, sum);
-        if (mixer) { /* its choices, by the logits */
+        router_ctx c;
+        router_row(&c, logits, r, e, k, mode, groups, topk_groups, bias);
+        ps += router_p(&c, j);
+        if (mode == GPU_MOE_ROUTE_SPARSEMIXER) { /* its choices, by the logits */
             int sel[2];
             float mw[2];
             mixer_row(logits, r, e, thr, sel, mw);
             cnt += sel[0] == j || sel[1] == j;
         } else {
-            cnt += router_chosen(logits, r, e, k, j, mx, sum);
+            cnt += router_chosen(&c, j);
         }
     }
     stats[j] = (float)ps;
     stats[e + j] = (float)cnt;
 }
 
-/* dlogits [n, e] = p (dp - sum_j p_j dp_j); dp_j = aux_j + the chosen
- * weights' share (through the normalization with norm); the sparsemixer
- * (norm 2): dp_j = aux_j, plus each weight's masked softmax's backward,
+/* dlogits [n, e] = p (dp - sum_j p_j dp_j) (the softmax modes) or dp s (1 -
+ * s) (the sigmoid's); dp_j = aux_j + the chosen weights' share, dweights
+ * times the scale (through the normalization with the NORM modes); the
+ * sparsemixer: dp_j = aux_j, plus each weight's masked softmax's backward,
  * dw_i w_i ([j == sel_i] - q_j) for the j its mask keeps */
 __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tensor logits,
-                                           const float *stats, int n, int e, int k, int norm,
-                                           int layers, int group_rows, float aux_scale, double thr)
+                                           const float *stats, int n, int e, int k, int mode,
+                                           int layers, int group_rows, float aux_scale, double thr,
+                                           int ngroups, int topk_groups, const float *bias, float scale)
 {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
     const int groups = (n + group_rows - 1) / group_rows;
     stats += (size_t)(r / group_rows) * 2 * e; /* row r's group's, layer 0 */
     const float *dwr = dw + (size_t)r * e;
-    float mx, sum;
-    router_row(logits, r, e, &mx, &sum);
-    const int mixer = norm == 2;
+    router_ctx c;
+    router_row(&c, logits, r, e, k, mode, ngroups, topk_groups, bias);
+    const int mixer = mode == GPU_MOE_ROUTE_SPARSEMIXER;
+    const int norm = mode == GPU_MOE_ROUTE_NORM || mode == GPU_MOE_ROUTE_SIGMOID_NORM;
+    const double sc = scale != 0.0f ? (double)scale : 1.0;
     int sel[2] = {-1, -1};
     float mw[2] = {0.0f, 0.0f};
     if (mixer) mixer_row(logits, r, e, thr, sel, mw);
     double S = 0.0, wdot = 0.0;
     for (int j = 0; j < e && !mixer; j++)
-        if (router_chosen(logits, r, e, k, j, mx, sum)) S += router_p(logits, r, e, j, mx, sum);
+        if (router_chosen(&c, j)) S += router_p(&c, j);
+    if (mode == GPU_MOE_ROUTE_SIGMOID_NORM) S += 1e-20;
     for (int j = 0; j < e && !mixer; j++)
-        if (router_chosen(logits, r, e, k, j, mx, sum))
-            wdot += (double)dwr[j] * router_p(logits, r, e, j, mx, sum) / S;
+        if (router_chosen(&c, j)) wdot += sc * dwr[j] * router_p(&c, j) / S;
     /* two passes: the dot product of p and dp, then the gradient */
     double dot = 0.0;
     for (int pass = 0; pass < 2; pass++)
@@ -164,8 +227,12 @@ __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tenso
             if (aux_scale != 0.0f)
                 for (int l = 0; l < layers; l++) cnt += stats[(size_t)l * groups * 2 * e + e + j];
             double dp = (double)aux_scale * cnt;
-            float p = router_p(logits, r, e, j, mx, sum);
-            if (!mixer && router_chosen(logits, r, e, k, j, mx, sum)) dp += norm ? (dwr[j] - wdot) / S : dwr[j];
+            float p = router_p(&c, j);
+            if (!mixer && router_chosen(&c, j)) dp += norm ? (sc * dwr[j] - wdot) / S : sc * dwr[j];
+            if (c.sigmoid) {
+                if (pass == 1) dl[(size_t)r * e + j] = (float)(dp * p * (1.0 - p));
+                continue;
+            }
             if (pass == 0) {
                 dot += p * dp;
                 continue;
@@ -253,29 +320,29 @@ extern "C" zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, 
 
 extern "C" zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights,
                                                     gpu_tensor logits, float *stats, uint8_t *order,
-                                                    int n, int e, int k, int mode, float eps,
+                                                    int n, int e, int k, const gpu_moe_gate *g,
                                                     int group_rows)
 {
-    const double thr = 2.0 * (double)eps;
+    const double thr = 2.0 * (double)g->eps;
     ZO_LAUNCH(moe_router_forward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)weights.data, order,
-              logits, n, e, k, mode, thr);
+              logits, n, e, k, (int)g->mode, thr, g->groups, g->topk_groups, g->bias, g->scale);
     zo_status s = cuda_launch_check("moe_router_forward_kernel");
     if (s != ZO_OK) return s;
     const int groups = (n + group_rows - 1) / group_rows;
     ZO_LAUNCH(moe_router_stats_kernel, dim3((e + BS - 1) / BS, groups), BS, 0, st, stats, logits, n, e, k,
-              group_rows, mode == 2, thr);
+              group_rows, (int)g->mode, thr, g->groups, g->topk_groups, g->bias);
     return cuda_launch_check("moe_router_stats_kernel");
 }
 
 extern "C" zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits,
                                                      gpu_tensor dweights, gpu_tensor logits,
                                                      const float *stats, int n, int e, int k,
-                                                     int mode, float eps, int layers, int group_rows,
+                                                     const gpu_moe_gate *g, int layers, int group_rows,
                                                      float aux_scale)
 {
     ZO_LAUNCH(moe_router_backward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)dlogits.data,
-              (const float *)dweights.data, logits, stats, n, e, k, mode, layers, group_rows, aux_scale,
-              2.0 * (double)eps);
+              (const float *)dweights.data, logits, stats, n, e, k, (int)g->mode, layers, group_rows,
+              aux_scale, 2.0 * (double)g->eps, g->groups, g->topk_groups, g->bias, g->scale);
     return cuda_launch_check("moe_router_backward_kernel");
 }
 

@@ -468,15 +468,19 @@ static zo_status cuda_run_adam_state_update(const cuda_exec *e, const gpu_op_arg
 
 static zo_status cuda_run_moe_router_forward(const cuda_exec *e, const gpu_op_args *a)
 {
+    const gpu_moe_gate g = {.mode = (gpu_moe_route)a->i[3], .eps = a->f[1], .groups = (int)a->i[5],
+                            .topk_groups = (int)a->i[6], .scale = a->f[2], .bias = a->p[2]};
     return cuda_launch_moe_router_forward(e->stream, a->t[0], a->t[1], a->p[0], a->p[1], (int)a->i[0],
-                                          (int)a->i[1], (int)a->i[2], (int)a->i[3], a->f[1], (int)a->i[4]);
+                                          (int)a->i[1], (int)a->i[2], &g, (int)a->i[4]);
 }
 
 static zo_status cuda_run_moe_router_backward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_moe_router_backward(e->stream, a->t[0], a->t[1], a->t[2], a->p[0],
-                                           (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3],
-                                           a->f[1], (int)a->i[4], (int)a->i[5], a->f[0]);
+    const gpu_moe_gate g = {.mode = (gpu_moe_route)a->i[3], .eps = a->f[1], .groups = (int)a->i[6],
+                            .topk_groups = (int)a->i[7], .scale = a->f[2], .bias = a->p[1]};
+    return cuda_launch_moe_router_backward(e->stream, a->t[0], a->t[1], a->t[2], a->p[0], (int)a->i[0],
+                                           (int)a->i[1], (int)a->i[2], &g, (int)a->i[4], (int)a->i[5],
+                                           a->f[0]);
 }
 
 static zo_status cuda_run_moe_scale_forward(const cuda_exec *e, const gpu_op_args *a)
