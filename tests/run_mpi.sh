@@ -3,6 +3,7 @@
 # (skipped) when MPIEXEC is missing. Open MPI gets --oversubscribe (the test
 # machines have fewer cores than ranks) and, as root, --allow-run-as-root;
 # ZO_MPIEXEC_FLAGS adds more. Open MPI is told its ranks share this host.
+# The exit status is the job's.
 mpiexec="$1"; np="$2"; shift 2
 if [ -z "$mpiexec" ] || ! command -v "$mpiexec" >/dev/null 2>&1; then
     echo "skipped: mpiexec not found"
@@ -19,5 +20,12 @@ if "$mpiexec" --version 2>&1 | grep -qiE "open ?mpi|openrte"; then
     # OMPI_MCA_pml or OMPI_MCA_btl already set is kept.
     export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}" OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 fi
+# Each job its own TMPDIR, removed after it: Open MPI makes its session
+# folder there, and two jobs starting at once beside each other (two suites,
+# two engineers' tests) could fail creating a shared one ("File exists").
+dir=$(mktemp -d "${TMPDIR:-/tmp}/zo-mpi.XXXXXX") || exit 1
 # shellcheck disable=SC2086
-exec "$mpiexec" $flags $ZO_MPIEXEC_FLAGS -np "$np" "$@"
+TMPDIR="$dir" "$mpiexec" $flags $ZO_MPIEXEC_FLAGS -np "$np" "$@"
+rc=$?
+rm -rf "$dir"
+exit $rc
