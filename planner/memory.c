@@ -393,10 +393,6 @@ static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *
     if (m->params_override)
         return zo_error(ZO_ERR_INVALID, "%s: the adapters need the model's shape (--model or a "
                                         "shape, not --params N)", flag);
-    if (m->moe.experts && m->moe.router_bias)
-        return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts with a router bias, whose adapters "
-                                        "are not modelled (Mixtral-like, Qwen2-MoE and DeepSeekMoE layers are)",
-                        flag, m->name);
     zo_status st = zo_lora_check(m, &t->lora);
     return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "%s", flag);
 }

@@ -91,6 +91,28 @@ static void test_peft_counts_cli(void **state)
         if (!strstr(out, want)) fail_msg("%s: no \"%s\" in\n%s", args, want, out);
         cJSON_Delete(doc);
     }
+    /* latent attention's q and v (q_a_proj, q_b_proj, kv_a_proj_with_mqa,
+     * kv_b_proj) of DeepSeek-V2 and V3, r 16, from their config.json's
+     * sizes: V3's router score correction is a frozen buffer, so its layers
+     * take the adapters V2's do */
+    static const struct {
+        const char *file;
+        uint64_t layers, h;
+    } mla[] = {{"deepseek-v2.json", 60, 5120}, {"deepseek-v3.json", 61, 7168}};
+    for (size_t i = 0; i < sizeof mla / sizeof mla[0]; i++) {
+        const uint64_t q_rank = 1536, kv_rank = 512, heads = 128, nope = 128, rope = 64, vd = 128;
+        const uint64_t want = mla[i].layers * 16 *
+                              ((mla[i].h + q_rank) + (q_rank + heads * (nope + rope)) + (mla[i].h + kv_rank + rope) +
+                               (kv_rank + heads * (nope + vd)));
+        char args[768];
+        snprintf(args, sizeof args, "estimate --model %s/hf-configs/%s --seq 512 --lora 16 --qlora",
+                 ZO_FIXTURES_DIR, mla[i].file);
+        cJSON *doc = run_memplan_json(args, 1); /* (over one H100: exit 1, the count all the same) */
+        if ((uint64_t)run_json_num(doc, "trainable_params", NULL) != want)
+            fail_msg("%s: %.0f trainable, want %llu", args, run_json_num(doc, "trainable_params", NULL),
+                     (unsigned long long)want);
+        cJSON_Delete(doc);
+    }
     /* what a flag cannot mean is refused by name */
     static char out[1 << 14];
     assert_int_equal(run_memplan("estimate --model gpt2 --lora 8 --lora-targets gate", out, sizeof out), 2);
