@@ -512,8 +512,10 @@ zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor 
                                  const gpu_moe_gate *gate, int group_rows)
 {
     if (!gate) return zo_error(ZO_ERR_INVALID, "gpu_moe_router_forward: no gate");
+    /* (the mode as an int: the enum is unsigned, and a mode of -1 would
+     * reach the check, and its message, as 4294967295) */
     RUN(MOE_ROUTER_FORWARD, .t = {weights, logits}, .p = {stats, order, (void *)gate->bias},
-        .i = {n, e, k, gate->mode, group_rows, gate->groups, gate->topk_groups},
+        .i = {n, e, k, (int)gate->mode, group_rows, gate->groups, gate->topk_groups},
         .f = {0.0f, gate->eps, gate->scale});
 }
 
@@ -524,7 +526,7 @@ zo_status gpu_moe_router_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor
 {
     if (!gate) return zo_error(ZO_ERR_INVALID, "gpu_moe_router_backward: no gate");
     RUN(MOE_ROUTER_BACKWARD, .t = {dlogits, dweights, logits}, .p = {(void *)stats, (void *)gate->bias},
-        .i = {n, e, k, gate->mode, layers, group_rows, gate->groups, gate->topk_groups},
+        .i = {n, e, k, (int)gate->mode, layers, group_rows, gate->groups, gate->topk_groups},
         .f = {aux_scale, gate->eps, gate->scale});
 }
 

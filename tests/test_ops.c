@@ -1032,23 +1032,101 @@ static void ref_adam_state_update(const gpu_op_args *a, hostv *h)
 
 /* ---- mixture of experts ---- */
 
-/* Row r of a router: p [e] (softmax in double) and the k chosen, largest
- * first, ties to the lower index (the generators keep the logits apart). */
-static void route_d(const double *lg, int e, int k, double *p, int *sel)
+/* A router's gate as the references read it from the op's slots
+ * (gpu_moe_gate: forward i[5] i[6] p[2], backward i[6] i[7] p[1], f[2]):
+ * the mode, groups (0 or 1: one of every expert), the groups kept, the
+ * scale (0: none) and the bias [e] (NULL: none). */
+typedef struct gate_ref {
+    int mode, groups, topk;
+    double scale;
+    const double *bias;
+} gate_ref;
+
+static gate_ref gate_of(const gpu_op_args *a, const hostv *h, int backward)
 {
-    double mx = -INFINITY, sum = 0.0;
-    for (int j = 0; j < e; j++) mx = lg[j] > mx ? lg[j] : mx;
-    for (int j = 0; j < e; j++) sum += p[j] = exp(lg[j] - mx);
-    for (int j = 0; j < e; j++) p[j] /= sum;
-    for (int i = 0; i < k; i++) {
-        int best = -1;
-        for (int j = 0; j < e; j++) {
-            int taken = 0;
-            for (int q = 0; q < i; q++) taken |= sel[q] == j;
-            if (!taken && (best < 0 || p[j] > p[best])) best = j;
-        }
-        sel[i] = best;
+    return (gate_ref){(int)a->i[3], (int)a->i[backward ? 6 : 5], (int)a->i[backward ? 7 : 6], a->f[2],
+                      h->P[backward ? 1 : 2]};
+}
+
+static int gate_sigmoid_d(const gate_ref *g)
+{
+    return g->mode == GPU_MOE_ROUTE_SIGMOID || g->mode == GPU_MOE_ROUTE_SIGMOID_NORM;
+}
+
+/* idx [m] ordered by v[idx] from the largest, the lower index first among
+ * equal values (an insertion sort: m is at most the experts) */
+static void order_desc(const double *v, int *idx, int m)
+{
+    for (int a = 1; a < m; a++) {
+        int x = idx[a], b = a;
+        for (; b > 0 && (v[idx[b - 1]] < v[x] || (v[idx[b - 1]] == v[x] && idx[b - 1] > x)); b--) idx[b] = idx[b - 1];
+        idx[b] = x;
     }
+}
+
+/* One row of a router in double, as Hugging Face's DeepSeek-V2
+ * (group_limited_greedy) and V3 (noaux_tc) gates state it: s [e] the
+ * scores (the softmax over the row, or each logit's sigmoid), key [e] = s
+ * + bias, gscore [G] each group's score (experts in index order; its
+ * largest key, or with sigmoid scores its two largest keys' sum), gord [G]
+ * the groups best first, eord [na] the experts of the best topk groups
+ * (every expert with one group) best key first; ties: the lower index.
+ * The chosen are eord's first k. */
+typedef struct gate_row {
+    double *s, *key, *gscore;
+    int *gord, *eord, na;
+} gate_row;
+
+static gate_row gate_row_new(int e)
+{
+    gate_row w = {malloc((size_t)e * sizeof(double)), malloc((size_t)e * sizeof(double)),
+                  malloc((size_t)e * sizeof(double)), malloc((size_t)e * sizeof(int)),
+                  malloc((size_t)e * sizeof(int)), 0};
+    return w;
+}
+
+static void gate_row_free(gate_row *w) { free(w->s), free(w->key), free(w->gscore), free(w->gord), free(w->eord); }
+
+static void gate_route_d(const gate_ref *g, const double *lg, int e, gate_row *w)
+{
+    if (gate_sigmoid_d(g)) {
+        for (int j = 0; j < e; j++) w->s[j] = sigmoid(lg[j]);
+    } else {
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < e; j++) mx = lg[j] > mx ? lg[j] : mx;
+        for (int j = 0; j < e; j++) sum += w->s[j] = exp(lg[j] - mx);
+        for (int j = 0; j < e; j++) w->s[j] /= sum;
+    }
+    for (int j = 0; j < e; j++) w->key[j] = w->s[j] + (g->bias ? g->bias[j] : 0.0);
+    const int G = g->groups > 1 ? g->groups : 1, size = e / G, keep = G > 1 ? g->topk : 1;
+    for (int q = 0; q < G; q++) {
+        const double *kq = w->key + (size_t)q * size;
+        int top = 0;
+        for (int j = 1; j < size; j++) top = kq[j] > kq[top] ? j : top;
+        double second = -INFINITY;
+        for (int j = 0; j < size; j++)
+            if (j != top && kq[j] > second) second = kq[j];
+        w->gscore[q] = gate_sigmoid_d(g) && G > 1 ? kq[top] + second : kq[top];
+        w->gord[q] = q;
+    }
+    order_desc(w->gscore, w->gord, G);
+    w->na = 0;
+    for (int j = 0; j < e; j++) {
+        int kept = 0;
+        for (int t = 0; t < keep; t++) kept |= w->gord[t] == j / size;
+        if (kept) w->eord[w->na++] = j;
+    }
+    order_desc(w->key, w->eord, w->na);
+}
+
+/* The chosen's weights' denominator: their scores' sum (plus 1e-20 with
+ * SIGMOID_NORM, as DeepSeek-V3), or 1 without normalization */
+static double gate_denom_d(const gate_ref *g, const gate_row *w, int k)
+{
+    if (g->mode != GPU_MOE_ROUTE_NORM && g->mode != GPU_MOE_ROUTE_SIGMOID_NORM) return 1.0;
+    double S = g->mode == GPU_MOE_ROUTE_SIGMOID_NORM ? 1e-20 : 0.0;
+    for (int i = 0; i < k; i++) S += w->s[w->eord[i]];
+    return S;
 }
 
 /* Phi-3.5-MoE's sparsemixer, eval form, as Hugging Face's sparsemixer()
@@ -1089,68 +1167,80 @@ static double mixer_loss_d(const double *lg, int e, const int sel[2], const int 
 }
 
 /* t: weights logits; p: stats [groups, 2e], order [n, e] (optional: each
- * chosen expert's place, sel's order: the largest p, the sparsemixer's
- * first choice, first); i: n e k mode group_rows; f[1]: jitter eps */
+ * chosen expert's place, the largest key, the sparsemixer's first choice,
+ * first), bias [e] (optional); i: n e k mode group_rows groups
+ * topk_groups; f[1]: jitter eps, f[2]: scale */
 static void ref_moe_router_forward(const gpu_op_args *a, hostv *h)
 {
-    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3] == 1, gr = (int)a->i[4];
-    int mixer = (int)a->i[3] == 2, groups = (n + gr - 1) / gr;
-    double *p = malloc((size_t)e * sizeof *p);
-    int *sel = malloc((size_t)k * sizeof *sel);
+    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], gr = (int)a->i[4];
+    int mixer = (int)a->i[3] == GPU_MOE_ROUTE_SPARSEMIXER, groups = (n + gr - 1) / gr;
+    const gate_ref g = gate_of(a, h, 0);
+    gate_row w = gate_row_new(e);
     for (size_t j = 0; j < (size_t)groups * 2 * e; j++) h->P[0][j] = 0.0;
     for (int r = 0; r < n; r++) {
-        route_d(h->T[1] + (size_t)r * e, e, k, p, sel);
-        double S = 0.0, *st = h->P[0] + (size_t)(r / gr) * 2 * e, mw[2];
-        if (mixer) mixer_d(h->T[1] + (size_t)r * e, e, 2.0 * a->f[1], sel, mw, NULL);
-        for (int i = 0; i < k; i++) S += p[sel[i]];
-        double *w = h->T[0] + (size_t)r * e;
-        for (int j = 0; j < e; j++) w[j] = 0.0, st[j] += p[j];
-        for (int i = 0; i < k; i++)
-            w[sel[i]] = mixer ? mw[i] : norm ? p[sel[i]] / S : p[sel[i]], st[e + sel[i]] += 1.0;
+        gate_route_d(&g, h->T[1] + (size_t)r * e, e, &w);
+        int ms[2];
+        double *st = h->P[0] + (size_t)(r / gr) * 2 * e, mw[2];
+        if (mixer) mixer_d(h->T[1] + (size_t)r * e, e, 2.0 * a->f[1], ms, mw, NULL);
+        const double S = gate_denom_d(&g, &w, k), scale = g.scale != 0.0 ? g.scale : 1.0;
+        double *wr = h->T[0] + (size_t)r * e;
+        for (int j = 0; j < e; j++) wr[j] = 0.0, st[j] += w.s[j];
+        for (int i = 0; i < k; i++) {
+            int j = mixer ? ms[i] : w.eord[i];
+            wr[j] = mixer ? mw[i] : w.s[j] / S * scale, st[e + j] += 1.0;
+        }
         if (h->P[1]) {
             double *o = h->P[1] + (size_t)r * e;
             for (int j = 0; j < e; j++) o[j] = GPU_MOE_NOT_CHOSEN;
-            for (int i = 0; i < k; i++) o[sel[i]] = i;
+            for (int i = 0; i < k; i++) o[mixer ? ms[i] : w.eord[i]] = i;
         }
     }
-    free(p), free(sel);
+    gate_row_free(&w);
 }
 
-/* t: dlogits dweights logits; p: stats [layers, groups, 2e]; i: n e k norm layers group_rows;
- * f: aux_scale (row r counts its group's, r / group_rows).
- * The loss as a function of p: L = sum over the chosen of dweights * w(p)
- * + aux_scale * sum_j C_j p_j; dlogits by the chain rule through the softmax. */
+/* t: dlogits dweights logits; p: stats [layers, groups, 2e], bias [e]
+ * (optional); i: n e k mode layers group_rows groups topk_groups; f:
+ * aux_scale (row r counts its group's, r / group_rows), eps, scale.
+ * The loss as a function of the scores s: L = sum over the chosen of
+ * dweights * w(s) + aux_scale * sum_j C_j s_j, the choice held;
+ * dlogits by the chain rule through the softmax, or each s's sigmoid. */
 static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
 {
-    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3] == 1, mixer = (int)a->i[3] == 2;
+    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], mixer = (int)a->i[3] == GPU_MOE_ROUTE_SPARSEMIXER;
     int layers = (int)a->i[4], gr = (int)a->i[5], groups = (n + gr - 1) / gr;
-    double *p = malloc((size_t)e * sizeof *p), *dp = malloc((size_t)e * sizeof *dp);
-    int *sel = malloc((size_t)k * sizeof *sel);
+    const gate_ref g = gate_of(a, h, 1);
+    const int norm = g.mode == GPU_MOE_ROUTE_NORM || g.mode == GPU_MOE_ROUTE_SIGMOID_NORM;
+    gate_row w = gate_row_new(e);
+    double *dp = malloc((size_t)e * sizeof *dp);
     for (int r = 0; r < n; r++) {
-        route_d(h->T[2] + (size_t)r * e, e, k, p, sel);
-        const double *dw = h->T[1] + (size_t)r * e;
+        gate_route_d(&g, h->T[2] + (size_t)r * e, e, &w);
+        const double *p = w.s, *dw = h->T[1] + (size_t)r * e;
         for (int j = 0; j < e; j++) {
             double c = 0.0;
             for (int l = 0; a->f[0] != 0.0f && l < layers; l++)
                 c += h->P[0][((size_t)l * groups + (size_t)(r / gr)) * 2 * e + e + j];
             dp[j] = a->f[0] * c;
         }
-        double S = 0.0;
-        for (int i = 0; i < k; i++) S += p[sel[i]];
-        /* d w_i / d p_q = ([i == q] S - p_i) / S^2 (q chosen) with norm, else [i == q];
-         * one expert of one: exactly 0 (the sparsemixer's weights are not p's:
-         * below, by finite differences) */
+        const double S = gate_denom_d(&g, &w, k), scale = g.scale != 0.0 ? g.scale : 1.0;
+        const int *sel = w.eord;
+        /* d w_i / d s_q = scale ([i == q] S - s_i) / S^2 (q chosen) with
+         * norm, else scale [i == q]; one expert of one: exactly 0 (the
+         * sparsemixer's weights are not p's: below, by finite differences) */
         for (int i = 0; i < k && !mixer; i++)
             for (int q = 0; q < k; q++) {
                 double d = norm ? ((i == q) * S - p[sel[i]]) / (S * S) : (i == q);
-                dp[sel[q]] += dw[sel[i]] * d;
+                dp[sel[q]] += dw[sel[i]] * scale * d;
             }
+        if (gate_sigmoid_d(&g)) { /* d s_q / d l_q = s_q (1 - s_q), nothing across experts */
+            for (int q = 0; q < e; q++) h->T[0][(size_t)r * e + q] = dp[q] * p[q] * (1.0 - p[q]);
+            continue;
+        }
         /* d p_j / d l_q = p_j ([j == q] - p_q), so dl_q = p_q sum_j p_j (dp_q - dp_j)
          * (sum_j p_j = 1): exactly 0 where dp is the same for every expert */
         for (int q = 0; q < e; q++) {
-            double g = 0.0;
-            for (int j = 0; j < e; j++) g += p[j] * (dp[q] - dp[j]);
-            h->T[0][(size_t)r * e + q] = p[q] * g;
+            double gq = 0.0;
+            for (int j = 0; j < e; j++) gq += p[j] * (dp[q] - dp[j]);
+            h->T[0][(size_t)r * e + q] = p[q] * gq;
         }
         if (!mixer) continue;
         /* the sparsemixer's share: central differences (step 1e-5, the
@@ -1170,7 +1260,8 @@ static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
         }
         free(keep), free(lg);
     }
-    free(p), free(dp), free(sel);
+    free(dp);
+    gate_row_free(&w);
 }
 
 static double moe_gate_d(double s, int sg) { return sg ? sigmoid(s) : s; }
@@ -3593,6 +3684,161 @@ static void mixer_cases(int backward)
     rng = keep;
 }
 
+/* ---- the gate's cases: DeepSeek-V2's group-limited routing, V3's sigmoid scores and noaux_tc ---- */
+
+/* Whether a row's choice (gate_route_d's w) is the same in fp32 as in
+ * double: the last kept group's score against the first left out's, and
+ * each of the first k keys among the kept groups' experts against the
+ * next, exactly equal (a tie the case made: fp32 ties them too) or apart
+ * by more than fp32's rounding of the scores and the bias can close (1e-4
+ * of their magnitudes, a few hundred times it). */
+static int gate_apart(const gate_ref *g, const gate_row *w, int e, int k)
+{
+    double bmax = 0.0;
+    for (int j = 0; g->bias && j < e; j++) bmax = fabs(g->bias[j]) > bmax ? fabs(g->bias[j]) : bmax;
+    if (g->groups > 1 && g->topk < g->groups) {
+        double x = w->gscore[w->gord[g->topk - 1]], y = w->gscore[w->gord[g->topk]];
+        if (x != y && x - y <= 1e-4 * (fabs(x) + fabs(y) + 4.0 * bmax)) return 0;
+    }
+    for (int i = 0; i < k && i + 1 < w->na; i++) {
+        double x = w->key[w->eord[i]], y = w->key[w->eord[i + 1]];
+        if (x != y && x - y <= 1e-4 * (fabs(x) + fabs(y) + 2.0 * bmax)) return 0;
+    }
+    return 1;
+}
+
+/* The tie rows, 6 experts in 3 groups of 2, with the bias (where the case
+ * has one) of gate_tie_bias, alike for experts 0 and 2 and for 1 and 3:
+ *   0  groups 0 and 1 the same keys (the lower kept first), experts 0 and
+ *      2 the same key (0 chosen first)
+ *   1  experts 0 and 2 the same key at the top, their groups' second
+ *      keys apart
+ *   2  group 0 the best by its first key, its second key below every
+ *      other expert's (negative with the bias): with group 0 kept alone
+ *      and k 2 it is chosen, the other groups' keys never
+ * Softmax scores: expert 2 and 5's logits tie too (without a bias). */
+static const double gate_tie_rows[3][6] = {
+    {1.0, 0.2, 1.0, 0.2, -0.5, 0.6}, {0.5, -1.0, 0.5, 0.0, -2.0, -1.5}, {3.0, 0.0, -1.0, 1.0, -1.5, -1.0}};
+static const double gate_tie_bias[6] = {0.0, -0.8, 0.0, -0.8, 0.1, -0.1};
+
+/* The gate cases' inputs: the logits t[param[0]], each row 6 (slot + 0.5
+ * + 0.4 u) / e - 3 over a shuffle of the experts (u in [-0.5, 0.5): the
+ * sigmoid's scores 0.05 to 0.95, the softmax's 6 / e apart in the
+ * logits), redrawn until its choice stands apart in fp32 (gate_apart);
+ * param[1]: the tie rows instead (gate_tie_rows, row r the pattern r % 3)
+ * and their bias, checked to tie exactly where they tie. */
+static void gate_prep(const pcase *c, hostv *h)
+{
+    const int backward = c->op == GPU_OP_MOE_ROUTER_BACKWARD;
+    const int n = (int)c->a.i[0], e = (int)c->a.i[1], k = (int)c->a.i[2];
+    double *lg = h->T[c->param[0]], *bias = h->P[backward ? 1 : 2];
+    if (!backward) order_prefill(c, h);
+    if (c->param[1] && bias)
+        for (int j = 0; j < e; j++) bias[j] = (float)gate_tie_bias[j];
+    const gate_ref g = gate_of(&c->a, h, backward);
+    gate_row w = gate_row_new(e);
+    int *perm = malloc((size_t)e * sizeof *perm);
+    for (int r = 0; r < n; r++) {
+        double *row = lg + (size_t)r * e;
+        int tries = 0;
+        do {
+            for (int j = 0; j < e; j++) perm[j] = j;
+            for (int j = e - 1; j > 0; j--) {
+                int q = (int)(urand() * (j + 1)), t = perm[j];
+                perm[j] = perm[q], perm[q] = t;
+            }
+            for (int j = 0; j < e; j++)
+                row[j] = c->param[1] ? gate_tie_rows[r % 3][j]
+                                     : (float)(6.0 * (perm[j] + 0.5 + 0.4 * (urand() - 0.5)) / e - 3.0);
+            gate_route_d(&g, row, e, &w);
+        } while (!gate_apart(&g, &w, e, k) && !c->param[1] && ++tries < 100);
+        if (!gate_apart(&g, &w, e, k)) fail_msg("%s: row %d's choice is near a tie", c->label, r);
+    }
+    free(perm);
+    gate_row_free(&w);
+}
+
+/* A gate case: n rows of e experts choosing k by `mode` among the best
+ * topk of `groups` groups, the weights times scale, with a bias in [-0.6,
+ * 0.4) (some keys negative, the choice reordered) or none; forward: the
+ * weights, the order and the statistics in groups of gr rows; backward:
+ * dlogits of random dweights (the auxiliary loss over `layers` layers of
+ * statistics with a softmax, or none). tie: the tie rows (e 6). */
+static void gate_case(int backward, const char *name, int n, int e, int k, int mode, int groups, int topk,
+                      float scale, int bias, int gr, int layers, int tie)
+{
+    pcase c = new_case(backward ? GPU_OP_MOE_ROUTER_BACKWARD : GPU_OP_MOE_ROUTER_FORWARD,
+                       "%s n %d e %d k %d mode %d groups %d keep %d scale %g%s, stats of %d rows%s%s", name, n, e,
+                       k, mode, groups, topk, (double)scale, bias ? ", a bias" : "", gr,
+                       layers ? ", aux" : "", tie ? ", ties" : "");
+    const int ng = (n + gr - 1) / gr;
+    c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = mode;
+    c.a.f[2] = scale;
+    int o = OUT_T(&c, 0, E_F32, (size_t)n * e);
+    IN_T(&c, 1, E_F32, (size_t)n * e);
+    if (backward) {
+        c.a.i[4] = layers, c.a.i[5] = gr, c.a.i[6] = groups, c.a.i[7] = topk;
+        c.a.f[0] = layers ? 0.0125f : 0.0f;
+        /* one expert chosen, renormalized: its weight is 1 whatever the
+         * logits (router_backward_case) */
+        if (k == 1 && (mode == GPU_MOE_ROUTE_NORM || mode == GPU_MOE_ROUTE_SIGMOID_NORM))
+            c.buf[o].floor = layers ? 0.01 : 1.0;
+        IN_T(&c, 2, E_F32, (size_t)n * e);
+        if (layers) add_buf(&c, 'p', 0, E_F32, (size_t)layers * ng * 2 * e, FILL_INT, 0, gr + 1, 0);
+    } else {
+        c.a.i[4] = gr, c.a.i[5] = groups, c.a.i[6] = topk;
+        OUT_P(&c, 0, E_F32, (size_t)ng * 2 * e);
+        order_out(&c, n, e);
+    }
+    if (bias) add_buf(&c, 'p', backward ? 1 : 2, E_F32, (size_t)e, FILL_UNIFORM, -0.6, 0.4, 0);
+    c.param[0] = backward ? 2 : 1;
+    c.param[1] = tie;
+    c.prep = gate_prep;
+    emit(&c);
+}
+
+/* The gates users run, forward and backward (the rows few where the
+ * CUDA kernels' O(e^2) a row is long on the shim): DeepSeek-V3 (sigmoid,
+ * 256 experts in 8 groups keeping 4, k 8, renormalized, times 2.5, a
+ * bias), DeepSeek-V2 (softmax, 160 in 8 keeping 3, k 6, times 16, not
+ * renormalized), Moonlight (64 experts, one group, k 6, times 2.446) and
+ * GLM-4.5's (128, one group, k 8, times 2.5), the op's most groups (64
+ * of 2 keeping 5: the CUDA kernels' kept groups' bits past 32); then 6 experts in 3 groups
+ * of 2 keeping 1 to 3, k up to the kept experts, every mode, 1 to 300 rows
+ * (across the CUDA blocks of 256), with and without a bias and a scale;
+ * then the tie rows. They leave the random stream as they found it. */
+static void gate_cases(int backward)
+{
+    const uint64_t keep = rng;
+    const int S = GPU_MOE_ROUTE_SOFTMAX, N = GPU_MOE_ROUTE_NORM, SG = GPU_MOE_ROUTE_SIGMOID,
+              SN = GPU_MOE_ROUTE_SIGMOID_NORM;
+    gate_case(backward, "DeepSeek-V3", 17, 256, 8, SN, 8, 4, 2.5f, 1, 6, 0, 0);
+    gate_case(backward, "DeepSeek-V3 unnormalized", 5, 256, 8, SG, 8, 4, 0.0f, 1, 5, 0, 0);
+    gate_case(backward, "DeepSeek-V2", 17, 160, 6, S, 8, 3, 16.0f, 0, 6, backward, 0);
+    gate_case(backward, "Moonlight", 257, 64, 6, SN, 1, 1, 2.446f, 1, 257, 0, 0);
+    gate_case(backward, "GLM-4.5", 33, 128, 8, SN, 1, 1, 2.5f, 1, 11, 0, 0);
+    gate_case(backward, "the most groups", 5, 128, 8, SN, 64, 5, 1.0f, 1, 5, 0, 0);
+    static const struct {
+        int n, k, mode, topk;
+        float scale;
+        int bias, gr, layers;
+    } small[] = {
+        {1, 2, SN, 1, 2.5f, 1, 1, 0},    {1, 1, SN, 1, 2.5f, 1, 1, 0},     {255, 3, SG, 2, 0.0f, 1, 255, 0},
+        {257, 4, N, 2, 16.0f, 1, 86, 3}, {300, 5, S, 3, 1.5f, 0, 300, 1},  {300, 6, SN, 3, 0.0f, 1, 100, 0},
+        {255, 1, SN, 1, 1.0f, 0, 85, 0}, {7, 2, S, 1, 0.0f, 1, 3, 0},      {7, 6, SG, 3, 3.0f, 0, 7, 0},
+    };
+    for (size_t i = 0; i < sizeof small / sizeof *small; i++)
+        gate_case(backward, "small", small[i].n, 6, small[i].k, small[i].mode, 3, small[i].topk, small[i].scale,
+                  small[i].bias, small[i].gr, backward ? small[i].layers : 0, 0);
+    static const int tie_keep_k[][2] = {{1, 1}, {1, 2}, {2, 1}, {2, 3}, {3, 4}};
+    static const int tie_modes[][2] = {{SN, 1}, {SG, 0}, {N, 1}, {S, 0}};
+    for (size_t m = 0; m < 4; m++)
+        for (size_t t = 0; t < 5; t++)
+            gate_case(backward, "exact", 6, 6, tie_keep_k[t][1], tie_modes[m][0], 3, tie_keep_k[t][0],
+                      m & 1 ? 0.0f : 2.5f, tie_modes[m][1], 6, 0, 1);
+    rng = keep;
+}
+
 static void parity_moe_router_forward(void)
 {
     for (size_t s = 0; s < 3; s++)
@@ -3607,6 +3853,7 @@ static void parity_moe_router_forward(void)
     router_forward_case(7, 2, 1, 1, 7, 1);
     rng = keep;
     mixer_cases(0);
+    gate_cases(0);
 }
 
 static void parity_moe_router_backward(void)
@@ -3618,6 +3865,7 @@ static void parity_moe_router_backward(void)
                                      router_rows[s]);
     router_group_cases(1);
     mixer_cases(1);
+    gate_cases(1);
 }
 
 static const int scale_shapes[][3] = {{1, 1, 1}, {5, 17, 3}, {33, 64, 1}, {300, 257, 8}};
@@ -4273,6 +4521,90 @@ static void test_bad_positions(void **state)
 #endif
 }
 
+/* The router op's check refuses a gate it cannot run, naming the op and
+ * the field (gpu_check_moe_router, in gpu_op_run before any backend: the
+ * CPU device's calls stand for every device's); the same buffers with a
+ * gate it can run pass. */
+static void test_router_gate_refused(void **state)
+{
+    (void)state;
+    enum { RN = 3, RE = 130 }; /* rows, the most experts of the gates below */
+    gpu_stream_t s = cpu_dev.s;
+    float *buf[5], *stats;
+    uint8_t *order;
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(gpu_mem_alloc(cpu_dev.dev, RN * RE * sizeof(float), (void **)&buf[i]), ZO_OK);
+        assert_int_equal(gpu_memset_async(s, buf[i], 0, RN * RE * sizeof(float)), ZO_OK);
+    }
+    assert_int_equal(gpu_mem_alloc(cpu_dev.dev, 2 * RE * sizeof(float), (void **)&stats), ZO_OK);
+    assert_int_equal(gpu_memset_async(s, stats, 0, 2 * RE * sizeof(float)), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(cpu_dev.dev, RN * RE, (void **)&order), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+    const float *bias = buf[4];
+    const gpu_moe_route SM = GPU_MOE_ROUTE_SOFTMAX, NM = GPU_MOE_ROUTE_NORM, MX = GPU_MOE_ROUTE_SPARSEMIXER,
+                        SG = GPU_MOE_ROUTE_SIGMOID, SN = GPU_MOE_ROUTE_SIGMOID_NORM;
+    static const struct {
+        int backward, e, k;
+        gpu_moe_route mode;
+        int groups, topk;
+        float scale;
+        int bias;
+        float aux;
+        const char *want; /* NULL: it runs */
+    } cases[] = {
+        {0, 6, 4, SN, 3, 2, 2.5f, 1, 0.0f, NULL}, /* DeepSeek-V3's gate, at 6 experts */
+        {1, 6, 4, SN, 3, 2, 2.5f, 1, 0.0f, NULL},
+        {1, 6, 2, NM, 6, 2, 16.0f, 1, 0.01f, NULL}, /* softmax groups of 1, the auxiliary loss */
+        {0, 6, 2, SN, 4, 1, 0.0f, 0, 0.0f, "4 groups of 6 experts keeping 1"},
+        {1, 6, 2, SM, 3, 0, 0.0f, 0, 0.0f, "3 groups of 6 experts keeping 0"},
+        {0, 6, 2, SG, 3, 4, 0.0f, 0, 0.0f, "3 groups of 6 experts keeping 4"},
+        {0, 130, 2, SN, 65, 1, 0.0f, 0, 0.0f, "65 groups of 130 experts keeping 1 (at most 64 groups"},
+        {1, 6, 2, SN, -2, 1, 0.0f, 0, 0.0f, "-2 groups of 6 experts"},
+        {0, 6, 3, SN, 3, 1, 0.0f, 0, 0.0f, "k 3 exceeds the 2 experts of 1 kept groups"},
+        {1, 6, 5, NM, 3, 2, 0.0f, 0, 0.0f, "k 5 exceeds the 4 experts of 2 kept groups"},
+        {0, 6, 2, SG, 6, 2, 0.0f, 0, 0.0f, "two best experts' (groups of 1)"},
+        {1, 6, 2, SN, 0, 0, 0.0f, 1, 0.01f, "the load-balancing loss with sigmoid scores is not modelled"},
+        {0, 6, 2, SM, 0, 0, -1.0f, 0, 0.0f, "scale -1 (finite and > 0, or 0 for none)"},
+        {1, 6, 2, SN, 0, 0, NAN, 0, 0.0f, "scale nan"},
+        {0, 6, 2, NM, 0, 0, INFINITY, 0, 0.0f, "scale inf"},
+        {0, 6, 2, MX, 3, 1, 0.0f, 0, 0.0f, "the sparsemixer takes no groups, bias or scale"},
+        {1, 6, 2, MX, 0, 0, 0.0f, 1, 0.0f, "the sparsemixer takes no groups, bias or scale"},
+        {0, 6, 2, MX, 0, 0, 2.0f, 0, 0.0f, "the sparsemixer takes no groups, bias or scale"},
+        {0, 6, 2, (gpu_moe_route)5, 0, 0, 0.0f, 0, 0.0f, "unknown mode 5"},
+        {1, 6, 2, (gpu_moe_route)-1, 0, 0, 0.0f, 0, 0.0f, "unknown mode -1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const gpu_moe_gate g = {.mode = cases[i].mode, .groups = cases[i].groups, .topk_groups = cases[i].topk,
+                                .scale = cases[i].scale, .bias = cases[i].bias ? bias : NULL};
+        const int e = cases[i].e, k = cases[i].k;
+        const char *op = cases[i].backward ? "gpu_moe_router_backward" : "gpu_moe_router_forward";
+        zo_clear_error();
+        zo_status st = cases[i].backward
+                           ? gpu_moe_router_backward(s, gpu_t(buf[0], ZO_DTYPE_F32), gpu_t(buf[1], ZO_DTYPE_F32),
+                                                     gpu_t(buf[2], ZO_DTYPE_F32), stats, RN, e, k, &g, 1, RN,
+                                                     cases[i].aux)
+                           : gpu_moe_router_forward(s, gpu_t(buf[0], ZO_DTYPE_F32), gpu_t(buf[2], ZO_DTYPE_F32),
+                                                    stats, order, RN, e, k, &g, RN);
+        if (st == ZO_OK) st = gpu_stream_synchronize(s);
+        printf("  %s mode %d e %d k %d groups %d keep %d scale %g%s: %s\n", op, (int)cases[i].mode, e, k,
+               cases[i].groups, cases[i].topk, (double)cases[i].scale, cases[i].bias ? " bias" : "",
+               st == ZO_OK ? "runs" : zo_last_error());
+        if (!cases[i].want) {
+            assert_int_equal(st, ZO_OK);
+            continue;
+        }
+        assert_int_equal(st, ZO_ERR_INVALID);
+        if (strncmp(zo_last_error(), op, strlen(op)) || !strstr(zo_last_error(), cases[i].want))
+            fail_msg("wanted %s: ... %s: %s", op, cases[i].want, zo_last_error());
+    }
+    assert_int_equal(gpu_moe_router_forward(s, gpu_t(buf[0], ZO_DTYPE_F32), gpu_t(buf[2], ZO_DTYPE_F32), stats,
+                                            order, RN, 6, 2, NULL, RN),
+                     ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "gpu_moe_router_forward: no gate"));
+    for (int i = 0; i < 5; i++) gpu_mem_free(cpu_dev.dev, buf[i]);
+    gpu_mem_free(cpu_dev.dev, stats), gpu_mem_free(cpu_dev.dev, order);
+}
+
 static int open_device(devpair *d, const char *name)
 {
     /* n_threads 0, train's default: each op sizes its team from OpenMP's
@@ -4391,6 +4723,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_op),
         cmocka_unit_test(test_bad_positions),
+        cmocka_unit_test(test_router_gate_refused),
 #ifdef ZO_HAVE_CUDA_SHIM
         cmocka_unit_test(test_attention_path_env),
         cmocka_unit_test(test_attention_grads16),
