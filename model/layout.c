@@ -619,7 +619,10 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
     uint64_t want = zo_model_params(&cfg), outside = 0; /* the experts outside the window */
     for (int i = 0; i < cfg.n_layers; i++)
         if (zo_model_layer_is_moe(&cfg, i))
-            outside += (uint64_t)(cfg.moe.experts - count) * model_layout_expert_stride(l);
+            /* (and DeepSeek-V3's router score corrections, which no block holds:
+             * the transformer keeps them in fp32 apart, tf_model.router_bias) */
+            outside += (uint64_t)(cfg.moe.experts - count) * model_layout_expert_stride(l) +
+                       (cfg.moe.router_bias ? (uint64_t)cfg.moe.experts : 0);
     if ((uint64_t)l->total_numel != want - outside) {
         st = zo_error(ZO_ERR_INTERNAL,
                       "model layout: %s: %zu elements laid out but the config counts %llu",
