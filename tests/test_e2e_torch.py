@@ -1853,6 +1853,10 @@ def check_folder(ck, c, params, folder, eval_data, run, train_ev, flag, sharded)
             (len(shards) > 1) == sharded and dtypes == {"F32"})
     if set(got) == names:
         ck.rel(f"eval loss of the {flag} folder", eval_loss(c, got, eval_data, run), train_ev)
+        kept = [k for k in names if buffer(k)]
+        if kept:  # DeepSeek-V3's score corrections: never trained, written back bit for bit (as the F32 file)
+            ck.fact(f"{flag}: the {len(kept)} e_score_correction_bias buffers as loaded, bit for bit",
+                    all(torch.equal(got[k], params[k].float().to(got[k].dtype)) for k in kept))
 
 
 def main():
