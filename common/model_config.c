@@ -558,6 +558,11 @@ int zo_model_moe_layers(const zo_model_config *c)
     return c->moe.experts > 0 ? c->n_layers - c->moe.first_dense : 0;
 }
 
+uint64_t zo_model_router_bias_params(const zo_model_config *c)
+{
+    return c->moe.router_bias && !c->params_override ? (uint64_t)c->moe.experts * (uint64_t)zo_model_moe_layers(c) : 0;
+}
+
 const char *zo_moe_shared_name(const zo_model_config *c)
 {
     return !strncmp(c->family, "deepseek", 8) ? "shared_experts" : "shared_expert";

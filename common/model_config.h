@@ -376,6 +376,10 @@ typedef struct zo_layer_params {
 int zo_model_layer_is_moe(const zo_model_config *cfg, int layer);
 /* How many layers have experts: every one from first_dense on (0 in a dense model). */
 int zo_model_moe_layers(const zo_model_config *cfg);
+/* The parameters no block holds, counted in zo_model_params as Hugging
+ * Face counts them but never trained: DeepSeek-V3's router score
+ * corrections, experts of them a MoE layer (0 for other models). */
+uint64_t zo_model_router_bias_params(const zo_model_config *cfg);
 /* The shared expert's module under an MoE layer's mlp: DeepSeek's
  * "shared_experts" (its n_shared_experts as one MLP), else Qwen2-MoE's
  * "shared_expert". */

@@ -984,9 +984,7 @@ static void params_full(stage_est *s, plan_estimate *e)
     e->train_layer = sh->layers ? (sh->params - sh->emb - sh->head) / (uint64_t)sh->layers : 0;
     /* (the model's parameters less DeepSeek-V3's router score corrections,
      * buffers that are never trained) */
-    e->trainable = e->params - (s->m->moe.router_bias && !s->m->params_override
-                                    ? (uint64_t)s->m->moe.experts * (uint64_t)zo_model_moe_layers(s->m)
-                                    : 0);
+    e->trainable = e->params - zo_model_router_bias_params(s->m);
     s->slot = sh->largest * s->wsz;
     /* this runtime streams an MoE layer's routed experts apart from its
      * dense part where the host tier holds the weights (ZeRO-0 or one rank)
