@@ -18,7 +18,10 @@
 # phimoe row, 0.9 s, as the sparsecap branch measured it; test_ops,
 # test_comm_fault, test_ranks_moe_ep, _z3host and _zero less what the
 # suitecut3 branch measured it took out of them; test_install, test_ops and
-# test_offload less what the suitecut4 branch measured, 6 s for the first):
+# test_offload less what the suitecut4 branch measured, 6 s for the first;
+# test_e2e_torch_qwen3_moe and test_generate_torch_qwen3_moe plus their
+# DeepSeek-V3 (and V2 group-limited) families, 11 and 8 s, as the dsv3
+# branch measured them alone):
 # ctest -j starts
 # the costliest first, so that a long test
 # does not begin last and run alone while the other core idles. Without this
@@ -27,7 +30,7 @@
 set(zo_test_costs
     test_ops 130 test_offload 126 test_zero_mpi4 65 test_zero 63 test_ranks_moe_ep_zero 46
     test_e2e_torch_llama 33 test_ranks_moe_ep 25 test_ranks_moe_ep_zero_ckpt 35 test_zero_mpi2 32
-    test_ranks_moe_ep_gaps 31 test_generate_torch_falcon_new 24 test_e2e_torch_qwen3_moe 24 test_ranks_moe 21
+    test_ranks_moe_ep_gaps 31 test_generate_torch_falcon_new 24 test_e2e_torch_qwen3_moe 35 test_ranks_moe 21
     test_offload_memplan 21 test_e2e_torch_mistral 20 test_generate_torch_llama 14 test_e2e_torch_qwen2_moe_sparse 19
     test_gpu_check_fake_gpu 19 test_e2e_torch_gpt2 18 test_install 6 test_comm_fault 8
     test_e2e_torch_falcon_seq 17 test_offload_cuda_selfcheck 16 test_model 15 test_ranks_matrix_full 15
@@ -35,7 +38,7 @@ set(zo_test_costs
     test_e2e_torch_gemma3_text 13 test_ranks_matrix_qlora 13 test_ranks_matrix_lora 13
     test_transformer_torch 13 test_gpu 13 test_torch_side_by_side 12 test_offload_edges 12 test_generate_torch_qwen3 12
     test_plan_schema 10 test_gpu_gemm 10 test_cpu_adam_state 10 test_transformer 10 test_tokenizer_js 9
-    test_e2e_torch_phi3 9 test_generate_torch_qwen3_moe 9 test_ranks_moe_ep_qlora 9 test_e2e_torch_gemma2 9
+    test_e2e_torch_phi3 9 test_generate_torch_qwen3_moe 17 test_ranks_moe_ep_qlora 9 test_e2e_torch_gemma2 9
     test_ranks_moe_ep_qwen3 10 test_cuda_shim 8 test_configure 8 test_ranks_moe_ep_ckpt 8
     test_ranks_refusals 8 test_generate_torch_mixtral 17 test_generate_torch_phi3 12 test_ranks_moe_ep_nvme 7
     test_planner_generate 7 test_planner_attn 9 test_ranks_family_qwen3 9 test_cpu_adam 7 test_e2e_torch_qwen2_moe 7

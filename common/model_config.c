@@ -558,6 +558,11 @@ int zo_model_moe_layers(const zo_model_config *c)
     return c->moe.experts > 0 ? c->n_layers - c->moe.first_dense : 0;
 }
 
+uint64_t zo_model_router_bias_params(const zo_model_config *c)
+{
+    return c->moe.router_bias && !c->params_override ? (uint64_t)c->moe.experts * (uint64_t)zo_model_moe_layers(c) : 0;
+}
+
 const char *zo_moe_shared_name(const zo_model_config *c)
 {
     return !strncmp(c->family, "deepseek", 8) ? "shared_experts" : "shared_expert";
@@ -724,12 +729,11 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
      * named first: their family is DeepSeekMoE's otherwise) */
     if (c->mla.kv_rank && c->mla.v_dim > c->mla.qk_nope + c->mla.qk_rope)
         snprintf(lacks, sizeof lacks, "latent attention with v_head_dim past qk_nope + qk_rope");
-    else if (c->moe.router_bias)
-        snprintf(lacks, sizeof lacks, "a router score correction (topk_method noaux_tc)");
-    else if (c->moe_group_limited)
-        snprintf(lacks, sizeof lacks, "group-limited routing (topk_method group_limited_greedy)");
-    else if (c->moe_routed_scale != 0.0f)
-        snprintf(lacks, sizeof lacks, "routed_scaling_factor %g (only 1)", (double)c->moe_routed_scale);
+    else if (c->moe.router_bias && !c->moe_sigmoid)
+        snprintf(lacks, sizeof lacks, "a router score correction on softmax scores");
+    else if ((c->moe_group_limited || c->moe_sigmoid || c->moe_routed_scale != 0.0f) &&
+             strncmp(c->family, "deepseek", 8))
+        snprintf(lacks, sizeof lacks, "DeepSeek's routing outside DeepSeek's layers");
     else if (c->mla.kv_rank && c->attn_bias)
         snprintf(lacks, sizeof lacks, "latent attention with biases (attention_bias)");
     else if (!known) snprintf(lacks, sizeof lacks, "its layers");
@@ -1454,6 +1458,31 @@ static void parse_qwen_moe(hf *r, zo_model_config *c, const family *f)
                 "dense layers among MoE layers are not modelled");
 }
 
+/* The routing groups of V2's group_limited_greedy and V3's noaux_tc
+ * (n_group, topk_group; V3's defaults 8 and 4 as DeepseekV3Config's, V2's
+ * required): the groups divide the experts (at most ZO_MOE_MAX_GROUPS, the
+ * router's limit), topk_group of them hold at least num_experts_per_tok
+ * experts, and V3's groups, scored by their two best keys, have two. */
+static void hf_groups(hf *r, zo_model_config *c, int v3)
+{
+    const int E = c->moe.experts;
+    int g = hf_int(r, "n_group", v3 ? 8 : REQ), kg = hf_int(r, "topk_group", v3 ? 4 : REQ);
+    if (r->st) return;
+    if (g > ZO_MOE_MAX_GROUPS || E % g)
+        hf_fail(r, ZO_ERR_FORMAT, "n_group", "%d must divide n_routed_experts %d (and be at most %d)", g, E,
+                ZO_MOE_MAX_GROUPS);
+    else if (v3 && E / g < 2)
+        hf_fail(r, ZO_ERR_FORMAT, "n_group", "%d groups of n_routed_experts %d: DeepSeek-V3 scores a group by "
+                "its two best experts (at least 2 a group)", g, E);
+    else if (kg > g)
+        hf_fail(r, ZO_ERR_FORMAT, "topk_group", "%d must be 1 to n_group %d", kg, g);
+    else if (c->moe.top_k > kg * (E / g))
+        hf_fail(r, ZO_ERR_FORMAT, "num_experts_per_tok", "%d is more than the %d experts of topk_group %d "
+                "groups of %d", c->moe.top_k, kg * (E / g), kg, E / g);
+    c->moe_groups = g;
+    c->moe_topk_groups = kg;
+}
+
 /* DeepSeek (MoE), DeepSeek-V2 and -V3: latent attention (V2/V3), dense first
  * layers, shared + routed experts; V3's router has a score correction per
  * expert. V3's multi-token prediction modules (num_nextn_predict_layers) are
@@ -1486,22 +1515,38 @@ static void parse_deepseek(hf *r, zo_model_config *c, const family *f)
         /* the gate (MoEGate): softmax scores, the top k, divided by their
          * sum when norm_topk_prob and top_k > 1; in training each MoE
          * layer adds aux_loss_alpha times its own balance loss to the
-         * gradient, per sequence with seq_aux */
-        c->moe.norm_topk = hf_bool(r, "norm_topk_prob", 0) && c->moe.top_k > 1;
-        c->moe.aux_coef = hf_float(r, "aux_loss_alpha", 0.001f);
+         * gradient, per sequence with seq_aux. V3's (Hugging Face's
+         * DeepseekV3MoE): sigmoid scores, the choice by score plus
+         * e_score_correction_bias within the best topk_group groups,
+         * divided by their sum when norm_topk_prob (any top_k), and no
+         * balance loss in training whatever aux_loss_alpha says */
+        c->moe.norm_topk = hf_bool(r, "norm_topk_prob", v3) && (v3 || c->moe.top_k > 1);
+        c->moe.aux_coef = v3 ? 0.0f : hf_float(r, "aux_loss_alpha", 0.001f);
         c->moe.aux_loss = c->moe.aux_coef != 0.0f;
         c->moe.aux_per_layer = 1;
         c->moe.seq_aux = hf_bool(r, "seq_aux", 1);
         if (!r->st && !(c->moe.aux_coef >= 0.0f))
             hf_fail(r, ZO_ERR_FORMAT, "aux_loss_alpha", "must be >= 0 (got %g)", c->moe.aux_coef);
         const cJSON *sf = hf_item(r, "scoring_func");
-        if (!v3 && sf && !(cJSON_IsString(sf) && !strcmp(sf->valuestring, "softmax")))
-            hf_fail(r, ZO_ERR_UNSUPPORTED, "scoring_func", "only \"softmax\" is modelled");
+        const char *want = v3 ? "sigmoid" : "softmax";
+        if (sf && !(cJSON_IsString(sf) && !strcmp(sf->valuestring, want)))
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "scoring_func", "only \"%s\" is modelled for %s", want, f->type);
         const cJSON *m = hf_item(r, "topk_method");
-        c->moe.router_bias = v3 && (!m || (cJSON_IsString(m) && !strcmp(m->valuestring, "noaux_tc")));
-        c->moe_group_limited = !v3 && m && cJSON_IsString(m) && !strcmp(m->valuestring, "group_limited_greedy");
-        float rs = hf_float(r, "routed_scaling_factor", 1.0f);
+        int is_str = m && cJSON_IsString(m);
+        if (v3 && m && !(is_str && !strcmp(m->valuestring, "noaux_tc")))
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "topk_method", "DeepSeek-V3 routes with \"noaux_tc\" only");
+        if (!v3 && m && !(is_str && (!strcmp(m->valuestring, "greedy") ||
+                                     !strcmp(m->valuestring, "group_limited_greedy"))))
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "topk_method", "only \"greedy\" and \"group_limited_greedy\" are "
+                    "modelled for %s", f->type);
+        c->moe.router_bias = v3;
+        c->moe_sigmoid = v3;
+        c->moe_group_limited = !v3 && is_str && !strcmp(m->valuestring, "group_limited_greedy");
+        float rs = hf_float(r, "routed_scaling_factor", v3 ? 2.5f : 1.0f);
+        if (!r->st && !(rs > 0.0f))
+            hf_fail(r, ZO_ERR_FORMAT, "routed_scaling_factor", "must be > 0 (got %g)", (double)rs);
         c->moe_routed_scale = rs == 1.0f ? 0.0f : rs;
+        if (v3 || c->moe_group_limited) hf_groups(r, c, v3);
         if (hf_int(r, "moe_layer_freq", 1) != 1)
             hf_fail(r, ZO_ERR_UNSUPPORTED, "moe_layer_freq",
                     "MoE layers every n-th layer are not modelled (only 1)");
@@ -1769,8 +1814,8 @@ static const family families[] = {
      "DeepSeek-V2: latent attention (MLA), dense first layers, shared + routed experts", 0, 0, 0,
      DS_KEYS "," MLA_KEYS, 1},
     {"deepseek_v3", "DeepseekV3ForCausalLM", parse_deepseek,
-     "DeepSeek-V3: V2 layers, a router score correction per expert (MTP modules not counted)",
-     0, 0, 0, DS_KEYS "," MLA_KEYS ",num_nextn_predict_layers", 0},
+     "DeepSeek-V3: V2 layers, sigmoid routing with a score correction per expert (MTP modules "
+     "not counted)", 0, 0, 0, DS_KEYS "," MLA_KEYS ",num_nextn_predict_layers", 1},
     {"gpt_neox", "GPTNeoXForCausalLM", parse_neox,
      "GPT-NeoX / Pythia: LayerNorm, biased fused qkv and GELU MLP, partial rotary, parallel "
      "residual, untied", 0, 0, 0, "attention_bias", 1},

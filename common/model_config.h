@@ -74,6 +74,7 @@ typedef struct zo_moe {
     float jitter_eps;
 } zo_moe;
 
+#define ZO_MOE_MAX_GROUPS 64 /* n_group's limit: the router op keeps the chosen groups in 64 bits */
 #define ZO_ROPE_MAX_FACTORS 256 /* longrope factors a config may hold: head_dim up to 512 */
 
 typedef struct zo_model_config {
@@ -178,12 +179,20 @@ typedef struct zo_model_config {
                             is the text model alone */
     zo_mla mla;
     zo_moe moe;
-    /* DeepSeek-V2's routing beyond the greedy top k, which changes no size
-     * (plans do not carry it; the runtime refuses it by name):
-     * moe_group_limited, topk_method "group_limited_greedy" (the top k
-     * within the best topk_group of n_group groups); moe_routed_scale,
-     * routed_scaling_factor on the routed experts' weights (0: 1) */
+    /* DeepSeek-V2's and V3's routing beyond the greedy top k, which changes
+     * no size (plans do not carry it: the runtime reads it from the config):
+     * moe_group_limited, V2's topk_method "group_limited_greedy" (the
+     * softmax's top k within the best moe_topk_groups of moe_groups groups,
+     * each scored by its largest p); moe_sigmoid, V3's scoring_func
+     * "sigmoid" with its noaux_tc choice (moe.router_bias: the score plus
+     * e_score_correction_bias, each group scored by its two best keys' sum;
+     * moe.norm_topk: norm_topk_prob whatever top_k); moe_groups and
+     * moe_topk_groups, n_group and topk_group (0: one group of all);
+     * moe_routed_scale, routed_scaling_factor on the routed experts'
+     * weights (0: 1) */
     int moe_group_limited;
+    int moe_sigmoid;
+    int moe_groups, moe_topk_groups;
     float moe_routed_scale;
 } zo_model_config;
 
@@ -367,6 +376,10 @@ typedef struct zo_layer_params {
 int zo_model_layer_is_moe(const zo_model_config *cfg, int layer);
 /* How many layers have experts: every one from first_dense on (0 in a dense model). */
 int zo_model_moe_layers(const zo_model_config *cfg);
+/* The parameters no block holds, counted in zo_model_params as Hugging
+ * Face counts them but never trained: DeepSeek-V3's router score
+ * corrections, experts of them a MoE layer (0 for other models). */
+uint64_t zo_model_router_bias_params(const zo_model_config *cfg);
 /* The shared expert's module under an MoE layer's mlp: DeepSeek's
  * "shared_experts" (its n_shared_experts as one MLP), else Qwen2-MoE's
  * "shared_expert". */

@@ -432,6 +432,14 @@ static zo_status write_index(const model_hf_folder *f, const int *first, int n)
                 cJSON_AddStringToObject(map, f->l->tensors[i].name, shard);
             total += f->l->tensors[i].numel * es;
         }
+    char last[64];
+    snprintf(last, sizeof last, "model-%05d-of-%05d.safetensors", n, n);
+    for (int i = 0; i < f->n_extra; i++) {
+        uint64_t numel = 1;
+        for (int d = 0; d < f->extra[i].ndim; d++) numel *= (uint64_t)f->extra[i].shape[d];
+        cJSON_AddStringToObject(map, f->extra[i].name, last);
+        total += numel * zo_dtype_size(f->extra[i].dtype);
+    }
     cJSON_AddNumberToObject(meta, "total_size", (double)total);
     char p[4200];
     zo_status st = path_in(p, sizeof p, f->dir, "model.safetensors.index.json");
@@ -464,7 +472,8 @@ zo_status model_hf_save(const model_hf_folder *f, model_block_read_fn read, void
         if (n > 1) snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n);
         else snprintf(name, sizeof name, "model.safetensors");
         if ((st = path_in(p, sizeof p, f->dir, name)) == ZO_OK)
-            st = model_save_streamed_range(p, f->l, first[s], first[s + 1] - first[s], read, ctx, f->dtype);
+            st = model_save_streamed_extra(p, f->l, first[s], first[s + 1] - first[s], read, ctx, f->dtype,
+                                           s == n - 1 ? f->extra : NULL, s == n - 1 ? f->n_extra : 0);
     }
     if (st == ZO_OK && n > 1) st = write_index(f, first, n);
     free(first);

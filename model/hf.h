@@ -36,6 +36,10 @@ typedef struct model_hf_folder {
     uint64_t max_shard_bytes;  /* 0: MODEL_HF_SHARD_DEFAULT */
     const char *config;        /* the config.json given (copied, torch_dtype set), or NULL */
     const char *tokenizer;     /* the tokenizer.json given, or NULL */
+    const model_st_entry *extra; /* tensors no block holds, their data given (DeepSeek-V3's
+                                    router score corrections, fp32), written after the
+                                    layout's in the last file; n_extra of them */
+    int n_extra;
 } model_hf_folder;
 
 /* Write the folder. *shards (may be NULL): the weight files written (1: no

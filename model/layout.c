@@ -616,10 +616,12 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
     if ((st = b.st) != ZO_OK) goto out_free_layout;
 
     for (int i = 0; i < l->n_blocks; i++) l->total_numel += l->block_numel[i];
-    uint64_t want = zo_model_params(&cfg), outside = 0; /* the experts outside the window */
+    /* the experts outside the window, and DeepSeek-V3's router score
+     * corrections, which no block holds (the transformer keeps them in fp32
+     * apart, tf_model.router_bias) */
+    uint64_t want = zo_model_params(&cfg), outside = zo_model_router_bias_params(&cfg);
     for (int i = 0; i < cfg.n_layers; i++)
-        if (zo_model_layer_is_moe(&cfg, i))
-            outside += (uint64_t)(cfg.moe.experts - count) * model_layout_expert_stride(l);
+        if (zo_model_layer_is_moe(&cfg, i)) outside += (uint64_t)(cfg.moe.experts - count) * model_layout_expert_stride(l);
     if ((uint64_t)l->total_numel != want - outside) {
         st = zo_error(ZO_ERR_INTERNAL,
                       "model layout: %s: %zu elements laid out but the config counts %llu",

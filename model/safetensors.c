@@ -358,8 +358,12 @@ zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *
 {
     if (t->dtype < 0)
         return zo_error(ZO_ERR_UNSUPPORTED,
-                        "%s: tensor \"%s\": dtype %s cannot be loaded (F32, F16, BF16 only)",
-                        f->path, t->name, t->dtype_name);
+                        "%s: tensor \"%s\": dtype %s cannot be loaded (F32, F16, BF16 only)%s",
+                        f->path, t->name, t->dtype_name,
+                        !strncmp(t->dtype_name, "F8_", 3)
+                            ? ": an FP8 checkpoint (quantization_config \"fp8\", DeepSeek-V3's as published); "
+                              "convert its weights to bf16 first"
+                            : "");
     if (transpose && t->ndim != 2)
         return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": transpose needs 2 dimensions, has %d",
                         f->path, t->name, t->ndim);

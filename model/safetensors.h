@@ -200,5 +200,11 @@ zo_status model_save_streamed(const char *path, const model_layout *l, model_blo
  * sharded checkpoint: model/hf.h). */
 zo_status model_save_streamed_range(const char *path, const model_layout *l, int first, int n,
                                     model_block_read_fn read, void *ctx, zo_dtype file_dt);
+/* The same with `n_extra` tensors held apart appended after the range's
+ * (their data given: DeepSeek-V3's fp32 router score corrections, which no
+ * block holds). */
+zo_status model_save_streamed_extra(const char *path, const model_layout *l, int first, int n,
+                                    model_block_read_fn read, void *ctx, zo_dtype file_dt,
+                                    const model_st_entry *extra, int n_extra);
 
 #endif

@@ -87,6 +87,15 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
     } else {
         *ignored = ends_with(name, ".rotary_emb.inv_freq");
     }
+    /* DeepSeek-V3: the router score corrections, read apart (tf_load_router_bias),
+     * and the multi-token prediction layers (model.layers.<num_hidden_layers>
+     * on: num_nextn_predict_layers), which Hugging Face's model does not build */
+    if (l->cfg.moe.router_bias) {
+        int layer = -1, used = 0;
+        if (ends_with(name, ".mlp.gate.e_score_correction_bias") ||
+            (sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && used > 0 && layer >= l->cfg.n_layers))
+            *ignored = 1;
+    }
     /* a tied head written out anyway: it is the token embedding */
     if (l->cfg.tied_embeddings && !strcmp(name, "lm_head.weight")) *ignored = 1;
     return NULL;
@@ -544,6 +553,13 @@ zo_status model_save_streamed(const char *path, const model_layout *l, model_blo
 zo_status model_save_streamed_range(const char *path, const model_layout *l, int first, int n,
                                     model_block_read_fn read, void *ctx, zo_dtype file_dt)
 {
+    return model_save_streamed_extra(path, l, first, n, read, ctx, file_dt, NULL, 0);
+}
+
+zo_status model_save_streamed_extra(const char *path, const model_layout *l, int first, int n,
+                                    model_block_read_fn read, void *ctx, zo_dtype file_dt,
+                                    const model_st_entry *extra, int n_extra)
+{
     if ((unsigned)file_dt >= ZO_DTYPE_COUNT) return zo_error(ZO_ERR_INVALID, "%s: bad dtype", path);
     if (first < 0 || n < 1 || first + n > l->n_tensors)
         return zo_error(ZO_ERR_INVALID, "%s: tensors %d..%d of %d", path, first, first + n - 1, l->n_tensors);
@@ -557,6 +573,14 @@ zo_status model_save_streamed_range(const char *path, const model_layout *l, int
     int *tix = NULL, count = 0;
     zo_status st = save_entries(path, l, first, n, file_dt, &e, &tix, &count);
     if (st != ZO_OK) goto out_free;
+    model_st_entry *all = n_extra > 0 ? realloc(e, (size_t)(count + n_extra) * sizeof *e) : e;
+    if (!all) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d entries", path, count + n_extra);
+        goto out_free;
+    }
+    e = all;
+    for (int i = 0; i < n_extra; i++) e[count + i] = extra[i]; /* (data given: fill never sees them) */
+    count += n_extra > 0 ? n_extra : 0;
     if (!sc.buf || !blocks) {
         st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate a block of %zu floats", path, largest);
         goto out_free;

@@ -187,6 +187,7 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         layers * kvb_ad * B * H * r * es,                       /* the absorbed form's kv_b adapter terms */
         (uint64_t)lat * N * 4,                                  /* the rows' positions */
         (uint64_t)m->n_layers * 2 * E * 4,                      /* router statistics */
+        mo->router_bias ? (uint64_t)m->n_layers * E * 4 : 0,    /* DeepSeek-V3's router score corrections */
         E ? N * widest * es : 0,                                /* the weighted activation */
         K * N * h * es, K * N * h * es,                         /* the pairs' inputs, outputs */
         expert_ad ? N * r * es : 0,         /* an expert adapter's A x (an expert's rows: at most N) */

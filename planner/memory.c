@@ -658,6 +658,11 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
     }
     if (n_moe) {
         zo_model_layer_params(m, m->n_layers - 1, &lp);
+        /* (DeepSeek-V3's router score corrections are counted among the
+         * model's parameters, as Hugging Face counts them, but are no
+         * block's: the runtime keeps them apart in fp32, never trained,
+         * with the MoE buffers, moe_buffers) */
+        if (m->moe.router_bias) lp.replicated -= (uint64_t)m->moe.experts;
         uint64_t layer = layer_on_rank(&lp, t, &ex);
         o->params += (uint64_t)n_moe * layer;
         o->experts = (uint64_t)n_moe * ex;
@@ -977,7 +982,9 @@ static void params_full(stage_est *s, plan_estimate *e)
     e->train_first = sh->first ? sh->emb : 0;
     e->train_last = sh->last ? sh->head : 0;
     e->train_layer = sh->layers ? (sh->params - sh->emb - sh->head) / (uint64_t)sh->layers : 0;
-    e->trainable = e->params;
+    /* (the model's parameters less DeepSeek-V3's router score corrections,
+     * buffers that are never trained) */
+    e->trainable = e->params - zo_model_router_bias_params(s->m);
     s->slot = sh->largest * s->wsz;
     /* this runtime streams an MoE layer's routed experts apart from its
      * dense part where the host tier holds the weights (ZeRO-0 or one rank)
@@ -1602,8 +1609,9 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
  * gradient and the pairs' weight gradient, the router's gradient and the
  * pairs' weights' gradient per token and expert (fp32), the weighted
  * expert activation of the widest MLP, each layer's [2 E] statistics
- * of the load-balancing loss (DeepSeek's: of each sequence), and with a
- * capacity factor the router's choice order (a byte per token and expert). */
+ * of the load-balancing loss (DeepSeek's: of each sequence), with a
+ * capacity factor the router's choice order (a byte per token and expert),
+ * and DeepSeek-V3's router score corrections (fp32 [L, E]). */
 static void moe_buffers(const stage_est *s, plan_estimate *e)
 {
     const zo_model_config *m = s->m;
@@ -1620,7 +1628,8 @@ static void moe_buffers(const stage_est *s, plan_estimate *e)
      * sequence apart; transformer.c's stat_rows) */
     uint64_t stat_rows = m->moe.aux_per_layer && m->moe.seq_aux && m->moe.aux_loss ? (uint64_t)t->micro_batch : 1;
     uint64_t bytes = pairs * h * (2 * s->wsz + 4) + pairs * 4 + 2 * sb * E * 4 + widest * s->wsz +
-                     (uint64_t)m->n_layers * stat_rows * 2 * E * 4 + (t->capacity_factor > 0 ? sb * E : 0);
+                     (uint64_t)m->n_layers * stat_rows * 2 * E * 4 + (t->capacity_factor > 0 ? sb * E : 0) +
+                     (m->moe.router_bias ? (uint64_t)m->n_layers * E * 4 : 0);
     add(e, "MoE dispatch buffers (pairs in and out, their gradients, router gradients)", ZO_PLAN_GPU,
         PLAN_ACTIVATIONS, bytes);
     /* expert parallelism: the rows in arrival order and grouped by expert

@@ -539,6 +539,31 @@ FAMILIES["deepseek_v2_q"] = dict(
     run=dict(micro_batch=2, seq=70, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
     # latent attention's five projections by PEFT's names (q_a_proj, q_b_proj: its q) and the experts' down
     lora=dict(r=4, alpha=16.0, targets="q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,down_proj", lr=3e-3))
+# DeepSeek-V3 (DeepseekV3ForCausalLM, small): deepseek_v2_q's layers (a dense first layer, latent
+# attention with q through its low rank) with V3's router, as transformers' DeepseekV3MoE routes:
+# sigmoid scores s, the choice by s + e_score_correction_bias (a random buffer of each MoE layer,
+# written in the checkpoint, large enough to change the choice), 8 experts in 4 groups each scored by
+# its two best keys' sum, the best 2 groups kept (the others' keys -inf), the top 2 of those, weighed
+# by s over their sum plus 1e-20 (norm_topk_prob), times routed_scaling_factor 2.5; no balance loss
+FAMILIES["deepseek_v3"] = dict(
+    FAMILIES["deepseek_v2_q"], seed=86,
+    config=dict(FAMILIES["deepseek_v2_q"]["config"], architectures=["DeepseekV3ForCausalLM"],
+                model_type="deepseek_v3", n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                n_group=4, topk_group=2, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
+                routed_scaling_factor=2.5, num_nextn_predict_layers=1),
+    # every linear layer but the router (on latent attention's five projections alone the reference's
+    # LoRA replay met near ties of keys at 5e-4, 1e-3 and 2e-3: relative gaps of 7e-5 to 9.8e-5)
+    lora=dict(r=4, alpha=16.0, targets="all-linear", lr=1e-3))
+# DeepSeek-V2's group_limited_greedy (trust_remote_code's MoEGate): softmax scores, 8 experts in 4
+# groups each scored by its largest p, the best 2 kept, the top 3 of those, renormalized, times
+# routed_scaling_factor 4; the balance loss per sequence over those choices
+FAMILIES["deepseek_v2_group"] = dict(
+    FAMILIES["deepseek_v2"], seed=87,
+    config=dict(FAMILIES["deepseek_v2"]["config"], n_routed_experts=8, num_experts_per_tok=3, n_group=4,
+                topk_group=2, topk_method="group_limited_greedy", norm_topk_prob=True, routed_scaling_factor=4.0,
+                rope_scaling=None),
+    run=dict(micro_batch=2, seq=70, grad_accum=1, lr=1e-3, schedule="constant", warmup=0, min_lr=0.0),
+    lora=dict(r=4, alpha=16.0, targets="all-linear", lr=3e-3))
 # Gemma-3 (text): Gemma-2's layers with an RMSNorm (1 + w) on each q and k head, no caps, 3 layers
 # with sliding_window_pattern 3 (layers 0 and 1 local: a window of 48 and base 10000; layer 2 global:
 # rope_theta 1e6 and a linear rope_scaling of 8, as gemma-3-4b's)
@@ -605,12 +630,18 @@ def sparse(name):
 # ---- the PyTorch side -----------------------------------------------------------------------
 
 def is_moe(c):
-    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "granitemoe",
+    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3",
+                               "granitemoe",
                                "phimoe")
 
 
 def deepseek(c):
-    return c["model_type"] in ("deepseek", "deepseek_v2")
+    return c["model_type"] in ("deepseek", "deepseek_v2", "deepseek_v3")
+
+
+def buffer(name):
+    """DeepSeek-V3's e_score_correction_bias: a buffer of the checkpoint, used, never trained."""
+    return name.endswith(".e_score_correction_bias")
 
 
 def mla(c):
@@ -663,6 +694,8 @@ def moe_params(c, g):
             continue
         m = f"model.layers.{l}.{pre}"
         p[m + "gate.weight"] = torch.randn(E, h, generator=g) / math.sqrt(h)
+        if c["model_type"] == "deepseek_v3":
+            p[m + "gate.e_score_correction_bias"] = BIAS_STD[0] * torch.randn(E, generator=g)
         for e in range(E):
             p[f"{m}experts.{e}.{wg}.weight"] = 0.2 * torch.randn(f, h, generator=g) / math.sqrt(h) * 5
             p[f"{m}experts.{e}.{wu}.weight"] = 0.2 * torch.randn(f, h, generator=g) / math.sqrt(h) * 5
@@ -691,6 +724,7 @@ def moe_params(c, g):
 # the comparison would then measure the tie, not the code (the test refuses such data).
 MIN_GAP = [float("inf")]
 TIE_GAP = 1e-4
+BIAS_STD = [0.1]  # the spread of DeepSeek-V3's random score corrections
 
 # Tensors the reference's steps left without a gradient (an expert no token of the step chose):
 # torch.optim.AdamW skips them (no decay, no moment decay, their step count unmoved), as train
@@ -724,7 +758,11 @@ def moe_mlp(c, p, m, x):
     hs = x.reshape(-1, h)
     logits = hs @ p[m + "gate.weight"].T
     w = torch.softmax(logits, dim=1)
-    if c["model_type"] == "phimoe":
+    if deepseek(c):
+        w, sel = deepseek_route(c, logits, p.get(m + "gate.e_score_correction_bias"))
+        if ROUTED[0] is not None:
+            ROUTED[0].append(len(set(sel.flatten().tolist())))
+    elif c["model_type"] == "phimoe":
         w, sel = sparsemixer_route(c, logits)
         if ROUTED[0] is not None:
             ROUTED[0].append(len(set(sel.flatten().tolist())))
@@ -732,14 +770,12 @@ def moe_mlp(c, p, m, x):
         with torch.no_grad():
             top = torch.topk(w, k + 1, dim=-1).values
             MIN_GAP[0] = min(MIN_GAP[0], ((top[:, k - 1] - top[:, k]) / top[:, k - 1]).min().item())
-    if c["model_type"] != "phimoe":
+    if c["model_type"] != "phimoe" and not deepseek(c):
         w, sel = torch.topk(w, k, dim=-1)
         if ROUTED[0] is not None:
             ROUTED[0].append(len(set(sel.flatten().tolist())))
     if deepseek(c):
-        # MoEGate: renormalized only with top_k > 1, the sum plus 1e-20
-        if k > 1 and c.get("norm_topk_prob", False):
-            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        pass
     elif c["model_type"] == "mixtral" or c.get("norm_topk_prob", False):
         w = w / w.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(hs)
@@ -758,6 +794,51 @@ def moe_mlp(c, p, m, x):
         # DeepSeek's shared experts are added as they are; Qwen2-MoE's behind a sigmoid gate
         out = out + (ys if deepseek(c) else torch.sigmoid(hs @ p[m + "shared_expert_gate.weight"].T) * ys)
     return out.view(b, t, h), logits
+
+
+def deepseek_choice(c, scores, bias):
+    """The experts DeepSeek's gate chooses from its scores [tokens, E] (no gradient): trust_remote_code's
+    MoEGate (V1, V2): "greedy", the top k of the softmax's p; "group_limited_greedy", each of n_group
+    groups scored by its largest p, the top k among the topk_group best groups' experts (the others'
+    p 0). Transformers' DeepseekV3MoE: the keys s + bias, each group scored by its two best keys'
+    sum, the others' keys -inf. MIN_GAP notes the smallest relative gap at the k-th key and at the
+    topk_group-th group."""
+    E, k, _, _ = moe_shape(c)
+    v3 = c["model_type"] == "deepseek_v3"
+    with torch.no_grad():
+        keys = scores + bias if v3 else scores
+        if v3 or c.get("topk_method") == "group_limited_greedy":
+            G, kg = c["n_group"], c["topk_group"]
+            grouped = keys.view(-1, G, E // G)
+            gs = grouped.topk(2, dim=-1)[0].sum(dim=-1) if v3 else grouped.max(dim=-1).values
+            gidx = torch.topk(gs, k=kg, dim=-1, sorted=False)[1]
+            gmask = torch.zeros_like(gs).scatter_(1, gidx, 1)
+            smask = gmask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+            keys = keys.masked_fill(~smask.bool(), float("-inf") if v3 else 0.0)
+            if kg < G:
+                top = torch.topk(gs, kg + 1, dim=-1).values
+                MIN_GAP[0] = min(MIN_GAP[0], ((top[:, kg - 1] - top[:, kg]) / top[:, kg - 1].abs()).min().item())
+        sel = torch.topk(keys, k=k, dim=-1, sorted=False)[1]
+        top = torch.topk(keys, k + 1, dim=-1).values
+        fin = torch.isfinite(top[:, k])
+        if fin.any():
+            MIN_GAP[0] = min(MIN_GAP[0], ((top[fin, k - 1] - top[fin, k]) / top[fin, k - 1].abs()).min().item())
+    return sel
+
+
+def deepseek_route(c, logits, bias):
+    """DeepSeek's gate on router logits [tokens, E]: the chosen experts' weights and the choices.
+    V1/V2 (MoEGate): p = the softmax, divided by the chosen ones' sum plus 1e-20 when norm_topk_prob
+    and top_k > 1; V3: s = the sigmoid, divided likewise when norm_topk_prob (any top_k); both times
+    routed_scaling_factor."""
+    k = moe_shape(c)[1]
+    v3 = c["model_type"] == "deepseek_v3"
+    scores = torch.sigmoid(logits) if v3 else torch.softmax(logits, dim=-1)
+    sel = deepseek_choice(c, scores, bias)
+    w = scores.gather(1, sel)
+    if c.get("norm_topk_prob", False) and (v3 or k > 1):
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w * c.get("routed_scaling_factor", 1.0), sel
 
 
 def sparsemixer_route(c, logits):
@@ -880,7 +961,7 @@ def deepseek_aux_loss(c, r, b, t):
     per sequence and averaged over the b sequences with seq_aux, else over all b t tokens."""
     E, k, _, _ = moe_shape(c)
     scores = torch.softmax(r, dim=-1)
-    _, sel = torch.topk(scores, k, dim=-1)
+    sel = deepseek_choice(c, scores, None)  # (V2's group-limited choices: the ones made)
     if c.get("seq_aux", True):
         ce = torch.zeros(b, E, dtype=scores.dtype)
         ce.scatter_add_(1, sel.view(b, -1), torch.ones(b, t * k, dtype=scores.dtype))
@@ -898,7 +979,8 @@ def moe_loss(c, p, x, y):
     V = logits.shape[-1]
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
     if deepseek(c):
-        if c.get("aux_loss_alpha", 0.001) > 0 and torch.is_grad_enabled():
+        # (transformers' DeepseekV3 computes no balance loss, whatever aux_loss_alpha says)
+        if c["model_type"] != "deepseek_v3" and c.get("aux_loss_alpha", 0.001) > 0 and torch.is_grad_enabled():
             aux = sum(deepseek_aux_loss(c, r, x.shape[0], x.shape[1]) for r in routers)
             loss = loss + (aux - aux.detach())
         return loss
@@ -966,8 +1048,9 @@ def torch_train(c, params, data, eval_data, run, adapters=None, scale=0.0):
     means, gradients clipped to OPT["clip"] in total norm, decay on 2-D weights only. With
     `adapters` (PEFT's names), those are what is trained, over the frozen params; returns the
     trained adapters too."""
-    q = {k: v.clone().requires_grad_(True) for k, v in (adapters or params).items()}
-    model = (lambda: with_adapters(params, q, scale)) if adapters else (lambda: q)
+    q = {k: v.clone().requires_grad_(True) for k, v in (adapters or params).items() if not buffer(k)}
+    fixed = {k: v for k, v in params.items() if buffer(k)}
+    model = (lambda: with_adapters(params, q, scale)) if adapters else (lambda: dict(fixed, **q))
     opt = adamw(q, run)
     K = run["grad_accum"]
     losses, norms = [], []
@@ -1163,6 +1246,16 @@ def gptj_buffers(c):
             for n, t in (("bias", torch.ones(P, P).tril().view(1, 1, P, P)), ("masked_bias", torch.tensor(-1e9)))]
 
 
+def mtp_layer(c, g):
+    """A few tensors of DeepSeek-V3's multi-token prediction layer (model.layers.<num_hidden_layers>,
+    num_nextn_predict_layers), which its checkpoints hold and Hugging Face's model skips."""
+    L, h, E = c["num_hidden_layers"], c["hidden_size"], c["n_routed_experts"]
+    pre = f"model.layers.{L}."
+    return [(pre + "eh_proj.weight", torch.randn(h, 2 * h, generator=g)),
+            (pre + "enorm.weight", torch.ones(h)), (pre + "mlp.gate.weight", torch.randn(E, h, generator=g)),
+            (pre + "mlp.gate.e_score_correction_bias", torch.randn(E, generator=g))]
+
+
 def check_family(train, name, workdir):
     spec = FAMILIES[name]
     c, run, lora = spec["config"], spec["run"], spec["lora"]
@@ -1183,7 +1276,7 @@ def check_family(train, name, workdir):
     with open(os.path.join(d, "model", "config.json"), "w") as f:
         json.dump(c, f, indent=1)
     extra = mf.gpt2_buffers(c) if gpt else neox_buffers(c) if c["model_type"] == "gpt_neox" else \
-        gptj_buffers(c) if c["model_type"] == "gptj" else []
+        gptj_buffers(c) if c["model_type"] == "gptj" else mtp_layer(c, g) if c["model_type"] == "deepseek_v3" else []
     mf.write_safetensors(os.path.join(d, "model", "model.safetensors"), list(params.items()) + extra)
     write_tokens(os.path.join(d, "train.bin"), data)
     write_tokens(os.path.join(d, "eval.bin"), eval_data)
@@ -1257,7 +1350,22 @@ def check_family(train, name, workdir):
             changed = micro_loss(dict(c, rope_scaling=other), params, data, run, 0).item()
         ck.fact(f"without the softmax's mscale the reference's loss moves ({given:.6f} -> {changed:.6f})",
                 abs(changed - given) > 10 * REL * given)
-    if deepseek(c):
+    if c["model_type"] == "deepseek_v3" or c.get("topk_method") == "group_limited_greedy":
+        # the routing's parts count: routed_scaling_factor, the groups (all kept), V3's score correction
+        others = [("routed_scaling_factor 1", dict(c, routed_scaling_factor=1.0), params),
+                  ("every group kept", dict(c, topk_group=c["n_group"]), params)]
+        if c["model_type"] == "deepseek_v3":
+            others.append(("e_score_correction_bias zero", c,
+                           {k: torch.zeros_like(v) if buffer(k) else v for k, v in params.items()}))
+        keep = MIN_GAP[0]  # (the variants' choices are not the runs')
+        for what, cc, pp in others:
+            with torch.no_grad():
+                given = micro_loss(c, params, data, run, 0).item()
+                changed = micro_loss(cc, pp, data, run, 0).item()
+            ck.fact(f"with {what} the reference's loss moves ({given:.6f} -> {changed:.6f})",
+                    abs(changed - given) > 10 * REL * given)
+        MIN_GAP[0] = keep
+    if deepseek(c) and c["model_type"] != "deepseek_v3":
         # the balance loss is in the gradient only: the first micro-batch's gradient norm moves without it
         def grad_norm(cc):
             q = {k: v.clone().requires_grad_(True) for k, v in params.items()}
@@ -1745,6 +1853,10 @@ def check_folder(ck, c, params, folder, eval_data, run, train_ev, flag, sharded)
             (len(shards) > 1) == sharded and dtypes == {"F32"})
     if set(got) == names:
         ck.rel(f"eval loss of the {flag} folder", eval_loss(c, got, eval_data, run), train_ev)
+        kept = [k for k in names if buffer(k)]
+        if kept:  # DeepSeek-V3's score corrections: never trained, written back bit for bit (as the F32 file)
+            ck.fact(f"{flag}: the {len(kept)} e_score_correction_bias buffers as loaded, bit for bit",
+                    all(torch.equal(got[k], params[k].float().to(got[k].dtype)) for k in kept))
 
 
 def main():

@@ -229,6 +229,12 @@ FAMILIES["deepseek_v2_q"] = dict(
     FAMILIES["deepseek_v2"], seed=58, lora=dict(r=4, alpha=16.0, targets="q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj"),
     config=dict(e2e.FAMILIES["deepseek_v2_q"]["config"], num_hidden_layers=6, max_position_embeddings=128,
                 eos_token_id=127))
+# DeepSeek-V3: test_e2e_torch's (deepseek_v2_q's layers, sigmoid routing chosen with a random
+# e_score_correction_bias in 4 groups keep 2, routed_scaling_factor 2.5) with 4 layers
+FAMILIES["deepseek_v3"] = dict(
+    FAMILIES["deepseek_v2"], seed=63, lora=dict(r=4, alpha=16.0, targets="all-linear"),
+    config=dict(e2e.FAMILIES["deepseek_v3"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127))
 # Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000), layer 2
 # global (rope_theta 1e6, linear rope_scaling 8)
 FAMILIES["gemma3_text"] = dict(
@@ -554,7 +560,8 @@ def check_family(gen, name, workdir):
         json.dump(c, f, indent=1)
     mf.write_safetensors(os.path.join(d, "model", "model.safetensors"),
                          list(params.items()) + (mf.gpt2_buffers(c) if gpt else []))
-    model_bytes = 4 * sum(v.numel() for v in params.values())
+    # (DeepSeek-V3's score corrections, held apart in fp32, are no block's weights)
+    model_bytes = 4 * sum(v.numel() for k, v in params.items() if not e2e.buffer(k))
     cap = str(model_bytes * 3 // 4)
     ck = Checks()
     print(f"{name}: {model_bytes // 4} parameters ({model_bytes} bytes fp32), head size "
@@ -708,8 +715,16 @@ def routed_experts(c, params, prompts, want):
         with torch.no_grad():
             return e2e.moe_forward(cc, params, torch.tensor([ids]))[1]
 
+    moe_layers = [l for l in range(c["num_hidden_layers"]) if not e2e.dense_layer(c, l)]
+
+    def choose(r, l):  # a layer's choices from its router logits (DeepSeek's gate: e2e.deepseek_route)
+        if not e2e.deepseek(c):
+            return torch.topk(r, k, dim=-1).indices
+        with torch.no_grad():
+            return e2e.deepseek_route(c, r, params.get(f"model.layers.{l}.mlp.gate.e_score_correction_bias"))[1]
+
     def chosen(rs, rows):  # per layer, the experts the given rows of the sequence choose
-        return [set(torch.topk(r[rows], k, dim=-1).indices.flatten().tolist()) for r in rs]
+        return [set(choose(r[rows], l).flatten().tolist()) for r, l in zip(rs, moe_layers)]
 
     def whole(n):  # one forward of every sequence's first n tokens, padded to the longest's n
         sets = [set() for _ in range(L)]

@@ -39,15 +39,9 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "granite-3.0-3b-a800m.json", "gpt-j-6b.json",
                                    "gemma-3-4b-it.json", "gemma-3-27b-it.json", "llava-1.5-7b-hf.json",
                                    "mistral-small-3.1-24b.json", "c4ai-command-r-v01.json",
-                                   "aya-23-8b.json", "deepseek-v2-lite.json", "c4ai-command-r-plus.json"};
+                                   "aya-23-8b.json", "deepseek-v2-lite.json", "c4ai-command-r-plus.json",
+                                   "deepseek-v2.json", "deepseek-v3.json"};
 
-/* Families memplan sizes but the runtime does not build: the layout (and so
- * `train`) refuses each by name, and what it lacks (DeepSeek-V2's
- * group-limited routing, V3's router correction, by their keys). */
-static const struct { const char *config, *family, *lacks; } not_built[] = {
-    {"deepseek-v2.json", "deepseek_v2", "group-limited routing (topk_method group_limited_greedy)"},
-    {"deepseek-v3.json", "deepseek_v3", "a router score correction (topk_method noaux_tc)"},
-};
 
 /* DeepSeek-V2-Lite's latent attention under its checkpoint's names and
  * shapes, and the rows that feed its rotary dims moved to the front of
@@ -139,8 +133,10 @@ static void check_layout(const zo_model_config *cfg)
     }
     for (int b = 0; b < l.n_blocks; b++) assert_int_equal(next[b], l.block_numel[b]);
     free(next);
-    /* the count from common/, computed by its own formula */
-    assert_int_equal(sum, zo_model_params(cfg));
+    /* the count from common/, computed by its own formula (less DeepSeek-V3's
+     * router score corrections, E floats a MoE layer that no block holds) */
+    uint64_t apart = cfg->moe.router_bias ? (uint64_t)cfg->moe.experts * zo_model_moe_layers(cfg) : 0;
+    assert_int_equal(sum + apart, zo_model_params(cfg));
     zo_param_counts pc;
     zo_model_param_counts(cfg, &pc);
     assert_int_equal(l.block_numel[0], pc.embedding);
@@ -148,7 +144,9 @@ static void check_layout(const zo_model_config *cfg)
     for (int i = 0; i < cfg->n_layers; i++) {
         zo_layer_params lp;
         zo_model_layer_params(cfg, i, &lp);
-        assert_int_equal(l.block_numel[model_layout_layer_block(i)], lp.total);
+        assert_int_equal(l.block_numel[model_layout_layer_block(i)] +
+                             (zo_model_layer_is_moe(cfg, i) && cfg->moe.router_bias ? (uint64_t)cfg->moe.experts : 0),
+                         lp.total);
         if (zo_model_layer_is_moe(cfg, i) || !cfg->moe.experts) assert_int_equal(lp.total, pc.per_layer);
     }
     assert_int_equal(l.block_numel[model_layout_head_block(&l)], pc.final_norm + pc.head);
@@ -286,22 +284,59 @@ static void test_layout_limits(void **state)
     assert_non_null(strstr(zo_last_error(), "layer_norm_epsilon"));
 }
 
+/* DeepSeek's routing groups and scores, refused naming the field: n_group
+ * dividing n_routed_experts (at most 64), topk_group 1 to n_group,
+ * num_experts_per_tok within topk_group groups, V3's groups of two
+ * experts, V3's sigmoid scores and noaux_tc, V2's known topk_method. */
+static void test_deepseek_routing_fields(void **state)
+{
+    (void)state;
+#define DS_V3 "{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 2, \"hidden_size\": 64, " \
+              "\"num_attention_heads\": 2, \"intermediate_size\": 96, \"vocab_size\": 64, " \
+              "\"moe_intermediate_size\": 32, \"n_routed_experts\": 8, \"first_k_dense_replace\": 1, "
+#define DS_V2 "{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": 2, \"hidden_size\": 64, " \
+              "\"num_attention_heads\": 2, \"intermediate_size\": 96, \"vocab_size\": 64, " \
+              "\"moe_intermediate_size\": 32, \"n_routed_experts\": 8, \"first_k_dense_replace\": 1, " \
+              "\"topk_method\": \"group_limited_greedy\", "
+    static const struct {
+        const char *json, *field;
+    } bad[] = {
+        {DS_V3 "\"num_experts_per_tok\": 2, \"n_group\": 3, \"topk_group\": 1}", "\"n_group\""},
+        {DS_V3 "\"num_experts_per_tok\": 2, \"n_group\": 8, \"topk_group\": 4}", "\"n_group\""},
+        {DS_V3 "\"num_experts_per_tok\": 2, \"n_group\": 4, \"topk_group\": 5}", "\"topk_group\""},
+        {DS_V3 "\"num_experts_per_tok\": 5, \"n_group\": 4, \"topk_group\": 2}", "\"num_experts_per_tok\""},
+        {DS_V3 "\"num_experts_per_tok\": 2, \"n_group\": 4, \"topk_group\": 2, \"scoring_func\": \"softmax\"}",
+         "\"scoring_func\""},
+        {DS_V3 "\"num_experts_per_tok\": 2, \"n_group\": 4, \"topk_group\": 2, \"topk_method\": \"greedy\"}",
+         "\"topk_method\""},
+        {DS_V2 "\"num_experts_per_tok\": 2, \"n_group\": 4}", "\"topk_group\""},
+        {DS_V2 "\"num_experts_per_tok\": 2, \"n_group\": 128, \"topk_group\": 1}", "\"n_group\""},
+        {DS_V2 "\"num_experts_per_tok\": 2, \"n_group\": 4, \"topk_group\": 1, \"routed_scaling_factor\": 0}",
+         "\"routed_scaling_factor\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        zo_model_config c;
+        if (zo_model_config_parse(bad[i].json, "ds.json", &c) == ZO_OK) fail_msg("case %zu accepted", i);
+        if (!strstr(zo_last_error(), bad[i].field))
+            fail_msg("case %zu: \"%s\" does not name %s", i, zo_last_error(), bad[i].field);
+    }
+    /* accepted: V2's groups each of one expert (max of one p), the top k of topk_group x E/G */
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse(DS_V2 "\"num_experts_per_tok\": 2, \"n_group\": 8, \"topk_group\": 2}",
+                                           "ds.json", &c), ZO_OK);
+    assert_int_equal(c.moe_groups, 8);
+    assert_int_equal(c.moe_topk_groups, 2);
+    assert_int_equal(zo_model_config_parse(DS_V3 "\"num_experts_per_tok\": 1, \"n_group\": 4, \"topk_group\": 1, "
+                                           "\"norm_topk_prob\": true}", "ds.json", &c), ZO_OK);
+    assert_true(c.moe_sigmoid && c.moe.router_bias && c.moe.norm_topk && !c.moe.aux_loss);
+    assert_true(c.moe_routed_scale == 2.5f);
+#undef DS_V2
+#undef DS_V3
+}
+
 static void test_layout_refuses_families(void **state)
 {
     (void)state;
-    for (size_t i = 0; i < sizeof not_built / sizeof not_built[0]; i++) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, not_built[i].config);
-        zo_model_config cfg;
-        if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
-        model_layout l;
-        assert_int_equal(model_layout_init(&l, &cfg), ZO_ERR_UNSUPPORTED);
-        char want[64];
-        snprintf(want, sizeof want, "family \"%s\"", not_built[i].family);
-        if (!strstr(zo_last_error(), want) || !strstr(zo_last_error(), not_built[i].lacks))
-            fail_msg("%s: \"%s\" does not name %s and %s", not_built[i].config, zo_last_error(), want,
-                     not_built[i].lacks);
-    }
     /* a LLaMA config with another activation is not the runtime's SwiGLU */
     zo_model_config c;
     assert_int_equal(zo_model_preset_find("llama-2-7b", &c), ZO_OK);
@@ -1869,6 +1904,7 @@ int main(void)
         cmocka_unit_test(test_layout_limits),
         cmocka_unit_test(test_layout_views),
         cmocka_unit_test(test_layout_refuses_families),
+        cmocka_unit_test(test_deepseek_routing_fields),
         cmocka_unit_test(test_layout_mla),
         cmocka_unit_test(test_hf_config_partial_rotary),
         cmocka_unit_test(test_gemma2_config),

@@ -293,6 +293,29 @@ static void test_st_read_convert(void **state)
     model_st_close(&f);
 }
 
+/* An FP8 checkpoint's weight (F8_E4M3, DeepSeek-V3's as published) opens
+ * but is refused when read, naming the file, the tensor and its dtype, and
+ * saying what to do; its fp32 scale beside it reads. */
+static void test_st_fp8_refused(void **state)
+{
+    (void)state;
+    char path[512];
+    tmp_path(path, sizeof path, "fp8.safetensors");
+    write_raw_st(path,
+                 "{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[4,4],\"data_offsets\":[0,16]},"
+                 "\"w_scale_inv\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[16,20]}}",
+                 20);
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, path), ZO_OK);
+    float dst[16];
+    assert_int_equal(model_st_read(&f, model_st_find(&f, "w"), dst, ZO_DTYPE_F32, 0), ZO_ERR_UNSUPPORTED);
+    const char *want[] = {"fp8.safetensors", "\"w\"", "F8_E4M3", "bf16"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(zo_last_error(), want[i])) fail_msg("\"%s\" does not name %s", zo_last_error(), want[i]);
+    assert_int_equal(model_st_read(&f, model_st_find(&f, "w_scale_inv"), dst, ZO_DTYPE_F32, 0), ZO_OK);
+    model_st_close(&f);
+}
+
 /* A failing fill leaves the old file in place and no temporary behind. */
 static zo_status failing_fill(void *ctx, int index, uint64_t first, uint64_t count, void *dst)
 {
@@ -840,6 +863,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_st_roundtrip),
         cmocka_unit_test(test_st_read_convert),
+        cmocka_unit_test(test_st_fp8_refused),
         cmocka_unit_test(test_st_write_atomic),
         cmocka_unit_test(test_st_truncated_after_open),
         cmocka_unit_test(test_load_gpt2_fixture),

@@ -989,6 +989,27 @@ static void test_deepseek_stages(void **state)
     assert_int_equal(p3, 15 * e.total + 5120 + 102400ull * 5120);
 }
 
+/* DeepSeek's full routing from the published configs: V2's
+ * group_limited_greedy (160 experts in 8 groups, 3 kept, top 6, scale 16,
+ * not renormalized, the balance loss) and V3's sigmoid noaux_tc (256 in 8,
+ * 4 kept, top 8, scale 2.5, renormalized, a score correction, no balance
+ * loss whatever aux_loss_alpha says); the runtime takes both. */
+static void test_deepseek_routing(void **state)
+{
+    (void)state;
+    zo_model_config v2, v3;
+    load("deepseek-v2.json", &v2);
+    load("deepseek-v3.json", &v3);
+    assert_true(v2.moe_group_limited && !v2.moe_sigmoid && !v2.moe.router_bias);
+    assert_true(v2.moe_groups == 8 && v2.moe_topk_groups == 3 && v2.moe_routed_scale == 16.0f);
+    assert_true(!v2.moe.norm_topk && v2.moe.aux_loss && v2.moe.aux_coef == 0.001f);
+    assert_true(!v3.moe_group_limited && v3.moe_sigmoid && v3.moe.router_bias);
+    assert_true(v3.moe_groups == 8 && v3.moe_topk_groups == 4 && v3.moe_routed_scale == 2.5f);
+    assert_true(v3.moe.norm_topk && !v3.moe.aux_loss && v3.moe.aux_coef == 0.0f);
+    assert_int_equal(zo_model_config_runtime_check(&v2), ZO_OK);
+    assert_int_equal(zo_model_config_runtime_check(&v3), ZO_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1004,6 +1025,7 @@ int main(void)
         cmocka_unit_test(test_mixtral_capacity_time),
         cmocka_unit_test(test_mixtral_lora_expert_scratch),
         cmocka_unit_test(test_moe_validation),  cmocka_unit_test(test_deepseek_stages),
+        cmocka_unit_test(test_deepseek_routing),
         cmocka_unit_test(test_plan_file_keeps_family), cmocka_unit_test(test_cli_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -113,6 +113,16 @@ static void test_peft_counts_cli(void **state)
                      (unsigned long long)want);
         cJSON_Delete(doc);
     }
+    /* full fine-tuning of V3 trains all but its 58 MoE layers' 256 router
+     * score corrections (counted among the parameters, as Hugging Face's
+     * 671,026,419,200: test_planner_families), buffers never trained */
+    {
+        char args[768];
+        snprintf(args, sizeof args, "estimate --model %s/hf-configs/deepseek-v3.json --seq 512", ZO_FIXTURES_DIR);
+        cJSON *doc = run_memplan_json(args, 1);
+        assert_true((uint64_t)run_json_num(doc, "trainable_params", NULL) == 671026419200ull - 58ull * 256);
+        cJSON_Delete(doc);
+    }
     /* what a flag cannot mean is refused by name */
     static char out[1 << 14];
     assert_int_equal(run_memplan("estimate --model gpt2 --lora 8 --lora-targets gate", out, sizeof out), 2);

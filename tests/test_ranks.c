@@ -700,6 +700,22 @@ static const char deepseek_v2_q_config[] =
     "\"aux_loss_alpha\": 0.05, \"seq_aux\": true, \"vocab_size\": 256, \"max_position_embeddings\": 64, "
     "\"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"attention_bias\": false, \"tie_word_embeddings\": false}";
 
+/* DeepSeek-V3: deepseek_v2_q_config's layers with V3's router (sigmoid
+ * scores, the choice by score plus the score correction, zeros for a model
+ * initialised from its config, within the best 2 of 4 groups, each scored
+ * by its two best keys; renormalized, times routed_scaling_factor 2.5; no
+ * balance loss). */
+static const char deepseek_v3_config[] =
+    "{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"q_lora_rank\": 24, \"kv_lora_rank\": 32, "
+    "\"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, \"intermediate_size\": 128, "
+    "\"moe_intermediate_size\": 16, \"n_routed_experts\": 8, \"n_shared_experts\": 1, "
+    "\"num_experts_per_tok\": 3, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"norm_topk_prob\": true, "
+    "\"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"n_group\": 4, \"topk_group\": 2, "
+    "\"routed_scaling_factor\": 2.5, \"aux_loss_alpha\": 0.001, \"seq_aux\": true, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, "
+    "\"attention_bias\": false, \"tie_word_embeddings\": false}";
+
 /* Qwen2-MoE-shaped with 8 experts (the 6 of qwen2_moe_config do not split
  * over 4 ranks). */
 static const char qwen2_moe8_config[] =
@@ -968,15 +984,15 @@ static const char qwen3_moe8_config[] =
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[7] = {"mixtral",  "qwen2_moe8", "qwen3_moe8",   "deepseek",
-                                        "granitemoe", "deepseek_v2_q", "phimoe"};
+static const char *const ep_names[8] = {"mixtral",  "qwen2_moe8", "qwen3_moe8",   "deepseek",
+                                        "granitemoe", "deepseek_v2_q", "phimoe", "deepseek_v3"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[7] = {mixtral_config,  qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
-                            granitemoe_config, deepseek_v2_q_config, phimoe_config};
+    const char *texts[8] = {mixtral_config,  qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
+                            granitemoe_config, deepseek_v2_q_config, phimoe_config, deepseek_v3_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -2167,7 +2183,8 @@ static void ep_capacity(int mdl, int lora)
 /* the full models, then LoRA on the Mixtral-shaped one, then the full
  * Phi-3.5-MoE-shaped one (the sparsemixer's choices ranked in the order it
  * chose them, by their logits: each rank's the same as in one rank's
- * micro-batch) */
+ * micro-batch), then DeepSeek-V3's (its group-limited sigmoid choices
+ * ranked in their order) */
 static void test_moe_ep_capacity(void **state)
 {
     (void)state;
@@ -2175,6 +2192,7 @@ static void test_moe_ep_capacity(void **state)
     ep_capacity(1, 0);
     ep_capacity(0, 1);
     ep_capacity(6, 0);
+    ep_capacity(7, 0);
 }
 
 static void family_rows(const char *name, const char *text);
@@ -2281,6 +2299,8 @@ static void test_moe_ep_qwen3(void **state)
     ep_capacity(2, 0);
     deepseek_rows();
     deepseek_v2_rows();
+    /* DeepSeek-V3's router with --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3 */
+    ep_rows_of(7, "dsv3", 0, 1);
 }
 
 /* LoRA and QLoRA with --ep 2 on 4 ranks: two data-parallel replicas of

@@ -94,6 +94,8 @@ static zo_status load_adapters(tf_gen *g, const char *dir)
 
 zo_status tf_gen_load(tf_gen *g, const char *weights, uint64_t seed, const char *adapter)
 {
+    zo_status st = tf_load_router_bias(&g->m, weights);
+    if (st != ZO_OK) return st;
     if (!g->m.opts.lora.r) return tf_load_blocks(&g->m.layout, weights, seed, set_block, g->rt);
     if (!adapter) return zo_error(ZO_ERR_INVALID, "tf_gen_load: the model has adapters and no directory to read");
     size_t big = 1;
@@ -101,7 +103,7 @@ zo_status tf_gen_load(tf_gen *g, const char *weights, uint64_t seed, const char 
         if (tf_frozen_bytes(&g->m, b) > big) big = tf_frozen_bytes(&g->m, b);
     base_sink sink = {.g = g, .packed = malloc(big)};
     if (!sink.packed) return zo_error(ZO_ERR_NOMEM, "tf_gen_load: out of host memory for a block of %zu bytes", big);
-    zo_status st = tf_load_blocks(&g->m.layout, weights, seed, set_base_block, &sink);
+    st = tf_load_blocks(&g->m.layout, weights, seed, set_base_block, &sink);
     free(sink.packed);
     return st == ZO_OK ? load_adapters(g, adapter) : st;
 }

@@ -4,6 +4,7 @@
 #include "transformer/transformer.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -352,6 +353,75 @@ static zo_status upload_new(tf_model *m, void **dst, const void *host, size_t by
     return st;
 }
 
+/* DeepSeek-V3's router score corrections: zeros on the host and the
+ * device, and each MoE layer's tensor entry for a save (fp32 [experts]). */
+static zo_status router_bias_alloc(tf_model *m)
+{
+    const zo_model_config *c = &m->cfg;
+    if (!c->moe.router_bias || !c->moe.experts) return ZO_OK;
+    const int L = c->n_layers, E = c->moe.experts, moe = L - c->moe.first_dense;
+    m->router_bias_h = calloc((size_t)L * E, sizeof(float));
+    m->router_bias_entries = calloc((size_t)(moe > 0 ? moe : 1), sizeof *m->router_bias_entries);
+    m->router_bias_names = calloc((size_t)(moe > 0 ? moe : 1), sizeof *m->router_bias_names);
+    if (!m->router_bias_h || !m->router_bias_entries || !m->router_bias_names)
+        return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (router score corrections)");
+    for (int l = c->moe.first_dense, i = 0; l < L; l++, i++) {
+        snprintf(m->router_bias_names[i], MODEL_TENSOR_NAME_MAX, "model.layers.%d.mlp.gate.e_score_correction_bias",
+                 l);
+        m->router_bias_entries[i] = (model_st_entry){.name = m->router_bias_names[i], .dtype = ZO_DTYPE_F32,
+                                                     .ndim = 1, .shape = {E}, .data = m->router_bias_h + (size_t)l * E};
+    }
+    return upload_new(m, (void **)&m->router_bias, m->router_bias_h, (size_t)L * E * sizeof(float));
+}
+
+const model_st_entry *tf_router_bias_entries(const tf_model *m, int *n)
+{
+    *n = m->router_bias_h ? m->cfg.n_layers - m->cfg.moe.first_dense : 0;
+    return *n ? m->router_bias_entries : NULL;
+}
+
+zo_status tf_load_router_bias(const tf_model *m, const char *path)
+{
+    const zo_model_config *c = &m->cfg;
+    if (!m->router_bias_h || !path) return ZO_OK;
+    const int L = c->n_layers, E = c->moe.experts;
+    model_ckpt ck;
+    zo_status st = model_ckpt_open(&ck, path);
+    if (st != ZO_OK) return st;
+    for (int l = c->moe.first_dense, i = 0; l < L && st == ZO_OK; l++, i++) {
+        const char *name = m->router_bias_names[i];
+        const model_ckpt_entry *e = model_ckpt_find(&ck, name);
+        if (!e) {
+            st = zo_error(ZO_ERR_NOT_FOUND, "%s: tensor \"%s\" is missing (%s's router score correction)", path,
+                          name, c->name);
+            break;
+        }
+        const model_st_file *f = &ck.files[e->file];
+        if (e->tensor->ndim != 1 || e->tensor->shape[0] != E) {
+            st = zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": %d dimensions, the model (%s) expects [%d]", f->path,
+                          name, e->tensor->ndim, c->name, E);
+            break;
+        }
+        float *dst = m->router_bias_h + (size_t)l * E;
+        if ((st = model_st_read(f, e->tensor, dst, ZO_DTYPE_F32, 0)) != ZO_OK) break;
+        for (int j = 0; j < E; j++)
+            if (!isfinite(dst[j])) {
+                st = zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %d is %g: it must be finite", f->path,
+                              name, j, (double)dst[j]);
+                break;
+            }
+    }
+    model_ckpt_close(&ck);
+    if (st != ZO_OK) return st;
+    gpu_stream_t s = NULL;
+    if ((st = gpu_stream_create(m->dev, &s)) == ZO_OK &&
+        (st = gpu_memcpy_async(s, m->router_bias, m->router_bias_h, (size_t)L * E * sizeof(float),
+                               GPU_COPY_HOST_TO_DEVICE)) == ZO_OK)
+        st = gpu_stream_synchronize(s);
+    gpu_stream_destroy(s);
+    return st;
+}
+
 /* A rope_scaling's frequencies into device memory (m->rope_freq). longrope
  * over sequences (training) or a cache (generation) past its original
  * length makes both tables, the short one for forwards within it and the
@@ -683,7 +753,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     const int lora = has_lora(m);
     if (lora && (st = lora_init(m)) != ZO_OK) goto out_free;
     if (m->opts.kv_len) { /* generation: the forward's buffers and the caches */
-        if ((st = gen_alloc(m)) != ZO_OK || (st = rope_upload(m)) != ZO_OK || (st = norm_one_upload(m)) != ZO_OK)
+        if ((st = gen_alloc(m)) != ZO_OK || (st = rope_upload(m)) != ZO_OK || (st = norm_one_upload(m)) != ZO_OK ||
+            (st = router_bias_alloc(m)) != ZO_OK)
             goto out_free;
         return ZO_OK;
     }
@@ -866,7 +937,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         goto out_free;
     }
     /* a rope_scaling's frequencies (what it does not compute is refused here) */
-    if ((st = rope_upload(m)) != ZO_OK || (st = norm_one_upload(m)) != ZO_OK) goto out_free;
+    if ((st = rope_upload(m)) != ZO_OK || (st = norm_one_upload(m)) != ZO_OK ||
+            (st = router_bias_alloc(m)) != ZO_OK) goto out_free;
     return ZO_OK;
 
 out_free:
@@ -883,6 +955,10 @@ void tf_free(tf_model *m)
     gpu_mem_free(d, m->targets);
     gpu_mem_free(d, m->rope_freq);
     gpu_mem_free(d, m->norm_one);
+    gpu_mem_free(d, m->router_bias);
+    free(m->router_bias_h);
+    free(m->router_bias_entries);
+    free(m->router_bias_names);
     if (m->res && !m->opts.external_res)
         for (size_t l = 0; l <= L; l++) gpu_mem_free(d, m->res[l]);
     if (m->acts)
@@ -2042,14 +2118,26 @@ static zo_status ep_return(tf_model *m, int l, gpu_stream_t s, gpu_tensor groupe
     return ep_exchange(m, l, s, arrival, recv, cols, grouped.dtype, 1, -1);
 }
 
-/* How the router chooses and weighs: Phi-3.5-MoE's sparsemixer (eval
- * form), or the softmax's p, renormalized over the chosen with norm_topk */
-static gpu_moe_gate router_gate(const zo_moe *mo)
+/* How layer l's router chooses and weighs: Phi-3.5-MoE's sparsemixer (eval
+ * form); the softmax's p, renormalized over the chosen with norm_topk; or
+ * DeepSeek-V3's sigmoid s (renormalized likewise), chosen by s plus the
+ * layer's score correction. DeepSeek-V2's group_limited_greedy and V3 keep
+ * the best topk_group of n_group groups; routed_scaling_factor multiplies
+ * the weights. */
+static gpu_moe_gate router_gate(const tf_model *m, int l)
 {
-    return (gpu_moe_gate){.mode = mo->sparsemixer ? GPU_MOE_ROUTE_SPARSEMIXER
-                                  : mo->norm_topk ? GPU_MOE_ROUTE_NORM
-                                                  : GPU_MOE_ROUTE_SOFTMAX,
-                          .eps = mo->jitter_eps};
+    const zo_model_config *c = &m->cfg;
+    const zo_moe *mo = &c->moe;
+    gpu_moe_route mode = mo->sparsemixer ? GPU_MOE_ROUTE_SPARSEMIXER
+                         : c->moe_sigmoid ? (mo->norm_topk ? GPU_MOE_ROUTE_SIGMOID_NORM : GPU_MOE_ROUTE_SIGMOID)
+                         : mo->norm_topk ? GPU_MOE_ROUTE_NORM
+                                         : GPU_MOE_ROUTE_SOFTMAX;
+    return (gpu_moe_gate){.mode = mode,
+                          .eps = mo->jitter_eps,
+                          .groups = c->moe_groups,
+                          .topk_groups = c->moe_topk_groups,
+                          .scale = c->moe_routed_scale,
+                          .bias = m->router_bias ? m->router_bias + (size_t)l * mo->experts : NULL};
 }
 
 /* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
@@ -2072,7 +2160,7 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     /* router: logits [N, E] (fp32), the chosen experts' weights, the
      * statistics of layer l (DeepSeek's per sequence: each sequence's t rows apart) */
     const size_t S = stat_rows(m);
-    const gpu_moe_gate gate = router_gate(mo);
+    const gpu_moe_gate gate = router_gate(m, l);
     if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
         (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits), m->moe_stats + (size_t)l * S * 2 * E,
                                      m->moe_order, N, E, mo->top_k, &gate,
@@ -2340,7 +2428,7 @@ static zo_status router_backward(tf_model *m, int l, gpu_stream_t s)
     const int N = m->b * m->t, E = mo->experts, k = mo->top_k;
     const tf_layer_acts *a = &m->acts[l];
     const size_t S = stat_rows(m);
-    const gpu_moe_gate gate = router_gate(mo);
+    const gpu_moe_gate gate = router_gate(m, l);
     if (!mo->aux_per_layer) {
         int moe_layers = zo_model_moe_layers(c);
         double LN = (double)moe_layers * N;

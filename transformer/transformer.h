@@ -42,6 +42,7 @@
 #include "gpu/device.h"          /* defines: gpu_device_t, gpu_stream_t */
 #include "gpu/comm.h"            /* defines: comm_t (expert parallelism's group) */
 #include "model/layout.h"        /* defines: model_layout, model_role */
+#include "model/safetensors.h"   /* defines: model_st_entry */
 
 /* tf_options.recompute: none, whole layers, by op */
 enum { TF_RECOMPUTE_NONE = 0, TF_RECOMPUTE_FULL = 1, TF_RECOMPUTE_OPS = 2 };
@@ -301,6 +302,14 @@ typedef struct tf_model {
     uint8_t *moe_order;     /* [N, experts] the router's choice order (gpu_moe_router_forward; capacity) */
     uint8_t *moe_rank_h;    /* [N, experts] host: moe_order, read to rank the pairs (capacity) */
     int *moe_quota_h;       /* [experts, top_k] host: an expert's pairs of each choice rank (capacity) */
+    /* DeepSeek-V3's router score corrections (cfg.moe.router_bias; NULL
+     * without): each MoE layer's e_score_correction_bias, a buffer of its
+     * checkpoint (fp32, never rounded, never trained), added to the scores
+     * for the choice only (gpu_moe_gate.bias) */
+    float *router_bias;     /* [L, experts] fp32 device; zeros until tf_load_router_bias */
+    float *router_bias_h;   /* [L, experts] host: the same, as loaded and as saved */
+    model_st_entry *router_bias_entries; /* [MoE layers] router_bias_h as tensors to save (tf_router_bias_entries) */
+    char (*router_bias_names)[MODEL_TENSOR_NAME_MAX];
     size_t moe_rows;        /* the most pairs a layer keeps: zo_moe_rank_rows of B T tokens, 1 rank */
     /* the pairs the forwards routed since tf_init (recomputes not counted):
      * chosen by the router, dropped by the capacity factor */
@@ -502,6 +511,16 @@ typedef zo_status (*tf_block_sink)(void *ctx, int block, const void *buf);
  * is NULL, tf_init_block_weights's from `seed`, handed to sink as fp32: host
  * memory holds one block, whatever the model's size. */
 zo_status tf_load_blocks(const model_layout *l, const char *path, uint64_t seed, tf_block_sink sink, void *ctx);
+/* DeepSeek-V3's router score corrections (tf_model.router_bias), one fp32
+ * [experts] tensor a MoE layer, "model.layers.N.mlp.gate.e_score_correction_bias",
+ * read from the checkpoint at `path` (as tf_load_blocks takes it; each is
+ * required, F32 or 16-bit, finite) into router_bias_h and the device; NULL
+ * leaves the zeros a model initialised from its config has. Nothing for a
+ * model without them. */
+zo_status tf_load_router_bias(const tf_model *m, const char *path);
+/* The corrections as tensors a save writes beside the blocks' (model_hf_folder.extra):
+ * *n of them (0 without), valid while m is. */
+const model_st_entry *tf_router_bias_entries(const tf_model *m, int *n);
 /* LoRA adapters of one block as PEFT initialises them: A ~ kaiming_uniform
  * with a = sqrt(5), i.e. uniform in +-1/sqrt(in), B = 0 (so the adapted
  * model starts as the base). `adapters` is tf_model.adapters; dst holds

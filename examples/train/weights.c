@@ -116,6 +116,8 @@ static zo_status load_lora(offload_t *rt, const tf_model *m, const train_args *a
 zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a, double *into_s)
 {
     *into_s = 0;
+    zo_status st = tf_load_router_bias(m, a->weights);
+    if (st != ZO_OK) return st;
     if (a->lora.r) return load_lora(rt, m, a, into_s);
     timed_sink ts = {.sink = set_block, .ctx = rt, .seconds = into_s};
     return tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, timed_block, &ts);
@@ -144,8 +146,10 @@ static model_hf_folder hf_folder(const tf_model *m, const train_args *a, const c
                    sizeof folder_config) {
         config = folder_config;
     }
+    int n_extra;
+    const model_st_entry *extra = tf_router_bias_entries(m, &n_extra);
     return (model_hf_folder){.dir = dir, .l = &m->layout, .dtype = a->dtype, .max_shard_bytes = a->max_shard,
-                             .config = config, .tokenizer = a->tokenizer};
+                             .config = config, .tokenizer = a->tokenizer, .extra = extra, .n_extra = n_extra};
 }
 
 /* An offload_weights_stream: the folder of `user` (a model_hf_folder) at path. */
