@@ -531,11 +531,14 @@ FAMILIES["deepseek_v2"] = dict(
     # of 2.7e-5 and 6.8e-5; at 5e-4 its smallest is 6.7e-4)
     lora=dict(r=4, alpha=16.0, targets="all-linear", lr=5e-4))
 # DeepSeek-V2's own head shape (qk_nope 128, qk_rope 64, v 128) with q through its low rank
-# (q_lora_rank 48: q_a_proj, q_a_layernorm, q_b_proj), 2 heads, kv_lora_rank 64, no rope_scaling
+# (q_lora_rank 48: q_a_proj, q_a_layernorm, q_b_proj), 2 heads, kv_lora_rank 64, no rope_scaling;
+# the top 2 renormalized with a routed_scaling_factor of 5 that MoEGate then leaves out (it
+# renormalizes or scales, never both)
 FAMILIES["deepseek_v2_q"] = dict(
     FAMILIES["deepseek_v2"], seed=72,
     config=dict(FAMILIES["deepseek_v2"]["config"], num_attention_heads=2, num_key_value_heads=2, q_lora_rank=48,
-                kv_lora_rank=64, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, rope_scaling=None),
+                kv_lora_rank=64, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, rope_scaling=None,
+                norm_topk_prob=True, routed_scaling_factor=5.0),
     run=dict(micro_batch=2, seq=70, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
     # latent attention's five projections by PEFT's names (q_a_proj, q_b_proj: its q) and the experts' down
     lora=dict(r=4, alpha=16.0, targets="q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,down_proj", lr=3e-3))
@@ -555,12 +558,13 @@ FAMILIES["deepseek_v3"] = dict(
     # LoRA replay met near ties of keys at 5e-4, 1e-3 and 2e-3: relative gaps of 7e-5 to 9.8e-5)
     lora=dict(r=4, alpha=16.0, targets="all-linear", lr=1e-3))
 # DeepSeek-V2's group_limited_greedy (trust_remote_code's MoEGate): softmax scores, 8 experts in 4
-# groups each scored by its largest p, the best 2 kept, the top 3 of those, renormalized, times
-# routed_scaling_factor 4; the balance loss per sequence over those choices
+# groups each scored by its largest p, the best 2 kept, the top 3 of those, not renormalized (as
+# DeepSeek-V2's config: the gate renormalizes or scales, never both), times routed_scaling_factor 4;
+# the balance loss per sequence over those choices
 FAMILIES["deepseek_v2_group"] = dict(
     FAMILIES["deepseek_v2"], seed=87,
     config=dict(FAMILIES["deepseek_v2"]["config"], n_routed_experts=8, num_experts_per_tok=3, n_group=4,
-                topk_group=2, topk_method="group_limited_greedy", norm_topk_prob=True, routed_scaling_factor=4.0,
+                topk_group=2, topk_method="group_limited_greedy", norm_topk_prob=False, routed_scaling_factor=4.0,
                 rope_scaling=None),
     run=dict(micro_batch=2, seq=70, grad_accum=1, lr=1e-3, schedule="constant", warmup=0, min_lr=0.0),
     lora=dict(r=4, alpha=16.0, targets="all-linear", lr=3e-3))
@@ -829,16 +833,18 @@ def deepseek_choice(c, scores, bias):
 def deepseek_route(c, logits, bias):
     """DeepSeek's gate on router logits [tokens, E]: the chosen experts' weights and the choices.
     V1/V2 (MoEGate): p = the softmax, divided by the chosen ones' sum plus 1e-20 when norm_topk_prob
-    and top_k > 1; V3: s = the sigmoid, divided likewise when norm_topk_prob (any top_k); both times
-    routed_scaling_factor."""
+    and top_k > 1, else times routed_scaling_factor (one or the other); V3: s = the sigmoid, divided
+    likewise when norm_topk_prob (any top_k), then times routed_scaling_factor."""
     k = moe_shape(c)[1]
     v3 = c["model_type"] == "deepseek_v3"
     scores = torch.sigmoid(logits) if v3 else torch.softmax(logits, dim=-1)
     sel = deepseek_choice(c, scores, bias)
     w = scores.gather(1, sel)
+    scale = c.get("routed_scaling_factor", 1.0)
     if c.get("norm_topk_prob", False) and (v3 or k > 1):
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
-    return w * c.get("routed_scaling_factor", 1.0), sel
+        return (w * scale if v3 else w), sel
+    return w * scale, sel
 
 
 def sparsemixer_route(c, logits):

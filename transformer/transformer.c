@@ -2123,7 +2123,9 @@ static zo_status ep_return(tf_model *m, int l, gpu_stream_t s, gpu_tensor groupe
  * DeepSeek-V3's sigmoid s (renormalized likewise), chosen by s plus the
  * layer's score correction. DeepSeek-V2's group_limited_greedy and V3 keep
  * the best topk_group of n_group groups; routed_scaling_factor multiplies
- * the weights. */
+ * the weights, V3's after the normalization, DeepSeek(-V2)'s only where it
+ * does not normalize: its MoEGate (trust_remote_code's) either divides by
+ * the sum or scales, never both. */
 static gpu_moe_gate router_gate(const tf_model *m, int l)
 {
     const zo_model_config *c = &m->cfg;
@@ -2136,7 +2138,7 @@ static gpu_moe_gate router_gate(const tf_model *m, int l)
                           .eps = mo->jitter_eps,
                           .groups = c->moe_groups,
                           .topk_groups = c->moe_topk_groups,
-                          .scale = c->moe_routed_scale,
+                          .scale = !c->moe_sigmoid && mo->norm_topk ? 0.0f : c->moe_routed_scale,
                           .bias = m->router_bias ? m->router_bias + (size_t)l * mo->experts : NULL};
 }
 
