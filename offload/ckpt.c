@@ -1116,9 +1116,7 @@ static zo_status source_read(ck_source *s, const offload_ckpt *ck, int b, size_t
     return source_read_parts(s, b, rel, k, a, dst);
 }
 
-/* The checkpoint `dir` names: itself when it holds a state.json, else the
- * one its `latest` names. */
-static zo_status resolve(const char *dir, char *cdir, size_t len)
+zo_status offload_ckpt_resolve(const char *dir, char *cdir, size_t len)
 {
     char path[4200], name[256];
     snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, dir);
@@ -1289,7 +1287,7 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     ckpt_state cs;
     ckpt_manifest mf;
     ck_experts x;
-    if ((st = resolve(dir, cdir, sizeof cdir)) != ZO_OK || (st = experts_init(ck, &x)) != ZO_OK) return st;
+    if ((st = offload_ckpt_resolve(dir, cdir, sizeof cdir)) != ZO_OK || (st = experts_init(ck, &x)) != ZO_OK) return st;
     /* every rank's checks passed (a damaged file is named by the rank
      * that hashed it, and ends every rank) */
     zo_status mine = check_checkpoint(ck, &x, cdir, &cs, &mf);

@@ -660,4 +660,9 @@ zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights
  * or set the weights. */
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta);
 
+/* The checkpoint folder `dir` names (what offload_load reads): dir itself
+ * when it holds a state.json, else the one its `latest` names; into cdir
+ * [len]. ZO_ERR_NOT_FOUND when it names none. */
+zo_status offload_ckpt_resolve(const char *dir, char *cdir, size_t len);
+
 #endif

@@ -1172,10 +1172,11 @@ def write_tokens(path, ids):
         a.tofile(f)
 
 
-def run_train_cmd(train, d, run, extra):
-    """train's command line for a run of these data and settings, `extra` last."""
-    return [train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
-           "--weights", os.path.join(d, "model"),
+def run_train_cmd(train, d, run, extra, weights=True):
+    """train's command line for a run of these data and settings, `extra` last (without --weights:
+    random weights, for a resume whose checkpoint holds them)."""
+    return [train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json")] + \
+           (["--weights", os.path.join(d, "model")] if weights else []) + [
            "--data", os.path.join(d, "train.bin"), "--eval-data", os.path.join(d, "eval.bin"),
            "--eval-batches", str(EVAL_BATCHES), "--steps", str(STEPS),
            "--micro-batch", str(run["micro_batch"]), "--seq", str(run["seq"]),
@@ -1186,10 +1187,11 @@ def run_train_cmd(train, d, run, extra):
            "--clip", repr(OPT["clip"])] + extra
 
 
-def run_train(train, d, run, extra, steps=STEPS, env=None):
+def run_train(train, d, run, extra, steps=STEPS, env=None, weights=True):
     """train's step losses, gradient norms and eval loss (`steps` step lines: fewer for a resumed
-    run), its time and its command line (`env`: variables added to the environment)."""
-    cmd = run_train_cmd(train, d, run, extra)
+    run), its time and its command line (`env`: variables added to the environment; `weights`: as
+    run_train_cmd's)."""
+    cmd = run_train_cmd(train, d, run, extra, weights)
     t0 = time.time()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        env={**os.environ, **env} if env else None)
@@ -1421,7 +1423,7 @@ def check_family(train, name, workdir):
             ck.fact(f"losses, norms and eval loss with {' '.join(flags)} equal the first run's "
                     f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
     if deepseek(c):
-        check_resume(ck, train, d, run, got_l, got_n, got_ev)
+        check_resume(ck, train, d, run, got_l, got_n, got_ev, weights=c["model_type"] != "deepseek_v3")
     if sparse(name):
         check_experts_apart(ck, train, c, params, d, run, (got_l, got_n, got_ev), sdir, shard)
         # the untouched experts in each optimizer shard: the device's, and half of it on NVMe
@@ -1538,17 +1540,19 @@ def check_experts_apart(ck, train, c, params, d, run, want, sdir, shard):
             f"{visits - 2 * seams}: 2 a seam between passes)", visits - 2 * seams <= train_fetched <= visits)
 
 
-def check_resume(ck, train, d, run, want_l, want_n, want_ev):
+def check_resume(ck, train, d, run, want_l, want_n, want_ev, weights=True):
     """A checkpoint (--ckpt) after the first step, resumed (--resume) on the same schedule
     (--schedule-steps): the last steps, their norms and the eval loss are the whole run's, bit for bit
-    (the layers of both kinds, dense and MoE, and the router's state are in the checkpoint)."""
+    (the layers of both kinds, dense and MoE, and the router's state are in the checkpoint). Without
+    `weights` the resume has no --weights: DeepSeek-V3's router score corrections, which no block
+    holds, come from the checkpoint's model.safetensors."""
     ckdir = os.path.join(d, "ckpt")
     shutil.rmtree(ckdir, ignore_errors=True)
     sched = ["--schedule-steps", str(STEPS)]
     first = subprocess.run(run_train_cmd(train, d, run, sched + ["--ckpt", ckdir, "--steps", "1"]),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ck.fact(f"--ckpt after step 1 (exit {first.returncode})", first.returncode == 0)
-    l, n, ev, _, cmd = run_train(train, d, run, sched + ["--resume", ckdir], steps=STEPS - 1)
+    l, n, ev, _, cmd = run_train(train, d, run, sched + ["--resume", ckdir], steps=STEPS - 1, weights=weights)
     print(f" resumed: {cmd}")
     ck.fact(f"resumed at step 2: its steps, norms and eval loss the whole run's ({l} {ev})",
             l == want_l[1:] and n == want_n[1:] and ev == want_ev)

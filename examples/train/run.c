@@ -414,6 +414,7 @@ zo_status run_setup(train_run *r)
     if ((st = offload_init(&r->rt, r->dev, &r->tm.om, oc)) != ZO_OK) return st;
     if (a->profile && (st = start_profile(r)) != ZO_OK) return st;
     r->trained = a->lora.r ? &r->m.adapters : &r->m.layout;
+    r->ckpt_weights = weights_ckpt_of(&r->m, a);
     r->accum = oc->grad_accum ? oc->grad_accum : 1;
     return ZO_OK;
 }
@@ -483,7 +484,8 @@ zo_status run_load_weights(train_run *r)
     if (a->resume) {
         t0 = zo_now();
         offload_ckpt_meta meta;
-        if ((st = offload_load(r->rt, a->resume, &meta)) != ZO_OK) return st;
+        if ((st = offload_load(r->rt, a->resume, &meta)) != ZO_OK || (st = weights_resume(&r->m, a)) != ZO_OK)
+            return st;
         if ((st = resume_position(r, &meta)) != ZO_OK) return st;
         printf("# resumed from %s at step %ld\n", a->resume, r->k0);
         /* the run ends well with nothing trained (its --save still written) */
@@ -634,7 +636,7 @@ zo_status run_checkpoint(train_run *r, long steps)
     offload_ckpt_meta meta = {.data_step = steps * a->micro_batch * r->accum * r->ranks, .seed = (uint64_t)a->seed,
                               .batch = {.micro_batch = a->micro_batch, .grad_accum = r->accum, .ranks = r->ranks,
                                         .seq = a->seq}};
-    zo_status st = offload_save_streamed(r->rt, a->ckpt, &meta, weights_write, (void *)r->trained);
+    zo_status st = offload_save_streamed(r->rt, a->ckpt, &meta, weights_write, &r->ckpt_weights);
     if (st == ZO_OK) printf("# checkpoint %s step %ld\n", a->ckpt, steps);
     return st;
 }

@@ -11,6 +11,7 @@
 #include "common/model_config.h"       /* defines: zo_model_config */
 #include "examples/finetune.h"         /* defines: ft_record */
 #include "examples/train/args.h"       /* defines: train_args */
+#include "examples/train/weights.h"    /* defines: weights_ckpt */
 #include "gpu/comm.h"                  /* defines: comm_t, comm_launch */
 #include "gpu/device.h"                /* defines: gpu_device_t, gpu_stream_t */
 #include "gpu/profile.h"               /* defines: gpu_profile */
@@ -54,6 +55,7 @@ typedef struct train_run {
     offload_t *rt;
     gpu_profile *prof;              /* --profile, else NULL */
     const model_layout *trained;    /* the model's layout, or with LoRA the adapters' */
+    weights_ckpt ckpt_weights;      /* a checkpoint's model.safetensors (weights_write) */
     int accum;                      /* micro-batches per step and rank */
     long k0;                        /* the first step: 0, or the resumed checkpoint's */
     int32_t *inputs, *targets;      /* a micro-batch: (micro_batch, seq) */

@@ -10,10 +10,29 @@
 #include "model/lora.h"        /* defines: model_lora_save, model_lora_load */
 #include "model/safetensors.h" /* defines: model_save_streamed */
 
+weights_ckpt weights_ckpt_of(const tf_model *m, const train_args *a)
+{
+    weights_ckpt w = {.l = a->lora.r ? &m->adapters : &m->layout};
+    if (!a->lora.r) w.extra = tf_router_bias_entries(m, &w.n_extra);
+    return w;
+}
+
 zo_status weights_write(void *user, const char *path, offload_block_reader read, void *ctx)
 {
-    const model_layout *l = user;
-    return model_save_streamed(path, l, read, ctx, ZO_DTYPE_F32);
+    const weights_ckpt *w = user;
+    return model_save_streamed_extra(path, w->l, 0, w->l->n_tensors, read, ctx, ZO_DTYPE_F32, w->extra,
+                                     w->n_extra);
+}
+
+zo_status weights_resume(const tf_model *m, const train_args *a)
+{
+    int n;
+    if (a->lora.r || !tf_router_bias_entries(m, &n)) return ZO_OK;
+    char dir[4096], path[4200];
+    zo_status st = offload_ckpt_resolve(a->resume, dir, sizeof dir);
+    if (st != ZO_OK) return st;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    return tf_load_router_bias(m, path);
 }
 
 size_t weights_frozen_total(const tf_model *m)
