@@ -1295,13 +1295,10 @@ def write_fp8_model(path, params, extra, block=128):
     in float64, decoded here from the bytes written."""
     values = e4m3_values()
     finite = torch.tensor([k for k in range(128) if k != 0x7f])  # the non-negative codes, ascending
-    header, blobs, off, held = {}, [], 0, {}
+    out, held = [], {}
     for name, t in list(params.items()) + extra:
         if not fp8_linear(name):
-            data = t.detach().to(torch.float32).contiguous().numpy().tobytes()
-            header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
-            blobs.append(data)
-            off += len(data)
+            out.append((name, t))
             held[name] = t.double()
             continue
         R, C = t.shape
@@ -1311,7 +1308,7 @@ def write_fp8_model(path, params, extra, block=128):
         for i in range(sr):
             for j in range(sc):
                 amax[i, j] = w[i * block:(i + 1) * block, j * block:(j + 1) * block].abs().max()
-        scale = (amax / 448.0).float()
+        scale = (amax.clamp(min=1e-30) / 448.0).float()
         s_full = scale.double().repeat_interleave(block, 0)[:R].repeat_interleave(block, 1)[:, :C]
         x = w / s_full
         # the nearest code by magnitude (ties either way: the bytes are what the reference decodes)
@@ -1320,25 +1317,12 @@ def write_fp8_model(path, params, extra, block=128):
         lo, hi = mag[k - 1], mag[k]
         k = torch.where((x.abs() - lo) <= (hi - x.abs()), k - 1, k)
         codes = (finite[k] | torch.where(x < 0, 128, 0)).to(torch.uint8)
-        raw = codes.contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F8_E4M3", "shape": [R, C], "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-        sraw = scale.contiguous().numpy().tobytes()
-        header[name + "_scale_inv"] = {"dtype": "F32", "shape": [sr, sc], "data_offsets": [off, off + len(sraw)]}
-        blobs.append(sraw)
-        off += len(sraw)
+        raw, sraw = codes.contiguous().numpy().tobytes(), scale.contiguous().numpy().tobytes()
+        out += [(name, ("F8_E4M3", [R, C], raw)), (name + "_scale_inv", ("F32", [sr, sc], sraw))]
         back = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long().reshape(R, C)
         sback = torch.frombuffer(bytearray(sraw), dtype=torch.float32).double().reshape(sr, sc)
         held[name] = values[back] * sback.repeat_interleave(block, 0)[:R].repeat_interleave(block, 1)[:, :C]
-    header["__metadata__"] = {"format": "pt"}
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    mf.write_safetensors(path, out)
     return {k: held[k] for k in params}
 
 
