@@ -715,6 +715,14 @@ static void test_fp8_sharded_load(void **state)
     m.in[q] = keep;
     free(bf);
     free_blocks(&l, blocks);
+    /* DeepSeek-V3's config.json as published: 128 x 128; a config without one: the default (0) */
+    zo_model_config v3;
+    if (zo_model_config_load(ZO_FIXTURES_DIR "/hf-configs/deepseek-v3.json", &v3)) fail_msg("%s", zo_last_error());
+    assert_int_equal(v3.fp8_block[0], 128);
+    assert_int_equal(v3.fp8_block[1], 128);
+    if (zo_model_config_load(FIX "/llama-tiny/config.json", &v3)) fail_msg("%s", zo_last_error());
+    assert_int_equal(v3.fp8_block[0], 0);
+    assert_int_equal(v3.fp8_block[1], 0);
     /* weight_block_size that is not two positive integers */
     const char *bad[] = {"[128]", "[128, 0]", "[128, 1.5]", "\"128\"", "[128, 128, 1]"};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
