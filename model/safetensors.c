@@ -416,14 +416,25 @@ double model_fp8_decode(uint8_t code, int e4m3)
 }
 
 /* p (finite) rounded once, to nearest even, into element i of dst: F32 by
- * the cast; F16 and BF16 at their precision (11, 8 bits) and subnormal
- * quantum, then stored through the float that holds the rounded value
+ * the cast; a normal BF16 in the double's bits; F16 and BF16's subnormals
+ * at their precision (11, 8 bits) and subnormal quantum, then stored through the float that holds the rounded value
  * exactly (a value past the type's largest becomes inf, which the loader
  * refuses as it refuses any non-finite weight). */
 static void store_rounded(void *dst, zo_dtype dt, size_t i, double p)
 {
     if (dt == ZO_DTYPE_F32) {
         ((float *)dst)[i] = (float)p;
+        return;
+    }
+    if (dt == ZO_DTYPE_BF16 && fabs(p) >= 0x1p-126) {
+        /* a normal bf16 (or past its largest): the double's 45 fraction bits
+         * below bf16's 7 rounded off, to nearest even, in its bits */
+        uint64_t u;
+        memcpy(&u, &p, sizeof u);
+        u += (((uint64_t)1 << 44) - 1) + ((u >> 45) & 1);
+        u &= ~(((uint64_t)1 << 45) - 1);
+        memcpy(&p, &u, sizeof p);
+        ((uint16_t *)dst)[i] = zo_f32_to_bf16((float)p); /* exact; inf past bf16's largest */
         return;
     }
     int prec = dt == ZO_DTYPE_BF16 ? 8 : 11, emin = dt == ZO_DTYPE_BF16 ? -126 : -14;
