@@ -5,7 +5,8 @@
  *     bench_model [--layers N] [--dir DIR]
  *
  * Cases: a LLaMA-shaped model (hidden 768, ffn 2048, vocab 32000, GQA 12/4)
- * written as F32 and BF16 and loaded into fp32 and bf16 buffers; a GPT-2
+ * written as F32, BF16 and FP8 with block scales (DeepSeek-V3's kind) and
+ * loaded into fp32 and bf16 buffers; a GPT-2
  * shaped one (Conv1D weights transposed on load); saving; and (B=8, T=1024)
  * sequential batches from a 16M-token file. The last line is the fp32 load
  * bandwidth over the raw read's. */
@@ -14,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "bench/bench.h"
 #include "common/model_config.h"
@@ -116,13 +119,14 @@ static void check(zo_status st)
 
 /* The files of one run, in the --dir given, named by the process id. */
 typedef struct run_files {
-    char f32[512], bf16[512], gpt[512], save[512], tokens[512];
+    char f32[512], bf16[512], fp8[512], gpt[512], save[512], tokens[512];
 } run_files;
 
 static void files_init(run_files *f, const char *dir)
 {
     snprintf(f->f32, sizeof f->f32, "%s/bench_model.%d.f32.safetensors", dir, (int)getpid());
     snprintf(f->bf16, sizeof f->bf16, "%s/bench_model.%d.bf16.safetensors", dir, (int)getpid());
+    snprintf(f->fp8, sizeof f->fp8, "%s/bench_model.%d.fp8.safetensors", dir, (int)getpid());
     snprintf(f->gpt, sizeof f->gpt, "%s/bench_model.%d.gpt2.safetensors", dir, (int)getpid());
     snprintf(f->save, sizeof f->save, "%s/bench_model.%d.save.safetensors", dir, (int)getpid());
     snprintf(f->tokens, sizeof f->tokens, "%s/bench_model.%d.tokens.bin", dir, (int)getpid());
@@ -132,6 +136,7 @@ static void files_remove(const run_files *f)
 {
     unlink(f->f32);
     unlink(f->bf16);
+    unlink(f->fp8);
     unlink(f->gpt);
     unlink(f->save);
     unlink(f->tokens);
@@ -146,6 +151,71 @@ static void write_checkpoints(const run_files *f, const model_layout *l, void **
     void **gsrc = alloc_blocks(lg, ZO_DTYPE_F32);
     check(model_save(f->gpt, lg, (const void *const *)gsrc, ZO_DTYPE_F32, ZO_DTYPE_F32));
     free_blocks(lg, gsrc);
+}
+
+/* l as DeepSeek-V3's checkpoints are published: every layer's linear weight
+ * F8_E4M3 (all finite codes in turn) with its F32 weight_scale_inv (128 x
+ * 128 blocks), the rest BF16 zeros (as the published files keep norms,
+ * embeddings and the head); its size in bytes. */
+static double write_fp8_checkpoint(const char *path, const model_layout *l)
+{
+    cJSON *h = cJSON_CreateObject();
+    uint64_t off = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        FILE *f = pass ? fopen(path, "ab") : NULL;
+        if (pass && !f) check(zo_error(ZO_ERR_IO, "%s: cannot append", path));
+        for (int i = 0; i < l->n_tensors; i++) {
+            const model_tensor *t = &l->tensors[i];
+            int fp8 = t->ndim == 2 && strstr(t->name, "layers.");
+            uint64_t r = (uint64_t)t->shape[0], c = t->ndim == 2 ? (uint64_t)t->shape[1] : 1;
+            uint64_t sr = (r + 127) / 128, sc = (c + 127) / 128, bytes = fp8 ? r * c : t->numel * 2;
+            if (!pass) {
+                char sname[MODEL_TENSOR_NAME_MAX + 16];
+                cJSON *e = cJSON_AddObjectToObject(h, t->name), *shape = cJSON_AddArrayToObject(e, "shape");
+                cJSON_AddStringToObject(e, "dtype", fp8 ? "F8_E4M3" : "BF16");
+                for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+                cJSON *o = cJSON_AddArrayToObject(e, "data_offsets");
+                cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
+                cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + bytes)));
+                off += bytes;
+                if (!fp8) continue;
+                snprintf(sname, sizeof sname, "%s_scale_inv", t->name);
+                e = cJSON_AddObjectToObject(h, sname);
+                shape = cJSON_AddArrayToObject(e, "shape");
+                cJSON_AddStringToObject(e, "dtype", "F32");
+                cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)sr));
+                cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)sc));
+                o = cJSON_AddArrayToObject(e, "data_offsets");
+                cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
+                cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + sr * sc * 4)));
+                off += sr * sc * 4;
+                continue;
+            }
+            uint8_t *buf = calloc(bytes + sr * sc * 4, 1);
+            if (!buf) check(zo_error(ZO_ERR_NOMEM, "%s: a tensor of %llu bytes", path, (unsigned long long)bytes));
+            if (fp8) {
+                for (uint64_t k = 0; k < bytes; k++) buf[k] = (uint8_t)(k % 127); /* 0x00..0x7e: finite */
+                for (uint64_t k = 0; k < sr * sc; k++) ((float *)(void *)(buf + bytes))[k] = 1e-4f;
+                bytes += sr * sc * 4;
+            }
+            if (fwrite(buf, 1, bytes, f) != bytes) check(zo_error(ZO_ERR_IO, "%s: short write", path));
+            free(buf);
+        }
+        if (pass) {
+            fclose(f);
+            break;
+        }
+        char *text = cJSON_PrintUnformatted(h);
+        uint64_t n = strlen(text);
+        uint8_t len[8];
+        for (int k = 0; k < 8; k++) len[k] = (uint8_t)(n >> (8 * k));
+        FILE *o = fopen(path, "wb");
+        if (!o || fwrite(len, 1, 8, o) != 8 || fwrite(text, 1, n, o) != n || fclose(o))
+            check(zo_error(ZO_ERR_IO, "%s: cannot write the header", path));
+        free(text);
+    }
+    cJSON_Delete(h);
+    return (double)off;
 }
 
 /* Best seconds of fn(arg) (>= 3 runs, >= 1 s) and its row: file MB, ms, GB/s. */
@@ -223,6 +293,9 @@ int main(int argc, char **argv)
     check(model_ckpt_open(&cf32, files.f32));
     check(model_ckpt_open(&cbf16, files.bf16));
     check(model_ckpt_open(&cgpt, files.gpt));
+    double fp8_bytes = write_fp8_checkpoint(files.fp8, &l);
+    model_ckpt cfp8;
+    check(model_ckpt_open(&cfp8, files.fp8));
     double f32_bytes = (double)l.total_numel * 4, bf16_bytes = (double)l.total_numel * 2;
     double g_bytes = (double)lg.total_numel * 4;
 
@@ -238,6 +311,14 @@ int main(int argc, char **argv)
     time_row("load llama BF16 -> fp32", run_load, &lc, 1, bf16_bytes);
     lc = (load_case){.ckpt = &cbf16, .l = &l, .blocks = b16, .dt = ZO_DTYPE_BF16};
     time_row("load llama BF16 -> bf16", run_load, &lc, 1, bf16_bytes);
+    /* FP8 with block scales (DeepSeek-V3's), dequantized as it loads */
+    lc = (load_case){.ckpt = &cfp8, .l = &l, .blocks = b32, .dt = ZO_DTYPE_F32};
+    double t_fp8 = time_row("load llama FP8 -> fp32 (dequant)", run_load, &lc, 1, fp8_bytes);
+    lc = (load_case){.ckpt = &cbf16, .l = &l, .blocks = b32, .dt = ZO_DTYPE_F32};
+    double t_bf16 = time_row("load llama BF16 -> fp32 (again)", run_load, &lc, 1, bf16_bytes);
+    lc = (load_case){.ckpt = &cfp8, .l = &l, .blocks = b16, .dt = ZO_DTYPE_BF16};
+    time_row("load llama FP8 -> bf16 (dequant)", run_load, &lc, 1, fp8_bytes);
+    bench_row("%-34s %10s %10s %8s  FP8 -> fp32 / BF16 -> fp32 time: %.2f", "", "", "", "", t_fp8 / t_bf16);
     void **g32 = alloc_blocks(&lg, ZO_DTYPE_F32);
     lc = (load_case){.ckpt = &cgpt, .l = &lg, .blocks = g32, .dt = ZO_DTYPE_F32};
     time_row("load gpt2 F32 -> fp32 (Conv1D T)", run_load, &lc, 1, g_bytes);
@@ -254,6 +335,7 @@ int main(int argc, char **argv)
     model_ckpt_close(&cf32);
     model_ckpt_close(&cbf16);
     model_ckpt_close(&cgpt);
+    model_ckpt_close(&cfp8);
     files_remove(&files);
     model_layout_free(&l);
     model_layout_free(&lg);

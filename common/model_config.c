@@ -963,6 +963,30 @@ static void hf_refuse_unmodelled(hf *r, const char *modelled)
     }
 }
 
+/* An FP8 checkpoint's block size (quantization_config: quant_method "fp8",
+ * weight_block_size [rows, columns]; zo_model_config.fp8_block). Other
+ * quantization methods are not read here: their weights' dtypes are refused
+ * by the loader, by name. */
+static void hf_fp8_block(hf *r, zo_model_config *c)
+{
+    const cJSON *q = hf_item(r, "quantization_config");
+    if (!cJSON_IsObject(q)) return;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+    if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8")) return;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
+    if (!b || cJSON_IsNull(b)) return; /* 128 x 128 */
+    int ok = cJSON_IsArray(b) && cJSON_GetArraySize(b) == 2;
+    for (int i = 0; ok && i < 2; i++) {
+        const cJSON *v = cJSON_GetArrayItem(b, i);
+        ok = cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1 << 20 &&
+             v->valuedouble == (double)(int)v->valuedouble;
+        if (ok) c->fp8_block[i] = (int)v->valuedouble;
+    }
+    if (!ok)
+        hf_fail(r, ZO_ERR_FORMAT, "quantization_config",
+                "\"weight_block_size\" must be two positive integers [rows, columns] (FP8 blocks)");
+}
+
 /* ---- the families --------------------------------------------------------------- */
 
 typedef struct family family;
@@ -2051,6 +2075,7 @@ zo_status zo_model_config_parse(const char *json, const char *path, zo_model_con
     hf r = {root, path, f->type, ZO_OK};
     f->parse(&r, &c, f);
     if (f->parse != parse_multimodal) hf_refuse_unmodelled(&r, f->modelled);
+    hf_fp8_block(&r, &c);
     if ((st = r.st) != ZO_OK) goto out_free_root;
     /* the family as a name the rest of the project uses ("falcon" for its
      * old types; a multimodal checkpoint's: its text model's, set above) */

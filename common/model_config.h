@@ -194,6 +194,12 @@ typedef struct zo_model_config {
     int moe_sigmoid;
     int moe_groups, moe_topk_groups;
     float moe_routed_scale;
+    /* An FP8 checkpoint's quantization_config (quant_method "fp8": DeepSeek-V3/R1,
+     * Kimi-K2 as published): weight_block_size, the [rows, columns] of the
+     * blocks each `_scale_inv` element scales (0: the default 128 x 128). The
+     * loader dequantizes such weights as it reads them (model/safetensors.h);
+     * nothing else depends on it: the model trains in its run's dtype. */
+    int fp8_block[2];
 } zo_model_config;
 
 /* What memplan's reports say of a multimodal checkpoint's model (mm_text):

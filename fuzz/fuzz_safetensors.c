@@ -1,9 +1,11 @@
 /* safetensors: model_st_open on the input as a file (a memfd), then every
- * loadable tensor read into fp32, and transposed when it is 2-D. */
+ * loadable tensor read into fp32, and transposed when it is 2-D, and every
+ * FP8 tensor with a "_scale_inv" dequantized into bf16. */
+#include <stdio.h>
 #include <string.h>
 
 #include "fuzz/fuzz.h"
-#include "model/safetensors.h" /* defines: model_st_open, model_st_read */
+#include "model/safetensors.h" /* defines: model_st_open, model_st_read, model_st_read_fp8 */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -20,6 +22,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (!buf) continue;
             model_st_read(&f, t, buf, ZO_DTYPE_F32, 0);
             if (t->ndim == 2) model_st_read(&f, t, buf, ZO_DTYPE_F32, 1);
+            free(buf);
+        }
+        /* FP8 weights with their "<name>_scale_inv", at the default block and at 1 x 1 */
+        for (int i = 0; i < f.n_tensors; i++) {
+            const model_st_tensor *t = &f.tensors[i];
+            char sname[256];
+            snprintf(sname, sizeof sname, "%.200s_scale_inv", t->name);
+            const model_st_tensor *s = model_st_find(&f, sname);
+            if (strncmp(t->dtype_name, "F8_", 3) || !s || t->numel > (1u << 20)) continue;
+            uint16_t *buf = malloc((t->numel ? t->numel : 1) * sizeof *buf);
+            if (!buf) continue;
+            static const int blocks[2][2] = {{MODEL_FP8_BLOCK, MODEL_FP8_BLOCK}, {1, 1}};
+            for (int b = 0; b < 2; b++)
+                if (s->numel <= (1u << 20)) model_st_read_fp8(&f, t, &f, s, blocks[b], buf, ZO_DTYPE_BF16, b);
             free(buf);
         }
         model_st_close(&f);

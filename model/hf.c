@@ -301,8 +301,9 @@ static zo_status text_model_config(const char *src, const zo_model_config *c, cJ
     return ZO_OK;
 }
 
-/* The config given, its torch_dtype the weights' (every other key as it
- * was); of a multimodal checkpoint (mm_text), its text model's. */
+/* The config given, its torch_dtype the weights' and without its
+ * quantization_config (every other key as it was); of a multimodal
+ * checkpoint (mm_text), its text model's. */
 static zo_status copy_config(const char *src, const zo_model_config *c, zo_dtype dtype, cJSON **out)
 {
     char *text = NULL;
@@ -318,6 +319,10 @@ static zo_status copy_config(const char *src, const zo_model_config *c, zo_dtype
         return st;
     }
     cJSON_DeleteItemFromObjectCaseSensitive(*out, "torch_dtype");
+    /* the weights written are the dequantized ones (an FP8 checkpoint's:
+     * docs/model.md), in `dtype`: a quantization_config kept would tell
+     * readers to look for FP8 tensors and their scales */
+    cJSON_DeleteItemFromObjectCaseSensitive(*out, "quantization_config");
     if (!cJSON_AddStringToObject(*out, "torch_dtype", model_hf_dtype_name(dtype)))
         return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", src);
     return ZO_OK;

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,8 +362,7 @@ zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *
                         "%s: tensor \"%s\": dtype %s cannot be loaded (F32, F16, BF16 only)%s",
                         f->path, t->name, t->dtype_name,
                         !strncmp(t->dtype_name, "F8_", 3)
-                            ? ": an FP8 checkpoint (quantization_config \"fp8\", DeepSeek-V3's as published); "
-                              "convert its weights to bf16 first"
+                            ? ": an FP8 tensor loads only as a 2-D weight with its \"_scale_inv\" block scales"
                             : "");
     if (transpose && t->ndim != 2)
         return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": transpose needs 2 dimensions, has %d",
@@ -394,6 +394,126 @@ zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *
             st = model_io_convert_rows((uint8_t *)dst + r0 * dsz, dt, buf, sdt, 1, n, 0, 0);
     }
     free(buf);
+    return st;
+}
+
+/* ---- FP8 block-quantized weights ------------------------------------------------ */
+
+double model_fp8_decode(uint8_t code, int e4m3)
+{
+    int ebits = e4m3 ? 4 : 5, mbits = 7 - ebits, bias = e4m3 ? 7 : 15;
+    int e = (code >> mbits) & ((1 << ebits) - 1), m = code & ((1 << mbits) - 1);
+    double v;
+    if (e4m3 && e == 15 && m == 7)
+        v = NAN; /* E4M3 has no infinities: S.1111.111 alone is NaN */
+    else if (!e4m3 && e == 31)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexp(m, 1 - bias - mbits); /* subnormal */
+    else
+        v = ldexp((1 << mbits) + m, e - bias - mbits);
+    return code & 0x80 ? -v : v;
+}
+
+/* p (finite) rounded once, to nearest even, into element i of dst: F32 by
+ * the cast; a normal BF16 in the double's bits; F16 and BF16's subnormals
+ * at their precision (11, 8 bits) and subnormal quantum, then stored through the float that holds the rounded value
+ * exactly (a value past the type's largest becomes inf, which the loader
+ * refuses as it refuses any non-finite weight). */
+static void store_rounded(void *dst, zo_dtype dt, size_t i, double p)
+{
+    if (dt == ZO_DTYPE_F32) {
+        ((float *)dst)[i] = (float)p;
+        return;
+    }
+    if (dt == ZO_DTYPE_BF16 && fabs(p) >= 0x1p-126) {
+        /* a normal bf16 (or past its largest): the double's 45 fraction bits
+         * below bf16's 7 rounded off, to nearest even, in its bits */
+        uint64_t u;
+        memcpy(&u, &p, sizeof u);
+        u += (((uint64_t)1 << 44) - 1) + ((u >> 45) & 1);
+        u &= ~(((uint64_t)1 << 45) - 1);
+        memcpy(&p, &u, sizeof p);
+        ((uint16_t *)dst)[i] = zo_f32_to_bf16((float)p); /* exact; inf past bf16's largest */
+        return;
+    }
+    int prec = dt == ZO_DTYPE_BF16 ? 8 : 11, emin = dt == ZO_DTYPE_BF16 ? -126 : -14;
+    if (p != 0.0) {
+        int e = ilogb(p);
+        double q = ldexp(1.0, (e < emin ? emin : e) - prec + 1); /* the spacing at p */
+        p = nearbyint(p / q) * q;
+    }
+    zo_store_f32(dst, dt, i, (float)p);
+}
+
+zo_status model_st_read_fp8(const model_st_file *f, const model_st_tensor *t, const model_st_file *sf,
+                            const model_st_tensor *s, const int block[2], void *dst, zo_dtype dt,
+                            int transpose)
+{
+    int e4m3 = !strcmp(t->dtype_name, "F8_E4M3");
+    if (!e4m3 && strcmp(t->dtype_name, "F8_E5M2"))
+        return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": dtype %s is not FP8", f->path, t->name, t->dtype_name);
+    if (t->ndim != 2)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": an FP8 weight must have 2 dimensions, has %d", f->path,
+                        t->name, t->ndim);
+    if (!block || block[0] < 1 || block[1] < 1)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": the FP8 block size (weight_block_size) must be two "
+                        "positive integers, is [%d, %d]", f->path, t->name, block ? block[0] : 0,
+                        block ? block[1] : 0);
+    uint64_t rows = (uint64_t)t->shape[0], cols = (uint64_t)t->shape[1];
+    uint64_t srows = (rows + (uint64_t)block[0] - 1) / (uint64_t)block[0];
+    uint64_t scols = (cols + (uint64_t)block[1] - 1) / (uint64_t)block[1];
+    if (s->ndim != 2 || (uint64_t)s->shape[0] != srows || (uint64_t)s->shape[1] != scols)
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\": shape [%lld%s%lld] as the scales of %s's \"%s\" [%llu, %llu] "
+                        "in blocks of [%d, %d] must be [%llu, %llu]",
+                        sf->path, s->name, (long long)s->shape[0], s->ndim > 1 ? ", " : "",
+                        s->ndim > 1 ? (long long)s->shape[1] : 0LL, f->path, t->name,
+                        (unsigned long long)rows, (unsigned long long)cols, block[0], block[1],
+                        (unsigned long long)srows, (unsigned long long)scols);
+    if (s->dtype < 0)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": dtype %s: FP8 scales must be F32, F16 or BF16",
+                        sf->path, s->name, s->dtype_name);
+    char what[224];
+    tensor_what(what, sizeof what, t);
+    uint64_t band = MODEL_ST_READ_CHUNK / (cols ? cols : 1);
+    if (!band) band = 1;
+    if (band > rows) band = rows;
+    float *scale = malloc(srows && scols ? (size_t)(srows * scols) * sizeof *scale : 1);
+    uint8_t *buf = malloc(band && cols ? (size_t)(band * cols) : 1);
+    zo_status st = ZO_OK;
+    if (!scale || !buf) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: %s: cannot allocate its %llu scales and a %llu-byte read buffer", f->path,
+                      what, (unsigned long long)(srows * scols), (unsigned long long)(band * cols));
+        goto out_free;
+    }
+    if ((st = model_st_read(sf, s, scale, ZO_DTYPE_F32, 0)) != ZO_OK) goto out_free;
+    double value[256];
+    for (int c = 0; c < 256; c++) value[c] = model_fp8_decode((uint8_t)c, e4m3);
+    for (uint64_t r0 = 0; r0 < rows && st == ZO_OK; r0 += band) {
+        uint64_t n = rows - r0 < band ? rows - r0 : band;
+        if ((st = read_at(f, what, buf, (size_t)(n * cols), f->data_start + t->begin + r0 * cols)) != ZO_OK) break;
+        for (uint64_t i = r0; i < r0 + n && st == ZO_OK; i++) {
+            const uint8_t *x = buf + (i - r0) * cols;
+            const float *si = scale + (i / (uint64_t)block[0]) * scols;
+            for (uint64_t j = 0; j < cols; j++) {
+                double p = value[x[j]] * (double)si[j / (uint64_t)block[1]]; /* exact: 4 x 24 bits */
+                if (!isfinite(p)) {
+                    st = zo_error(ZO_ERR_FORMAT,
+                                  "%s: tensor \"%s\" element %llu (row %llu, column %llu): FP8 code 0x%02x (%g) "
+                                  "times its scale %g (\"%s\") is %g: weights must be finite",
+                                  f->path, t->name, (unsigned long long)(i * cols + j), (unsigned long long)i,
+                                  (unsigned long long)j, x[j], value[x[j]], (double)si[j / (uint64_t)block[1]],
+                                  s->name, p);
+                    break;
+                }
+                store_rounded(dst, dt, (size_t)(transpose ? j * rows + i : i * cols + j), p);
+            }
+        }
+    }
+out_free:
+    free(buf);
+    free(scale);
     return st;
 }
 

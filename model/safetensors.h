@@ -65,11 +65,36 @@ zo_status model_st_read_raw(const model_st_file *f, const model_st_tensor *t, vo
 /* Copy a tensor into dst (numel elements of `dt`), converting with
  * round-to-nearest-even (through a bounded buffer, MODEL_ST_READ_CHUNK bytes
  * of the file at a time). With `transpose`, a 2-D [r, c] tensor is written as
- * [c, r]. ZO_ERR_UNSUPPORTED for element types other than F32/F16/BF16; a
- * file cut short as model_st_read_raw says. */
+ * [c, r]. ZO_ERR_UNSUPPORTED for element types other than F32/F16/BF16
+ * (FP8 weights are read with their scales: model_st_read_fp8); a file cut
+ * short as model_st_read_raw says. */
 #define MODEL_ST_READ_CHUNK (4u << 20)
 zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *dst, zo_dtype dt,
                         int transpose);
+
+/* An FP8 block-quantized weight (quantization_config "fp8": DeepSeek-V3/R1,
+ * Kimi-K2 as published) dequantized into dst as it is read: t is a 2-D
+ * [rows, cols] F8_E4M3 (or F8_E5M2) tensor of file f, s its `_scale_inv`
+ * (F32, F16 or BF16) of file sf, shaped [ceil(rows / block[0]),
+ * ceil(cols / block[1])] (a block past the edge is cut short: its scale
+ * covers the rows and columns that exist), and
+ *     w[i][j] = fp8(t[i][j]) * s[i / block[0]][j / block[1]]
+ * (multiplied, whatever "inverse" says) computed exactly in double and
+ * rounded once, to nearest even, into `dt` ([cols, rows] with transpose).
+ * FP8 is decoded as OCP's OFP8: E4M3 with bias 7, no infinities and
+ * S.1111.111 NaN; E5M2 as IEEE half's top byte. A NaN code, an infinite
+ * one, or a non-finite product is ZO_ERR_FORMAT naming the element; a
+ * scale of the wrong shape or dtype, or a block that is not two positive
+ * ints, ZO_ERR_FORMAT naming the file and both tensors. Host memory: the
+ * scales and MODEL_ST_READ_CHUNK bytes of the weight. */
+#define MODEL_FP8_BLOCK 128 /* weight_block_size's default, both dimensions */
+zo_status model_st_read_fp8(const model_st_file *f, const model_st_tensor *t, const model_st_file *sf,
+                            const model_st_tensor *s, const int block[2], void *dst, zo_dtype dt,
+                            int transpose);
+
+/* The value of FP8 code `code` (E4M3 when e4m3, else E5M2) as OCP's OFP8
+ * defines it: NaN for the NaN codes, +-inf for E5M2's infinities. */
+double model_fp8_decode(uint8_t code, int e4m3);
 
 /* ---- writing ------------------------------------------------------------- */
 
@@ -142,7 +167,8 @@ typedef struct model_load_report {
     int n_loaded;              /* layout tensors filled */
     int n_missing;             /* layout tensors the checkpoint lacks */
     int n_unexpected;          /* checkpoint tensors that match nothing */
-    int n_ignored;             /* buffers skipped: attention masks, rotary inv_freq, tied lm_head */
+    int n_ignored;             /* buffers skipped: attention masks, rotary inv_freq, tied lm_head;
+                                  FP8 weights' _scale_inv (read with their weight) */
     char first_missing[MODEL_TENSOR_NAME_MAX];
     char first_unexpected[MODEL_TENSOR_NAME_MAX];
 } model_load_report;
@@ -155,7 +181,9 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
 
 /* Fill one block buffer (l->block_numel[block] elements of `dt`) from an open
  * checkpoint: names are matched, shapes checked against the layout (Conv1D
- * weights transposed), dtypes converted. Missing tensors are an error
+ * weights transposed), dtypes converted, FP8 weights dequantized with their
+ * `<name>_scale_inv` (model_st_read_fp8; blocks of l->cfg.fp8_block, 128 x
+ * 128 by default). Missing tensors are an error
  * (ZO_ERR_NOT_FOUND naming the first) unless MODEL_LOAD_ALLOW_MISSING. The
  * report (may be NULL) is added to, not cleared. */
 zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block, void *buf,

@@ -19,6 +19,7 @@ static int ends_with(const char *s, const char *suffix)
 }
 
 #define GPT_PREFIX "transformer."
+#define FP8_SCALE_SUFFIX "_scale_inv" /* <m>.weight_scale_inv: an FP8 <m>.weight's block scales */
 #define OPT_PREFIX "model."
 
 /* A text model inside its multimodal checkpoint (zo_model_config.mm_text:
@@ -98,6 +99,17 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
     }
     /* a tied head written out anyway: it is the token embedding */
     if (l->cfg.tied_embeddings && !strcmp(name, "lm_head.weight")) *ignored = 1;
+    /* an FP8 weight's block scales: read with it (model_load_block) */
+    if (!*ignored && ends_with(hf_name, FP8_SCALE_SUFFIX)) {
+        char base[sizeof MM_NEW + MODEL_TENSOR_NAME_MAX];
+        size_t n = strlen(hf_name) - strlen(FP8_SCALE_SUFFIX);
+        int sub;
+        if (n < sizeof base) {
+            memcpy(base, hf_name, n);
+            base[n] = '\0';
+            *ignored = model_layout_match_hf(l, base, &sub) != NULL;
+        }
+    }
     return NULL;
 }
 
@@ -214,6 +226,36 @@ static size_t first_nonfinite(const void *p, zo_dtype dt, size_t n)
     return n;
 }
 
+/* Checkpoint tensor s (entry e, or its slice of a fused tensor) into dst
+ * for layout tensor t: an FP8 weight dequantized with its `_scale_inv`
+ * (which may lie in another shard), any other through model_st_read. A
+ * scale without an FP8 weight, or an FP8 weight without its scale, is
+ * refused: either would load wrong values. */
+static zo_status read_weight(const model_ckpt *c, const model_layout *l, const model_ckpt_entry *e,
+                             const model_tensor *t, const model_st_tensor *s, void *dst, zo_dtype dt)
+{
+    const model_st_file *f = &c->files[e->file];
+    char sname[MODEL_TENSOR_NAME_MAX + sizeof MM_NEW + sizeof FP8_SCALE_SUFFIX];
+    snprintf(sname, sizeof sname, "%s" FP8_SCALE_SUFFIX, e->name);
+    const model_ckpt_entry *se = model_ckpt_find(c, sname);
+    int fp8 = !strncmp(s->dtype_name, "F8_", 3);
+    if (!fp8 && se)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": block scales for tensor \"%s\" of %s, which is %s, not FP8",
+                        c->files[se->file].path, sname, e->name, f->path, s->dtype_name);
+    if (!fp8) return model_st_read(f, s, dst, dt, t->hf_transposed);
+    if (!se)
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\" is %s but the checkpoint has no \"%s\" (its block scales, "
+                        "quantization_config \"fp8\")",
+                        f->path, e->name, s->dtype_name, sname);
+    if (t->hf_fused[0])
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: tensor \"%s\": an FP8 tensor fused across experts cannot be loaded",
+                        f->path, e->name);
+    int block[2] = {l->cfg.fp8_block[0] ? l->cfg.fp8_block[0] : MODEL_FP8_BLOCK,
+                    l->cfg.fp8_block[1] ? l->cfg.fp8_block[1] : MODEL_FP8_BLOCK};
+    return model_st_read_fp8(f, s, &c->files[se->file], se->tensor, block, dst, dt, t->hf_transposed);
+}
+
 static void note_name(char *dst, const char *name, int count)
 {
     if (count == 1) snprintf(dst, MODEL_TENSOR_NAME_MAX, "%s", name);
@@ -278,7 +320,7 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
             part.numel = t->numel;
             s = &part;
         }
-        zo_status st = model_st_read(f, s, dst, dt, t->hf_transposed);
+        zo_status st = read_weight(c, l, e, t, s, dst, dt);
         if (st) return st;
         /* inf or nan in a weight makes every loss nan: refused, named (before
          * query_key_value's rows are reordered: bad is then the file's row) */

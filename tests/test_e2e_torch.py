@@ -71,6 +71,10 @@ their norm, kv_a_proj_with_mqa's latent and its one rotary key, kv_b_proj, the r
 interleaved as the checkpoint stores them, the softmax scale with yarn's mscale_all_dim): full
 fine-tuning as above, the saved folders read back by name in Hugging Face's row order; LoRA and
 QLoRA on latent attention's projections (and the experts') as for the other mixtures of experts.
+DeepSeek-V3 also as its checkpoints are published: the same weights written with every linear
+layer's weight F8_E4M3 and its F32 weight_scale_inv (128 x 128 blocks, cut at the edges;
+quantization_config fp8); train's first loss is the reference's on the weights decoded here (from
+the OCP spec) from the same bytes, times their scales.
 
 Losses agree to a relative 1e-4 (train in fp32, PyTorch in float64); the
 gradient norm, printed with 4 decimals, to 1e-4 relative plus the rounding.
@@ -1264,6 +1268,103 @@ def mtp_layer(c, g):
             (pre + "mlp.gate.e_score_correction_bias", torch.randn(E, generator=g))]
 
 
+# ---- FP8 checkpoints (DeepSeek-V3/R1, Kimi-K2 as published) -----------------------------------
+
+def e4m3_values():
+    """The 256 OCP E4M3 codes' values (bias 7, subnormals, no infinities, S.1111.111 NaN), float64."""
+    v = []
+    for code in range(256):
+        e, m = (code >> 3) & 15, code & 7
+        x = float("nan") if (e, m) == (15, 7) else m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        v.append(-x if code & 0x80 else x)
+    return torch.tensor(v, dtype=torch.float64)
+
+
+def fp8_linear(name):
+    """The tensors DeepSeek-V3's published checkpoint stores in FP8: every linear weight of the layers
+    (attention's, the dense MLP's, the experts' and the shared experts'), never the router, a norm,
+    the embedding or the head."""
+    return name.startswith("model.layers.") and (name.endswith("_proj.weight") or
+                                                  name.endswith("_proj_with_mqa.weight"))
+
+
+def write_fp8_model(path, params, extra, block=128):
+    """model.safetensors with params' linear weights as F8_E4M3 and their F32 weight_scale_inv
+    ([ceil(out / 128), ceil(in / 128)], amax / 448 per block, the edge blocks cut short), the rest
+    F32; returns the weights as the file holds them: each code's value times its block's scale,
+    in float64, decoded here from the bytes written."""
+    values = e4m3_values()
+    finite = torch.tensor([k for k in range(128) if k != 0x7f])  # the non-negative codes, ascending
+    out, held = [], {}
+    for name, t in list(params.items()) + extra:
+        if not fp8_linear(name):
+            out.append((name, t))
+            held[name] = t.double()
+            continue
+        R, C = t.shape
+        sr, sc = -(-R // block), -(-C // block)
+        w = t.double()
+        amax = torch.zeros(sr, sc, dtype=torch.float64)
+        for i in range(sr):
+            for j in range(sc):
+                amax[i, j] = w[i * block:(i + 1) * block, j * block:(j + 1) * block].abs().max()
+        scale = (amax.clamp(min=1e-30) / 448.0).float()
+        s_full = scale.double().repeat_interleave(block, 0)[:R].repeat_interleave(block, 1)[:, :C]
+        x = w / s_full
+        # the nearest code by magnitude (ties either way: the bytes are what the reference decodes)
+        mag = values[finite]
+        k = torch.bucketize(x.abs().clamp(max=448.0), mag).clamp(1, len(finite) - 1)
+        lo, hi = mag[k - 1], mag[k]
+        k = torch.where((x.abs() - lo) <= (hi - x.abs()), k - 1, k)
+        codes = (finite[k] | torch.where(x < 0, 128, 0)).to(torch.uint8)
+        raw, sraw = codes.contiguous().numpy().tobytes(), scale.contiguous().numpy().tobytes()
+        out += [(name, ("F8_E4M3", [R, C], raw)), (name + "_scale_inv", ("F32", [sr, sc], sraw))]
+        back = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long().reshape(R, C)
+        sback = torch.frombuffer(bytearray(sraw), dtype=torch.float32).double().reshape(sr, sc)
+        held[name] = values[back] * sback.repeat_interleave(block, 0)[:R].repeat_interleave(block, 1)[:, :C]
+    mf.write_safetensors(path, out)
+    return {k: held[k] for k in params}
+
+
+def check_fp8(ck, train, c, params, extra, d, run, data, want0):
+    """DeepSeek-V3's checkpoint as published: its linear weights F8_E4M3 with 128 x 128 block scales
+    (quantization_config fp8). train reads them dequantized: its first loss is the reference's on
+    the weights decoded here from the same bytes (which moves the loss from the unquantized
+    model's, so that scales misapplied would show)."""
+    t0 = time.time()
+    fd = os.path.join(d, "fp8")
+    os.makedirs(os.path.join(fd, "model"), exist_ok=True)
+    cq = dict(c, quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                      "weight_block_size": [128, 128]})
+    with open(os.path.join(fd, "model", "config.json"), "w") as f:
+        json.dump(cq, f, indent=1)
+    deq = write_fp8_model(os.path.join(fd, "model", "model.safetensors"), params, extra)
+    for b in ("train.bin", "eval.bin"):
+        shutil.copyfile(os.path.join(d, b), os.path.join(fd, b))
+    with torch.no_grad():
+        want = micro_loss(c, deq, data, run, 0).item()
+    t_ref = time.time() - t0
+    ck.fact(f"the FP8 weights move the reference's first loss ({want0:.6f} -> {want:.6f})",
+            abs(want - want0) > 10 * REL * want0)
+    sdir = os.path.join(fd, "saved")
+    got_l, _, _, t, cmd = run_train(train, fd, run, ["--save", sdir])
+    print(f" FP8 checkpoint (train {t:.1f} s, written, decoded and its loss here {t_ref:.1f} s): {cmd}")
+    ck.rel("FP8 step 0 loss", got_l[0], want)
+    # what --save writes is the dequantized model in the run's dtype: no FP8, no scales, no quantization_config
+    with open(os.path.join(sdir, "config.json")) as f:
+        saved = json.load(f)
+    dtypes, scales = set(), 0
+    for p in os.listdir(sdir):
+        if p.endswith(".safetensors"):
+            with open(os.path.join(sdir, p), "rb") as f:
+                h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+            dtypes |= {e["dtype"] for k, e in h.items() if k != "__metadata__"}
+            scales += sum(k.endswith("_scale_inv") for k in h)
+    ck.fact(f"--save of the FP8 run: {sorted(dtypes)}, {scales} scales, quantization_config "
+            f"{'kept' if 'quantization_config' in saved else 'left out'}",
+            dtypes == {"F32"} and scales == 0 and "quantization_config" not in saved)
+
+
 def check_family(train, name, workdir):
     spec = FAMILIES[name]
     c, run, lora = spec["config"], spec["run"], spec["lora"]
@@ -1402,6 +1503,8 @@ def check_family(train, name, workdir):
     ck.rel("eval loss after 3 steps", got_ev, want_ev)
     check_folder(ck, c, params, sdir, eval_data, run, got_ev, "--save", sharded=True)
     full = (got_l, got_n, got_ev)
+    if c["model_type"] == "deepseek_v3":
+        check_fp8(ck, train, c, params, extra, d, run, data, want_l[0])
     if spec.get("loss_chunk"):
         # the output layer and the loss a chunk of rows at a time (its bias in each chunk's logits,
         # its gradient summed over the chunks): the reference's run

@@ -3,6 +3,7 @@
  * Hugging Face layouts, and every malformed-file error. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -293,27 +294,446 @@ static void test_st_read_convert(void **state)
     model_st_close(&f);
 }
 
-/* An FP8 checkpoint's weight (F8_E4M3, DeepSeek-V3's as published) opens
- * but is refused when read, naming the file, the tensor and its dtype, and
- * saying what to do; its fp32 scale beside it reads. */
-static void test_st_fp8_refused(void **state)
+/* ---- FP8 block-quantized checkpoints ---------------------------------------------- */
+
+/* The reference, from the OCP 8-bit floating point spec (OFP8): E4M3 has
+ * exponent bias 7, no infinities, S.1111.111 is NaN, exponent 0 is
+ * subnormal (m/8 x 2^-6); E5M2 is bias 15 with IEEE infinities and NaNs. */
+static double ref_fp8(unsigned code, int e4m3)
+{
+    unsigned e = e4m3 ? (code >> 3) & 15u : (code >> 2) & 31u;
+    unsigned m = e4m3 ? code & 7u : code & 3u;
+    double mant = e4m3 ? 8.0 : 4.0, bias = e4m3 ? 7.0 : 15.0, v;
+    if (e4m3 && e == 15 && m == 7) return NAN;
+    if (!e4m3 && e == 31) v = m ? NAN : INFINITY;
+    else if (e == 0) v = (m / mant) * pow(2.0, 1.0 - bias);
+    else v = (1.0 + m / mant) * pow(2.0, (double)e - bias);
+    return (code & 0x80u) ? -v : v;
+}
+
+/* x rounded to nearest even at `bits` significant bits with the smallest
+ * normal 2^emin (below it, the subnormals' fixed spacing) */
+static double ref_round(double x, int bits, int emin)
+{
+    if (x == 0.0) return x;
+    int ex;
+    frexp(x, &ex); /* |x| in [2^(ex-1), 2^ex) */
+    int e = ex - 1 < emin ? emin : ex - 1;
+    double q = ldexp(1.0, e - (bits - 1)), n = fabs(x) / q, f = floor(n), d = n - f;
+    if (d > 0.5 || (d == 0.5 && fmod(f, 2.0) != 0.0)) f += 1.0;
+    return copysign(f * q, x);
+}
+
+static uint16_t ref_bf16(double x)
+{
+    float v = (float)ref_round(x, 8, -126); /* exact: a bf16 value is a float */
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* One safetensors file of n tensors given as (name, dtype, 2-D shape, bytes). */
+typedef struct st_in {
+    const char *name, *dtype;
+    int64_t rows, cols; /* cols < 0: 1-D [rows] */
+    const void *data;
+    size_t bytes;
+} st_in;
+
+static void write_st(const char *path, const st_in *t, int n)
+{
+    char header[4096];
+    size_t off = 0, hl = 0;
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "{");
+    for (int i = 0; i < n; i++) {
+        if (t[i].cols < 0)
+            hl += (size_t)snprintf(header + hl, sizeof header - hl,
+                                   "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
+                                   i ? "," : "", t[i].name, t[i].dtype, (long long)t[i].rows, off,
+                                   off + t[i].bytes);
+        else
+            hl += (size_t)snprintf(header + hl, sizeof header - hl,
+                                   "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
+                                   i ? "," : "", t[i].name, t[i].dtype, (long long)t[i].rows,
+                                   (long long)t[i].cols, off, off + t[i].bytes);
+        off += t[i].bytes;
+    }
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "}");
+    assert_true(hl < sizeof header);
+    uint8_t *buf = malloc(8 + hl + off);
+    assert_non_null(buf);
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(buf + 8, header, hl);
+    off = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(buf + 8 + hl + off, t[i].data, t[i].bytes);
+        off += t[i].bytes;
+    }
+    spit(path, buf, 8 + hl + off);
+    free(buf);
+}
+
+/* FP8 codes for a [rows, cols] weight: every finite E4M3 code in turn,
+ * shifted by the row (NaN codes skipped) */
+static uint8_t *fp8_codes(int64_t rows, int64_t cols, unsigned seed)
+{
+    uint8_t *w = malloc((size_t)(rows * cols) + 1);
+    assert_non_null(w);
+    for (int64_t k = 0; k < rows * cols; k++) {
+        unsigned c = (unsigned)((k * 37 + k / cols * 11 + seed) % 256);
+        if ((c & 0x7f) == 0x7f) c ^= 1; /* not NaN */
+        w[k] = (uint8_t)c;
+    }
+    return w;
+}
+
+/* Scales for [sr, sc] blocks: exact ties for bf16 (1 + 2^-8 times a code
+ * of three mantissa bits needs rounding), tiny ones (bf16 subnormals),
+ * ordinary ones (DeepSeek's are ~1e-4) */
+static float *fp8_scales(int64_t sr, int64_t sc)
+{
+    static const float pick[] = {1.00390625f, 2.1e-4f, 3.7e-41f, 1.0f, 0.0f, -7.5e-3f, 0x1.d12492p+0f, 6.103515625e-05f};
+    float *s = malloc((size_t)(sr * sc) * sizeof *s + 1);
+    assert_non_null(s);
+    for (int64_t k = 0; k < sr * sc; k++) s[k] = pick[k % 8] * (float)(1 + k % 3);
+    return s;
+}
+
+/* dst (dt) against the reference w[i][j] = e4m3(x[i][j]) * s[i / b0][j / b1],
+ * rounded once; element by element, exactly. */
+static void check_dequant(const void *dst, zo_dtype dt, const uint8_t *x, const float *s, int64_t rows,
+                          int64_t cols, int b0, int b1, int transpose, const char *what)
+{
+    int64_t sc = (cols + b1 - 1) / b1;
+    for (int64_t i = 0; i < rows; i++) {
+        for (int64_t j = 0; j < cols; j++) {
+            double p = ref_fp8(x[i * cols + j], 1) * (double)s[(i / b0) * sc + j / b1];
+            size_t at = (size_t)(transpose ? j * rows + i : i * cols + j);
+            int ok;
+            if (dt == ZO_DTYPE_F32)
+                ok = ((const float *)dst)[at] == (float)p;
+            else
+                ok = ((const uint16_t *)dst)[at] == ref_bf16(p);
+            if (!ok)
+                fail_msg("%s [%lld, %lld] blocks [%d, %d]: element (%lld, %lld) code 0x%02x: got %.9g, expected %.9g",
+                         what, (long long)rows, (long long)cols, b0, b1, (long long)i, (long long)j,
+                         x[i * cols + j], (double)zo_load_f32(dst, dt, at), p);
+        }
+    }
+}
+
+static void expect_error(zo_status got, zo_status want, const char *const *words, int n)
+{
+    if (got != want) fail_msg("status %d, expected %d: %s", got, want, zo_last_error());
+    for (int i = 0; i < n; i++)
+        if (!strstr(zo_last_error(), words[i])) fail_msg("\"%s\" does not name %s", zo_last_error(), words[i]);
+}
+
+/* Weights at shapes across the 128-row and -column block edges (and other
+ * block sizes), in bf16 and fp32, plain and transposed, exactly the
+ * reference's. */
+static void test_fp8_dequant_shapes(void **state)
 {
     (void)state;
+    static const struct {
+        int64_t rows, cols;
+        int b0, b1;
+    } cases[] = {{300, 200, 128, 128}, {128, 129, 128, 128}, {1, 1, 128, 128}, {129, 128, 128, 128},
+                 {256, 256, 128, 128}, {70, 45, 64, 32}, {5, 300, 1, 128}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int64_t r = cases[k].rows, c = cases[k].cols;
+        int b[2] = {cases[k].b0, cases[k].b1};
+        int64_t sr = (r + b[0] - 1) / b[0], sc = (c + b[1] - 1) / b[1];
+        uint8_t *x = fp8_codes(r, c, (unsigned)k);
+        float *s = fp8_scales(sr, sc);
+        st_in in[] = {{"m.weight", "F8_E4M3", r, c, x, (size_t)(r * c)},
+                      {"m.weight_scale_inv", "F32", sr, sc, s, (size_t)(sr * sc) * 4}};
+        char path[512];
+        tmp_path(path, sizeof path, "fp8.safetensors");
+        write_st(path, in, 2);
+        model_st_file f;
+        assert_int_equal(model_st_open(&f, path), ZO_OK);
+        const model_st_tensor *w = model_st_find(&f, "m.weight"), *ws = model_st_find(&f, "m.weight_scale_inv");
+        uint16_t *bf = malloc((size_t)(r * c) * 2);
+        float *f32 = malloc((size_t)(r * c) * 4);
+        assert_non_null(bf);
+        assert_non_null(f32);
+        for (int tr = 0; tr < 2; tr++) {
+            if (model_st_read_fp8(&f, w, &f, ws, b, bf, ZO_DTYPE_BF16, tr)) fail_msg("%s", zo_last_error());
+            check_dequant(bf, ZO_DTYPE_BF16, x, s, r, c, b[0], b[1], tr, "bf16");
+            if (model_st_read_fp8(&f, w, &f, ws, b, f32, ZO_DTYPE_F32, tr)) fail_msg("%s", zo_last_error());
+            check_dequant(f32, ZO_DTYPE_F32, x, s, r, c, b[0], b[1], tr, "f32");
+        }
+        /* the same scales read as blocks of another size: the wrong shape, refused */
+        int other[2] = {b[0] * 2, b[1]};
+        if (sr > 1) {
+            const char *words[] = {"fp8.safetensors", "\"m.weight_scale_inv\"", "\"m.weight\"", "must be"};
+            expect_error(model_st_read_fp8(&f, w, &f, ws, other, bf, ZO_DTYPE_BF16, 0), ZO_ERR_FORMAT, words, 4);
+        }
+        int zero[2] = {0, 128};
+        const char *zw[] = {"\"m.weight\"", "weight_block_size"};
+        expect_error(model_st_read_fp8(&f, w, &f, ws, zero, bf, ZO_DTYPE_BF16, 0), ZO_ERR_FORMAT, zw, 2);
+        model_st_close(&f);
+        free(bf);
+        free(f32);
+        free(x);
+        free(s);
+    }
+}
+
+/* Every E4M3 code once (scale 1, then a scale with a bf16 tie); the NaN codes
+ * (0x7f, 0xff) refused naming the element; E5M2 decoded, its infinities refused. */
+static void test_fp8_every_code(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 256; k++) {
+        double want = ref_fp8((unsigned)k, 1), got = model_fp8_decode((uint8_t)k, 1);
+        if (isnan(want) ? !isnan(got) : got != want) fail_msg("E4M3 0x%02x: %g, expected %g", k, got, want);
+        want = ref_fp8((unsigned)k, 0);
+        got = model_fp8_decode((uint8_t)k, 0);
+        if (isnan(want) ? !isnan(got) : got != want) fail_msg("E5M2 0x%02x: %g, expected %g", k, got, want);
+    }
+    assert_true(ref_fp8(0x7e, 1) == 448.0 && ref_fp8(0x01, 1) == ldexp(1.0, -9)); /* the spec's extremes */
+    /* 254 finite codes as a [2, 127] weight (0x7f and 0xff left out) */
+    uint8_t fin[254];
+    int n = 0;
+    for (int k = 0; k < 256; k++)
+        if ((k & 0x7f) != 0x7f) fin[n++] = (uint8_t)k;
+    /* 0x1.d12492p+0 x code 0x26 (0.21875) rounds to a bf16 tie in fp32: once, from the exact product */
+    const float scales[] = {1.0f, 1.00390625f, 2.5e-4f, 0x1.d12492p+0f};
     char path[512];
-    tmp_path(path, sizeof path, "fp8.safetensors");
-    write_raw_st(path,
-                 "{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[4,4],\"data_offsets\":[0,16]},"
-                 "\"w_scale_inv\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[16,20]}}",
-                 20);
+    tmp_path(path, sizeof path, "codes.safetensors");
+    for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+        st_in in[] = {{"w", "F8_E4M3", 2, 127, fin, 254}, {"w_scale_inv", "F32", 1, 1, &scales[si], 4}};
+        write_st(path, in, 2);
+        model_st_file f;
+        assert_int_equal(model_st_open(&f, path), ZO_OK);
+        int b[2] = {128, 128};
+        uint16_t bf[254];
+        float f32[254];
+        assert_int_equal(model_st_read_fp8(&f, model_st_find(&f, "w"), &f, model_st_find(&f, "w_scale_inv"), b, bf,
+                                           ZO_DTYPE_BF16, 0), ZO_OK);
+        check_dequant(bf, ZO_DTYPE_BF16, fin, &scales[si], 2, 127, 128, 128, 0, "every code, bf16");
+        assert_int_equal(model_st_read_fp8(&f, model_st_find(&f, "w"), &f, model_st_find(&f, "w_scale_inv"), b, f32,
+                                           ZO_DTYPE_F32, 0), ZO_OK);
+        check_dequant(f32, ZO_DTYPE_F32, fin, &scales[si], 2, 127, 128, 128, 0, "every code, f32");
+        model_st_close(&f);
+    }
+    /* a NaN code anywhere, an infinite scale, an E5M2 infinity: refused */
+    static const struct {
+        uint8_t code;
+        float scale;
+        const char *dtype, *says, *at;
+    } bad[] = {{0x7f, 1.0f, "F8_E4M3", "0x7f", "element 7 (row 1, column 2)"},
+               {0xff, 1.0f, "F8_E4M3", "0xff", "element 7 (row 1, column 2)"},
+               {0x38, INFINITY, "F8_E4M3", "inf", "element 0 "},
+               {0x7c, 1.0f, "F8_E5M2", "0x7c", "element 7 (row 1, column 2)"}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        uint8_t w[3 * 5];
+        for (int i = 0; i < 15; i++) w[i] = 0x38; /* 1.0 in both */
+        w[7] = bad[k].code;
+        st_in in[] = {{"w", bad[k].dtype, 3, 5, w, 15}, {"w_scale_inv", "F32", 1, 1, &bad[k].scale, 4}};
+        write_st(path, in, 2);
+        model_st_file f;
+        assert_int_equal(model_st_open(&f, path), ZO_OK);
+        int b[2] = {128, 128};
+        float out[15];
+        const char *words[] = {"codes.safetensors", "\"w\"", bad[k].at, bad[k].says, "finite"};
+        expect_error(model_st_read_fp8(&f, model_st_find(&f, "w"), &f, model_st_find(&f, "w_scale_inv"), b, out,
+                                       ZO_DTYPE_F32, 0),
+                     ZO_ERR_FORMAT, words, 5);
+        model_st_close(&f);
+    }
+    /* E5M2's finite codes: read the same way */
+    uint8_t e5[4] = {0x3c, 0x01, 0xbb, 0x7b};
+    float one = 0.5f;
+    st_in in[] = {{"w", "F8_E5M2", 2, 2, e5, 4}, {"w_scale_inv", "F32", 1, 1, &one, 4}};
+    write_st(path, in, 2);
     model_st_file f;
     assert_int_equal(model_st_open(&f, path), ZO_OK);
-    float dst[16];
-    assert_int_equal(model_st_read(&f, model_st_find(&f, "w"), dst, ZO_DTYPE_F32, 0), ZO_ERR_UNSUPPORTED);
-    const char *want[] = {"fp8.safetensors", "\"w\"", "F8_E4M3", "bf16"};
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-        if (!strstr(zo_last_error(), want[i])) fail_msg("\"%s\" does not name %s", zo_last_error(), want[i]);
-    assert_int_equal(model_st_read(&f, model_st_find(&f, "w_scale_inv"), dst, ZO_DTYPE_F32, 0), ZO_OK);
+    int b[2] = {128, 128};
+    float out[4];
+    assert_int_equal(model_st_read_fp8(&f, model_st_find(&f, "w"), &f, model_st_find(&f, "w_scale_inv"), b, out,
+                                       ZO_DTYPE_F32, 0), ZO_OK);
+    for (int i = 0; i < 4; i++) assert_true(out[i] == (float)(ref_fp8(e5[i], 0) * 0.5));
     model_st_close(&f);
+}
+
+/* A LLaMA layer with FP8 linear weights (136 x 136 and 200 x 136: blocks
+ * cut at both edges) in one shard, their scales in the other, the rest F32
+ * as DeepSeek-V3's files keep norms, embeddings and the head: loaded exactly
+ * through the index, scales consumed; then the refusals. */
+#define FP8_CFG                                                                                          \
+    "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":136,\"num_attention_heads\":2,"   \
+    "\"num_key_value_heads\":2,\"intermediate_size\":200,\"vocab_size\":16,"                             \
+    "\"max_position_embeddings\":64,\"rms_norm_eps\":1e-06,\"tie_word_embeddings\":false,"               \
+    "\"quantization_config\":{\"activation_scheme\":\"dynamic\",\"fmt\":\"e4m3\",\"quant_method\":\"fp8\"," \
+    "\"weight_block_size\":%s}}"
+
+typedef struct fp8_model {
+    int n;
+    st_in in[32];
+    uint8_t *codes[16];
+    float *vals[32];
+    int fp8[32];      /* in[i] is an FP8 weight; its scale is in[i + 1] */
+    int shard[32];    /* 0 or 1 */
+} fp8_model;
+
+static void fp8_model_build(fp8_model *m, const model_layout *l, int b0, int b1)
+{
+    memset(m, 0, sizeof *m);
+    int nc = 0, nv = 0;
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->ndim == 2 && strstr(t->name, "layers.")) {
+            int64_t r = t->shape[0], c = t->shape[1], sr = (r + b0 - 1) / b0, sc = (c + b1 - 1) / b1;
+            m->codes[nc] = fp8_codes(r, c, (unsigned)i);
+            m->vals[nv] = fp8_scales(sr, sc);
+            m->fp8[m->n] = 1;
+            m->shard[m->n] = 0;
+            m->in[m->n++] = (st_in){t->name, "F8_E4M3", r, c, m->codes[nc++], (size_t)(r * c)};
+            char *sn = malloc(strlen(t->name) + 16);
+            assert_non_null(sn);
+            sprintf(sn, "%s_scale_inv", t->name);
+            m->shard[m->n] = 1;
+            m->in[m->n++] = (st_in){sn, "F32", sr, sc, m->vals[nv++], (size_t)(sr * sc) * 4};
+        } else {
+            float *v = malloc(t->numel * 4);
+            assert_non_null(v);
+            for (size_t k = 0; k < t->numel; k++) v[k] = (float)((int)(k % 13) - 6) * 0.0625f + 1.0f / 3.0f;
+            m->vals[nv++] = v;
+            m->shard[m->n] = strstr(t->name, "embed") ? 0 : 1;
+            m->in[m->n++] = (st_in){t->name, "F32", t->shape[0], t->ndim == 2 ? t->shape[1] : -1, v, t->numel * 4};
+        }
+    }
+}
+
+static void fp8_model_free(fp8_model *m)
+{
+    for (int i = 0; i < m->n; i++)
+        if (i && m->fp8[i - 1]) free((char *)m->in[i].name);
+    for (int i = 0; i < 16; i++) free(m->codes[i]);
+    for (int i = 0; i < 32; i++) free(m->vals[i]);
+}
+
+/* Writes the two shards and the index of dir (leaving out tensor `skip`). */
+static void fp8_model_write(const fp8_model *m, const char *dir, int skip)
+{
+    char path[600], index[8192];
+    size_t hl = (size_t)snprintf(index, sizeof index, "{\"metadata\":{},\"weight_map\":{");
+    for (int s = 0; s < 2; s++) {
+        st_in part[32];
+        int n = 0;
+        for (int i = 0; i < m->n; i++) {
+            if (m->shard[i] != s || i == skip) continue;
+            part[n++] = m->in[i];
+            hl += (size_t)snprintf(index + hl, sizeof index - hl, "%s\"%s\":\"model-0000%d-of-00002.safetensors\"",
+                                   hl > 30 ? "," : "", m->in[i].name, s + 1);
+        }
+        snprintf(path, sizeof path, "%s/model-0000%d-of-00002.safetensors", dir, s + 1);
+        write_st(path, part, n);
+    }
+    snprintf(index + hl, sizeof index - hl, "}}");
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    spit(path, index, strlen(index));
+}
+
+static void fp8_layout(model_layout *l, const char *block)
+{
+    char json[1024];
+    snprintf(json, sizeof json, FP8_CFG, block);
+    zo_model_config cfg;
+    if (zo_model_config_parse(json, "config.json", &cfg)) fail_msg("%s", zo_last_error());
+    if (model_layout_init(l, &cfg)) fail_msg("%s", zo_last_error());
+}
+
+static void test_fp8_sharded_load(void **state)
+{
+    (void)state;
+    model_layout l;
+    fp8_layout(&l, "[128, 128]");
+    fp8_model m;
+    fp8_model_build(&m, &l, 128, 128);
+    char dir[512];
+    tmp_path(dir, sizeof dir, "fp8");
+    mkdir(dir, 0755);
+    fp8_model_write(&m, dir, -1);
+    int n_fp8 = 0;
+    for (int i = 0; i < m.n; i++) n_fp8 += m.fp8[i];
+    assert_int_equal(n_fp8, 7); /* q, k, v, o, gate, up, down */
+    for (int pass = 0; pass < 2; pass++) {
+        zo_dtype dt = pass ? ZO_DTYPE_F32 : ZO_DTYPE_BF16;
+        void **blocks = alloc_blocks(&l, dt);
+        model_load_report rep;
+        if (model_load_path(dir, &l, blocks, dt, MODEL_LOAD_STRICT, &rep)) fail_msg("%s", zo_last_error());
+        assert_int_equal(rep.n_loaded, l.n_tensors);
+        assert_int_equal(rep.n_unexpected, 0);
+        assert_int_equal(rep.n_ignored, n_fp8); /* the scales, read with their weights */
+        for (int i = 0; i < m.n; i++) {
+            if (i && m.fp8[i - 1]) continue; /* a scale */
+            const model_tensor *t = model_layout_find(&l, m.in[i].name);
+            assert_non_null(t);
+            const uint8_t *got = (const uint8_t *)blocks[t->block] + t->offset * zo_dtype_size(dt);
+            if (m.fp8[i]) {
+                check_dequant(got, dt, m.in[i].data, m.in[i + 1].data, t->shape[0], t->shape[1], 128, 128, 0,
+                              t->name);
+                continue;
+            }
+            const float *v = m.in[i].data;
+            for (size_t k = 0; k < t->numel; k++)
+                if (dt == ZO_DTYPE_F32 ? ((const float *)got)[k] != v[k]
+                                       : ((const uint16_t *)got)[k] != ref_bf16((double)v[k]))
+                    fail_msg("%s element %zu", t->name, k);
+        }
+        free_blocks(&l, blocks);
+    }
+    /* blocks of 64 x 64 said by the config: the 128-block scales have the wrong shape */
+    model_layout l64;
+    fp8_layout(&l64, "[64, 64]");
+    void **blocks = alloc_blocks(&l64, ZO_DTYPE_BF16);
+    const char *shape_words[] = {"model-00002-of-00002", "_scale_inv\"", "[64, 64]", "must be"};
+    expect_error(model_load_path(dir, &l64, blocks, ZO_DTYPE_BF16, 0, NULL), ZO_ERR_FORMAT, shape_words, 4);
+    free_blocks(&l64, blocks);
+    model_layout_free(&l64);
+    /* a weight without its scale */
+    int q = 0;
+    while (!m.fp8[q]) q++;
+    fp8_model_write(&m, dir, q + 1);
+    blocks = alloc_blocks(&l, ZO_DTYPE_BF16);
+    char scale_name[160];
+    snprintf(scale_name, sizeof scale_name, "\"%s_scale_inv\"", m.in[q].name);
+    const char *miss_words[] = {"model-00001-of-00002", m.in[q].name, scale_name, "F8_E4M3"};
+    expect_error(model_load_path(dir, &l, blocks, ZO_DTYPE_BF16, 0, NULL), ZO_ERR_FORMAT, miss_words, 4);
+    /* a scale beside a weight that is not FP8 */
+    uint16_t *bf = calloc((size_t)(m.in[q].rows * m.in[q].cols), 2);
+    assert_non_null(bf);
+    st_in keep = m.in[q];
+    m.in[q] = (st_in){keep.name, "BF16", keep.rows, keep.cols, bf, keep.bytes * 2};
+    fp8_model_write(&m, dir, -1);
+    const char *stray_words[] = {"model-00002-of-00002", scale_name, "BF16", "not FP8"};
+    expect_error(model_load_path(dir, &l, blocks, ZO_DTYPE_BF16, 0, NULL), ZO_ERR_FORMAT, stray_words, 4);
+    m.in[q] = keep;
+    free(bf);
+    free_blocks(&l, blocks);
+    /* DeepSeek-V3's config.json as published: 128 x 128; a config without one: the default (0) */
+    zo_model_config v3;
+    if (zo_model_config_load(ZO_FIXTURES_DIR "/hf-configs/deepseek-v3.json", &v3)) fail_msg("%s", zo_last_error());
+    assert_int_equal(v3.fp8_block[0], 128);
+    assert_int_equal(v3.fp8_block[1], 128);
+    if (zo_model_config_load(FIX "/llama-tiny/config.json", &v3)) fail_msg("%s", zo_last_error());
+    assert_int_equal(v3.fp8_block[0], 0);
+    assert_int_equal(v3.fp8_block[1], 0);
+    /* weight_block_size that is not two positive integers */
+    const char *bad[] = {"[128]", "[128, 0]", "[128, 1.5]", "\"128\"", "[128, 128, 1]"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char json[1024];
+        snprintf(json, sizeof json, FP8_CFG, bad[k]);
+        zo_model_config cfg;
+        const char *words[] = {"config.json", "quantization_config", "weight_block_size"};
+        expect_error(zo_model_config_parse(json, "config.json", &cfg), ZO_ERR_FORMAT, words, 3);
+    }
+    fp8_model_free(&m);
+    model_layout_free(&l);
 }
 
 /* A failing fill leaves the old file in place and no temporary behind. */
@@ -863,7 +1283,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_st_roundtrip),
         cmocka_unit_test(test_st_read_convert),
-        cmocka_unit_test(test_st_fp8_refused),
+        cmocka_unit_test(test_fp8_dequant_shapes),
+        cmocka_unit_test(test_fp8_every_code),
+        cmocka_unit_test(test_fp8_sharded_load),
         cmocka_unit_test(test_st_write_atomic),
         cmocka_unit_test(test_st_truncated_after_open),
         cmocka_unit_test(test_load_gpt2_fixture),
