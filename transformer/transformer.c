@@ -341,16 +341,22 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, double *f, fl
     return ZO_OK;
 }
 
-/* *dst = a new device buffer holding `bytes` of host, copied before this returns. */
-static zo_status upload_new(tf_model *m, void **dst, const void *host, size_t bytes)
+/* `bytes` of host into the device buffer dst, copied before this returns. */
+static zo_status upload(const tf_model *m, void *dst, const void *host, size_t bytes)
 {
     gpu_stream_t s = NULL;
-    zo_status st = gpu_mem_alloc(m->dev, bytes, dst);
-    if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
-    if (st == ZO_OK) st = gpu_memcpy_async(s, *dst, host, bytes, GPU_COPY_HOST_TO_DEVICE);
+    zo_status st = gpu_stream_create(m->dev, &s);
+    if (st == ZO_OK) st = gpu_memcpy_async(s, dst, host, bytes, GPU_COPY_HOST_TO_DEVICE);
     if (st == ZO_OK) st = gpu_stream_synchronize(s);
     gpu_stream_destroy(s);
     return st;
+}
+
+/* *dst = a new device buffer holding `bytes` of host, copied before this returns. */
+static zo_status upload_new(tf_model *m, void **dst, const void *host, size_t bytes)
+{
+    zo_status st = gpu_mem_alloc(m->dev, bytes, dst);
+    return st == ZO_OK ? upload(m, *dst, host, bytes) : st;
 }
 
 /* DeepSeek-V3's router score corrections: zeros on the host and the
@@ -412,14 +418,7 @@ zo_status tf_load_router_bias(const tf_model *m, const char *path)
             }
     }
     model_ckpt_close(&ck);
-    if (st != ZO_OK) return st;
-    gpu_stream_t s = NULL;
-    if ((st = gpu_stream_create(m->dev, &s)) == ZO_OK &&
-        (st = gpu_memcpy_async(s, m->router_bias, m->router_bias_h, (size_t)L * E * sizeof(float),
-                               GPU_COPY_HOST_TO_DEVICE)) == ZO_OK)
-        st = gpu_stream_synchronize(s);
-    gpu_stream_destroy(s);
-    return st;
+    return st == ZO_OK ? upload(m, m->router_bias, m->router_bias_h, (size_t)L * E * sizeof(float)) : st;
 }
 
 /* A rope_scaling's frequencies into device memory (m->rope_freq). longrope

@@ -57,9 +57,9 @@ __device__ void router_row(router_ctx *c, gpu_tensor logits, size_t r, int e, in
     c->logits = logits, c->r = r, c->e = e, c->k = k, c->bias = bias;
     c->sigmoid = mode == GPU_MOE_ROUTE_SIGMOID || mode == GPU_MOE_ROUTE_SIGMOID_NORM;
     c->groups = groups > 1 ? groups : 1, c->gsz = e / c->groups;
-    float m = -INFINITY, s = 0.0f;
-    for (int j = 0; j < e; j++) m = fmaxf(m, tload(logits, r * e + j));
-    for (int j = 0; j < e; j++) s += expf(tload(logits, r * e + j) - m);
+    float m = -INFINITY, s = 0.0f; /* (the softmax's alone: the sigmoid modes read neither) */
+    for (int j = 0; j < e && !c->sigmoid; j++) m = fmaxf(m, tload(logits, r * e + j));
+    for (int j = 0; j < e && !c->sigmoid; j++) s += expf(tload(logits, r * e + j) - m);
     c->mx = m, c->sum = s;
     c->kept = ~0ull;
     if (c->groups > 1) {
