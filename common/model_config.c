@@ -963,17 +963,35 @@ static void hf_refuse_unmodelled(hf *r, const char *modelled)
     }
 }
 
-/* An FP8 checkpoint's block size (quantization_config: quant_method "fp8",
- * weight_block_size [rows, columns]; zo_model_config.fp8_block). Other
- * quantization methods are not read here: their weights' dtypes are refused
- * by the loader, by name. */
+/* An FP8 checkpoint's block size and format (quantization_config:
+ * quant_method "fp8", weight_block_size [rows, columns], fmt "e4m3" or
+ * "e5m2"; zo_model_config.fp8_block, fp8_fmt). A block size under another
+ * quant_method is refused (the loader dequantizes "fp8"'s blocks only);
+ * other quantization methods are not read here: their weights' dtypes are
+ * refused by the loader, by name. activation_scheme is not read: it has
+ * no effect on training. */
 static void hf_fp8_block(hf *r, zo_model_config *c)
 {
     const cJSON *q = hf_item(r, "quantization_config");
     if (!cJSON_IsObject(q)) return;
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
-    if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8")) return;
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
+    const char *method = cJSON_IsString(m) ? m->valuestring : NULL;
+    if (!method || strcmp(method, "fp8")) {
+        if (b && !cJSON_IsNull(b))
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "quantization_config",
+                    "\"weight_block_size\" under quant_method \"%.32s\": the loader dequantizes the blocks of "
+                    "quant_method \"fp8\" only", method ? method : "(none)");
+        return;
+    }
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(q, "fmt");
+    const char *f = cJSON_IsString(fmt) ? fmt->valuestring : NULL;
+    if (f && (!strcmp(f, "e4m3") || !strcmp(f, "e5m2")))
+        snprintf(c->fp8_fmt, sizeof c->fp8_fmt, "%s", f);
+    else if (fmt && !cJSON_IsNull(fmt))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "quantization_config",
+                "\"fmt\" \"%.32s\" is not an FP8 format the loader reads (\"e4m3\" or \"e5m2\")",
+                f ? f : "(not a string)");
     if (!b || cJSON_IsNull(b)) return; /* 128 x 128 */
     int ok = cJSON_IsArray(b) && cJSON_GetArraySize(b) == 2;
     for (int i = 0; ok && i < 2; i++) {
