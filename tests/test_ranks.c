@@ -2323,8 +2323,8 @@ static int st_redraw_f32(const char *path, const char *suffix, double a)
  * against one rank with it. */
 static void deepseek_v3_corrected_rows(void)
 {
-    char path[512], args[1200], file[600];
-    static char out[1 << 16];
+    char path[512], args[1200];
+    static char out[1 << 16], file[600]; /* (static: `weights` points into it, and a failing assert leaves first) */
     double zero[2][STEPS], corrected[2][STEPS];
     const char *place = "--dtype fp32 --params gpu --optimizer cpu";
     ep_use_model(7, path, sizeof path);
