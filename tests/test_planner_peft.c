@@ -570,7 +570,8 @@ static uint64_t item_bytes(const cJSON *doc, const char *name)
  * adapters). Each suggestion's flags, added to the command, fit with the
  * same bytes a tier and step time, and its adapters are the count written
  * above from the models' shapes: the trainable parameters, the adapters'
- * bf16 bytes and their AdamW fp32 master, m and v. */
+ * bf16 bytes and their AdamW fp32 master, m and v. A model known only by
+ * its size (--params) gets none, and its verdict says why. */
 static void test_suggestions_moe(void **state)
 {
     (void)state;
@@ -636,6 +637,11 @@ static void test_suggestions_moe(void **state)
         if (kinds != c[i].kinds) fail_msg("%s: suggestion kinds 0x%x, want 0x%x", args, kinds, c[i].kinds);
         cJSON_Delete(doc);
     }
+    /* a model known only by its size gets none, and the verdict says why */
+    static char out[1 << 14];
+    assert_int_equal(run_memplan("estimate --params 70B --gpu rtx-4090 --cpu-mem 64GB --nvme 0", out, sizeof out), 1);
+    if (!strstr(out, "LoRA and QLoRA not tried: their adapters need the model's layers"))
+        fail_msg("no reason for the missing LoRA and QLoRA in\n%s", out);
 }
 
 /* memplan writes the method into the plan file and reads it back to the
