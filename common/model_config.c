@@ -963,17 +963,35 @@ static void hf_refuse_unmodelled(hf *r, const char *modelled)
     }
 }
 
-/* An FP8 checkpoint's block size (quantization_config: quant_method "fp8",
- * weight_block_size [rows, columns]; zo_model_config.fp8_block). Other
- * quantization methods are not read here: their weights' dtypes are refused
- * by the loader, by name. */
+/* An FP8 checkpoint's block size and format (quantization_config:
+ * quant_method "fp8", weight_block_size [rows, columns], fmt "e4m3" or
+ * "e5m2"; zo_model_config.fp8_block, fp8_fmt). A block size under another
+ * quant_method is refused (the loader dequantizes "fp8"'s blocks only);
+ * other quantization methods are not read here: their weights' dtypes are
+ * refused by the loader, by name. activation_scheme is not read: it has
+ * no effect on training. */
 static void hf_fp8_block(hf *r, zo_model_config *c)
 {
     const cJSON *q = hf_item(r, "quantization_config");
     if (!cJSON_IsObject(q)) return;
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
-    if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8")) return;
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
+    const char *method = cJSON_IsString(m) ? m->valuestring : NULL;
+    if (!method || strcmp(method, "fp8")) {
+        if (b && !cJSON_IsNull(b))
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "quantization_config",
+                    "\"weight_block_size\" under quant_method \"%.32s\": the loader dequantizes the blocks of "
+                    "quant_method \"fp8\" only", method ? method : "(none)");
+        return;
+    }
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(q, "fmt");
+    const char *f = cJSON_IsString(fmt) ? fmt->valuestring : NULL;
+    if (f && (!strcmp(f, "e4m3") || !strcmp(f, "e5m2")))
+        snprintf(c->fp8_fmt, sizeof c->fp8_fmt, "%s", f);
+    else if (fmt && !cJSON_IsNull(fmt))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "quantization_config",
+                "\"fmt\" \"%.32s\" is not an FP8 format the loader reads (\"e4m3\" or \"e5m2\")",
+                f ? f : "(not a string)");
     if (!b || cJSON_IsNull(b)) return; /* 128 x 128 */
     int ok = cJSON_IsArray(b) && cJSON_GetArraySize(b) == 2;
     for (int i = 0; ok && i < 2; i++) {
@@ -1116,8 +1134,8 @@ static void hf_yarn(hf *sub, zo_model_config *c)
         hf_fail(sub, ZO_ERR_FORMAT, "factor", "must be >= 1 for yarn (got %g)", s);
     else if (!(c->rope_beta_slow > 0.0 && isfinite(c->rope_beta_slow)))
         hf_fail(sub, ZO_ERR_FORMAT, "beta_slow", "must be > 0 (got %g)", c->rope_beta_slow);
-    else if (!(c->rope_beta_fast > c->rope_beta_slow && isfinite(c->rope_beta_fast)))
-        hf_fail(sub, ZO_ERR_FORMAT, "beta_fast", "must exceed beta_slow (got %g and %g)", c->rope_beta_fast,
+    else if (!(c->rope_beta_fast >= c->rope_beta_slow && isfinite(c->rope_beta_fast))) /* (Kimi-K2: 1 and 1) */
+        hf_fail(sub, ZO_ERR_FORMAT, "beta_fast", "must not be below beta_slow (got %g and %g)", c->rope_beta_fast,
                 c->rope_beta_slow);
     else if (!(c->rope_mscale >= 0.0 && isfinite(c->rope_mscale)))
         hf_fail(sub, ZO_ERR_FORMAT, "mscale", "must be >= 0 (got %g)", c->rope_mscale);
@@ -1514,7 +1532,7 @@ static void hf_groups(hf *r, zo_model_config *c, int v3)
 static void parse_deepseek(hf *r, zo_model_config *c, const family *f)
 {
     parse_llama(r, c, f);
-    int v3 = !strcmp(f->type, "deepseek_v3");
+    int v3 = f->arch_name && !strcmp(f->arch_name, "DeepseekV3ForCausalLM"); /* (and its aliases) */
     if (strcmp(f->type, "deepseek")) {
         c->mla.kv_rank = hf_int(r, "kv_lora_rank", 512);
         c->mla.q_rank = hf_int2(r, "q_lora_rank", NULL, 0, 0); /* null: direct */
@@ -1840,6 +1858,9 @@ static const family families[] = {
     {"deepseek_v3", "DeepseekV3ForCausalLM", parse_deepseek,
      "DeepSeek-V3: V2 layers, sigmoid routing with a score correction per expert (MTP modules "
      "not counted)", 0, 0, 0, DS_KEYS "," MLA_KEYS ",num_nextn_predict_layers", 1},
+    /* an alias: the model_type of a checkpoint of another row's class, read as that row */
+    {"kimi_k2", "DeepseekV3ForCausalLM", parse_deepseek, "Kimi-K2: read as deepseek_v3 (its class)", 0, 0, 0,
+     DS_KEYS "," MLA_KEYS ",num_nextn_predict_layers", 1},
     {"gpt_neox", "GPTNeoXForCausalLM", parse_neox,
      "GPT-NeoX / Pythia: LayerNorm, biased fused qkv and GELU MLP, partial rotary, parallel "
      "residual, untied", 0, 0, 0, "attention_bias", 1},
@@ -1931,6 +1952,14 @@ static const family *family_by_arch(const cJSON *archs)
         if (families[i].arch_name && !strcmp(families[i].arch_name, a->valuestring))
             return &families[i];
     return NULL;
+}
+
+/* The first row of f's class (f itself unless f is an alias: kimi_k2's is deepseek_v3). */
+static const family *family_of_alias(const family *f)
+{
+    for (size_t i = 0; f->arch_name && i < sizeof families / sizeof families[0]; i++)
+        if (families[i].arch_name && !strcmp(families[i].arch_name, f->arch_name)) return &families[i];
+    return f;
 }
 
 static void list_modelled(char *buf, size_t len)
@@ -2078,9 +2107,10 @@ zo_status zo_model_config_parse(const char *json, const char *path, zo_model_con
     hf_fp8_block(&r, &c);
     if ((st = r.st) != ZO_OK) goto out_free_root;
     /* the family as a name the rest of the project uses ("falcon" for its
-     * old types; a multimodal checkpoint's: its text model's, set above) */
+     * old types; an alias's: its class's first row's; a multimodal
+     * checkpoint's: its text model's, set above) */
     if (f->parse != parse_multimodal)
-        snprintf(c.family, sizeof c.family, "%s", f->parse == parse_falcon ? "falcon" : f->type);
+        snprintf(c.family, sizeof c.family, "%s", f->parse == parse_falcon ? "falcon" : family_of_alias(f)->type);
     snprintf(c.name, sizeof c.name, "%.63s", base);
     if ((st = zo_model_config_validate(&c)) != ZO_OK) {
         zo_error_wrap(st, "%s", path);
