@@ -23,8 +23,7 @@
 # DeepSeek-V3 (and V2 group-limited) families, 11 and 8 s, as the dsv3
 # branch measured them alone; test_e2e_torch_qwen2_moe and
 # test_generate_torch_qwen2_moe with their GLM-4.5 families, 18 and 10 s,
-# and test_ranks_moe_ep_qwen3 plus its GLM-4.5 rows, as the glm45 branch
-# measured them):
+# as the glm45 branch measured them):
 # ctest -j starts
 # the costliest first, so that a long test
 # does not begin last and run alone while the other core idles. Without this
