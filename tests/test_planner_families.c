@@ -1077,24 +1077,25 @@ static void test_glm4_moe(void **state)
 
     /* refused by name: the rotary size (of head_dim 16) odd (3), under 2 (1)
      * or out of (0, 1]; the router's fields */
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"partial_rotary_factor\": 0.1875}",
-                 "partial_rotary_factor");
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"partial_rotary_factor\": 0.0625}",
-                 "partial_rotary_factor");
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"partial_rotary_factor\": 0}",
-                 "partial_rotary_factor");
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"partial_rotary_factor\": 1.5}",
-                 "partial_rotary_factor");
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"n_group\": 3}", "n_group");
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"n_group\": 128}", "n_group");
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"n_group\": 8, \"topk_group\": 9}", "topk_group");
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"n_group\": 64, \"topk_group\": 3}",
-                 "num_experts_per_tok");
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"routed_scaling_factor\": 0}",
-                 "routed_scaling_factor");
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"n_routed_experts\": 4}", "num_experts_per_tok");
-    /* transformers' older key for the experts: not what the class reads now */
-    expect_named("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"num_experts\": 64}", "num_experts");
+    static const char *const refused[][2] = {
+        {"\"partial_rotary_factor\": 0.1875", "partial_rotary_factor"},
+        {"\"partial_rotary_factor\": 0.0625", "partial_rotary_factor"},
+        {"\"partial_rotary_factor\": 0", "partial_rotary_factor"},
+        {"\"partial_rotary_factor\": 1.5", "partial_rotary_factor"},
+        {"\"n_group\": 3", "n_group"},
+        {"\"n_group\": 128", "n_group"},
+        {"\"n_group\": 8, \"topk_group\": 9", "topk_group"},
+        {"\"n_group\": 64, \"topk_group\": 3", "num_experts_per_tok"},
+        {"\"routed_scaling_factor\": 0", "routed_scaling_factor"},
+        {"\"n_routed_experts\": 4", "num_experts_per_tok"},
+        /* transformers' older key for the experts: not what the class reads now */
+        {"\"num_experts\": 64", "num_experts"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json, "{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", %s}", refused[i][0]);
+        expect_named(json, refused[i][1]);
+    }
 }
 
 int main(void)
