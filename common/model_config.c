@@ -1483,10 +1483,11 @@ static void parse_qwen_moe(hf *r, zo_model_config *c, const family *f)
 }
 
 /* The routing groups of V2's group_limited_greedy and V3's noaux_tc
- * (n_group, topk_group; V3's defaults 8 and 4 as DeepseekV3Config's, V2's
- * required, GLM-4.5's 1 and 1: g_def and kg_def): the groups divide the experts (at most ZO_MOE_MAX_GROUPS, the
- * router's limit), topk_group of them hold at least num_experts_per_tok
- * experts, and V3's groups, scored by their two best keys, have two. */
+ * (n_group, topk_group; their defaults g_def and kg_def: V3's 8 and 4 as
+ * DeepseekV3Config's, V2's required, GLM-4.5's 1 and 1): the groups divide
+ * the experts (at most ZO_MOE_MAX_GROUPS, the router's limit), topk_group of
+ * them hold at least num_experts_per_tok experts, and V3's groups, scored by
+ * their two best keys, have two. */
 static void hf_groups_of(hf *r, zo_model_config *c, int v3, int g_def, int kg_def)
 {
     const int E = c->moe.experts;
