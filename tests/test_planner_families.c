@@ -1093,6 +1093,94 @@ static void test_kimi_k2_alias(void **state)
     for (int i = 0; i < 3; i++) free(report[i]);
 }
 
+/* GLM-4.5-Air (zai-org/GLM-4.5-Air's config.json, its published numbers:
+ * 106B total, 12B active): 46 layers, the first dense, 128 experts of 1408
+ * (top 8) and one shared, q/k/v biased, half of each head rotated. The
+ * count is by hand below, term by term (not memplan's formula): the
+ * correction buffers counted as the checkpoint holds them (V3's kind), the
+ * multi-token prediction layer not. Then GLM's defaults, the runtime's
+ * check, and refusals by name. */
+#define GLM45_AIR                                                                                          \
+    "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"model_type\": \"glm4_moe\", \"hidden_size\": 4096, "   \
+    "\"num_hidden_layers\": 46, \"num_attention_heads\": 96, \"num_key_value_heads\": 8, \"head_dim\": 128, " \
+    "\"intermediate_size\": 10944, \"moe_intermediate_size\": 1408, \"n_routed_experts\": 128, "            \
+    "\"n_shared_experts\": 1, \"num_experts_per_tok\": 8, \"first_k_dense_replace\": 1, "                  \
+    "\"vocab_size\": 151552, \"partial_rotary_factor\": 0.5, \"attention_bias\": true, \"n_group\": 1, "     \
+    "\"topk_group\": 1, \"routed_scaling_factor\": 1.0, \"norm_topk_prob\": true, "                        \
+    "\"num_nextn_predict_layers\": 1, \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-05, "      \
+    "\"rope_theta\": 1000000, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false, "                  \
+    "\"use_qk_norm\": false, \"torch_dtype\": \"bfloat16\"}"
+
+static void test_glm4_moe(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    if (zo_model_config_parse(GLM45_AIR, "glm-4.5-air.json", &c)) fail_msg("%s", zo_last_error());
+    const uint64_t h = 4096, V = 151552, q = 96 * 128, kv = 8 * 128, E = 128, fe = 1408;
+    uint64_t attn = h * q + q + 2 * (h * kv + kv) + q * h; /* q, k, v with biases; o without */
+    uint64_t norms = 2 * h;
+    uint64_t dense = attn + norms + 3 * h * 10944;
+    uint64_t expert = 3 * h * fe;
+    uint64_t moe = attn + norms + E * h /* router */ + E /* correction */ + E * expert + expert /* shared */;
+    uint64_t total = V * h + dense + 45 * moe + h + V * h;
+    uint64_t active = total - 45 * (E - 8) * expert;
+    zo_param_counts pc;
+    zo_model_param_counts(&c, &pc);
+    if (pc.total != total || pc.active != active)
+        fail_msg("GLM-4.5-Air: total %llu (want %llu), active %llu (want %llu)", (unsigned long long)pc.total,
+                 (unsigned long long)total, (unsigned long long)pc.active, (unsigned long long)active);
+    /* the published 106B and 12B (active less the input embedding: 12.8B) */
+    assert_true(total > 106000000000ull && total < 107000000000ull);
+    assert_true(active - V * h > 12000000000ull && active - V * h < 13000000000ull);
+    assert_int_equal(zo_model_router_bias_params(&c), 45 * E);
+    assert_true(c.attn_bias && !c.out_bias && !c.qk_norm && c.rope_partial == 0.5 && zo_model_rope_dim(&c) == 64);
+    assert_true(c.moe_sigmoid && c.moe.router_bias && c.moe.norm_topk && !c.moe.aux_loss && !c.moe_group_limited);
+    assert_true(c.moe_groups == 1 && c.moe_topk_groups == 1 && c.moe_routed_scale == 0.0f);
+    assert_true(c.moe.first_dense == 1 && c.moe.shared_ffn == 1408 && !c.moe.shared_gate);
+    assert_string_equal(zo_moe_shared_name(&c), "shared_experts");
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+
+    /* Glm4MoeConfig's defaults: GLM-4.5-Air's router and attention, eps 1e-5,
+     * 131072 positions; GLM-4.5's scale and q/k norms read */
+    zo_model_config d;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY "}", "d.json", &d), ZO_OK);
+    assert_true(d.moe.experts == 128 && d.moe.top_k == 8 && d.moe.expert_ffn == 1408 && d.moe.shared_ffn == 1408);
+    assert_true(d.moe.first_dense == 1 && d.moe.norm_topk && d.moe_groups == 1 && d.n_kv_heads == 8);
+    assert_true(d.norm_eps == 1e-5f && d.max_seq == 131072 && !d.attn_bias && !d.qk_norm && d.rope_partial == 0.5);
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"use_qk_norm\": true, "
+                                           "\"routed_scaling_factor\": 2.5, \"n_group\": 4, \"topk_group\": 2}",
+                                           "g.json", &d),
+                     ZO_OK);
+    assert_true(d.qk_norm && !d.qk_norm_heads && d.moe_routed_scale == 2.5f && d.moe_groups == 4);
+    /* with q/k norms: one head_dim weight each on every layer */
+    zo_param_counts qk;
+    zo_model_param_counts(&d, &qk);
+    d.qk_norm = 0;
+    assert_int_equal(qk.total - zo_model_params(&d), 2 * 2 * 16);
+
+    /* refused by name: the rotary size (of head_dim 16) odd (3), under 2 (1)
+     * or out of (0, 1]; the router's fields */
+    static const char *const refused[][2] = {
+        {"\"partial_rotary_factor\": 0.1875", "partial_rotary_factor"},
+        {"\"partial_rotary_factor\": 0.0625", "partial_rotary_factor"},
+        {"\"partial_rotary_factor\": 0", "partial_rotary_factor"},
+        {"\"partial_rotary_factor\": 1.5", "partial_rotary_factor"},
+        {"\"n_group\": 3", "n_group"},
+        {"\"n_group\": 128", "n_group"},
+        {"\"n_group\": 8, \"topk_group\": 9", "topk_group"},
+        {"\"n_group\": 64, \"topk_group\": 3", "num_experts_per_tok"},
+        {"\"routed_scaling_factor\": 0", "routed_scaling_factor"},
+        {"\"n_routed_experts\": 4", "num_experts_per_tok"},
+        /* transformers' older key for the experts: not what the class reads now */
+        {"\"num_experts\": 64", "num_experts"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json, "{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", %s}", refused[i][0]);
+        expect_named(json, refused[i][1]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1109,6 +1197,7 @@ int main(void)
         cmocka_unit_test(test_mixtral_lora_expert_scratch),
         cmocka_unit_test(test_moe_validation),  cmocka_unit_test(test_deepseek_stages),
         cmocka_unit_test(test_deepseek_routing), cmocka_unit_test(test_kimi_k2_alias),
+        cmocka_unit_test(test_glm4_moe),
         cmocka_unit_test(test_plan_file_keeps_family), cmocka_unit_test(test_cli_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

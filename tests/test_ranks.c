@@ -717,6 +717,20 @@ static const char deepseek_v3_config[] =
     "\"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, "
     "\"attention_bias\": false, \"tie_word_embeddings\": false}";
 
+/* GLM-4.5: LLaMA layers with q/k/v biases (zeros for a model initialised
+ * from its config: the bias gradients are what counts), q/k RMSNorms over
+ * head_dim 32 (q 4 x 32 wider than hidden 64), rotary over half of each
+ * head, a dense first layer, then V3's router (sigmoid, 4 groups keep 2,
+ * top 3, renormalized, times 2.5) and one shared expert. */
+static const char glm4_moe_config[] =
+    "{\"model_type\": \"glm4_moe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 32, \"partial_rotary_factor\": 0.5, "
+    "\"attention_bias\": true, \"use_qk_norm\": true, \"intermediate_size\": 128, \"moe_intermediate_size\": 16, "
+    "\"n_routed_experts\": 8, \"n_shared_experts\": 1, \"num_experts_per_tok\": 3, \"first_k_dense_replace\": 1, "
+    "\"n_group\": 4, \"topk_group\": 2, \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.5, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
+    "\"tie_word_embeddings\": false}";
+
 /* Qwen2-MoE-shaped with 8 experts (the 6 of qwen2_moe_config do not split
  * over 4 ranks). */
 static const char qwen2_moe8_config[] =
@@ -985,15 +999,17 @@ static const char qwen3_moe8_config[] =
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[8] = {"mixtral",  "qwen2_moe8", "qwen3_moe8",   "deepseek",
-                                        "granitemoe", "deepseek_v2_q", "phimoe", "deepseek_v3"};
+static const char *const ep_names[9] = {"mixtral",    "qwen2_moe8",    "qwen3_moe8", "deepseek",
+                                        "granitemoe", "deepseek_v2_q", "phimoe",     "deepseek_v3",
+                                        "glm4_moe"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[8] = {mixtral_config,  qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
-                            granitemoe_config, deepseek_v2_q_config, phimoe_config, deepseek_v3_config};
+    const char *texts[9] = {mixtral_config,    qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
+                            granitemoe_config, deepseek_v2_q_config, phimoe_config,     deepseek_v3_config,
+                            glm4_moe_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -2352,8 +2368,9 @@ static void deepseek_v3_corrected_rows(void)
  * relative, every rank's peaks within 3% of the plan, the all-to-all
  * bytes), and with capacity factor 0.5 as test_moe_ep_capacity; then
  * DeepSeekMoE's rows (deepseek_rows) and DeepSeek-V2's (deepseek_v2_rows:
- * latent attention, q_lora_rank null and set), in this group, not groups
- * of their own, for the suite's minutes. */
+ * latent attention, q_lora_rank null and set), then DeepSeek-V3's and
+ * GLM-4.5's with --ep 2 (ep_rows_of), in this group, not groups of their
+ * own, for the suite's minutes. */
 static void test_moe_ep_qwen3(void **state)
 {
     (void)state;
@@ -2363,6 +2380,9 @@ static void test_moe_ep_qwen3(void **state)
     deepseek_v2_rows();
     /* DeepSeek-V3's router with a score correction, --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3 */
     deepseek_v3_corrected_rows();
+    /* GLM-4.5's layers (biased q/k/v, q/k norms, half-rotary heads) with
+     * that router, the same rows */
+    ep_rows_of(8, "glm", 0, 1);
 }
 
 /* LoRA and QLoRA with --ep 2 on 4 ranks: two data-parallel replicas of
