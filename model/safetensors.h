@@ -191,7 +191,8 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
 
 /* Fill every block (blocks[b] for b < l->n_blocks) and account for the
  * checkpoint tensors that matched nothing (an error only with
- * MODEL_LOAD_STRICT). The report (may be NULL) is cleared first. */
+ * MODEL_LOAD_STRICT, found before any block is read). The report (may be
+ * NULL) is cleared first. */
 zo_status model_load(const model_ckpt *c, const model_layout *l, void *const *blocks,
                      zo_dtype dt, unsigned flags, model_load_report *rep);
 

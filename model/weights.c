@@ -351,15 +351,14 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
     return ZO_OK;
 }
 
-/* After every block: missing tensors (an error unless allowed) and
- * checkpoint tensors that matched nothing (an error with MODEL_LOAD_STRICT). */
-static zo_status load_finish(const model_ckpt *c, const model_layout *l, unsigned flags,
-                             model_load_report *rep)
+/* Before any block: the checkpoint tensors that match nothing, counted
+ * (known buffers apart, rep->n_ignored) and an error with MODEL_LOAD_STRICT,
+ * so a checkpoint the config does not describe (q/k/v biases under
+ * attention_bias false, an untied head under tie_word_embeddings true) is
+ * refused before its weights are read, not trained without them. */
+static zo_status load_start(const model_ckpt *c, const model_layout *l, unsigned flags,
+                            model_load_report *rep)
 {
-    if (rep->n_missing && !(flags & MODEL_LOAD_ALLOW_MISSING))
-        return zo_error(ZO_ERR_NOT_FOUND,
-                        "%s: %d of the %d tensors of %s are missing, first \"%s\"", c->path,
-                        rep->n_missing, l->n_tensors, l->cfg.name, rep->first_missing);
     for (int i = 0; i < c->n_entries; i++) {
         int ignored;
         if (model_layout_match_hf(l, c->entries[i].name, &ignored)) continue;
@@ -371,8 +370,23 @@ static zo_status load_finish(const model_ckpt *c, const model_layout *l, unsigne
         note_name(rep->first_unexpected, c->entries[i].name, rep->n_unexpected);
     }
     if (rep->n_unexpected && (flags & MODEL_LOAD_STRICT))
-        return zo_error(ZO_ERR_FORMAT, "%s: %d tensors are not part of %s, first \"%s\"", c->path,
-                        rep->n_unexpected, l->cfg.name, rep->first_unexpected);
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: %d tensor%s not in the model %s describes, first \"%s\" "
+                        "(a field such as attention_bias, mlp_bias or tie_word_embeddings that disagrees "
+                        "with the checkpoint, or another model's weights)",
+                        c->path, rep->n_unexpected, rep->n_unexpected == 1 ? " is" : "s are", l->cfg.name,
+                        rep->first_unexpected);
+    return ZO_OK;
+}
+
+/* After every block: missing tensors (an error unless allowed). */
+static zo_status load_finish(const model_ckpt *c, const model_layout *l, unsigned flags,
+                             const model_load_report *rep)
+{
+    if (rep->n_missing && !(flags & MODEL_LOAD_ALLOW_MISSING))
+        return zo_error(ZO_ERR_NOT_FOUND,
+                        "%s: %d of the %d tensors of %s are missing, first \"%s\"", c->path,
+                        rep->n_missing, l->n_tensors, l->cfg.name, rep->first_missing);
     return ZO_OK;
 }
 
@@ -382,6 +396,8 @@ zo_status model_load(const model_ckpt *c, const model_layout *l, void *const *bl
     model_load_report local;
     if (!rep) rep = &local;
     memset(rep, 0, sizeof *rep);
+    zo_status st0 = load_start(c, l, flags, rep);
+    if (st0) return st0;
     for (int b = 0; b < l->n_blocks; b++) {
         zo_status st = model_load_block(c, l, b, blocks[b], dt, flags | MODEL_LOAD_ALLOW_MISSING, rep);
         if (st) return st;
@@ -397,7 +413,8 @@ zo_status model_load_streamed(const model_ckpt *c, const model_layout *l, void *
     if (!rep) rep = &local;
     memset(rep, 0, sizeof *rep);
     size_t esz = zo_dtype_size(dt);
-    zo_status st;
+    zo_status st = load_start(c, l, flags, rep);
+    if (st) return st;
     for (int b = 0; b < l->n_blocks; b++) {
         memset(buf, 0, l->block_numel[b] * esz);
         if ((st = model_load_block(c, l, b, buf, dt, flags | MODEL_LOAD_ALLOW_MISSING, rep)) != ZO_OK)

@@ -261,6 +261,51 @@ static void test_llama_vs_torch(void **state)
     run_against_torch("tiny_llama");
 }
 
+/* tf_load_blocks' count of the blocks it hands on */
+static zo_status count_blocks(void *ctx, int block, const void *buf)
+{
+    (void)block, (void)buf;
+    ++*(int *)ctx;
+    return ZO_OK;
+}
+
+/* A checkpoint its config does not describe is refused by tf_load_blocks
+ * (what train and generate load through) before any block is handed on:
+ * Qwen2's q/k/v biases under a config without them (attention_bias false)
+ * were read past without a word, and the model trained without them. The
+ * same checkpoint under its own config loads every block; a config of one
+ * layer finds the second layer's tensors. */
+static void test_load_refuses_unexpected(void **state)
+{
+    (void)state;
+    char path[512], st[512];
+    snprintf(path, sizeof path, "%s/tiny_qwen2.json", fix_dir());
+    snprintf(st, sizeof st, "%s/tiny_qwen2.safetensors", fix_dir());
+    zo_model_config cfg;
+    if (zo_model_config_load(path, &cfg) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_true(cfg.attn_bias && cfg.n_layers >= 2);
+    for (int k = 0; k < 3; k++) {
+        zo_model_config c = cfg;
+        if (k == 1) c.attn_bias = 0;
+        if (k == 2) c.n_layers = 1;
+        model_layout l;
+        assert_int_equal(model_layout_init(&l, &c), ZO_OK);
+        int blocks = 0;
+        zo_status s = tf_load_blocks(&l, st, 0, count_blocks, &blocks);
+        if (k == 0) {
+            if (s != ZO_OK) fail_msg("%s", zo_last_error());
+            assert_int_equal(blocks, l.n_blocks);
+        } else {
+            assert_int_equal(s, ZO_ERR_FORMAT);
+            assert_int_equal(blocks, 0);
+            const char *e = zo_last_error();
+            assert_non_null(strstr(e, "tiny_qwen2.safetensors"));
+            assert_non_null(strstr(e, k == 1 ? "_proj.bias\"" : "model.layers.1."));
+        }
+        model_layout_free(&l);
+    }
+}
+
 static void test_qwen2_vs_torch(void **state)
 {
     (void)state;
@@ -2260,6 +2305,7 @@ int main(void)
         cmocka_unit_test(test_gptj_vs_torch),
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
+        cmocka_unit_test(test_load_refuses_unexpected),
         cmocka_unit_test(test_qwen3_vs_torch),
         cmocka_unit_test(test_phi3_vs_torch),
         cmocka_unit_test(test_deepseek_v2_vs_torch),

@@ -16,7 +16,7 @@ zo_status tf_load_blocks(const model_layout *l, const char *path, uint64_t seed,
     if (path) {
         model_ckpt c;
         if ((st = model_ckpt_open(&c, path)) == ZO_OK) {
-            st = model_load_streamed(&c, l, buf, ZO_DTYPE_F32, 0, NULL, sink, ctx);
+            st = model_load_streamed(&c, l, buf, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL, sink, ctx);
             model_ckpt_close(&c);
         }
     } else {

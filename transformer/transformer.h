@@ -509,7 +509,9 @@ typedef zo_status (*tf_block_sink)(void *ctx, int block, const void *buf);
 /* Every block of `l` in turn, from a safetensors checkpoint (`path`: a file,
  * an index or a directory holding every tensor of the model) or, when path
  * is NULL, tf_init_block_weights's from `seed`, handed to sink as fp32: host
- * memory holds one block, whatever the model's size. */
+ * memory holds one block, whatever the model's size. A checkpoint tensor that
+ * is none of the model's (nor a known buffer: model_layout_match_hf) is
+ * ZO_ERR_FORMAT naming it, before any block is read (MODEL_LOAD_STRICT). */
 zo_status tf_load_blocks(const model_layout *l, const char *path, uint64_t seed, tf_block_sink sink, void *ctx);
 /* DeepSeek-V3's router score corrections (tf_model.router_bias), one fp32
  * [experts] tensor a MoE layer, "model.layers.N.mlp.gate.e_score_correction_bias",
