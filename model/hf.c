@@ -26,7 +26,7 @@ const char *model_hf_dtype_name(zo_dtype dt)
 static const char *model_type(const zo_model_config *c)
 {
     static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
-                                      "granite", "cohere", "cohere2"};
+                                      "granite", "cohere", "cohere2", "olmo2"};
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -47,7 +47,8 @@ static const char *llama_class(const char *type)
         {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
         {"phi3", "Phi3ForCausalLM"},       {"gemma", "GemmaForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
         {"gemma3_text", "Gemma3ForCausalLM"}, {"granite", "GraniteForCausalLM"},
-        {"cohere", "CohereForCausalLM"},   {"cohere2", "Cohere2ForCausalLM"}};
+        {"cohere", "CohereForCausalLM"},   {"cohere2", "Cohere2ForCausalLM"},
+        {"olmo2", "Olmo2ForCausalLM"}};
     for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
         if (!strcmp(type, of[i][0])) return of[i][1];
     return "LlamaForCausalLM";

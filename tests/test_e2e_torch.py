@@ -397,6 +397,20 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
+    # OLMo-2: no norm before the attention or the MLP, one on each one's output (before the
+    # residual add), q_norm and k_norm over the whole q (4 x 128) and k (2 x 128) projections
+    # before the heads are split (GQA: k's norm half as wide as q's), norm weights 1 + 0.3 N(0, 1),
+    # OLMo-2-7B's rope_theta and eps, untied
+    "olmo2": dict(
+        seed=81,
+        config={"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "num_hidden_layers": 2,
+                "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "rope_scaling": None,
+                "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=2e-2), qlora=True, qlora_merge=True, resume=True),
 }
 # Granite (GraniteForCausalLM, granite-3.x's kind): LLaMA layers with heads of 64, GQA, tied, and
 # the four multipliers far from 1: the embeddings times 12, the scores times 1/64 (not 1/sqrt(64)),
@@ -1514,9 +1528,10 @@ def check_family(train, name, workdir):
             ck.rel(f"--loss-chunk step {k} loss", cl[k], want_l[k])
             ck.rel(f"--loss-chunk step {k} grad norm", cn[k], want_n[k], slack=5e-5)
         ck.rel("--loss-chunk eval loss", cev, want_ev)
-    if is_moe(c) or c["model_type"] in ("gemma2", "gemma3_text"):
-        # the MoE layer recomputed in backward (its routing redone), Gemma-2's post norms (their
-        # inputs and 1/rms kept by the recompute), and streamed from host memory: the same run
+    if is_moe(c) or c["model_type"] in ("gemma2", "gemma3_text", "olmo2"):
+        # the MoE layer recomputed in backward (its routing redone), Gemma-2's and OLMo-2's post
+        # norms (their inputs and 1/rms kept by the recompute), and streamed from host memory: the
+        # same run
         recomputes = [["--recompute", "full", "--params-on", "cpu", "--checkpoints-on", "cpu"]]
         if not is_moe(c):
             recomputes.append(["--recompute", "ops"])
@@ -1525,7 +1540,7 @@ def check_family(train, name, workdir):
             print(f" recomputed: {rcmd}")
             ck.fact(f"losses, norms and eval loss with {' '.join(flags)} equal the first run's "
                     f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
-    if deepseek(c):
+    if deepseek(c) or spec.get("resume"):
         check_resume(ck, train, d, run, got_l, got_n, got_ev, weights=c["model_type"] != "deepseek_v3")
     if sparse(name):
         check_experts_apart(ck, train, c, params, d, run, (got_l, got_n, got_ev), sdir, shard)

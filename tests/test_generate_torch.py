@@ -241,6 +241,14 @@ FAMILIES["gemma3_text"] = dict(
     FAMILIES["gemma2"], seed=55,
     config=dict(e2e.FAMILIES["gemma3_text"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                 sliding_window=24, eos_token_id=127))
+# OLMo-2: test_e2e_torch's (norms on the attention's and the MLP's outputs alone, q/k norms over
+# the whole projections before RoPE, so the cached keys are normed ones; GQA) with 4 layers
+FAMILIES["olmo2"] = dict(
+    seed=56,
+    config=dict(e2e.FAMILIES["olmo2"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127),
+    lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
+              peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
 
 
 # GPT-NeoX (query_key_value interleaved per head in the file, rotary on a quarter of each 64-wide
