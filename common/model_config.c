@@ -1808,6 +1808,20 @@ static void parse_olmo2(hf *r, zo_model_config *c, const family *f)
     c->layer_norms = 2;
 }
 
+/* OLMo-3 (Olmo3Config): OLMo-2's keys and layers, three of four
+ * (layer_types, or all but every fourth) attending over sliding_window
+ * keys (default 4096; null: none), whose rotary is rope_theta's without
+ * rope_scaling (Olmo3RotaryEmbedding's "default" for the sliding layers:
+ * rope_local_theta), the full layers' with it. */
+static void parse_olmo3(hf *r, zo_model_config *c, const family *f)
+{
+    parse_olmo2(r, c, f);
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(r->root, "sliding_window");
+    if (!(w && cJSON_IsNull(w))) c->sliding_window = hf_int(r, "sliding_window", 4096);
+    hf_window_layers(r, c, 4);
+    c->rope_local_theta = c->rope_theta;
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -1851,6 +1865,10 @@ static const family families[] = {
     {"olmo2", "Olmo2ForCausalLM", parse_olmo2,
      "OLMo-2: LLaMA layers with RMSNorms on the attention's and the MLP's outputs alone (none before), "
      "q/k RMSNorms over the whole projections",
+     0, 0, 0, NULL, 1},
+    {"olmo3", "Olmo3ForCausalLM", parse_olmo3,
+     "OLMo-3: OLMo-2 layers, three of four (layer_types) over a sliding window with rope_theta's rotary "
+     "unscaled, the others global with rope_scaling's",
      0, 0, 0, NULL, 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,

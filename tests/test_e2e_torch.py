@@ -411,6 +411,23 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=2e-2), qlora=True, qlora_merge=True, resume=True),
+    # OLMo-3: OLMo-2's layers, layer 0 sliding over a window of 64 (the sequence is 130) with
+    # rope_theta's rotary unscaled, layer 1 global with yarn's (the pairs past 8 of 64 divided by
+    # 8, cos and sin times the given attention_factor, 2: at OLMo-3's three sliding layers of four,
+    # or at 1.2, no rope_scaling moved the reference's loss by 1e-3; test_planner_families has the
+    # default pattern)
+    "olmo3": dict(
+        seed=82,
+        config={"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "intermediate_size": 256, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "sliding_window": 64,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+                                 "attention_factor": 2.0, "beta_fast": 32.0, "beta_slow": 1.0},
+                "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+        lora=dict(r=4, alpha=8.0, targets="all-linear", lr=2e-2), qlora=True),
 }
 # Granite (GraniteForCausalLM, granite-3.x's kind): LLaMA layers with heads of 64, GQA, tied, and
 # the four multipliers far from 1: the embeddings times 12, the scores times 1/64 (not 1/sqrt(64)),

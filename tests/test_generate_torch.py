@@ -249,6 +249,13 @@ FAMILIES["olmo2"] = dict(
                 eos_token_id=127),
     lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+# OLMo-3: test_e2e_torch's layers, 4 of them without layer_types (Olmo3Config's default: three
+# sliding layers of four, their rotary unscaled, yarn's on the fourth), a window of 24, which the
+# sequences (5 or 11 + 32) pass
+FAMILIES["olmo3"] = dict(
+    FAMILIES["olmo2"], seed=58,
+    config=dict({k: v for k, v in e2e.FAMILIES["olmo3"]["config"].items() if k != "layer_types"},
+                num_hidden_layers=4, max_position_embeddings=128, sliding_window=24, eos_token_id=127))
 
 
 # GPT-NeoX (query_key_value interleaved per head in the file, rotary on a quarter of each 64-wide

@@ -270,6 +270,47 @@ static void test_olmo2_config(void **state)
     expect_named("{\"model_type\": \"olmo2\", \"attention_bias\": true, " SHAPE_ONLY "}", "attention_bias");
 }
 
+/* OLMo-3: OLMo-3-7B's published shape (OLMo-2-7B's but vocab 100278,
+ * 65536 positions, yarn over 8192, a window of 4096 on three layers of
+ * four): OLMo-2's count at its vocabulary, written here; the windowed
+ * layers and their unscaled rotary (rope_local_theta: rope_theta's, no
+ * rope_scaling); Olmo3Config's default pattern without layer_types; a
+ * layer_types off every p-th full layer refused by name. */
+static void test_olmo3_config(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse(
+                         "{\"architectures\": [\"Olmo3ForCausalLM\"], \"model_type\": \"olmo3\", "
+                         "\"hidden_size\": 4096, \"num_hidden_layers\": 8, \"num_attention_heads\": 32, "
+                         "\"num_key_value_heads\": 32, \"intermediate_size\": 11008, \"vocab_size\": 100278, "
+                         "\"max_position_embeddings\": 65536, \"rms_norm_eps\": 1e-6, \"rope_theta\": 500000, "
+                         "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8.0, "
+                         "\"original_max_position_embeddings\": 8192, \"attention_factor\": 1.2079441541679836, "
+                         "\"beta_fast\": 32, \"beta_slow\": 1}, \"sliding_window\": 4096, "
+                         "\"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"sliding_attention\", "
+                         "\"full_attention\", \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", "
+                         "\"full_attention\"], \"tie_word_embeddings\": false}",
+                         "olmo3-7b.json", &c),
+                     ZO_OK);
+    const uint64_t h = 4096, f = 11008, V = 100278;
+    uint64_t layer = 4 * h * h + 2 * h + 2 * h + 3 * h * f; /* (as OLMo-2's, above) */
+    assert_int_equal(zo_model_params(&c), 8 * layer + 2 * V * h + h);
+    assert_true(c.qk_norm_full && c.post_norms_only && c.sliding_window == 4096 && c.window_period == 4);
+    for (int l = 0; l < 8; l++) {
+        assert_int_equal(zo_model_layer_sliding(&c, l), (l + 1) % 4 != 0);
+        assert_int_equal(zo_model_layer_window(&c, l), (l + 1) % 4 ? 4096 : 0);
+    }
+    assert_true(c.rope_local_theta == c.rope_theta && !strcmp(c.rope_scaling, "yarn") && c.rope_factor == 8.0f);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+    /* Olmo3Config's defaults: a window of 4096 on all but every fourth layer */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"olmo3\", " SHAPE_ONLY "}", "d.json", &c), ZO_OK);
+    assert_true(c.sliding_window == 4096 && c.window_period == 4 && c.norm_eps == 1e-5f);
+    expect_named("{\"model_type\": \"olmo3\", \"layer_types\": [\"full_attention\", \"sliding_attention\"], "
+                 SHAPE_ONLY "}",
+                 "layer_types");
+}
+
 /* Phi-3.5-MoE: the preset is its config.json in every field that sizes or
  * computes it but the longrope lists (the config.json's alone: tf_init
  * refuses the preset's, by name); PhimoeConfig's defaults; refusals by name.
@@ -1075,6 +1116,7 @@ int main(void)
         cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
         cmocka_unit_test(test_qwen3_presets),
         cmocka_unit_test(test_olmo2_config),
+        cmocka_unit_test(test_olmo3_config),
         cmocka_unit_test(test_phimoe_config),
         cmocka_unit_test(test_phi_presets),
         cmocka_unit_test(test_gptj_presets),
