@@ -398,13 +398,13 @@ FAMILIES = {
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
     # OLMo-2: no norm before the attention or the MLP, one on each one's output (before the
-    # residual add), q_norm and k_norm over the whole q (4 x 128) and k (2 x 128) projections
+    # residual add), q_norm and k_norm over the whole q (2 x 128) and k (1 x 128) projections
     # before the heads are split (GQA: k's norm half as wide as q's), norm weights 1 + 0.3 N(0, 1),
     # OLMo-2-7B's rope_theta and eps, untied
     "olmo2": dict(
         seed=81,
         config={"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "num_hidden_layers": 2,
-                "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
                 "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
                 "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "rope_scaling": None,
                 "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
