@@ -575,7 +575,7 @@ uint64_t zo_model_router_bias_params(const zo_model_config *c)
 
 const char *zo_moe_shared_name(const zo_model_config *c)
 {
-    return !strncmp(c->family, "deepseek", 8) ? "shared_experts" : "shared_expert";
+    return !strncmp(c->family, "deepseek", 8) || !strcmp(c->family, "glm4_moe") ? "shared_experts" : "shared_expert";
 }
 
 uint64_t zo_moe_capacity(const zo_model_config *c, double factor, uint64_t n)
@@ -742,7 +742,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->moe.router_bias && !c->moe_sigmoid)
         snprintf(lacks, sizeof lacks, "a router score correction on softmax scores");
     else if ((c->moe_group_limited || c->moe_sigmoid || c->moe_routed_scale != 0.0f) &&
-             strncmp(c->family, "deepseek", 8))
+             strncmp(c->family, "deepseek", 8) && strcmp(c->family, "glm4_moe"))
         snprintf(lacks, sizeof lacks, "DeepSeek's routing outside DeepSeek's layers");
     else if (c->mla.kv_rank && c->attn_bias)
         snprintf(lacks, sizeof lacks, "latent attention with biases (attention_bias)");
@@ -978,17 +978,35 @@ static void hf_refuse_unmodelled(hf *r, const char *modelled)
     }
 }
 
-/* An FP8 checkpoint's block size (quantization_config: quant_method "fp8",
- * weight_block_size [rows, columns]; zo_model_config.fp8_block). Other
- * quantization methods are not read here: their weights' dtypes are refused
- * by the loader, by name. */
+/* An FP8 checkpoint's block size and format (quantization_config:
+ * quant_method "fp8", weight_block_size [rows, columns], fmt "e4m3" or
+ * "e5m2"; zo_model_config.fp8_block, fp8_fmt). A block size under another
+ * quant_method is refused (the loader dequantizes "fp8"'s blocks only);
+ * other quantization methods are not read here: their weights' dtypes are
+ * refused by the loader, by name. activation_scheme is not read: it has
+ * no effect on training. */
 static void hf_fp8_block(hf *r, zo_model_config *c)
 {
     const cJSON *q = hf_item(r, "quantization_config");
     if (!cJSON_IsObject(q)) return;
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
-    if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8")) return;
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
+    const char *method = cJSON_IsString(m) ? m->valuestring : NULL;
+    if (!method || strcmp(method, "fp8")) {
+        if (b && !cJSON_IsNull(b))
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "quantization_config",
+                    "\"weight_block_size\" under quant_method \"%.32s\": the loader dequantizes the blocks of "
+                    "quant_method \"fp8\" only", method ? method : "(none)");
+        return;
+    }
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(q, "fmt");
+    const char *f = cJSON_IsString(fmt) ? fmt->valuestring : NULL;
+    if (f && (!strcmp(f, "e4m3") || !strcmp(f, "e5m2")))
+        snprintf(c->fp8_fmt, sizeof c->fp8_fmt, "%s", f);
+    else if (fmt && !cJSON_IsNull(fmt))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "quantization_config",
+                "\"fmt\" \"%.32s\" is not an FP8 format the loader reads (\"e4m3\" or \"e5m2\")",
+                f ? f : "(not a string)");
     if (!b || cJSON_IsNull(b)) return; /* 128 x 128 */
     int ok = cJSON_IsArray(b) && cJSON_GetArraySize(b) == 2;
     for (int i = 0; ok && i < 2; i++) {
@@ -1131,8 +1149,8 @@ static void hf_yarn(hf *sub, zo_model_config *c)
         hf_fail(sub, ZO_ERR_FORMAT, "factor", "must be >= 1 for yarn (got %g)", s);
     else if (!(c->rope_beta_slow > 0.0 && isfinite(c->rope_beta_slow)))
         hf_fail(sub, ZO_ERR_FORMAT, "beta_slow", "must be > 0 (got %g)", c->rope_beta_slow);
-    else if (!(c->rope_beta_fast > c->rope_beta_slow && isfinite(c->rope_beta_fast)))
-        hf_fail(sub, ZO_ERR_FORMAT, "beta_fast", "must exceed beta_slow (got %g and %g)", c->rope_beta_fast,
+    else if (!(c->rope_beta_fast >= c->rope_beta_slow && isfinite(c->rope_beta_fast))) /* (Kimi-K2: 1 and 1) */
+        hf_fail(sub, ZO_ERR_FORMAT, "beta_fast", "must not be below beta_slow (got %g and %g)", c->rope_beta_fast,
                 c->rope_beta_slow);
     else if (!(c->rope_mscale >= 0.0 && isfinite(c->rope_mscale)))
         hf_fail(sub, ZO_ERR_FORMAT, "mscale", "must be >= 0 (got %g)", c->rope_mscale);
@@ -1498,21 +1516,22 @@ static void parse_qwen_moe(hf *r, zo_model_config *c, const family *f)
 }
 
 /* The routing groups of V2's group_limited_greedy and V3's noaux_tc
- * (n_group, topk_group; V3's defaults 8 and 4 as DeepseekV3Config's, V2's
- * required): the groups divide the experts (at most ZO_MOE_MAX_GROUPS, the
- * router's limit), topk_group of them hold at least num_experts_per_tok
- * experts, and V3's groups, scored by their two best keys, have two. */
-static void hf_groups(hf *r, zo_model_config *c, int v3)
+ * (n_group, topk_group; their defaults g_def and kg_def: V3's 8 and 4 as
+ * DeepseekV3Config's, V2's required, GLM-4.5's 1 and 1): the groups divide
+ * the experts (at most ZO_MOE_MAX_GROUPS, the router's limit), topk_group of
+ * them hold at least num_experts_per_tok experts, and V3's groups, scored by
+ * their two best keys, have two. */
+static void hf_groups_of(hf *r, zo_model_config *c, int v3, int g_def, int kg_def)
 {
     const int E = c->moe.experts;
-    int g = hf_int(r, "n_group", v3 ? 8 : REQ), kg = hf_int(r, "topk_group", v3 ? 4 : REQ);
+    int g = hf_int(r, "n_group", g_def), kg = hf_int(r, "topk_group", kg_def);
     if (r->st) return;
     if (g > ZO_MOE_MAX_GROUPS || E % g)
         hf_fail(r, ZO_ERR_FORMAT, "n_group", "%d must divide n_routed_experts %d (and be at most %d)", g, E,
                 ZO_MOE_MAX_GROUPS);
     else if (v3 && E / g < 2)
-        hf_fail(r, ZO_ERR_FORMAT, "n_group", "%d groups of n_routed_experts %d: DeepSeek-V3 scores a group by "
-                "its two best experts (at least 2 a group)", g, E);
+        hf_fail(r, ZO_ERR_FORMAT, "n_group", "%d groups of n_routed_experts %d: %s scores a group by its two "
+                "best experts (at least 2 a group)", g, E, r->type);
     else if (kg > g)
         hf_fail(r, ZO_ERR_FORMAT, "topk_group", "%d must be 1 to n_group %d", kg, g);
     else if (c->moe.top_k > kg * (E / g))
@@ -1522,6 +1541,17 @@ static void hf_groups(hf *r, zo_model_config *c, int v3)
     c->moe_topk_groups = kg;
 }
 
+static void hf_groups(hf *r, zo_model_config *c, int v3) { hf_groups_of(r, c, v3, v3 ? 8 : REQ, v3 ? 4 : REQ); }
+
+/* routed_scaling_factor (> 0; 1 is stored as 0, none) */
+static float hf_routed_scale(hf *r, float def)
+{
+    float rs = hf_float(r, "routed_scaling_factor", def);
+    if (!r->st && !(rs > 0.0f))
+        hf_fail(r, ZO_ERR_FORMAT, "routed_scaling_factor", "must be > 0 (got %g)", (double)rs);
+    return rs == 1.0f ? 0.0f : rs;
+}
+
 /* DeepSeek (MoE), DeepSeek-V2 and -V3: latent attention (V2/V3), dense first
  * layers, shared + routed experts; V3's router has a score correction per
  * expert. V3's multi-token prediction modules (num_nextn_predict_layers) are
@@ -1529,7 +1559,7 @@ static void hf_groups(hf *r, zo_model_config *c, int v3)
 static void parse_deepseek(hf *r, zo_model_config *c, const family *f)
 {
     parse_llama(r, c, f);
-    int v3 = !strcmp(f->type, "deepseek_v3");
+    int v3 = f->arch_name && !strcmp(f->arch_name, "DeepseekV3ForCausalLM"); /* (and its aliases) */
     if (strcmp(f->type, "deepseek")) {
         c->mla.kv_rank = hf_int(r, "kv_lora_rank", 512);
         c->mla.q_rank = hf_int2(r, "q_lora_rank", NULL, 0, 0); /* null: direct */
@@ -1581,15 +1611,55 @@ static void parse_deepseek(hf *r, zo_model_config *c, const family *f)
         c->moe.router_bias = v3;
         c->moe_sigmoid = v3;
         c->moe_group_limited = !v3 && is_str && !strcmp(m->valuestring, "group_limited_greedy");
-        float rs = hf_float(r, "routed_scaling_factor", v3 ? 2.5f : 1.0f);
-        if (!r->st && !(rs > 0.0f))
-            hf_fail(r, ZO_ERR_FORMAT, "routed_scaling_factor", "must be > 0 (got %g)", (double)rs);
-        c->moe_routed_scale = rs == 1.0f ? 0.0f : rs;
+        c->moe_routed_scale = hf_routed_scale(r, v3 ? 2.5f : 1.0f);
         if (v3 || c->moe_group_limited) hf_groups(r, c, v3);
         if (hf_int(r, "moe_layer_freq", 1) != 1)
             hf_fail(r, ZO_ERR_UNSUPPORTED, "moe_layer_freq",
                     "MoE layers every n-th layer are not modelled (only 1)");
     }
+}
+
+/* GLM-4.5, GLM-4.5-Air and GLM-4.6 (Glm4MoeForCausalLM): LLaMA layers with
+ * q, k and v biased where attention_bias (o_proj never), rotary over the
+ * first partial_rotary_factor of each head (0.5; rotate_half's halves, as
+ * GPT-NeoX's and Phi-3's, not interleaved), use_qk_norm's RMSNorm over each
+ * q and k head (Qwen3's), and DeepSeek-V3's MoE layers (transformers' model
+ * is DeepseekV3TopkRouter's): first_k_dense_replace dense layers of
+ * intermediate_size, then n_routed_experts experts of moe_intermediate_size
+ * and n_shared_experts of it as one ungated MLP (mlp.shared_experts), sigmoid
+ * scores chosen with e_score_correction_bias within the best topk_group of
+ * n_group groups, renormalized with norm_topk_prob, times
+ * routed_scaling_factor; no balance loss in training. Glm4MoeConfig's
+ * defaults (GLM-4.5-Air's shape); the multi-token prediction layer
+ * (num_nextn_predict_layers) is not part of the model transformers builds
+ * and is not counted. */
+static void parse_glm4_moe(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->max_seq = hf_int(r, "max_position_embeddings", 131072);
+    c->norm_eps = hf_float(r, "rms_norm_eps", 1e-5f);
+    c->attn_bias = hf_bool(r, "attention_bias", 0);
+    c->qk_norm = hf_bool(r, "use_qk_norm", 0);
+    c->rope_partial = hf_rotary_part(r, "partial_rotary_factor", NULL, 0.5);
+    const int d = c->head_dim ? c->head_dim : c->n_heads > 0 ? c->hidden / c->n_heads : 0;
+    const int rd = c->rope_partial > 0.0 ? (int)(d * c->rope_partial) : d;
+    if (!r->st && (rd < 2 || rd % 2))
+        hf_fail(r, ZO_ERR_FORMAT, "partial_rotary_factor",
+                "%g of head_dim %d rotates %d dimensions (an even number of at least 2 is needed)",
+                c->rope_partial > 0.0 ? c->rope_partial : 1.0, d, rd);
+    c->moe.experts = hf_int(r, "n_routed_experts", 128);
+    c->moe.top_k = hf_int(r, "num_experts_per_tok", 8);
+    c->moe.expert_ffn = hf_int(r, "moe_intermediate_size", 1408);
+    c->moe.shared_ffn =
+        hf_times(r, "n_shared_experts", hf_int2(r, "n_shared_experts", NULL, 0, 1), c->moe.expert_ffn);
+    c->moe.first_dense = hf_int2(r, "first_k_dense_replace", NULL, 0, 1);
+    c->moe.norm_topk = hf_bool(r, "norm_topk_prob", 1);
+    c->moe.router_bias = c->moe_sigmoid = 1;
+    c->moe_routed_scale = hf_routed_scale(r, 1.0f);
+    if (!r->st && c->moe.top_k > c->moe.experts)
+        hf_fail(r, ZO_ERR_FORMAT, "num_experts_per_tok", "%d is more than n_routed_experts %d", c->moe.top_k,
+                c->moe.experts);
+    hf_groups_of(r, c, 1, 1, 1);
 }
 
 /* GPT-NeoX / Pythia: LayerNorm, fused biased qkv, GELU MLP with biases,
@@ -1895,6 +1965,15 @@ static const family families[] = {
     {"deepseek_v3", "DeepseekV3ForCausalLM", parse_deepseek,
      "DeepSeek-V3: V2 layers, sigmoid routing with a score correction per expert (MTP modules "
      "not counted)", 0, 0, 0, DS_KEYS "," MLA_KEYS ",num_nextn_predict_layers", 1},
+    /* an alias: the model_type of a checkpoint of another row's class, read as that row */
+    {"kimi_k2", "DeepseekV3ForCausalLM", parse_deepseek, "Kimi-K2: read as deepseek_v3 (its class)", 0, 0, 0,
+     DS_KEYS "," MLA_KEYS ",num_nextn_predict_layers", 1},
+    {"glm4_moe", "Glm4MoeForCausalLM", parse_glm4_moe,
+     "GLM-4.5 / GLM-4.5-Air / GLM-4.6: LLaMA layers with q/k/v biases, rotary over half of each head, "
+     "use_qk_norm's q/k RMSNorm, dense first layers, DeepSeek-V3's sigmoid routing with a score correction "
+     "per expert and shared experts (MTP modules not counted)", 0, 8, 0,
+     "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace,"
+     "num_nextn_predict_layers,attention_bias,use_qk_norm", 1},
     {"gpt_neox", "GPTNeoXForCausalLM", parse_neox,
      "GPT-NeoX / Pythia: LayerNorm, biased fused qkv and GELU MLP, partial rotary, parallel "
      "residual, untied", 0, 0, 0, "attention_bias", 1},
@@ -1986,6 +2065,14 @@ static const family *family_by_arch(const cJSON *archs)
         if (families[i].arch_name && !strcmp(families[i].arch_name, a->valuestring))
             return &families[i];
     return NULL;
+}
+
+/* The first row of f's class (f itself unless f is an alias: kimi_k2's is deepseek_v3). */
+static const family *family_of_alias(const family *f)
+{
+    for (size_t i = 0; f->arch_name && i < sizeof families / sizeof families[0]; i++)
+        if (families[i].arch_name && !strcmp(families[i].arch_name, f->arch_name)) return &families[i];
+    return f;
 }
 
 static void list_modelled(char *buf, size_t len)
@@ -2133,9 +2220,10 @@ zo_status zo_model_config_parse(const char *json, const char *path, zo_model_con
     hf_fp8_block(&r, &c);
     if ((st = r.st) != ZO_OK) goto out_free_root;
     /* the family as a name the rest of the project uses ("falcon" for its
-     * old types; a multimodal checkpoint's: its text model's, set above) */
+     * old types; an alias's: its class's first row's; a multimodal
+     * checkpoint's: its text model's, set above) */
     if (f->parse != parse_multimodal)
-        snprintf(c.family, sizeof c.family, "%s", f->parse == parse_falcon ? "falcon" : f->type);
+        snprintf(c.family, sizeof c.family, "%s", f->parse == parse_falcon ? "falcon" : family_of_alias(f)->type);
     snprintf(c.name, sizeof c.name, "%.63s", base);
     if ((st = zo_model_config_validate(&c)) != ZO_OK) {
         zo_error_wrap(st, "%s", path);

@@ -204,8 +204,13 @@ typedef struct zo_model_config {
      * Kimi-K2 as published): weight_block_size, the [rows, columns] of the
      * blocks each `_scale_inv` element scales (0: the default 128 x 128). The
      * loader dequantizes such weights as it reads them (model/safetensors.h);
-     * nothing else depends on it: the model trains in its run's dtype. */
+     * nothing else depends on it: the model trains in its run's dtype. fmt,
+     * "e4m3" or "e5m2" ("": not given), the FP8 format its weights must
+     * have (the loader refuses a weight of the other); activation_scheme
+     * (DeepSeek-V3's "dynamic") is accepted and not kept: it says how FP8
+     * inference quantizes activations, and training runs in its dtype. */
     int fp8_block[2];
+    char fp8_fmt[8];
 } zo_model_config;
 
 /* What memplan's reports say of a multimodal checkpoint's model (mm_text):

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h> /* strcasecmp */
 
 #include "model_io.h"   /* defines: model_io_convert_rows */
 #include "safetensors.h"
@@ -251,6 +252,11 @@ static zo_status read_weight(const model_ckpt *c, const model_layout *l, const m
     if (t->hf_fused[0])
         return zo_error(ZO_ERR_UNSUPPORTED, "%s: tensor \"%s\": an FP8 tensor fused across experts cannot be loaded",
                         f->path, e->name);
+    /* (F8_E4M3 or F8_E5M2: the format quantization_config's fmt names) */
+    if (l->cfg.fp8_fmt[0] && strcasecmp(s->dtype_name + 3, l->cfg.fp8_fmt))
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\" is %s but the config's quantization_config \"fmt\" is \"%s\"",
+                        f->path, e->name, s->dtype_name, l->cfg.fp8_fmt);
     int block[2] = {l->cfg.fp8_block[0] ? l->cfg.fp8_block[0] : MODEL_FP8_BLOCK,
                     l->cfg.fp8_block[1] ? l->cfg.fp8_block[1] : MODEL_FP8_BLOCK};
     return model_st_read_fp8(f, s, &c->files[se->file], se->tensor, block, dst, dt, t->hf_transposed);

@@ -587,7 +587,7 @@ static void print_fits(FILE *out, const plan_estimate *e)
 }
 
 /* "verdict: does NOT fit: ..." with each tier that is over, and what fits instead. */
-static void print_does_not_fit(FILE *out, const plan_train *t, const plan_estimate *e,
+static void print_does_not_fit(FILE *out, const zo_model_config *m, const plan_train *t, const plan_estimate *e,
                                const plan_suggestions *sg)
 {
     fprintf(out, "verdict: does NOT fit:");
@@ -603,6 +603,10 @@ static void print_does_not_fit(FILE *out, const plan_train *t, const plan_estima
     fprintf(out, "\n");
     if (sg && sg->n)
         print_suggestions(out, sg);
+    else if (m->params_override) /* (suggest.c's gen_peft: no layers to adapt) */
+        fprintf(out, "         no offload setting alone makes it fit (LoRA and QLoRA not tried: their adapters "
+                     "need the model's layers, --model rather than --params): add GPUs (--dp/--tp/--pp with "
+                     "--zero) or shorten --seq / --micro-batch\n");
     else
         fprintf(out, "         no offload setting%s alone makes it fit: add GPUs (--dp/--tp/--pp "
                      "with --zero) or shorten --seq / --micro-batch\n",
@@ -625,6 +629,6 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                      "shape or a config.json)\n");
     fprintf(out, "\n");
     if (e->fits) print_fits(out, e);
-    else print_does_not_fit(out, t, e, sg);
+    else print_does_not_fit(out, m, t, e, sg);
     if (pt) plan_report_time_table(out, pt);
 }

@@ -209,10 +209,13 @@ static int gen_peft(const zo_model_config *m, const plan_train *t, zo_plan_metho
                     plan_train *c, char *what, size_t len)
 {
     if (i >= N_PEFT_LADDER) return -1;
-    /* QLoRA for full fine-tuning or LoRA; LoRA for full fine-tuning */
-    if (t->method >= method || m->params_override || m->mla.kv_rank ||
-        (m->moe.experts && (m->moe.first_dense || m->moe.shared_gate || m->moe.router_bias)))
-        return -1;
+    /* QLoRA for full fine-tuning or LoRA; LoRA for full fine-tuning. Every
+     * model memplan knows the layers of takes adapters (latent attention's
+     * five projections, a dense-first mixture of experts, a shared expert's
+     * gate or a router's score correction: frozen, never targets); a model
+     * known only by its size (--params N) has no layers to adapt, which
+     * plan_peft_validate refuses */
+    if (t->method >= method || m->params_override) return -1;
     *c = *t;
     c->method = method;
     if (t->method == ZO_PLAN_FULL)

@@ -75,6 +75,10 @@ DeepSeek-V3 also as its checkpoints are published: the same weights written with
 layer's weight F8_E4M3 and its F32 weight_scale_inv (128 x 128 blocks, cut at the edges;
 quantization_config fp8); train's first loss is the reference's on the weights decoded here (from
 the OCP spec) from the same bytes, times their scales.
+GLM-4.5 (glm4_moe, glm4_moe_qk): the reference's attention is written here from Glm4MoeAttention
+(q/k/v biases, use_qk_norm's per-head RMSNorm, rotate_half over the first partial_rotary_factor of
+each head and the rest passed through), its MoE layers V3's router (deepseek_route); the test checks
+that the rotary over the whole head, and the q/k norms left out, each move the reference's loss.
 
 Losses agree to a relative 1e-4 (train in fp32, PyTorch in float64); the
 gradient norm, printed with 4 decimals, to 1e-4 relative plus the rounding.
@@ -661,6 +665,28 @@ FAMILIES["qwen2_moe_sparse"] = dict(
     lora=dict(r=4, alpha=16.0, targets="all-linear", lr=3e-3))
 
 
+# GLM-4.5-Air's kind (Glm4MoeForCausalLM, small): a dense first layer, then DeepSeek-V3's router as
+# deepseek_v3's (8 experts in 4 groups keep 2, top 2, sigmoid, a random correction that changes the
+# choice, renormalized, times 2.5) and one shared expert; attention as Glm4MoeAttention: GQA at head
+# 128, q/k/v biased (o_proj not), rotary over the first half of each head with rotate_half's halves
+# (GPT-NeoX's apply_rotary_pos_emb), the other half passed through
+FAMILIES["glm4_moe"] = dict(
+    seed=98, gain={"mlp.gate.weight": 2.0, "e_score_correction_bias": 1.5},
+    config={"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_hidden_layers": 3,
+            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+            "partial_rotary_factor": 0.5, "attention_bias": True, "use_qk_norm": False,
+            "intermediate_size": 160, "moe_intermediate_size": 48, "n_routed_experts": 8, "n_shared_experts": 1,
+            "num_experts_per_tok": 2, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
+            "norm_topk_prob": True, "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1,
+            "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=70, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+    lora=dict(r=4, alpha=16.0, targets="all-linear", lr=1e-3))
+# with use_qk_norm (GLM-4.5's): an RMSNorm over each q and k head before the rotary
+FAMILIES["glm4_moe_qk"] = dict(
+    FAMILIES["glm4_moe"], seed=98, config=dict(FAMILIES["glm4_moe"]["config"], use_qk_norm=True))
+
+
 def sparse(name):
     """A family whose data leaves some experts without tokens in some steps (the others must not)."""
     return name.endswith("_sparse")
@@ -670,12 +696,22 @@ def sparse(name):
 
 def is_moe(c):
     return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3",
-                               "granitemoe",
+                               "glm4_moe", "granitemoe",
                                "phimoe")
 
 
 def deepseek(c):
-    return c["model_type"] in ("deepseek", "deepseek_v2", "deepseek_v3")
+    """DeepSeek's MoE layers: dense first layers, ungated shared experts (GLM-4.5's are V3's)."""
+    return c["model_type"] in ("deepseek", "deepseek_v2", "deepseek_v3", "glm4_moe")
+
+
+def v3_router(c):
+    """DeepSeek-V3's router (transformers' DeepseekV3TopkRouter): V3's and GLM-4.5's."""
+    return c["model_type"] in ("deepseek_v3", "glm4_moe")
+
+
+def glm(c):
+    return c["model_type"] == "glm4_moe"
 
 
 def buffer(name):
@@ -733,7 +769,7 @@ def moe_params(c, g):
             continue
         m = f"model.layers.{l}.{pre}"
         p[m + "gate.weight"] = torch.randn(E, h, generator=g) / math.sqrt(h)
-        if c["model_type"] == "deepseek_v3":
+        if v3_router(c):
             p[m + "gate.e_score_correction_bias"] = BIAS_STD[0] * torch.randn(E, generator=g)
         for e in range(E):
             p[f"{m}experts.{e}.{wg}.weight"] = 0.2 * torch.randn(f, h, generator=g) / math.sqrt(h) * 5
@@ -746,6 +782,16 @@ def moe_params(c, g):
             p[se + "down_proj.weight"] = 0.75 * torch.randn(h, fs, generator=g) / math.sqrt(fs)
             if not deepseek(c):
                 p[m + "shared_expert_gate.weight"] = torch.randn(1, h, generator=g) / math.sqrt(h)
+    if glm(c):  # q, k and v's biases (o_proj has none); use_qk_norm's weights, one of head_dim each
+        nh, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], mf.head_dim(c)
+        for l in range(c["num_hidden_layers"]):
+            pre = f"model.layers.{l}.self_attn."
+            for name, n in (("q_proj", nh * d), ("k_proj", nkv * d), ("v_proj", nkv * d)):
+                p[pre + name + ".bias"] = 0.05 * torch.randn(n, generator=g)
+            if c.get("use_qk_norm"):  # (their own draws: the rest as without them)
+                gq = torch.Generator().manual_seed(1000 + l)
+                p[pre + "q_norm.weight"] = 1 + 0.2 * torch.randn(d, generator=gq)
+                p[pre + "k_norm.weight"] = 1 + 0.2 * torch.randn(d, generator=gq)
     if c["model_type"] == "phimoe":  # the norms' biases, q, k, v and o's, the output layer's
         nh, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], mf.head_dim(c)
         for l in range(c["num_hidden_layers"]):
@@ -843,7 +889,7 @@ def deepseek_choice(c, scores, bias):
     sum, the others' keys -inf. MIN_GAP notes the smallest relative gap at the k-th key and at the
     topk_group-th group."""
     E, k, _, _ = moe_shape(c)
-    v3 = c["model_type"] == "deepseek_v3"
+    v3 = v3_router(c)
     with torch.no_grad():
         keys = scores + bias if v3 else scores
         if v3 or c.get("topk_method") == "group_limited_greedy":
@@ -871,7 +917,7 @@ def deepseek_route(c, logits, bias):
     and top_k > 1, else times routed_scaling_factor (one or the other); V3: s = the sigmoid, divided
     likewise when norm_topk_prob (any top_k), then times routed_scaling_factor."""
     k = moe_shape(c)[1]
-    v3 = c["model_type"] == "deepseek_v3"
+    v3 = v3_router(c)
     scores = torch.sigmoid(logits) if v3 else torch.softmax(logits, dim=-1)
     sel = deepseek_choice(c, scores, bias)
     w = scores.gather(1, sel)
@@ -919,6 +965,35 @@ def note_routing(logits, sel, k):
         ROUTED[0].append(len(set(sel.flatten().tolist())))
 
 
+def glm_rotary_dim(c):
+    """Glm4MoeRotaryEmbedding's size: int(head_dim x partial_rotary_factor) (the default rope's dim)."""
+    return int(mf.head_dim(c) * c.get("partial_rotary_factor", 0.5))
+
+
+def glm_attention_qkv(c, p, pre, a, lin, cos, sin):
+    """Glm4MoeAttention's q, k, v [b, heads, t, d] after the rotary: the projections with their
+    biases, with use_qk_norm an RMSNorm over each q and k head, then apply_rotary_pos_emb as
+    GPT-NeoX's: cos and sin as wide as the rotary part, rotate_half over that part's two halves, the
+    rest of each head passed through."""
+    b, t, _ = a.shape
+    nh, nkv, d, eps = c["num_attention_heads"], c["num_key_value_heads"], mf.head_dim(c), c["rms_norm_eps"]
+    q = lin(a, pre + "self_attn.q_proj").view(b, t, nh, d)
+    k = lin(a, pre + "self_attn.k_proj").view(b, t, nkv, d)
+    v = lin(a, pre + "self_attn.v_proj").view(b, t, nkv, d)
+    if c.get("use_qk_norm"):
+        q = mf.rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps)
+        k = mf.rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    rd = cos.shape[-1]
+
+    def turn(x):
+        x_rot, x_pass = x[..., :rd], x[..., rd:]
+        half = rd // 2
+        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+        return torch.cat((x_rot * cos + rotated * sin, x_pass), dim=-1)
+    return turn(q), turn(k), v
+
+
 def moe_forward(c, p, idx):
     """mf.llama_forward's layers with the MoE MLP; the logits and every layer's router logits.
     Granite-MoE: make_fixtures' granitemoe_forward (its fused experts, its multipliers)."""
@@ -932,7 +1007,8 @@ def moe_forward(c, p, idx):
     d, eps = c["qk_rope_head_dim"] if mla(c) else mf.head_dim(c), c["rms_norm_eps"]
     b, t = idx.shape
     phimoe = c["model_type"] == "phimoe"
-    inv_freq, att = phimoe_rope(c, d, t) if phimoe else (mf.rope_inv_freq(c, d), mf.rope_attention_scaling(c))
+    rd = glm_rotary_dim(c) if glm(c) else d  # (GLM-4.5: the rotated part of each head)
+    inv_freq, att = phimoe_rope(c, d, t) if phimoe else (mf.rope_inv_freq(c, rd), mf.rope_attention_scaling(c))
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     x = p["model.embed_tokens.weight"][idx]
@@ -950,6 +1026,10 @@ def moe_forward(c, p, idx):
         a = norm(x, pre + "input_layernorm")
         if mla(c):
             x = x + mf.mla_attention(c, p, pre + "self_attn.", a)
+        elif glm(c):
+            q, k, v = glm_attention_qkv(c, p, pre, a, lin, cos, sin)
+            y = mf.causal_attention(q, k, v, window).transpose(1, 2).reshape(b, t, nh * d)
+            x = x + lin(y, pre + "self_attn.o_proj")
         else:
             q, k, v = mf.attention_qkv(c, p, pre, a, lin)
             q = q * cos + mf.rotate_half(q) * sin
@@ -1021,7 +1101,7 @@ def moe_loss(c, p, x, y):
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
     if deepseek(c):
         # (transformers' DeepseekV3 computes no balance loss, whatever aux_loss_alpha says)
-        if c["model_type"] != "deepseek_v3" and c.get("aux_loss_alpha", 0.001) > 0 and torch.is_grad_enabled():
+        if not v3_router(c) and c.get("aux_loss_alpha", 0.001) > 0 and torch.is_grad_enabled():
             aux = sum(deepseek_aux_loss(c, r, x.shape[0], x.shape[1]) for r in routers)
             loss = loss + (aux - aux.detach())
         return loss
@@ -1416,7 +1496,7 @@ def check_family(train, name, workdir):
     with open(os.path.join(d, "model", "config.json"), "w") as f:
         json.dump(c, f, indent=1)
     extra = mf.gpt2_buffers(c) if gpt else neox_buffers(c) if c["model_type"] == "gpt_neox" else \
-        gptj_buffers(c) if c["model_type"] == "gptj" else mtp_layer(c, g) if c["model_type"] == "deepseek_v3" else []
+        gptj_buffers(c) if c["model_type"] == "gptj" else mtp_layer(c, g) if v3_router(c) else []
     mf.write_safetensors(os.path.join(d, "model", "model.safetensors"), list(params.items()) + extra)
     write_tokens(os.path.join(d, "train.bin"), data)
     write_tokens(os.path.join(d, "eval.bin"), eval_data)
@@ -1452,6 +1532,10 @@ def check_family(train, name, workdir):
     if c["model_type"] == "phimoe":  # Phi-3.5-MoE's router threshold; one mscale for both lengths
         variants["phimoe"] = {"router_jitter_noise": 0.01,
                               "rope_scaling": dict(c["rope_scaling"], long_mscale=c["rope_scaling"]["short_mscale"])}
+    if glm(c):  # the rotary over every dimension of each head; the q/k norms left out
+        variants["glm4_moe"] = {"partial_rotary_factor": 1.0}
+        if c.get("use_qk_norm"):
+            variants["glm4_moe"]["use_qk_norm"] = False
     if c["model_type"] == "cohere2":  # the logits unscaled; every layer sliding (the global one turned)
         variants["cohere2"] = {"logit_scale": 1.0, "sliding_window_pattern": c["num_hidden_layers"] + 1}
     if c["model_type"] == "cohere2":  # the window one key wider, one narrower
@@ -1490,11 +1574,11 @@ def check_family(train, name, workdir):
             changed = micro_loss(dict(c, rope_scaling=other), params, data, run, 0).item()
         ck.fact(f"without the softmax's mscale the reference's loss moves ({given:.6f} -> {changed:.6f})",
                 abs(changed - given) > 10 * REL * given)
-    if c["model_type"] == "deepseek_v3" or c.get("topk_method") == "group_limited_greedy":
+    if v3_router(c) or c.get("topk_method") == "group_limited_greedy":
         # the routing's parts count: routed_scaling_factor, the groups (all kept), V3's score correction
         others = [("routed_scaling_factor 1", dict(c, routed_scaling_factor=1.0), params),
                   ("every group kept", dict(c, topk_group=c["n_group"]), params)]
-        if c["model_type"] == "deepseek_v3":
+        if v3_router(c):
             others.append(("e_score_correction_bias zero", c,
                            {k: torch.zeros_like(v) if buffer(k) else v for k, v in params.items()}))
         keep = MIN_GAP[0]  # (the variants' choices are not the runs')
@@ -1505,7 +1589,7 @@ def check_family(train, name, workdir):
             ck.fact(f"with {what} the reference's loss moves ({given:.6f} -> {changed:.6f})",
                     abs(changed - given) > 10 * REL * given)
         MIN_GAP[0] = keep
-    if deepseek(c) and c["model_type"] != "deepseek_v3":
+    if deepseek(c) and not v3_router(c):
         # the balance loss is in the gradient only: the first micro-batch's gradient norm moves without it
         def grad_norm(cc):
             q = {k: v.clone().requires_grad_(True) for k, v in params.items()}
@@ -1558,7 +1642,7 @@ def check_family(train, name, workdir):
             ck.fact(f"losses, norms and eval loss with {' '.join(flags)} equal the first run's "
                     f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
     if deepseek(c) or spec.get("resume"):
-        check_resume(ck, train, d, run, got_l, got_n, got_ev, weights=c["model_type"] != "deepseek_v3")
+        check_resume(ck, train, d, run, got_l, got_n, got_ev, weights=not v3_router(c))
     if sparse(name):
         check_experts_apart(ck, train, c, params, d, run, (got_l, got_n, got_ev), sdir, shard)
         # the untouched experts in each optimizer shard: the device's, and half of it on NVMe

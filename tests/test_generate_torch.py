@@ -235,6 +235,16 @@ FAMILIES["deepseek_v3"] = dict(
     FAMILIES["deepseek_v2"], seed=63, lora=dict(r=4, alpha=16.0, targets="all-linear"),
     config=dict(e2e.FAMILIES["deepseek_v3"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                 eos_token_id=127))
+# GLM-4.5: test_e2e_torch's (GQA at head 128, q/k/v biased, half of each head rotated, a dense first
+# layer, V3's router in 4 groups keep 2 with a random correction, scale 2.5, one shared expert) with 4
+# layers; and with use_qk_norm. Adapters on every linear layer but the router
+FAMILIES["glm4_moe"] = dict(
+    seed=68, moe=True, lora=dict(r=4, alpha=16.0, targets="all-linear"),
+    config=dict(e2e.FAMILIES["glm4_moe"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127))
+FAMILIES["glm4_moe_qk"] = dict(
+    FAMILIES["glm4_moe"], seed=71, lora=None,
+    config=dict(FAMILIES["glm4_moe"]["config"], use_qk_norm=True))
 # Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000), layer 2
 # global (rope_theta 1e6, linear rope_scaling 8)
 FAMILIES["gemma3_text"] = dict(
@@ -625,7 +635,7 @@ def check_family(gen, name, workdir):
         check_cache_bytes(ck, gen, c, d, prompts)
     if moe:
         check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes)
-        if spec["lora"] is None:  # (latent attention: LoRA refused by name; phimoe_cross: phimoe's)
+        if spec["lora"] is None:  # (latent attention: LoRA refused by name; phimoe_cross: phimoe's; glm4_moe_qk: glm4_moe's)
             return ck.failed
         return ck.failed + check_moe_adapters(gen, c, params, spec["lora"], d, prompts, want, g)
     # adapters over the base, and over an NF4 base

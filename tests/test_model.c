@@ -1877,7 +1877,7 @@ static void test_yarn_config(void **state)
         const char *fields, *field;
     } bad[] = {
         {", \"factor\": 0.5", "factor"},
-        {", \"factor\": 4.0, \"beta_fast\": 1.0, \"beta_slow\": 1.0", "beta_fast"},
+        {", \"factor\": 4.0, \"beta_fast\": 1.0, \"beta_slow\": 2.0", "beta_fast"},
         {", \"factor\": 4.0, \"beta_slow\": 0", "beta_slow"},
         {", \"factor\": 4.0, \"beta_fast\": \"32\"", "beta_fast"},
         {", \"factor\": 4.0, \"truncate\": 1", "truncate"},

@@ -567,7 +567,7 @@ static void test_fp8_every_code(void **state)
     "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":136,\"num_attention_heads\":2,"   \
     "\"num_key_value_heads\":2,\"intermediate_size\":200,\"vocab_size\":16,"                             \
     "\"max_position_embeddings\":64,\"rms_norm_eps\":1e-06,\"tie_word_embeddings\":false,"               \
-    "\"quantization_config\":{\"activation_scheme\":\"dynamic\",\"fmt\":\"e4m3\",\"quant_method\":\"fp8\"," \
+    "\"quantization_config\":{\"activation_scheme\":\"dynamic\",\"fmt\":%s,\"quant_method\":\"fp8\"," \
     "\"weight_block_size\":%s}}"
 
 typedef struct fp8_model {
@@ -638,13 +638,29 @@ static void fp8_model_write(const fp8_model *m, const char *dir, int skip)
     spit(path, index, strlen(index));
 }
 
-static void fp8_layout(model_layout *l, const char *block)
+/* fp8_model_build's model of l (128 x 128 blocks) written into the new
+ * folder `name` of the tests' temporary directory, its path in dir. */
+static void fp8_model_at(fp8_model *m, const model_layout *l, const char *name, char dir[512])
+{
+    fp8_model_build(m, l, 128, 128);
+    tmp_path(dir, 512, name);
+    mkdir(dir, 0755);
+    fp8_model_write(m, dir, -1);
+}
+
+/* FP8_CFG with fmt (a JSON value) and weight_block_size `block`, laid out. */
+static void fp8_layout_fmt(model_layout *l, const char *fmt, const char *block)
 {
     char json[1024];
-    snprintf(json, sizeof json, FP8_CFG, block);
+    snprintf(json, sizeof json, FP8_CFG, fmt, block);
     zo_model_config cfg;
     if (zo_model_config_parse(json, "config.json", &cfg)) fail_msg("%s", zo_last_error());
     if (model_layout_init(l, &cfg)) fail_msg("%s", zo_last_error());
+}
+
+static void fp8_layout(model_layout *l, const char *block)
+{
+    fp8_layout_fmt(l, "\"e4m3\"", block);
 }
 
 static void test_fp8_sharded_load(void **state)
@@ -653,11 +669,8 @@ static void test_fp8_sharded_load(void **state)
     model_layout l;
     fp8_layout(&l, "[128, 128]");
     fp8_model m;
-    fp8_model_build(&m, &l, 128, 128);
     char dir[512];
-    tmp_path(dir, sizeof dir, "fp8");
-    mkdir(dir, 0755);
-    fp8_model_write(&m, dir, -1);
+    fp8_model_at(&m, &l, "fp8", dir);
     int n_fp8 = 0;
     for (int i = 0; i < m.n; i++) n_fp8 += m.fp8[i];
     assert_int_equal(n_fp8, 7); /* q, k, v, o, gate, up, down */
@@ -727,13 +740,82 @@ static void test_fp8_sharded_load(void **state)
     const char *bad[] = {"[128]", "[128, 0]", "[128, 1.5]", "\"128\"", "[128, 128, 1]"};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         char json[1024];
-        snprintf(json, sizeof json, FP8_CFG, bad[k]);
+        snprintf(json, sizeof json, FP8_CFG, "\"e4m3\"", bad[k]);
         zo_model_config cfg;
         const char *words[] = {"config.json", "quantization_config", "weight_block_size"};
         expect_error(zo_model_config_parse(json, "config.json", &cfg), ZO_ERR_FORMAT, words, 3);
     }
     fp8_model_free(&m);
     model_layout_free(&l);
+}
+
+/* quantization_config's fields the loader cannot honour, refused by name:
+ * weight_block_size under a quant_method other than "fp8" (or none), an
+ * fmt other than "e4m3" and "e5m2"; and at load, an FP8 weight of the
+ * other format than fmt's (either way). activation_scheme's values are
+ * accepted (training runs in its dtype), an fmt of e5m2 kept. */
+static void test_fp8_config_fields(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *qc, *field, *says;
+    } bad[] = {
+        {"{\"quant_method\":\"gptq\",\"weight_block_size\":[128,128]}", "weight_block_size", "\"gptq\""},
+        {"{\"quant_method\":\"fbgemm_fp8\",\"fmt\":\"e4m3\",\"weight_block_size\":[128,128]}",
+         "weight_block_size", "\"fbgemm_fp8\""},
+        {"{\"weight_block_size\":[128,128]}", "weight_block_size", "(none)"},
+        {"{\"quant_method\":\"fp8\",\"fmt\":\"e3m4\",\"weight_block_size\":[128,128]}", "\"fmt\"", "\"e3m4\""},
+        {"{\"quant_method\":\"fp8\",\"fmt\":\"E4M3\"}", "\"fmt\"", "\"E4M3\""},
+        {"{\"quant_method\":\"fp8\",\"fmt\":8}", "\"fmt\"", "not a string"},
+    };
+    const char *head = "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":136,"
+                       "\"num_attention_heads\":2,\"intermediate_size\":200,\"vocab_size\":16,"
+                       "\"quantization_config\":";
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char json[1024];
+        snprintf(json, sizeof json, "%s%s}", head, bad[k].qc);
+        zo_model_config cfg;
+        const char *words[] = {"config.json", "field \"quantization_config\"", bad[k].field, bad[k].says};
+        expect_error(zo_model_config_parse(json, "config.json", &cfg), ZO_ERR_UNSUPPORTED, words, 4);
+    }
+    static const struct {
+        const char *qc, *fmt;
+    } good[] = {
+        {"{\"quant_method\":\"fp8\",\"fmt\":\"e5m2\",\"activation_scheme\":\"static\"}", "e5m2"},
+        {"{\"quant_method\":\"fp8\",\"activation_scheme\":\"dynamic\",\"weight_block_size\":[64,64]}", ""},
+        {"{\"quant_method\":\"fp8\",\"fmt\":null,\"activation_scheme\":\"per-tensor\"}", ""},
+        {"{\"quant_method\":\"gptq\",\"bits\":4}", ""}, /* (not read: the loader refuses its dtypes) */
+    };
+    for (size_t k = 0; k < sizeof good / sizeof good[0]; k++) {
+        char json[1024];
+        snprintf(json, sizeof json, "%s%s}", head, good[k].qc);
+        zo_model_config cfg;
+        if (zo_model_config_parse(json, "config.json", &cfg)) fail_msg("%s: %s", good[k].qc, zo_last_error());
+        assert_string_equal(cfg.fp8_fmt, good[k].fmt);
+    }
+    /* at load: E4M3 weights under fmt "e5m2"; one E5M2 weight under "e4m3" */
+    model_layout l4, l5;
+    fp8_layout(&l4, "[128, 128]");
+    fp8_layout_fmt(&l5, "\"e5m2\"", "[128, 128]");
+    fp8_model m;
+    char dir[512];
+    fp8_model_at(&m, &l4, "fp8fmt", dir);
+    void **blocks = alloc_blocks(&l4, ZO_DTYPE_BF16);
+    if (model_load_path(dir, &l4, blocks, ZO_DTYPE_BF16, MODEL_LOAD_STRICT, NULL)) fail_msg("%s", zo_last_error());
+    int q = 0;
+    while (!m.fp8[q]) q++;
+    const char *e5_words[] = {"model-00001-of-00002", m.in[q].name, "F8_E4M3", "\"fmt\" is \"e5m2\""};
+    expect_error(model_load_path(dir, &l5, blocks, ZO_DTYPE_BF16, 0, NULL), ZO_ERR_FORMAT, e5_words, 4);
+    int last = m.n - 1;
+    while (!m.fp8[last]) last--;
+    m.in[last].dtype = "F8_E5M2";
+    fp8_model_write(&m, dir, -1);
+    const char *e4_words[] = {"model-00001-of-00002", m.in[last].name, "F8_E5M2", "\"fmt\" is \"e4m3\""};
+    expect_error(model_load_path(dir, &l4, blocks, ZO_DTYPE_BF16, 0, NULL), ZO_ERR_FORMAT, e4_words, 4);
+    free_blocks(&l4, blocks);
+    fp8_model_free(&m);
+    model_layout_free(&l4);
+    model_layout_free(&l5);
 }
 
 /* A failing fill leaves the old file in place and no temporary behind. */
@@ -1286,6 +1368,7 @@ int main(void)
         cmocka_unit_test(test_fp8_dequant_shapes),
         cmocka_unit_test(test_fp8_every_code),
         cmocka_unit_test(test_fp8_sharded_load),
+        cmocka_unit_test(test_fp8_config_fields),
         cmocka_unit_test(test_st_write_atomic),
         cmocka_unit_test(test_st_truncated_after_open),
         cmocka_unit_test(test_load_gpt2_fixture),

@@ -1110,6 +1110,177 @@ static void test_deepseek_routing(void **state)
     assert_int_equal(zo_model_config_runtime_check(&v3), ZO_OK);
 }
 
+/* Kimi-K2's config.json from its published numbers (model_type kimi_k2,
+ * DeepSeek-V3's class), `type` and `archs` in place of its own. */
+static void kimi_k2_json(char *out, size_t cap, const char *type, const char *archs)
+{
+    snprintf(out, cap,
+             "{%s\"model_type\": \"%s\", \"num_hidden_layers\": 61, \"hidden_size\": 7168, "
+             "\"intermediate_size\": 18432, \"moe_intermediate_size\": 2048, \"num_attention_heads\": 64, "
+             "\"num_key_value_heads\": 64, \"n_routed_experts\": 384, \"n_shared_experts\": 1, "
+             "\"num_experts_per_tok\": 8, \"n_group\": 1, \"topk_group\": 1, \"routed_scaling_factor\": 2.827, "
+             "\"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"q_lora_rank\": 1536, \"kv_lora_rank\": 512, "
+             "\"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"vocab_size\": 163840, "
+             "\"max_position_embeddings\": 131072, \"norm_topk_prob\": true, \"scoring_func\": \"sigmoid\", "
+             "\"topk_method\": \"noaux_tc\", \"num_nextn_predict_layers\": 0, \"rope_theta\": 50000.0, "
+             "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 32.0, \"original_max_position_embeddings\": 4096, "
+             "\"beta_fast\": 1.0, \"beta_slow\": 1.0, \"mscale\": 1.0, \"mscale_all_dim\": 1.0}, "
+             "\"rms_norm_eps\": 1e-06, \"tie_word_embeddings\": false, \"aux_loss_alpha\": 0.001, "
+             "\"quantization_config\": {\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+             "\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}}",
+             archs, type);
+}
+
+/* Kimi-K2 (model_type kimi_k2, DeepseekV3ForCausalLM) is DeepSeek-V3's
+ * model: its config read under kimi_k2 (with its class and without one)
+ * and under deepseek_v3 gives the same family, shape, latent attention and
+ * router, the same counts (by hand: 2 x 163840 x 7168 embeddings and head,
+ * 61 layers of attention q_a 7168 x 1536, q_b 1536 x 64 x 192, kv_a 7168 x
+ * 576, kv_b 512 x 64 x 256, o 8192 x 7168 and their norms, one dense MLP
+ * 3 x 7168 x 18432, 60 MoE layers of 384 experts and a shared one 3 x 7168
+ * x 2048, a router and its correction; active less 376 experts a layer),
+ * and the same memplan report (QLoRA on one H200: the adapters too); the
+ * runtime takes it. */
+static void test_kimi_k2_alias(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *type, *archs;
+    } as[] = {{"kimi_k2", "\"architectures\": [\"DeepseekV3ForCausalLM\"], "},
+              {"kimi_k2", ""},
+              {"deepseek_v3", "\"architectures\": [\"DeepseekV3ForCausalLM\"], "}};
+    const uint64_t h = 7168, V = 163840, H = 64, E = 384, fe = 2048;
+    const uint64_t attn = h * 1536 + 1536 + 1536 * H * 192 + h * 576 + 512 + 512 * H * 256 + H * 128 * h + 2 * h;
+    const uint64_t moe = E * h + E + (E + 1) * 3 * h * fe;
+    const uint64_t total = 2 * V * h + h + 61 * attn + 3 * h * 18432 + 60 * moe;
+    const uint64_t active = total - (E - 8) * 3 * h * fe * 60;
+    assert_true(total == 1026408232448ull && active == 32861500928ull); /* (the figures memplan prints: 1.03T, 32.86B) */
+    zo_model_config c[3];
+    char *report[3];
+    for (int i = 0; i < 3; i++) {
+        char json[4096], path[256], args[512];
+        kimi_k2_json(json, sizeof json, as[i].type, as[i].archs);
+        if (zo_model_config_parse(json, "config.json", &c[i])) fail_msg("%s: %s", as[i].type, zo_last_error());
+        assert_string_equal(c[i].family, "deepseek_v3");
+        zo_param_counts pc;
+        zo_model_param_counts(&c[i], &pc);
+        if (pc.total != total || pc.active != active)
+            fail_msg("%s: total %llu active %llu, want %llu and %llu", as[i].type, (unsigned long long)pc.total,
+                     (unsigned long long)pc.active, (unsigned long long)total, (unsigned long long)active);
+        assert_true(c[i].mla.q_rank == 1536 && c[i].mla.kv_rank == 512 && c[i].moe.first_dense == 1);
+        assert_true(c[i].moe_sigmoid && c[i].moe.router_bias && c[i].moe.norm_topk && !c[i].moe.aux_loss);
+        assert_true(c[i].moe_groups == 1 && c[i].moe_topk_groups == 1 && c[i].moe_routed_scale == 2.827f);
+        assert_string_equal(c[i].fp8_fmt, "e4m3");
+        assert_int_equal(zo_model_config_runtime_check(&c[i]), ZO_OK);
+        if (i && shape_differs(&c[0], &c[i])) fail_msg("%s: another shape than kimi_k2's", as[i].type);
+        assert_true(!strcmp(c[i].rope_scaling, c[0].rope_scaling) && c[i].rope_factor == c[0].rope_factor &&
+                    c[i].rope_beta_fast == c[0].rope_beta_fast && c[i].rope_mscale == c[0].rope_mscale);
+        /* memplan's report of it, the model's name left out */
+        snprintf(path, sizeof path, "/tmp/zo_test_kimi_%d_%d.json", (int)getpid(), i);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(json, f);
+        fclose(f);
+        snprintf(args, sizeof args, "estimate --model %s --gpu h200 --cpu-mem 2TB --seq 4096 --lora 16 --qlora --params cpu "
+                 "--recompute full --optimizer cpu --grads cpu", path);
+        cJSON *doc = run_memplan_json(args, 0);
+        remove(path);
+        cJSON_DeleteItemFromObject(cJSON_GetObjectItemCaseSensitive(doc, "model"), "name");
+        report[i] = cJSON_PrintUnformatted(doc);
+        cJSON_Delete(doc);
+        if (i) assert_string_equal(report[i], report[0]);
+    }
+    for (int i = 0; i < 3; i++) free(report[i]);
+}
+
+/* GLM-4.5-Air (zai-org/GLM-4.5-Air's config.json, its published numbers:
+ * 106B total, 12B active): 46 layers, the first dense, 128 experts of 1408
+ * (top 8) and one shared, q/k/v biased, half of each head rotated. The
+ * count is by hand below, term by term (not memplan's formula): the
+ * correction buffers counted as the checkpoint holds them (V3's kind), the
+ * multi-token prediction layer not. Then GLM's defaults, the runtime's
+ * check, and refusals by name. */
+#define GLM45_AIR                                                                                          \
+    "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"model_type\": \"glm4_moe\", \"hidden_size\": 4096, "   \
+    "\"num_hidden_layers\": 46, \"num_attention_heads\": 96, \"num_key_value_heads\": 8, \"head_dim\": 128, " \
+    "\"intermediate_size\": 10944, \"moe_intermediate_size\": 1408, \"n_routed_experts\": 128, "            \
+    "\"n_shared_experts\": 1, \"num_experts_per_tok\": 8, \"first_k_dense_replace\": 1, "                  \
+    "\"vocab_size\": 151552, \"partial_rotary_factor\": 0.5, \"attention_bias\": true, \"n_group\": 1, "     \
+    "\"topk_group\": 1, \"routed_scaling_factor\": 1.0, \"norm_topk_prob\": true, "                        \
+    "\"num_nextn_predict_layers\": 1, \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-05, "      \
+    "\"rope_theta\": 1000000, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false, "                  \
+    "\"use_qk_norm\": false, \"torch_dtype\": \"bfloat16\"}"
+
+static void test_glm4_moe(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    if (zo_model_config_parse(GLM45_AIR, "glm-4.5-air.json", &c)) fail_msg("%s", zo_last_error());
+    const uint64_t h = 4096, V = 151552, q = 96 * 128, kv = 8 * 128, E = 128, fe = 1408;
+    uint64_t attn = h * q + q + 2 * (h * kv + kv) + q * h; /* q, k, v with biases; o without */
+    uint64_t norms = 2 * h;
+    uint64_t dense = attn + norms + 3 * h * 10944;
+    uint64_t expert = 3 * h * fe;
+    uint64_t moe = attn + norms + E * h /* router */ + E /* correction */ + E * expert + expert /* shared */;
+    uint64_t total = V * h + dense + 45 * moe + h + V * h;
+    uint64_t active = total - 45 * (E - 8) * expert;
+    zo_param_counts pc;
+    zo_model_param_counts(&c, &pc);
+    if (pc.total != total || pc.active != active)
+        fail_msg("GLM-4.5-Air: total %llu (want %llu), active %llu (want %llu)", (unsigned long long)pc.total,
+                 (unsigned long long)total, (unsigned long long)pc.active, (unsigned long long)active);
+    /* the published 106B and 12B (active less the input embedding: 12.8B) */
+    assert_true(total > 106000000000ull && total < 107000000000ull);
+    assert_true(active - V * h > 12000000000ull && active - V * h < 13000000000ull);
+    assert_int_equal(zo_model_router_bias_params(&c), 45 * E);
+    assert_true(c.attn_bias && !c.out_bias && !c.qk_norm && c.rope_partial == 0.5 && zo_model_rope_dim(&c) == 64);
+    assert_true(c.moe_sigmoid && c.moe.router_bias && c.moe.norm_topk && !c.moe.aux_loss && !c.moe_group_limited);
+    assert_true(c.moe_groups == 1 && c.moe_topk_groups == 1 && c.moe_routed_scale == 0.0f);
+    assert_true(c.moe.first_dense == 1 && c.moe.shared_ffn == 1408 && !c.moe.shared_gate);
+    assert_string_equal(zo_moe_shared_name(&c), "shared_experts");
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+
+    /* Glm4MoeConfig's defaults: GLM-4.5-Air's router and attention, eps 1e-5,
+     * 131072 positions; GLM-4.5's scale and q/k norms read */
+    zo_model_config d;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY "}", "d.json", &d), ZO_OK);
+    assert_true(d.moe.experts == 128 && d.moe.top_k == 8 && d.moe.expert_ffn == 1408 && d.moe.shared_ffn == 1408);
+    assert_true(d.moe.first_dense == 1 && d.moe.norm_topk && d.moe_groups == 1 && d.n_kv_heads == 8);
+    assert_true(d.norm_eps == 1e-5f && d.max_seq == 131072 && !d.attn_bias && !d.qk_norm && d.rope_partial == 0.5);
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", \"use_qk_norm\": true, "
+                                           "\"routed_scaling_factor\": 2.5, \"n_group\": 4, \"topk_group\": 2}",
+                                           "g.json", &d),
+                     ZO_OK);
+    assert_true(d.qk_norm && !d.qk_norm_heads && d.moe_routed_scale == 2.5f && d.moe_groups == 4);
+    /* with q/k norms: one head_dim weight each on every layer */
+    zo_param_counts qk;
+    zo_model_param_counts(&d, &qk);
+    d.qk_norm = 0;
+    assert_int_equal(qk.total - zo_model_params(&d), 2 * 2 * 16);
+
+    /* refused by name: the rotary size (of head_dim 16) odd (3), under 2 (1)
+     * or out of (0, 1]; the router's fields */
+    static const char *const refused[][2] = {
+        {"\"partial_rotary_factor\": 0.1875", "partial_rotary_factor"},
+        {"\"partial_rotary_factor\": 0.0625", "partial_rotary_factor"},
+        {"\"partial_rotary_factor\": 0", "partial_rotary_factor"},
+        {"\"partial_rotary_factor\": 1.5", "partial_rotary_factor"},
+        {"\"n_group\": 3", "n_group"},
+        {"\"n_group\": 128", "n_group"},
+        {"\"n_group\": 8, \"topk_group\": 9", "topk_group"},
+        {"\"n_group\": 64, \"topk_group\": 3", "num_experts_per_tok"},
+        {"\"routed_scaling_factor\": 0", "routed_scaling_factor"},
+        {"\"n_routed_experts\": 4", "num_experts_per_tok"},
+        /* transformers' older key for the experts: not what the class reads now */
+        {"\"num_experts\": 64", "num_experts"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json, "{\"model_type\": \"glm4_moe\", " SHAPE_ONLY ", %s}", refused[i][0]);
+        expect_named(json, refused[i][1]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1127,7 +1298,8 @@ int main(void)
         cmocka_unit_test(test_mixtral_capacity_time),
         cmocka_unit_test(test_mixtral_lora_expert_scratch),
         cmocka_unit_test(test_moe_validation),  cmocka_unit_test(test_deepseek_stages),
-        cmocka_unit_test(test_deepseek_routing),
+        cmocka_unit_test(test_deepseek_routing), cmocka_unit_test(test_kimi_k2_alias),
+        cmocka_unit_test(test_glm4_moe),
         cmocka_unit_test(test_plan_file_keeps_family), cmocka_unit_test(test_cli_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

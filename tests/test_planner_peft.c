@@ -494,6 +494,156 @@ static void test_suggestions(void **state)
     cJSON_Delete(doc);
 }
 
+/* A linear layer LoRA adapts when `bit` is among the targets: in x out,
+ * `times` of them in the model. */
+typedef struct adapted {
+    unsigned bit;
+    uint64_t in, out, times;
+} adapted;
+
+/* DeepSeek-V3 (config.json): 61 layers of latent attention, q_a 7168 ->
+ * 1536, q_b 1536 -> 128 heads x (128 + 64), kv_a_proj_with_mqa 7168 -> 512
+ * + 64, kv_b 512 -> 128 x (128 + 128), o 128 x 128 -> 7168; 3 dense
+ * layers' MLP of 18432; 58 MoE layers of 256 routed experts and one shared
+ * of 2048 (the router and its score correction are not adapted). */
+static const adapted v3_linear[] = {
+    {ZO_LORA_Q, 7168, 1536, 61},
+    {ZO_LORA_Q, 1536, 128 * 192, 61},
+    {ZO_LORA_K | ZO_LORA_V, 7168, 576, 61},
+    {ZO_LORA_K | ZO_LORA_V, 512, 128 * 256, 61},
+    {ZO_LORA_O, 128 * 128, 7168, 61},
+    {ZO_LORA_GATE, 7168, 18432, 3},
+    {ZO_LORA_UP, 7168, 18432, 3},
+    {ZO_LORA_DOWN, 18432, 7168, 3},
+    {ZO_LORA_GATE, 7168, 2048, 58 * 256},
+    {ZO_LORA_UP, 7168, 2048, 58 * 256},
+    {ZO_LORA_DOWN, 2048, 7168, 58 * 256},
+    {ZO_LORA_GATE, 7168, 2048, 58},
+    {ZO_LORA_UP, 7168, 2048, 58},
+    {ZO_LORA_DOWN, 2048, 7168, 58},
+};
+
+/* Qwen1.5-MoE-A2.7B (Qwen2-MoE): 24 layers of q, k, v, o 2048 -> 2048, 60
+ * routed experts of 1408 and a shared expert of 5632 (its sigmoid gate and
+ * the router not adapted). */
+static const adapted qwen2_moe_linear[] = {
+    {ZO_LORA_Q, 2048, 2048, 24},          {ZO_LORA_K, 2048, 2048, 24},
+    {ZO_LORA_V, 2048, 2048, 24},          {ZO_LORA_O, 2048, 2048, 24},
+    {ZO_LORA_GATE, 2048, 1408, 24 * 60},  {ZO_LORA_UP, 2048, 1408, 24 * 60},
+    {ZO_LORA_DOWN, 1408, 2048, 24 * 60},  {ZO_LORA_GATE, 2048, 5632, 24},
+    {ZO_LORA_UP, 2048, 5632, 24},         {ZO_LORA_DOWN, 5632, 2048, 24},
+};
+
+/* LoRA's trainable count: r (in + out) for every adapted linear layer. */
+static uint64_t adapters_of(const adapted *a, size_t n, unsigned targets, uint64_t r)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++)
+        if (a[i].bit & targets) sum += r * (a[i].in + a[i].out) * a[i].times;
+    return sum;
+}
+
+/* The bytes of the items of `doc`'s per-rank tiers named `name`, summed. */
+static uint64_t item_bytes(const cJSON *doc, const char *name)
+{
+    static const char *const tiers[] = {"gpu", "cpu", "nvme"};
+    uint64_t sum = 0;
+    for (int t = 0; t < 3; t++) {
+        const cJSON *tier = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "per_rank"), tiers[t]);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(tier, "items"))
+        {
+            if (!strcmp(cJSON_GetObjectItemCaseSensitive(it, "name")->valuestring, name))
+                sum += (uint64_t)run_json_num(it, "bytes", NULL);
+        }
+    }
+    return sum;
+}
+
+/* Latent attention and mixtures of experts with a dense first layer, a
+ * router score correction or a gated shared expert get LoRA and QLoRA
+ * among the alternatives where the command does not fit: DeepSeek-V3 on
+ * one H200 with 2 TB of host memory and no NVMe (full fine-tuning needs 16
+ * bytes a parameter: no offload fits), Qwen2-MoE on an RTX 4090 desktop
+ * with 64 GB; from full fine-tuning (rank 16 on all-linear: both kinds)
+ * and from LoRA on some targets that does not fit (QLoRA, the command's
+ * adapters). Each suggestion's flags, added to the command, fit with the
+ * same bytes a tier and step time, and its adapters are the count written
+ * above from the models' shapes: the trainable parameters, the adapters'
+ * bf16 bytes and their AdamW fp32 master, m and v. A model known only by
+ * its size (--params) gets none, and its verdict says why. */
+static void test_suggestions_moe(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *config, *hw, *flags;
+        const adapted *linear;
+        size_t n;
+        int r;
+        unsigned targets;
+        int kinds; /* bit 1: lora, bit 2: qlora */
+    } c[] = {
+        {"deepseek-v3.json", "--gpu h200 --cpu-mem 2TB --nvme 0 --seq 4096", "", v3_linear,
+         sizeof v3_linear / sizeof v3_linear[0], 16, ZO_LORA_ALL_LINEAR, 6},
+        {"deepseek-v3.json", "--gpu h200 --cpu-mem 1TB --nvme 0 --seq 4096", "--lora 8 --lora-targets q,o", v3_linear,
+         sizeof v3_linear / sizeof v3_linear[0], 8, ZO_LORA_Q | ZO_LORA_O, 4},
+        {"qwen1.5-moe-a2.7b.json", "--gpu rtx-4090 --cpu-mem 64GB --seq 2048", "", qwen2_moe_linear,
+         sizeof qwen2_moe_linear / sizeof qwen2_moe_linear[0], 16, ZO_LORA_ALL_LINEAR, 6},
+        {"qwen1.5-moe-a2.7b.json", "--gpu rtx-4090 --cpu-mem 64GB --seq 2048", "--lora 8 --lora-targets up,down",
+         qwen2_moe_linear, sizeof qwen2_moe_linear / sizeof qwen2_moe_linear[0], 8, ZO_LORA_UP | ZO_LORA_DOWN, 4},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char args[1024], cmd[2048];
+        snprintf(args, sizeof args, "estimate --model %s/hf-configs/%s %s %s", ZO_FIXTURES_DIR, c[i].config, c[i].hw,
+                 c[i].flags);
+        cJSON *doc = run_memplan_json(args, 1);
+        assert_false(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(doc, "fits")));
+        const uint64_t want = adapters_of(c[i].linear, c[i].n, c[i].targets, (uint64_t)c[i].r);
+        int kinds = 0;
+        const cJSON *a;
+        cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(doc, "suggestions"))
+        {
+            const char *kind = cJSON_GetObjectItemCaseSensitive(a, "kind")->valuestring;
+            const char *flags = cJSON_GetObjectItemCaseSensitive(a, "flags")->valuestring;
+            int k = !strcmp(kind, "lora") ? 1 : !strcmp(kind, "qlora") ? 2 : 0;
+            if (!k) continue;
+            kinds |= 1 << k;
+            if (!c[i].flags[0]) assert_non_null(strstr(flags, "--lora 16 --lora-targets all-linear"));
+            else assert_null(strstr(flags, "--lora")); /* (the command's adapters kept) */
+            snprintf(cmd, sizeof cmd, "%s %s", args, flags);
+            cJSON *d = run_memplan_json(cmd, 0);
+            printf("  %s %s: %s %s: GPU %.2f GiB, CPU %.2f GiB, %.3f s a step, %llu adapter parameters\n",
+                   c[i].config, c[i].flags, kind, flags, run_json_num(a, "per_rank", "gpu") / (1 << 30),
+                   run_json_num(a, "per_rank", "cpu") / (1 << 30), run_json_num(a, "step_s", NULL),
+                   (unsigned long long)want);
+            assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(d, "fits")));
+            assert_string_equal(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(d, "config"), "method")
+                                    ->valuestring,
+                                kind);
+            assert_true(run_json_num(d, "time", "step_s") == run_json_num(a, "step_s", NULL));
+            static const char *const tiers[] = {"gpu", "cpu", "nvme"};
+            for (int t = 0; t < 3; t++) {
+                const cJSON *pr = cJSON_GetObjectItemCaseSensitive(d, "per_rank");
+                assert_true(run_json_num(cJSON_GetObjectItemCaseSensitive(pr, tiers[t]), "total", NULL) ==
+                            run_json_num(a, "per_rank", tiers[t]));
+            }
+            if ((uint64_t)run_json_num(d, "trainable_params", NULL) != want)
+                fail_msg("%s: %.0f trainable, the adapters' count is %llu", cmd, run_json_num(d, "trainable_params", NULL),
+                         (unsigned long long)want);
+            assert_true(item_bytes(d, "LoRA adapters (A, B)") == 2 * want); /* bf16 */
+            assert_true(item_bytes(d, "AdamW: fp32 master, m, v") == 12 * want);
+            cJSON_Delete(d);
+        }
+        if (kinds != c[i].kinds) fail_msg("%s: suggestion kinds 0x%x, want 0x%x", args, kinds, c[i].kinds);
+        cJSON_Delete(doc);
+    }
+    /* a model known only by its size gets none, and the verdict says why */
+    static char out[1 << 14];
+    assert_int_equal(run_memplan("estimate --params 70B --gpu rtx-4090 --cpu-mem 64GB --nvme 0", out, sizeof out), 1);
+    if (!strstr(out, "LoRA and QLoRA not tried: their adapters need the model's layers"))
+        fail_msg("no reason for the missing LoRA and QLoRA in\n%s", out);
+}
+
 /* memplan writes the method into the plan file and reads it back to the
  * same estimate. */
 static void test_plan_file(void **state)
@@ -558,7 +708,8 @@ int main(void)
         cmocka_unit_test(test_peft_counts_cli), cmocka_unit_test(test_lora_memory),
         cmocka_unit_test(test_phi4_memory),
         cmocka_unit_test(test_lora_cost),       cmocka_unit_test(test_qlora_claims),
-        cmocka_unit_test(test_suggestions),     cmocka_unit_test(test_plan_file),
+        cmocka_unit_test(test_suggestions),     cmocka_unit_test(test_suggestions_moe),
+        cmocka_unit_test(test_plan_file),
         cmocka_unit_test(test_max_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -76,6 +76,7 @@
 static char dir[256];
 static const char *config = "config.json"; /* the model's file in dir */
 static const char *last_out; /* the output of plan_and_train's train */
+static const char *weights;  /* train's --weights; NULL: the weights drawn from the seed */
 
 static const char tiny_config[] =
     "{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
@@ -91,8 +92,8 @@ static int train(int np, const char *args, char *out, size_t cap)
     char cmd[4096], launch[1024] = "";
     if (np) snprintf(launch, sizeof launch, "%s '%s' %d", ZO_RUN_MPI, ZO_MPIEXEC, np);
     snprintf(cmd, sizeof cmd,
-             "%s %s --model %s/%s --data %s/text.txt --text --threads 1 --nvme-dir %s %s 2>&1", launch,
-             ZO_TRAIN_BIN, dir, config, dir, dir, args);
+             "%s %s --model %s/%s --data %s/text.txt --text --threads 1 --nvme-dir %s%s%s %s 2>&1", launch,
+             ZO_TRAIN_BIN, dir, config, dir, dir, weights ? " --weights " : "", weights ? weights : "", args);
     int rc = run_capture(cmd, out, cap);
     if (np && rc == 77) {
         printf("  %s", out);
@@ -716,6 +717,20 @@ static const char deepseek_v3_config[] =
     "\"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, "
     "\"attention_bias\": false, \"tie_word_embeddings\": false}";
 
+/* GLM-4.5: LLaMA layers with q/k/v biases (zeros for a model initialised
+ * from its config: the bias gradients are what counts), q/k RMSNorms over
+ * head_dim 32 (q 4 x 32 wider than hidden 64), rotary over half of each
+ * head, a dense first layer, then V3's router (sigmoid, 4 groups keep 2,
+ * top 3, renormalized, times 2.5) and one shared expert. */
+static const char glm4_moe_config[] =
+    "{\"model_type\": \"glm4_moe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 32, \"partial_rotary_factor\": 0.5, "
+    "\"attention_bias\": true, \"use_qk_norm\": true, \"intermediate_size\": 128, \"moe_intermediate_size\": 16, "
+    "\"n_routed_experts\": 8, \"n_shared_experts\": 1, \"num_experts_per_tok\": 3, \"first_k_dense_replace\": 1, "
+    "\"n_group\": 4, \"topk_group\": 2, \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.5, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
+    "\"tie_word_embeddings\": false}";
+
 /* Qwen2-MoE-shaped with 8 experts (the 6 of qwen2_moe_config do not split
  * over 4 ranks). */
 static const char qwen2_moe8_config[] =
@@ -984,15 +999,17 @@ static const char qwen3_moe8_config[] =
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[8] = {"mixtral",  "qwen2_moe8", "qwen3_moe8",   "deepseek",
-                                        "granitemoe", "deepseek_v2_q", "phimoe", "deepseek_v3"};
+static const char *const ep_names[9] = {"mixtral",    "qwen2_moe8",    "qwen3_moe8", "deepseek",
+                                        "granitemoe", "deepseek_v2_q", "phimoe",     "deepseek_v3",
+                                        "glm4_moe"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[8] = {mixtral_config,  qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
-                            granitemoe_config, deepseek_v2_q_config, phimoe_config, deepseek_v3_config};
+    const char *texts[9] = {mixtral_config,    qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
+                            granitemoe_config, deepseek_v2_q_config, phimoe_config,     deepseek_v3_config,
+                            glm4_moe_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -2285,13 +2302,75 @@ static void deepseek_v2_rows(void)
     config = "config.json";
 }
 
+/* Every F32 tensor of safetensors file `path` whose name ends with `suffix`
+ * redrawn uniform in [-a, a] (a fixed LCG): how many. */
+static int st_redraw_f32(const char *path, const char *suffix, double a)
+{
+    st_file f;
+    st_open(&f, path);
+    uint32_t x = 12345;
+    int n = 0;
+    for (const cJSON *t = f.head->child; t; t = t->next) {
+        size_t len = strlen(t->string), sl = strlen(suffix);
+        if (len < sl || strcmp(t->string + len - sl, suffix)) continue;
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(t, "dtype")->valuestring, "F32");
+        const cJSON *off = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+        size_t lo = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+        size_t hi = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+        for (size_t i = lo; i < hi; i += 4) {
+            x = x * 1664525u + 1013904223u;
+            float v = (float)(a * (2.0 * (double)(x >> 8) / (double)(1u << 24) - 1.0));
+            memcpy(f.bytes + (f.data - f.bytes) + i, &v, 4);
+        }
+        n++;
+    }
+    files_write(path, f.bytes, f.n);
+    st_close(&f);
+    return n;
+}
+
+/* DeepSeek-V3 with a score correction that changes the routing: the
+ * seed's model saved by one rank (--lr 0: the weights as drawn, the
+ * corrections zero) with each MoE layer's e_score_correction_bias redrawn
+ * in [-0.2, 0.2] (as a trained V3's, of the sigmoid scores' scale: the
+ * choices move), given to every run as --weights; one rank's losses with
+ * it differ from those with zeros (the correction changes what is
+ * chosen), then ep_rows_of's rows (--ep 2 on 2 ranks at ZeRO-0 and 3)
+ * against one rank with it. */
+static void deepseek_v3_corrected_rows(void)
+{
+    char path[512], args[1200];
+    static char out[1 << 16], file[600]; /* (static: `weights` points into it, and a failing assert leaves first) */
+    double zero[2][STEPS], corrected[2][STEPS];
+    const char *place = "--dtype fp32 --params gpu --optimizer cpu";
+    ep_use_model(7, path, sizeof path);
+    snprintf(args, sizeof args, "--dtype fp32 --micro-batch 2 --seq 32 --steps 1 --lr 0 --save %s/v3w", dir);
+    int rc = train(0, args, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    snprintf(file, sizeof file, "%s/v3w/model.safetensors", dir);
+    weights = file;
+    ep_refs2(place, "dsv3z", 7, 0, 1, zero);
+    assert_int_equal(st_redraw_f32(file, ".mlp.gate.e_score_correction_bias", 0.2), 3); /* (layers 1-3) */
+    ep_refs2(place, "dsv3c", 7, 0, 1, corrected);
+    int moved = 0;
+    for (int k = 0; k < STEPS; k++) moved += fabs(corrected[0][k] - zero[0][k]) > 1e-6 * fabs(zero[0][k]);
+    printf("  deepseek_v3, the corrections redrawn: %d of %d steps' losses moved (step 1: %.6f, %.6f with zeros)\n",
+           moved, STEPS, corrected[0][0], zero[0][0]);
+    assert_true(moved == STEPS);
+    ep_run(7, place, 2, 2, 0, 1, corrected);
+    ep_run(7, place, 2, 2, 3, 1, corrected);
+    weights = NULL;
+}
+
 /* Qwen3-MoE with expert parallelism: the Qwen3-MoE-shaped model, memplan's
  * plan for --ep 2 on 2 ranks at ZeRO-0 (ep_rows_of: losses within 1e-6
  * relative, every rank's peaks within 3% of the plan, the all-to-all
  * bytes), and with capacity factor 0.5 as test_moe_ep_capacity; then
  * DeepSeekMoE's rows (deepseek_rows) and DeepSeek-V2's (deepseek_v2_rows:
- * latent attention, q_lora_rank null and set), in this group, not groups
- * of their own, for the suite's minutes. */
+ * latent attention, q_lora_rank null and set), then DeepSeek-V3's and
+ * GLM-4.5's with --ep 2 (ep_rows_of), in this group, not groups of their
+ * own, for the suite's minutes. */
 static void test_moe_ep_qwen3(void **state)
 {
     (void)state;
@@ -2299,8 +2378,11 @@ static void test_moe_ep_qwen3(void **state)
     ep_capacity(2, 0);
     deepseek_rows();
     deepseek_v2_rows();
-    /* DeepSeek-V3's router with --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3 */
-    ep_rows_of(7, "dsv3", 0, 1);
+    /* DeepSeek-V3's router with a score correction, --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3 */
+    deepseek_v3_corrected_rows();
+    /* GLM-4.5's layers (biased q/k/v, q/k norms, half-rotary heads) with
+     * that router, the same rows */
+    ep_rows_of(8, "glm", 0, 1);
 }
 
 /* LoRA and QLoRA with --ep 2 on 4 ranks: two data-parallel replicas of
