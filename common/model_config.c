@@ -495,7 +495,17 @@ uint64_t zo_model_position_rows(const zo_model_config *c)
     return 0;
 }
 
-int zo_model_post_norms(const zo_model_config *c) { return c->arch == ZO_ARCH_LLAMA && c->layer_norms == 4; }
+int zo_model_post_norms(const zo_model_config *c)
+{
+    return c->arch == ZO_ARCH_LLAMA && (c->layer_norms == 4 || c->post_norms_only);
+}
+
+int zo_model_pre_norms(const zo_model_config *c) { return !c->post_norms_only; }
+
+int zo_model_qk_norm_rows(const zo_model_config *c)
+{
+    return !c->qk_norm ? 0 : c->qk_norm_full ? 2 : c->n_heads + c->n_kv_heads;
+}
 
 int zo_family_gemma(const char *family)
 {
@@ -638,8 +648,8 @@ void zo_model_layer_params(const zo_model_config *c, int layer, zo_layer_params 
         if (c->attn_bias) o->tp_split += q + k + v;
     }
     if (c->out_bias && !c->attn_out_nobias) o->replicated += h; /* the attention output's bias */
-    if (c->qk_norm && c->qk_norm_heads) /* one weight per head: split with the heads */
-        o->tp_split += norm_params(c, (uint64_t)(c->n_heads + c->n_kv_heads) * (uint64_t)c->head_dim);
+    if (c->qk_norm && (c->qk_norm_heads || c->qk_norm_full)) /* as wide as q and k: split with the heads */
+        o->tp_split += norm_params(c, q + k);
     else if (c->qk_norm)
         o->replicated += 2 * norm_params(c, (uint64_t)c->head_dim);
 
@@ -757,6 +767,11 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
     else if (c->embed_norm && !bloom) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
+    else if (c->qk_norm_full && (!c->qk_norm || c->qk_norm_heads || c->layer_norm))
+        snprintf(lacks, sizeof lacks, "whole-projection q/k norms other than RMSNorms");
+    else if (c->post_norms_only && (c->arch != ZO_ARCH_LLAMA || c->layer_norms != 2 || c->parallel_block ||
+                                    c->moe.experts || c->mla.kv_rank))
+        snprintf(lacks, sizeof lacks, "output norms alone on these layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
     char list[512]; /* (every trainable model_type: 255 characters with cohere2) */
@@ -1845,6 +1860,38 @@ static void parse_cohere2(hf *r, zo_model_config *c, const family *f)
                 c->head_dim, c->hidden / c->n_heads);
 }
 
+/* OLMo-2 (Olmo2Config): LLaMA's keys (rms_norm_eps 1e-5, rope_theta
+ * 10000, untied by default) and layers with no norm before the attention or
+ * the MLP: an RMSNorm on each one's output before its residual add
+ * (post_norms_only), and q_norm, k_norm over the whole q and k projections
+ * before the heads are split (qk_norm_full). attention_bias true is refused
+ * as an unmodelled size key; use_sinks true (a learned sink logit per head,
+ * which some Olmo2Config versions carry) by name. */
+static void parse_olmo2(hf *r, zo_model_config *c, const family *f)
+{
+    if (hf_bool(r, "use_sinks", 0))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "use_sinks", "true (attention sinks) is not modelled");
+    parse_llama(r, c, f);
+    c->norm_eps = hf_float(r, "rms_norm_eps", 1e-5f);
+    c->qk_norm = c->qk_norm_full = 1;
+    c->post_norms_only = 1;
+    c->layer_norms = 2;
+}
+
+/* OLMo-3 (Olmo3Config): OLMo-2's keys and layers, three of four
+ * (layer_types, or all but every fourth) attending over sliding_window
+ * keys (default 4096; null: none), whose rotary is rope_theta's without
+ * rope_scaling (Olmo3RotaryEmbedding's "default" for the sliding layers:
+ * rope_local_theta), the full layers' with it. */
+static void parse_olmo3(hf *r, zo_model_config *c, const family *f)
+{
+    parse_olmo2(r, c, f);
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(r->root, "sliding_window");
+    if (!(w && cJSON_IsNull(w))) c->sliding_window = hf_int(r, "sliding_window", 4096);
+    hf_window_layers(r, c, 4);
+    c->rope_local_theta = c->rope_theta;
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -1885,6 +1932,14 @@ static const family families[] = {
     {"granite", "GraniteForCausalLM", parse_llama,
      "Granite 3.x: LLaMA layers with the embeddings, the scores, each residual branch and the logits "
      "times multipliers", 0, 0, 0, NULL, 1},
+    {"olmo2", "Olmo2ForCausalLM", parse_olmo2,
+     "OLMo-2: LLaMA layers with RMSNorms on the attention's and the MLP's outputs alone (none before), "
+     "q/k RMSNorms over the whole projections",
+     0, 0, 0, NULL, 1},
+    {"olmo3", "Olmo3ForCausalLM", parse_olmo3,
+     "OLMo-3: OLMo-2 layers, three of four (layer_types) over a sliding window with rope_theta's rotary "
+     "unscaled, the others global with rope_scaling's",
+     0, 0, 0, NULL, 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
      "num_local_experts", 1},

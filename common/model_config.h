@@ -171,6 +171,12 @@ typedef struct zo_model_config {
     int qk_norm_heads;   /* with qk_norm, Cohere's use_qk_norm (command-r-plus): LayerNorms whose
                             weight is per head ([heads, head_dim] and [kv_heads, head_dim]), split
                             with the heads */
+    int qk_norm_full;    /* with qk_norm, OLMo-2's: one RMSNorm over the whole q projection (n_heads x
+                            head_dim, one weight of that width) and one over the whole k projection
+                            (n_kv_heads x head_dim), before the split into heads and before RoPE */
+    int post_norms_only; /* the layer's two norms on the attention's and the MLP's outputs, before
+                            each residual add, and none before either (OLMo-2's
+                            post_attention_layernorm, post_feedforward_layernorm; layer_norms 2) */
     int mm_text;         /* the text model of a multimodal checkpoint (Gemma-3 4b/12b/27b,
                             Mistral-Small-3.1, LLaVA as published: *ForConditionalGeneration):
                             config under text_config, tensors under language_model. (or
@@ -271,8 +277,16 @@ int zo_model_mixtral_names(const zo_model_config *c);
  * the kernels' halves order (model_tensor.hf_rope_rows). */
 int zo_model_rot_interleaved(const zo_model_config *c);
 /* Gemma-2's layers: a norm on the attention's and on the MLP's output
- * before each residual add (layer_norms 4 on a LLaMA layer). */
+ * before each residual add (layer_norms 4 on a LLaMA layer); OLMo-2's, with
+ * those two norms alone (post_norms_only). */
 int zo_model_post_norms(const zo_model_config *c);
+/* Whether the layer normalises its input before the attention and before
+ * the MLP (every layer but post_norms_only's) */
+int zo_model_pre_norms(const zo_model_config *c);
+/* The q/k norms' 1/rms values a token: one a q and a k head (Qwen3,
+ * Cohere's use_qk_norm), two with qk_norm_full (the whole q and the whole
+ * k), none without q/k norms. */
+int zo_model_qk_norm_rows(const zo_model_config *c);
 /* Whether a family (or a config.json's model_type, the same names) is
  * Gemma's: gemma, gemma2, gemma3_text, whose RMSNorms multiply by 1 + w,
  * whose embedding is times sqrt(hidden) and whose MLP is GeGLU. Not

@@ -93,6 +93,8 @@ static const field features_fields[] = {
     BOOL(M, head_bias, F_SHAPE | F_COMPARE | F_OPTIONAL),
     BOOL(M, attn_out_nobias, F_SHAPE | F_COMPARE | F_OPTIONAL),
     BOOL(M, qk_norm_heads, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    BOOL(M, qk_norm_full, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    BOOL(M, post_norms_only, F_SHAPE | F_COMPARE | F_OPTIONAL),
 };
 #undef M
 

@@ -26,7 +26,7 @@ const char *model_hf_dtype_name(zo_dtype dt)
 static const char *model_type(const zo_model_config *c)
 {
     static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
-                                      "granite", "cohere", "cohere2"};
+                                      "granite", "cohere", "cohere2", "olmo2", "olmo3"};
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -47,7 +47,8 @@ static const char *llama_class(const char *type)
         {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
         {"phi3", "Phi3ForCausalLM"},       {"gemma", "GemmaForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
         {"gemma3_text", "Gemma3ForCausalLM"}, {"granite", "GraniteForCausalLM"},
-        {"cohere", "CohereForCausalLM"},   {"cohere2", "Cohere2ForCausalLM"}};
+        {"cohere", "CohereForCausalLM"},   {"cohere2", "Cohere2ForCausalLM"},
+        {"olmo2", "Olmo2ForCausalLM"},     {"olmo3", "Olmo3ForCausalLM"}};
     for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
         if (!strcmp(type, of[i][0])) return of[i][1];
     return "LlamaForCausalLM";
@@ -165,15 +166,16 @@ static void add_llama_keys(cJSON *o, const char *type, const zo_model_config *c)
         cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
         cJSON_AddNumberToObject(o, "max_window_layers", c->sliding_window ? c->window_from_layer : c->n_layers);
-    } else if (gemma2) {
+    } else if (gemma2 || !strcmp(type, "olmo3")) {
         /* the window, which layers take it (layer_types, as new configs
-         * write them), the score scale and the caps (null: none) */
+         * write them), Gemma's score scale and caps (null: none) */
         if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
         else cJSON_AddNullToObject(o, "sliding_window");
         cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
         for (int l = 0; lt && l < c->n_layers; l++)
             cJSON_AddItemToArray(lt, cJSON_CreateString(zo_model_layer_sliding(c, l) ? "sliding_attention"
                                                                                       : "full_attention"));
+        if (!gemma2) return;
         if (gemma3) cJSON_AddNumberToObject(o, "rope_local_base_freq", c->rope_local_theta);
         cJSON_AddNumberToObject(o, "query_pre_attn_scalar", c->query_pre_attn_scalar);
         const char *caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};

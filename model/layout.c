@@ -473,7 +473,8 @@ static void llama_layer(builder *b, int i)
     const int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
     const int bl = b->block;
     const char *p = "model.layers";
-    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
+    if (zo_model_pre_norms(c)) /* (OLMo-2: none) */
+        add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
     if (c->norm_bias)
         add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
     const int fused = zo_model_fused_proj(c);
@@ -495,13 +496,15 @@ static void llama_layer(builder *b, int i)
             model_tensor_set_rot_pairs(&l->tensors[k], c);
             l->tensors[k].hf_rope_elems = 1;
         }
-    } else if (c->qk_norm) {
-        add(b, MODEL_ROLE_Q_NORM_W, 0, c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, i);
-        add(b, MODEL_ROLE_K_NORM_W, 0, c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, i);
+    } else if (c->qk_norm) { /* Qwen3's a head wide; OLMo-2's (qk_norm_full) as wide as q and k */
+        add(b, MODEL_ROLE_Q_NORM_W, 0, c->qk_norm_full ? q : c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, i);
+        add(b, MODEL_ROLE_K_NORM_W, 0, c->qk_norm_full ? kv : c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p,
+            i);
     }
-    if (zo_model_post_norms(c)) { /* Gemma-2: a norm after attention, then the MLP's pre-norm */
+    if (zo_model_post_norms(c)) { /* Gemma-2: a norm after attention, then the MLP's pre-norm (OLMo-2: none) */
         add(b, MODEL_ROLE_POST_ATTN_NORM_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
-        add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.pre_feedforward_layernorm.weight", p, i);
+        if (zo_model_pre_norms(c))
+            add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.pre_feedforward_layernorm.weight", p, i);
     } else if (c->layer_norms != 1) { /* (Cohere: input_layernorm alone, before both) */
         add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
     }

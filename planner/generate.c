@@ -149,6 +149,7 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
     uint64_t widest = max_u64(fs, K * fe), r = g->method != ZO_PLAN_FULL ? (uint64_t)g->lora.r : 0;
     uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
     int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT, post = zo_model_post_norms(m);
+    uint64_t pre = (uint64_t)(layers && zo_model_pre_norms(m)); /* (OLMo-2: no ln1, ln2) */
     const int lat = latent(m, g);
     const uint64_t H = (uint64_t)m->n_heads, kvr = (uint64_t)m->mla.kv_rank;
     const uint64_t kvw = H * (uint64_t)(m->mla.qk_nope + m->mla.v_dim);
@@ -159,11 +160,11 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
     int rotary = llama || m->pos == ZO_POS_ROTARY; /* GPT-NeoX's and Falcon's too */
     uint64_t a[] = {
         N * 4, B * 4,                                           /* tokens, positions */
-        layers * N * h * es, layers * N * 4, layers * N * 4,    /* ln1, its mean and rstd */
+        pre * N * h * es, pre * N * 4, pre * N * 4,             /* ln1, its mean and rstd */
         layers * qkv_n * es, layers * q_n * es,                 /* qkv, attention */
-        layers * N * h * es, layers * N * h * es,               /* the residual between, ln2 */
+        layers * N * h * es, pre * N * h * es,                  /* the residual between, ln2 */
         layers * post * N * h * es, layers * post * N * 4,      /* Gemma-2: an output norm's input, 1/rms */
-        layers * N * 4, layers * N * 4,                         /* ln2's mean and rstd */
+        pre * N * 4, pre * N * 4,                               /* ln2's mean and rstd */
         layers * N * f * es, layers * llama * N * f * es, layers * N * f * es, /* fc/gate, up, act */
         layers * N * (uint64_t)lora_cols * es,                  /* the adapters' A x */
         N * h * es,                                             /* a projection's scratch */

@@ -66,7 +66,7 @@ void plan_train_defaults(plan_train *t, const zo_model_config *m)
 static const plan_act_entry act_table[] = {
     /* attention */
     {"norm_1", "input", PLAN_W_H, 0, 0},
-    {"attn.qkv", "input (norm_1 output)", PLAN_W_H, 0, 0},
+    {"attn.qkv", "input (norm_1 output)", PLAN_W_H, 0, PLAN_ACT_PRE_NORM},
     {"attn.q_a_norm", "input, output (q_a output)", PLAN_W_QLORA, 0, PLAN_ACT_MLA},
     {"attn.q_a_norm", "output (q_b input)", PLAN_W_QLORA, 0, PLAN_ACT_MLA},
     {"attn.kv_a_norm", "input (kv_a output)", PLAN_W_KVLORA, 0, PLAN_ACT_MLA},
@@ -83,12 +83,13 @@ static const plan_act_entry act_table[] = {
     {"attn.flash", "logsumexp (fp32)", PLAN_W_HEADS, 4, PLAN_ACT_TP | PLAN_ACT_FLASH},
     {"attn.out", "input", PLAN_W_O, 0, PLAN_ACT_TP},
     {"attn.resid_dropout", "mask", PLAN_W_H, 1, PLAN_ACT_DROPOUT},
-    /* Gemma-2: norms after attention and after the MLP */
+    /* Gemma-2, OLMo-2: norms after attention and after the MLP (OLMo-2's alone:
+     * the attention and the MLP read the layer's input and the residual between) */
     {"norm.post", "inputs", PLAN_W_NORMS, 0, 0},
     /* MLP (a parallel block's MLP reads the attention's input: no norm_2
      * input; with one norm for both, no MLP input either) */
     {"norm_2", "input", PLAN_W_H, 0, PLAN_ACT_SEQ},
-    {"mlp.in", "input (norm_2 output)", PLAN_W_H, 0, PLAN_ACT_TWO_NORMS},
+    {"mlp.in", "input (norm_2 output)", PLAN_W_H, 0, PLAN_ACT_TWO_NORMS | PLAN_ACT_PRE_NORM},
     {"mlp.gelu", "input", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT | PLAN_ACT_DENSE},
     {"mlp.fc_out", "input (gelu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT | PLAN_ACT_DENSE},
     {"mlp.swiglu", "gate output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
@@ -177,7 +178,8 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
                     (t->flash_attn || !keep_s2 ? PLAN_ACT_S2 : 0) |
                     (!t->flash_attn ? PLAN_ACT_FLASH : 0) | (moe ? PLAN_ACT_DENSE : PLAN_ACT_MOE) |
                     (m->parallel_block ? PLAN_ACT_SEQ : 0) | (norms == 1 ? PLAN_ACT_TWO_NORMS : 0) |
-                    (!m->mla.kv_rank ? PLAN_ACT_MLA : 0) | (!m->qk_norm ? PLAN_ACT_QKNORM : 0);
+                    (!m->mla.kv_rank ? PLAN_ACT_MLA : 0) | (!m->qk_norm ? PLAN_ACT_QKNORM : 0) |
+                    (!zo_model_pre_norms(m) ? PLAN_ACT_PRE_NORM : 0);
     uint64_t total = 0;
     for (size_t i = 0; i < sizeof act_table / sizeof act_table[0]; i++) {
         const plan_act_entry *e = &act_table[i];
@@ -195,14 +197,14 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
         case PLAN_W_HEADS: n = a * sb; break;
         case PLAN_W_QLORA: n = sb * (uint64_t)m->mla.q_rank; break;
         case PLAN_W_KVLORA: n = sb * (uint64_t)(m->mla.kv_rank + (mla_here ? 0 : m->mla.qk_rope)); break;
-        case PLAN_W_NORMS: n = norms > 2 ? sb * (uint64_t)m->hidden * (uint64_t)(norms - 2) : 0; break;
+        case PLAN_W_NORMS: n = zo_model_post_norms(m) ? sb * (uint64_t)m->hidden * 2 : 0; break;
         case PLAN_W_ROUTER: n = sb * (uint64_t)m->moe.experts; break;
         case PLAN_W_ROUTED: n = routed; break;
         case PLAN_W_ROUTED_FFN: n = (ep_rows ? ep_rows : routed) * (uint64_t)m->moe.expert_ffn; break;
         case PLAN_W_EP: n = ep_rows; break;
         case PLAN_W_EP_H: n = ep_rows * (uint64_t)m->hidden; break;
         case PLAN_W_SHARED_FFN: n = sb * (uint64_t)m->moe.shared_ffn; break;
-        case PLAN_W_QK_HEADS: n = sb * (uint64_t)(m->n_heads + m->n_kv_heads); break;
+        case PLAN_W_QK_HEADS: n = sb * (uint64_t)zo_model_qk_norm_rows(m); break;
         default: n = 0; break;
         }
         n *= e->bytes ? (uint64_t)e->bytes : act;
@@ -235,7 +237,7 @@ uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t)
     /* the layer's input, the attention's output and its log-sum-exp (fp32, per head) */
     uint64_t bytes = ceil_div(sb * h * act, sp) + ceil_div(sb * (kept_tp + o) * act, tp) +
                      ceil_div(sb * (uint64_t)m->n_heads * 4, tp) +
-                     (m->qk_norm ? ceil_div(sb * (uint64_t)(m->n_heads + m->n_kv_heads) * 4, tp) : 0);
+                     ceil_div(sb * (uint64_t)zo_model_qk_norm_rows(m) * 4, tp);
     /* Gemma-2/3: the MLP's post norm's input (down's output, which the
      * backward then need not recompute) and its 1/rms (fp32), whole rows */
     if (zo_model_post_norms(m)) bytes += ceil_div(sb * h * act, sp) + ceil_div(sb * 4, sp);

@@ -312,14 +312,15 @@ typedef enum plan_act_width {
                       runtime's also the attention's output at heads*(qk_nope + qk_rope)) */
     PLAN_W_QLORA,  /* s*b*q_lora_rank (MLA) */
     PLAN_W_KVLORA, /* s*b*(kv_lora_rank + qk_rope) (MLA; this runtime's kv_lora_rank) */
-    PLAN_W_NORMS,  /* s*b*h*(norms per layer - 2): Gemma-2's extra norms */
+    PLAN_W_NORMS,  /* s*b*h*2 with norms on the attention's and MLP's outputs (Gemma-2, OLMo-2) */
     PLAN_W_ROUTER, /* s*b*experts: the router's logits or probabilities */
     PLAN_W_ROUTED,     /* s*b*plan_routed_rows: the (token, expert) pairs */
     PLAN_W_ROUTED_FFN, /* s*b*plan_routed_rows*expert_ffn */
     PLAN_W_SHARED_FFN, /* s*b*shared_ffn */
     PLAN_W_EP,         /* expert parallelism: the rows a rank's experts can receive (plan_ep_rows) */
     PLAN_W_EP_H,       /* plan_ep_rows * hidden */
-    PLAN_W_QK_HEADS,   /* s*b*(heads + kv_heads): a statistic per q and k head (Qwen3) */
+    PLAN_W_QK_HEADS,   /* s*b*(heads + kv_heads): a statistic per q and k head (Qwen3); s*b*2 with
+                          norms over the whole q and k (OLMo-2: zo_model_qk_norm_rows) */
 } plan_act_width;
 
 enum {
@@ -335,6 +336,7 @@ enum {
     PLAN_ACT_TWO_NORMS = 1 << 9, /* only with a norm of its own before the MLP */
     PLAN_ACT_MLA = 1 << 10,     /* only with latent attention */
     PLAN_ACT_QKNORM = 1 << 11,  /* only with q/k norms */
+    PLAN_ACT_PRE_NORM = 1 << 12, /* only with norms before the attention and the MLP (not OLMo-2's) */
 };
 
 typedef struct plan_act_entry {

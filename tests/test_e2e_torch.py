@@ -401,6 +401,37 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
+    # OLMo-2: no norm before the attention or the MLP, one on each one's output (before the
+    # residual add), q_norm and k_norm over the whole q (2 x 128) and k (1 x 128) projections
+    # before the heads are split (GQA: k's norm half as wide as q's), norm weights 1 + 0.3 N(0, 1),
+    # OLMo-2-7B's rope_theta and eps, untied
+    "olmo2": dict(
+        seed=81,
+        config={"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "rope_scaling": None,
+                "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=2e-2), qlora=True, qlora_merge=True, resume=True),
+    # OLMo-3: OLMo-2's layers, layer 0 sliding over a window of 64 (the sequence is 130) with
+    # rope_theta's rotary unscaled, layer 1 global with yarn's (the pairs past 8 of 64 divided by
+    # 8, cos and sin times the given attention_factor, 2: at OLMo-3's three sliding layers of four,
+    # or at 1.2, no rope_scaling moved the reference's loss by 1e-3; test_planner_families has the
+    # default pattern)
+    "olmo3": dict(
+        seed=82,
+        config={"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "intermediate_size": 256, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "sliding_window": 64,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+                                 "attention_factor": 2.0, "beta_fast": 32.0, "beta_slow": 1.0},
+                "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+        lora=dict(r=4, alpha=8.0, targets="all-linear", lr=2e-2), qlora=True),
 }
 # Granite (GraniteForCausalLM, granite-3.x's kind): LLaMA layers with heads of 64, GQA, tied, and
 # the four multipliers far from 1: the embeddings times 12, the scores times 1/64 (not 1/sqrt(64)),
@@ -1598,9 +1629,10 @@ def check_family(train, name, workdir):
             ck.rel(f"--loss-chunk step {k} loss", cl[k], want_l[k])
             ck.rel(f"--loss-chunk step {k} grad norm", cn[k], want_n[k], slack=5e-5)
         ck.rel("--loss-chunk eval loss", cev, want_ev)
-    if is_moe(c) or c["model_type"] in ("gemma2", "gemma3_text"):
-        # the MoE layer recomputed in backward (its routing redone), Gemma-2's post norms (their
-        # inputs and 1/rms kept by the recompute), and streamed from host memory: the same run
+    if is_moe(c) or c["model_type"] in ("gemma2", "gemma3_text", "olmo2"):
+        # the MoE layer recomputed in backward (its routing redone), Gemma-2's and OLMo-2's post
+        # norms (their inputs and 1/rms kept by the recompute), and streamed from host memory: the
+        # same run
         recomputes = [["--recompute", "full", "--params-on", "cpu", "--checkpoints-on", "cpu"]]
         if not is_moe(c):
             recomputes.append(["--recompute", "ops"])
@@ -1609,7 +1641,7 @@ def check_family(train, name, workdir):
             print(f" recomputed: {rcmd}")
             ck.fact(f"losses, norms and eval loss with {' '.join(flags)} equal the first run's "
                     f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
-    if deepseek(c):
+    if deepseek(c) or spec.get("resume"):
         check_resume(ck, train, d, run, got_l, got_n, got_ev, weights=not v3_router(c))
     if sparse(name):
         check_experts_apart(ck, train, c, params, d, run, (got_l, got_n, got_ev), sdir, shard)

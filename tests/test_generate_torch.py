@@ -251,6 +251,20 @@ FAMILIES["gemma3_text"] = dict(
     FAMILIES["gemma2"], seed=55,
     config=dict(e2e.FAMILIES["gemma3_text"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                 sliding_window=24, eos_token_id=127))
+# OLMo-2: test_e2e_torch's (norms on the attention's and the MLP's outputs alone, q/k norms over
+# the whole projections before RoPE, so the cached keys are normed ones; GQA) with 4 layers
+# and LLaMA's adapters (PEFT's seven modules)
+FAMILIES["olmo2"] = dict(
+    seed=56, lora=FAMILIES["llama"]["lora"],
+    config=dict(e2e.FAMILIES["olmo2"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127))
+# OLMo-3: test_e2e_torch's layers, 4 of them without layer_types (Olmo3Config's default: three
+# sliding layers of four, their rotary unscaled, yarn's on the fourth), a window of 24, which the
+# sequences (5 or 11 + 32) pass
+FAMILIES["olmo3"] = dict(
+    FAMILIES["olmo2"], seed=58,
+    config=dict({k: v for k, v in e2e.FAMILIES["olmo3"]["config"].items() if k != "layer_types"},
+                num_hidden_layers=4, max_position_embeddings=128, sliding_window=24, eos_token_id=127))
 
 
 # GPT-NeoX (query_key_value interleaved per head in the file, rotary on a quarter of each 64-wide

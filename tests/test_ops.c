@@ -2095,11 +2095,13 @@ static void rmsnorm_backward_case(int n, int cc, etype ty, int with_dw)
 static void parity_rmsnorm_backward(void) { norm_backward_cases(rmsnorm_backward_case, 1); }
 
 /* The q/k norms: n rows, the first `heads` of `width` heads of d
- * normalised (ld = width * d), at head sizes 64, 80 and 128 among odd ones */
+ * normalised (ld = width * d), at head sizes 64, 80 and 128 among odd ones,
+ * and OLMo-2-32B's whole-projection q norm (one run of 40 x 128 = 5120,
+ * the first of a row three runs wide) */
 static const int head_norm_cfg[][4] = {
     /* n  heads width d */
     {1, 1, 1, 1}, {3, 2, 3, 31}, {5, 4, 4, 33}, {7, 3, 5, 64}, {50, 16, 32, 128}, {33, 8, 16, 128}, {2, 1, 1, 300},
-    {9, 6, 7, 80},
+    {9, 6, 7, 80}, {3, 1, 3, 5120},
 };
 
 /* Against the weight gradient's row chunks (32 on the CPU; on CUDA of at

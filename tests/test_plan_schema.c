@@ -233,7 +233,8 @@ static const char *const optional_fields[] = {"training.recompute_layers", "trai
                                               "training.master", "training.loss_chunk",
                                               "hardware.nvme_read_bw_busy", "model.features.head_bias",
                                               "model.features.attn_out_nobias",
-                                              "model.features.qk_norm_heads", "model.text_model_of_multimodal"};
+                                              "model.features.qk_norm_heads", "model.text_model_of_multimodal",
+                                              "model.features.qk_norm_full", "model.features.post_norms_only"};
 
 static int is_optional(const char *name)
 {
@@ -271,6 +272,8 @@ static void test_required_and_unknown(void **state)
             assert_int_equal(q->model.head_bias, 0);
             assert_int_equal(q->model.attn_out_nobias, 0);
             assert_int_equal(q->model.qk_norm_heads, 0);
+            assert_int_equal(q->model.qk_norm_full, 0);
+            assert_int_equal(q->model.post_norms_only, 0);
             assert_int_equal(q->model.mm_text, 0);
             assert_int_equal(q->model.moe.sparsemixer, 0);
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);

@@ -211,6 +211,106 @@ static void expect_named(const char *json, const char *key)
         fail_msg("%s: status %d, \"%s\" (want %s named)", json, st, st ? zo_last_error() : "", want);
 }
 
+/* OLMo-2: a config with OLMo-2-7B's published shape (allenai/OLMo-2-1124-7B's
+ * config.json: hidden 4096, 32 layers, 32 heads and kv heads, intermediate
+ * 11008, vocab 100352, eps 1e-6, rope_theta 500000, untied), its count
+ * against one written here from the tensors Olmo2ForCausalLM holds; the
+ * layer's activations against a sum written here from what the runtime
+ * keeps; Olmo2Config's defaults; its refusals by name. */
+static void test_olmo2_config(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse(
+                         "{\"architectures\": [\"Olmo2ForCausalLM\"], \"model_type\": \"olmo2\", "
+                         "\"hidden_size\": 4096, \"num_hidden_layers\": 32, \"num_attention_heads\": 32, "
+                         "\"num_key_value_heads\": 32, \"intermediate_size\": 11008, \"vocab_size\": 100352, "
+                         "\"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-6, \"rope_theta\": 500000, "
+                         "\"rope_scaling\": null, \"attention_bias\": false, \"attention_dropout\": 0.0, "
+                         "\"hidden_act\": \"silu\", \"tie_word_embeddings\": false, \"pad_token_id\": 100277, "
+                         "\"eos_token_id\": 100257, \"torch_dtype\": \"float32\"}",
+                         "olmo2-7b.json", &c),
+                     ZO_OK);
+    const uint64_t h = 4096, L = 32, f = 11008, V = 100352;
+    /* a layer: q, k, v, o_proj (h x h each: 32 kv heads of 128), q_norm and
+     * k_norm (h each: the whole projections), post_attention_layernorm and
+     * post_feedforward_layernorm (h each), gate, up, down (h x f each); no
+     * input_layernorm */
+    uint64_t layer = 4 * h * h + 2 * h + 2 * h + 3 * h * f;
+    uint64_t want = L * layer + V * h /* embed_tokens */ + h /* norm */ + V * h /* lm_head */;
+    assert_int_equal(zo_model_params(&c), want);
+    assert_int_equal(want, 7298617344ull); /* (OLMo-2-7B: 7.30B) */
+    assert_true(c.qk_norm && c.qk_norm_full && c.post_norms_only && c.layer_norms == 2 && !c.tied_embeddings);
+    assert_true(c.norm_eps == 1e-6f && c.rope_theta == 500000.0f && zo_model_post_norms(&c) && !zo_model_pre_norms(&c));
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+
+    /* the layer's activations at 4096 tokens, bf16, flash attention: the
+     * layer's input (the attention's own: no norm before it), the q/k
+     * norms' inputs (q and k wide) and their 1/rms (two fp32 a token), q, k,
+     * v, the log-sum-exp (fp32 a head), o_proj's input, the two output
+     * norms' inputs, the residual between (the MLP's input), gate, up and
+     * the activation */
+    plan_train t;
+    plan_train_defaults(&t, &c);
+    t.seq = 4096;
+    t.micro_batch = 1;
+    t.dtype = ZO_DTYPE_BF16;
+    t.flash_attn = 1;
+    t.dropout = 0;
+    const uint64_t n = 4096, q = h, k = h;
+    uint64_t acts = 2 * (n * h + n * (q + k) + n * (q + 2 * k) + n * q + 2 * n * h + n * h + 3 * n * f) +
+                    4 * 2 * n + 4 * 32 * n;
+    assert_int_equal(plan_layer_act_bytes(&c, &t, 0), acts);
+
+    /* Olmo2Config's defaults: eps 1e-5, rope_theta 10000, the heads as kv heads, untied */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"olmo2\", " SHAPE_ONLY "}", "d.json", &c), ZO_OK);
+    assert_true(c.norm_eps == 1e-5f && c.rope_theta == 10000.0f && c.n_kv_heads == 8 && !c.tied_embeddings);
+    /* refused by name */
+    expect_named("{\"model_type\": \"olmo2\", \"use_sinks\": true, " SHAPE_ONLY "}", "use_sinks");
+    expect_named("{\"model_type\": \"olmo2\", \"attention_bias\": true, " SHAPE_ONLY "}", "attention_bias");
+}
+
+/* OLMo-3: OLMo-3-7B's published shape (OLMo-2-7B's but vocab 100278,
+ * 65536 positions, yarn over 8192, a window of 4096 on three layers of
+ * four): OLMo-2's count at its vocabulary, written here; the windowed
+ * layers and their unscaled rotary (rope_local_theta: rope_theta's, no
+ * rope_scaling); Olmo3Config's default pattern without layer_types; a
+ * layer_types off every p-th full layer refused by name. */
+static void test_olmo3_config(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse(
+                         "{\"architectures\": [\"Olmo3ForCausalLM\"], \"model_type\": \"olmo3\", "
+                         "\"hidden_size\": 4096, \"num_hidden_layers\": 8, \"num_attention_heads\": 32, "
+                         "\"num_key_value_heads\": 32, \"intermediate_size\": 11008, \"vocab_size\": 100278, "
+                         "\"max_position_embeddings\": 65536, \"rms_norm_eps\": 1e-6, \"rope_theta\": 500000, "
+                         "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8.0, "
+                         "\"original_max_position_embeddings\": 8192, \"attention_factor\": 1.2079441541679836, "
+                         "\"beta_fast\": 32, \"beta_slow\": 1}, \"sliding_window\": 4096, "
+                         "\"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"sliding_attention\", "
+                         "\"full_attention\", \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", "
+                         "\"full_attention\"], \"tie_word_embeddings\": false}",
+                         "olmo3-7b.json", &c),
+                     ZO_OK);
+    const uint64_t h = 4096, f = 11008, V = 100278;
+    uint64_t layer = 4 * h * h + 2 * h + 2 * h + 3 * h * f; /* (as OLMo-2's, above) */
+    assert_int_equal(zo_model_params(&c), 8 * layer + 2 * V * h + h);
+    assert_true(c.qk_norm_full && c.post_norms_only && c.sliding_window == 4096 && c.window_period == 4);
+    for (int l = 0; l < 8; l++) {
+        assert_int_equal(zo_model_layer_sliding(&c, l), (l + 1) % 4 != 0);
+        assert_int_equal(zo_model_layer_window(&c, l), (l + 1) % 4 ? 4096 : 0);
+    }
+    assert_true(c.rope_local_theta == c.rope_theta && !strcmp(c.rope_scaling, "yarn") && c.rope_factor == 8.0f);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+    /* Olmo3Config's defaults: a window of 4096 on all but every fourth layer */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"olmo3\", " SHAPE_ONLY "}", "d.json", &c), ZO_OK);
+    assert_true(c.sliding_window == 4096 && c.window_period == 4 && c.norm_eps == 1e-5f);
+    expect_named("{\"model_type\": \"olmo3\", \"layer_types\": [\"full_attention\", \"sliding_attention\"], "
+                 SHAPE_ONLY "}",
+                 "layer_types");
+}
+
 /* Phi-3.5-MoE: the preset is its config.json in every field that sizes or
  * computes it but the longrope lists (the config.json's alone: tf_init
  * refuses the preset's, by name); PhimoeConfig's defaults; refusals by name.
@@ -1186,6 +1286,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
         cmocka_unit_test(test_qwen3_presets),
+        cmocka_unit_test(test_olmo2_config),
+        cmocka_unit_test(test_olmo3_config),
         cmocka_unit_test(test_phimoe_config),
         cmocka_unit_test(test_phi_presets),
         cmocka_unit_test(test_gptj_presets),

@@ -2488,6 +2488,26 @@ static const char gemma2_config[] =
     "\"query_pre_attn_scalar\": 16, \"attn_logit_softcapping\": 0.02, \"final_logit_softcapping\": 0.1, "
     "\"sliding_window\": 8, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"tie_word_embeddings\": true}";
 
+/* OLMo-2: norms on the attention's and the MLP's outputs alone, q/k norms
+ * over the whole q (4 x 16) and k (2 x 16) projections, untied: its rows
+ * (and OLMo-3's) share Gemma-2's ctest entry (the other layers with output
+ * norms). */
+static const char olmo2_config[] =
+    "{\"model_type\": \"olmo2\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6, "
+    "\"rope_theta\": 500000.0, \"tie_word_embeddings\": false}";
+
+/* OLMo-3: OLMo-2's layers, the first three of four over a window of 8
+ * (the sequence is 32) with rope_theta's rotary, the fourth global with
+ * yarn's (Olmo3Config's default pattern: no layer_types). */
+static const char olmo3_config[] =
+    "{\"model_type\": \"olmo3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6, "
+    "\"rope_theta\": 500000.0, \"sliding_window\": 8, \"rope_scaling\": {\"rope_type\": \"yarn\", "
+    "\"factor\": 4.0, \"original_max_position_embeddings\": 16}, \"tie_word_embeddings\": false}";
+
 /* Gemma-3 text: Gemma-2's norms without caps, q/k norms times (1 + w), a
  * window of 8 on two layers of three with their own rotary base (10000;
  * the global layers' 1e6). */
@@ -2686,6 +2706,8 @@ static void test_family_gemma2(void **state)
 {
     (void)state;
     family_rows("gemma2", gemma2_config);
+    family_rows("olmo2", olmo2_config);
+    family_rows("olmo3", olmo3_config);
 }
 
 static void test_family_gemma3(void **state)

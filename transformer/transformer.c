@@ -24,8 +24,11 @@ static size_t stat_rows(const tf_model *m)
 /* Gemma, Gemma-2 and Gemma-3: RMSNorm times (1 + w) (Gemma-3's q/k norms
  * too), the embedding times sqrt(hidden), GeGLU */
 static int is_gemma(const tf_model *m) { return zo_family_gemma(m->cfg.family); }
-/* Gemma-2: norms on the attention's and the MLP's outputs */
+/* Gemma-2, OLMo-2: norms on the attention's and the MLP's outputs */
 static int post_norms(const tf_model *m) { return zo_model_post_norms(&m->cfg); }
+/* norms before the attention and the MLP (ln1, ln2): every layer but OLMo-2's,
+ * whose attention reads the layer's input and whose MLP reads x_mid */
+static int pre_norms(const zo_model_config *c) { return zo_model_pre_norms(c); }
 /* Rotary positions: LLaMA's, GPT-NeoX's and Falcon's on GPT layers */
 static int has_rope(const tf_model *m) { return !is_gpt(m) || m->cfg.pos == ZO_POS_ROTARY; }
 /* Whether layer l turns its q and k (not Cohere2's global layers) */
@@ -45,8 +48,13 @@ static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; 
 /* the LLaMA-shaped MLP's gate: GELU's tanh form (Gemma's GeGLU; the
  * runtime check refuses Gemma's other activations), else SiLU */
 static int tf_geglu(const zo_model_config *c) { return zo_family_gemma(c->family); }
-/* the heads Qwen3's q/k norms normalise per token (0 without them) */
-static int qk_heads(const zo_model_config *c) { return c->qk_norm ? c->n_heads + c->n_kv_heads : 0; }
+/* the q/k norms' inputs per token (q's and k's widths; 0 without them) and
+ * their 1/rms values per token (one a head; OLMo-2's whole-projection norms: two) */
+static size_t qk_norm_in(const zo_model_config *c)
+{
+    return c->qk_norm ? (size_t)(c->n_heads + c->n_kv_heads) * (size_t)c->head_dim : 0;
+}
+static size_t qk_rows(const zo_model_config *c) { return (size_t)zo_model_qk_norm_rows(c); }
 static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
 /* DeepSeek-V2's latent attention: the fused attention runs over heads of
  * head_dim = qk_nope + qk_rope for q, k and v alike (v zero-padded) */
@@ -442,10 +450,11 @@ static zo_status rope_upload(tf_model *m)
     return st;
 }
 
-/* The widest norm weight: hidden, or Gemma-3's q/k norms' head_dim. */
+/* The widest norm weight: hidden, or the q/k norms' (Gemma-3's head_dim,
+ * whole-projection ones q's width). */
 static size_t norm_width(const zo_model_config *c)
 {
-    return max_z((size_t)c->hidden, c->qk_norm ? (size_t)c->head_dim : 0);
+    return max_z((size_t)c->hidden, !c->qk_norm ? 0 : c->qk_norm_full ? (size_t)q_width(c) : (size_t)c->head_dim);
 }
 
 /* Gemma's norms multiply by 1 + w: m->norm_one's first norm_width floats
@@ -590,10 +599,11 @@ static zo_status gen_alloc(tf_model *m)
      * keys and values it attends; each new row's position */
     const int lat = latent_cache(m);
     size_t Hr = (size_t)c->n_heads * (lat ? (size_t)mla_row(c) : 0);
+    const int pre = pre_norms(c); /* (OLMo-2: no ln1, ln2) */
     const act_req r[] = {
-        {&a->ln1, L ? N * h * es : 0, "ln1"},
-        {(void **)&a->mean1, L ? N * 4 : 0, "ln1 mean"},
-        {(void **)&a->rstd1, L ? N * 4 : 0, "ln1 rstd"},
+        {&a->ln1, L && pre ? N * h * es : 0, "ln1"},
+        {(void **)&a->mean1, L && pre ? N * 4 : 0, "ln1 mean"},
+        {(void **)&a->rstd1, L && pre ? N * 4 : 0, "ln1 rstd"},
         {&a->qkv, L ? max_z(N * qkv_width(c), B * (lat ? Hr + 2 * (size_t)mla_row(c) : 0)) * es : 0, "qkv"},
         {&a->att, L ? max_z(N * q_width(c), B * Hr) * es : 0, "attention"},
         {&a->mla_qa, L ? N * (size_t)c->mla.q_rank * es : 0, "latent attention q_a"},
@@ -611,9 +621,9 @@ static zo_status gen_alloc(tf_model *m)
         /* Gemma-2: one input and 1/rms for both output norms (nothing kept) */
         {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "post norm input"},
         {(void **)&a->rstd3, L && post_norms(m) ? N * 4 : 0, "post norm rstd"},
-        {&a->ln2, L && !one_norm(c) ? N * h * es : 0, "ln2"},
-        {(void **)&a->mean2, L && !one_norm(c) ? N * 4 : 0, "ln2 mean"},
-        {(void **)&a->rstd2, L && !one_norm(c) ? N * 4 : 0, "ln2 rstd"},
+        {&a->ln2, L && pre && !one_norm(c) ? N * h * es : 0, "ln2"},
+        {(void **)&a->mean2, L && pre && !one_norm(c) ? N * 4 : 0, "ln2 mean"},
+        {(void **)&a->rstd2, L && pre && !one_norm(c) ? N * 4 : 0, "ln2 rstd"},
         {&a->fc, L ? N * f * es : 0, "mlp fc/gate"},
         {&a->up, L && llama ? N * f * es : 0, "mlp up"},
         {&a->act, L ? N * f * es : 0, "mlp activation"},
@@ -798,8 +808,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
              * backward reruns no down projection (its output is the norm's input) */
             const act_req r[] = {
                 {&a->qkv, N * qkv_width(c) * es, "qkv"},
-                {&a->qkn, N * qk_heads(c) * c->head_dim * es, "q/k norm inputs"},
-                {(void **)&a->qk_rstd, N * qk_heads(c) * 4, "q/k norm rstd"},
+                {&a->qkn, N * qk_norm_in(c) * es, "q/k norm inputs"},
+                {(void **)&a->qk_rstd, N * qk_rows(c) * 4, "q/k norm rstd"},
                 {&a->att, N * q_width(c) * es, "attention"},
                 {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
                 {&a->fc, N * f * es, "mlp fc/gate"},
@@ -817,12 +827,12 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         /* the router's and experts' buffers: an MoE layer's (DeepSeek's dense first layers have none) */
         size_t me = E && (shared || is_moe(m, (int)l)) ? 1 : 0;
         const act_req r[] = {
-            {&a->ln1, N * h * es, "ln1"},
-            {(void **)&a->mean1, N * 4, "ln1 mean"},
-            {(void **)&a->rstd1, N * 4, "ln1 rstd"},
+            {&a->ln1, pre_norms(c) ? N * h * es : 0, "ln1"},
+            {(void **)&a->mean1, pre_norms(c) ? N * 4 : 0, "ln1 mean"},
+            {(void **)&a->rstd1, pre_norms(c) ? N * 4 : 0, "ln1 rstd"},
             {&a->qkv, N * qkv_width(c) * es, "qkv"},
-            {&a->qkn, N * qk_heads(c) * c->head_dim * es, "q/k norm inputs"},
-            {(void **)&a->qk_rstd, N * qk_heads(c) * 4, "q/k norm rstd"},
+            {&a->qkn, N * qk_norm_in(c) * es, "q/k norm inputs"},
+            {(void **)&a->qk_rstd, N * qk_rows(c) * 4, "q/k norm rstd"},
             {&a->att, N * q_width(c) * es, "attention"},
             {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
             {&a->x_mid, parallel_residual(m) ? 0 : N * h * es, "residual mid"},
@@ -830,9 +840,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->pm_in, post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
             {(void **)&a->rstd3, post_norms(m) ? N * 4 : 0, "attention post norm rstd"},
             {(void **)&a->rstd4, post_norms(m) ? N * 4 : 0, "mlp post norm rstd"},
-            {&a->ln2, one_norm(c) ? 0 : N * h * es, "ln2"},
-            {(void **)&a->mean2, one_norm(c) ? 0 : N * 4, "ln2 mean"},
-            {(void **)&a->rstd2, one_norm(c) ? 0 : N * 4, "ln2 rstd"},
+            {&a->ln2, one_norm(c) || !pre_norms(c) ? 0 : N * h * es, "ln2"},
+            {(void **)&a->mean2, one_norm(c) || !pre_norms(c) ? 0 : N * 4, "ln2 mean"},
+            {(void **)&a->rstd2, one_norm(c) || !pre_norms(c) ? 0 : N * 4, "ln2 rstd"},
             {&a->fc, N * f * es, "mlp fc/gate"},
             {&a->up, llama ? N * f * es : 0, "mlp up"},
             {&a->act, N * f * es, "mlp activation"},
@@ -1728,33 +1738,48 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dx, gpu_t
 }
 
 
-/* k's part of the q/k norms' saved inputs and 1/rms (after q's N n_heads
- * heads): NULL where nothing is kept (generation) */
+/* The q/k norms' runs: q's heads, then k's, each run of its d elements
+ * normalised apart (Qwen3's, Cohere's: a run a head); OLMo-2's
+ * whole-projection norms (qk_norm_full) one run each, q's width and k's */
+typedef struct qk_norm_shape {
+    int qh, kh; /* q's runs, k's */
+    int dq, dk; /* their lengths */
+} qk_norm_shape;
+
+static qk_norm_shape qk_norm_shape_of(const zo_model_config *c)
+{
+    if (c->qk_norm_full) return (qk_norm_shape){1, 1, q_width(c), c->n_kv_heads * c->head_dim};
+    return (qk_norm_shape){c->n_heads, c->n_kv_heads, c->head_dim, c->head_dim};
+}
+
+/* k's part of the q/k norms' saved inputs and 1/rms (after q's N x q width
+ * and N x qh): NULL where nothing is kept (generation) */
 static void qk_norm_k_saved(const tf_model *m, const tf_layer_acts *a, gpu_tensor *sk, float **rk)
 {
     const size_t N = (size_t)m->b * m->t, es = zo_dtype_size(m->dtype), qw = (size_t)q_width(&m->cfg);
     *sk = gpu_t(a->qkn ? (char *)a->qkn + N * qw * es : NULL, m->dtype);
-    *rk = a->qk_rstd ? a->qk_rstd + N * (size_t)m->cfg.n_heads : NULL;
+    *rk = a->qk_rstd ? a->qk_rstd + N * (size_t)qk_norm_shape_of(&m->cfg).qh : NULL;
 }
 
 /* The q/k norms' kind: Cohere's (use_qk_norm) are LayerNorms without a
  * bias with a weight row per head, Qwen3's and Gemma-3's RMSNorms with one
- * weight */
+ * weight, OLMo-2's RMSNorms with one weight as wide as q or k */
 static int64_t qk_norm_w_stride(const zo_model_config *c) { return c->qk_norm_heads ? c->head_dim : 0; }
 static int qk_norm_centered(const zo_model_config *c) { return c->layer_norm; }
 
-/* The q and k norms, in place on qkv's heads (row stride qkv_width): each
- * query head by q_norm, each key head by k_norm, before RoPE. Training
- * keeps their inputs (less their means when centered) and 1/rms (a->qkn,
- * a->qk_rstd) for the backward; generation keeps neither (its acts have
- * none). */
+/* The q and k norms, in place on qkv's rows (row stride qkv_width): each
+ * query run by q_norm, each key run by k_norm (qk_norm_shape_of), before
+ * RoPE. Training keeps their inputs (less their means when centered) and
+ * 1/rms (a->qkn, a->qk_rstd) for the backward; generation keeps neither
+ * (its acts have none). */
 static zo_status qk_norm_forward(tf_model *m, gpu_stream_t s, const tf_layer_acts *a, const void *W, int blk,
                                  gpu_tensor qkv)
 {
     const zo_model_config *c = &m->cfg;
     if (!c->qk_norm) return ZO_OK;
     const size_t N = (size_t)m->b * m->t, es = zo_dtype_size(m->dtype), qw = (size_t)q_width(c);
-    const int ld = qkv_width(c), d = c->head_dim;
+    const int ld = qkv_width(c);
+    const qk_norm_shape sh = qk_norm_shape_of(c);
     gpu_tensor k = gpu_t((char *)qkv.data + qw * es, m->dtype), sk;
     float *rk;
     qk_norm_k_saved(m, a, &sk, &rk);
@@ -1762,16 +1787,16 @@ static zo_status qk_norm_forward(tf_model *m, gpu_stream_t s, const tf_layer_act
     gpu_tensor wq = bview(m, W, blk, MODEL_ROLE_Q_NORM_W), wk = bview(m, W, blk, MODEL_ROLE_K_NORM_W);
     const int64_t ws = qk_norm_w_stride(c);
     const int ctr = qk_norm_centered(c);
-    zo_status st = norm_weight_n(m, s, &wq, (size_t)d);
+    zo_status st = norm_weight_n(m, s, &wq, (size_t)sh.dq);
     if (st == ZO_OK)
-        st = gpu_head_norm_forward(s, qkv, ld, gpu_t(a->qkn, m->dtype), a->qk_rstd, wq, ws, (int)N, c->n_heads, d,
+        st = gpu_head_norm_forward(s, qkv, ld, gpu_t(a->qkn, m->dtype), a->qk_rstd, wq, ws, (int)N, sh.qh, sh.dq,
                                    c->norm_eps, ctr);
-    if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)d);
+    if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)sh.dk);
     return st != ZO_OK ? st
-                       : gpu_head_norm_forward(s, k, ld, sk, rk, wk, ws, (int)N, c->n_kv_heads, d, c->norm_eps, ctr);
+                       : gpu_head_norm_forward(s, k, ld, sk, rk, wk, ws, (int)N, sh.kh, sh.dk, c->norm_eps, ctr);
 }
 
-/* Their backward, in place on dqkv's q and k heads (the gradient of the
+/* Their backward, in place on dqkv's q and k runs (the gradient of the
  * norms' outputs in, of their inputs out); the weights' gradients into
  * `grads`, none with LoRA (frozen norms). */
 static zo_status qk_norm_backward(tf_model *m, gpu_stream_t s, const tf_layer_acts *a, const void *W,
@@ -1780,7 +1805,8 @@ static zo_status qk_norm_backward(tf_model *m, gpu_stream_t s, const tf_layer_ac
     const zo_model_config *c = &m->cfg;
     if (!c->qk_norm) return ZO_OK;
     const size_t N = (size_t)m->b * m->t, qw = (size_t)q_width(c);
-    const int ld = qkv_width(c), d = c->head_dim;
+    const int ld = qkv_width(c);
+    const qk_norm_shape sh = qk_norm_shape_of(c);
     gpu_tensor dq = F32(m->dqkv), dk = F32(m->dqkv + qw), sk;
     gpu_tensor dwq = tf_view(m, grads, blk, MODEL_ROLE_Q_NORM_W), dwk = tf_view(m, grads, blk, MODEL_ROLE_K_NORM_W);
     if (has_lora(m)) dwq = dwk = gpu_t(NULL, ZO_DTYPE_F32);
@@ -1789,13 +1815,13 @@ static zo_status qk_norm_backward(tf_model *m, gpu_stream_t s, const tf_layer_ac
     gpu_tensor wq = bview(m, W, blk, MODEL_ROLE_Q_NORM_W), wk = bview(m, W, blk, MODEL_ROLE_K_NORM_W);
     const int64_t ws = qk_norm_w_stride(c);
     const int ctr = qk_norm_centered(c);
-    zo_status st = norm_weight_n(m, s, &wq, (size_t)d);
+    zo_status st = norm_weight_n(m, s, &wq, (size_t)sh.dq);
     if (st == ZO_OK)
-        st = gpu_head_norm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), wq, ws, a->qk_rstd, (int)N, c->n_heads,
-                                    d, ctr);
-    if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)d);
+        st = gpu_head_norm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), wq, ws, a->qk_rstd, (int)N, sh.qh,
+                                    sh.dq, ctr);
+    if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)sh.dk);
     return st != ZO_OK ? st
-                       : gpu_head_norm_backward(s, dk, ld, dwk, sk, wk, ws, rk, (int)N, c->n_kv_heads, d, ctr);
+                       : gpu_head_norm_backward(s, dk, ld, dwk, sk, wk, ws, rk, (int)N, sh.kh, sh.dk, ctr);
 }
 
 /* ---- mixture of experts ----------------------------------------------------------------
@@ -2915,8 +2941,11 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     tf_layer_acts *a = &m->acts[l];
     const void *W = base_buf(m, bb);
     gpu_tensor x = gpu_t(m->res[l], dt), out = gpu_t(m->res[l + 1], dt);
-    gpu_tensor ln1 = gpu_t(a->ln1, dt), qkv = gpu_t(a->qkv, dt), att = gpu_t(a->att, dt);
-    gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(one_norm(c) ? a->ln1 : a->ln2, dt), tmp = gpu_t(m->tmp, dt);
+    /* (OLMo-2, no pre-norms: the attention reads x, the MLP x_mid) */
+    const int pre = pre_norms(c);
+    gpu_tensor ln1 = pre ? gpu_t(a->ln1, dt) : x, qkv = gpu_t(a->qkv, dt), att = gpu_t(a->att, dt);
+    gpu_tensor x_mid = gpu_t(a->x_mid, dt), tmp = gpu_t(m->tmp, dt);
+    gpu_tensor ln2 = !pre ? x_mid : gpu_t(one_norm(c) ? a->ln1 : a->ln2, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
     /* qkv (qkn, qk_rstd), att, lse, fc (and pm_in, rstd4) are the forward's */
@@ -2927,8 +2956,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     const int par = parallel_residual(m);
     /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b) (+ adapters); Qwen3's
      * norms on each q and k head; RoPE on q, k */
-    if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, bview(m, W, blk, MODEL_ROLE_LN1_W),
-                           bview(m, W, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK ||
+    if ((pre && (st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, bview(m, W, blk, MODEL_ROLE_LN1_W),
+                                   bview(m, W, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK) ||
         (par && !one_norm(c) &&
          (st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x, bview(m, W, blk, MODEL_ROLE_LN2_W),
                                    bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK))
@@ -2984,8 +3013,9 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
 
     /* MLP: GPT act = gelu(ln2 Wfc^T + bfc); LLaMA act = silu(ln2 Wg^T) * (ln2 Wu^T);
      * ln2 = norm(x_mid) (a parallel residual's is norm(x), above) */
-    if (!par && (st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, bview(m, W, blk, MODEL_ROLE_LN2_W),
-                                   bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK)
+    if (!par && pre &&
+        (st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, bview(m, W, blk, MODEL_ROLE_LN2_W),
+                           bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK)
         return st;
     if (is_moe(m, l)) {
         if ((st = moe_forward(m, l, bb, s, recompute)) != ZO_OK || recompute) return st;
@@ -3138,9 +3168,15 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     /* the base's gradients: none with LoRA (frozen) */
     const void *G = has_lora(m) ? NULL : bb->grads;
     gpu_tensor dres = F32(m->dres), dh = F32(m->dh), dff = F32(m->dff);
-    gpu_tensor x = gpu_t(m->res[l], dt), ln1 = gpu_t(a->ln1, dt), qkv = gpu_t(a->qkv, dt);
-    gpu_tensor att = gpu_t(a->att, dt), x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(one_norm(c) ? a->ln1 : a->ln2, dt);
+    /* (no pre-norms: ln1 is x, ln2 x_mid, and the projections' input
+     * gradients add straight into dres) */
+    const int pre = pre_norms(c);
+    gpu_tensor x = gpu_t(m->res[l], dt), ln1 = pre ? gpu_t(a->ln1, dt) : x, qkv = gpu_t(a->qkv, dt);
+    gpu_tensor att = gpu_t(a->att, dt), x_mid = gpu_t(a->x_mid, dt);
+    gpu_tensor ln2 = !pre ? x_mid : gpu_t(one_norm(c) ? a->ln1 : a->ln2, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
+    gpu_tensor dln = pre ? dh : dres; /* d ln1, d ln2's destination */
+    const float dln_beta = pre ? 0.0f : 1.0f;
     const linear_role down = {MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, TF_LORA_DOWN, h, f};
     const linear_role gate = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, TF_LORA_GATE, f, h};
     const linear_role up = {MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, TF_LORA_UP, f, h};
@@ -3159,12 +3195,12 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, ddown, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
         if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, act_form(c))) != ZO_OK) return st; /* dfc, in place */
-        if ((st = linear_role_backward(m, l, bb, s, up, dh, 0.0f, dff, ln2)) != ZO_OK) return st;
+        if ((st = linear_role_backward(m, l, bb, s, up, dln, dln_beta, dff, ln2)) != ZO_OK) return st;
     } else {
         gpu_tensor dup = F32(m->dff2), upa = gpu_t(a->up, dt);
         if ((st = gpu_swiglu_backward(s, dff, dup, dff, fc, upa, (size_t)N * f, tf_geglu(c))) != ZO_OK) return st; /* dgate in place */
-        if ((st = linear_role_backward(m, l, bb, s, gate, dh, 0.0f, dff, ln2)) != ZO_OK ||
-            (st = linear_role_backward(m, l, bb, s, up, dh, 1.0f, dup, ln2)) != ZO_OK)
+        if ((st = linear_role_backward(m, l, bb, s, gate, dln, dln_beta, dff, ln2)) != ZO_OK ||
+            (st = linear_role_backward(m, l, bb, s, up, dln, 1.0f, dup, ln2)) != ZO_OK)
             return st;
     }
     }
@@ -3172,8 +3208,9 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
      * d x_mid is d out, which the output projection reads first, and norm2
      * (of x) adds its share after it */
     const int par = parallel_residual(m);
-    if (!par && (st = norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
-                                    bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
+    if (!par && pre &&
+        (st = norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
+                            bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
 
     /* attention output projection: datt[N, q] = dres Wo (+ adapter) */
@@ -3202,9 +3239,11 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if (is_mla(c)) {
         if ((st = mla_qkv_backward(m, l, bb, s, ln1)) != ZO_OK) return st;
     } else if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
-               (st = linear_role_backward(m, l, bb, s, qkvp, dh, one_norm(c) ? 1.0f : 0.0f, dqkv, ln1)) != ZO_OK) {
+               (st = linear_role_backward(m, l, bb, s, qkvp, dln, one_norm(c) || !pre ? 1.0f : 0.0f, dqkv, ln1)) !=
+                   ZO_OK) {
         return st;
     }
+    if (!pre) return ZO_OK; /* (d x took d ln1 above) */
     /* dres (= d x) += norm1 backward */
     return norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
                          bview(m, W, blk, MODEL_ROLE_LN1_W), a->mean1, a->rstd1, N);
