@@ -150,6 +150,9 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
     uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
     int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT, post = zo_model_post_norms(m);
     uint64_t pre = (uint64_t)(layers && zo_model_pre_norms(m)); /* (OLMo-2: no ln1, ln2) */
+    /* a second norm (not Falcon-7B's one for both) and the residual between
+     * the attention and the MLP (not where the two run in parallel) */
+    uint64_t pre2 = pre * (uint64_t)(m->layer_norms != 1), mid = (uint64_t)(layers && !m->parallel_block);
     const int lat = latent(m, g);
     const uint64_t H = (uint64_t)m->n_heads, kvr = (uint64_t)m->mla.kv_rank;
     const uint64_t kvw = H * (uint64_t)(m->mla.qk_nope + m->mla.v_dim);
@@ -162,9 +165,9 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         N * 4, B * 4,                                           /* tokens, positions */
         pre * N * h * es, pre * N * 4, pre * N * 4,             /* ln1, its mean and rstd */
         layers * qkv_n * es, layers * q_n * es,                 /* qkv, attention */
-        layers * N * h * es, pre * N * h * es,                  /* the residual between, ln2 */
+        mid * N * h * es, pre2 * N * h * es,                    /* the residual between, ln2 */
         layers * post * N * h * es, layers * post * N * 4,      /* Gemma-2: an output norm's input, 1/rms */
-        pre * N * 4, pre * N * 4,                               /* ln2's mean and rstd */
+        pre2 * N * 4, pre2 * N * 4,                             /* ln2's mean and rstd */
         layers * N * f * es, layers * llama * N * f * es, layers * N * f * es, /* fc/gate, up, act */
         layers * N * (uint64_t)lora_cols * es,                  /* the adapters' A x */
         N * h * es,                                             /* a projection's scratch */

@@ -33,7 +33,8 @@ static char nvme_dir[64];
 /* The families of the cases: gpt (1) or not (0, LLaMA), and the mixtures of
  * experts and Gemma-2 (its output norms' buffers), from their Hugging Face
  * configs. */
-enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3, FAM_GEMMA2 = 4, FAM_DEEPSEEK = 5, FAM_DEEPSEEK_V2 = 6, FAM_PHI3 = 7 };
+enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3, FAM_GEMMA2 = 4, FAM_DEEPSEEK = 5, FAM_DEEPSEEK_V2 = 6, FAM_PHI3 = 7,
+       FAM_FALCON = 8 };
 
 /* Phi-3 with longrope over an original length of 16 (lists of 32 for
  * head_dim 64): generation past it runs the crossing's forward of 17 tokens
@@ -61,6 +62,17 @@ static zo_model_config model(int gpt, int layers)
 {
     zo_model_config m;
     if (gpt == FAM_PHI3) return phi3_longrope(layers);
+    if (gpt == FAM_FALCON) { /* Falcon-7B's layer: one norm for a parallel attention and MLP, multi-query */
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"falcon\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
+                 "\"num_attention_heads\": 4, \"multi_query\": true, \"parallel_attn\": true, "
+                 "\"new_decoder_architecture\": false, \"vocab_size\": 320, \"bias\": false}",
+                 layers);
+        assert_int_equal(zo_model_config_parse(json, "falcon.json", &m), 0);
+        assert_true(m.layer_norms == 1 && m.parallel_block);
+        return m;
+    }
     if (gpt >= FAM_MIXTRAL) { /* Mixtral: 8 experts, 2 a token; Qwen2-MoE: 6, 3 a token, a shared expert */
         char json[1024];
         snprintf(json, sizeof json,
@@ -311,6 +323,12 @@ static void test_peaks(void **state)
          ZO_PLAN_FULL, 0, 0, 0},
         {"phi3 fp32, longrope crossing, LoRA r 4 all-linear, streamed", FAM_PHI3, 3, 2, 9, 20, ZO_DTYPE_F32,
          ZO_PLAN_CPU, ZO_PLAN_GPU, 1, ZO_PLAN_LORA, 4, all, 0},
+        /* Falcon-7B's layer: no second norm and no residual between (the attention and the MLP
+         * both read the one norm's output), neither kept; the prompt's rows outweigh the weights */
+        {"falcon bf16 (one norm, parallel), streamed from host", FAM_FALCON, 2, 8, 96, 3, ZO_DTYPE_BF16,
+         ZO_PLAN_CPU, ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0, 0},
+        {"falcon fp32 (one norm, parallel), resident", FAM_FALCON, 2, 8, 96, 3, ZO_DTYPE_F32, ZO_PLAN_GPU,
+         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0, 0},
     };
     int bad = 0;
     printf("  measured / planned peak bytes per tier:\n");
