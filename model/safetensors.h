@@ -168,7 +168,8 @@ typedef struct model_load_report {
     int n_missing;             /* layout tensors the checkpoint lacks */
     int n_unexpected;          /* checkpoint tensors that match nothing */
     int n_ignored;             /* buffers skipped: attention masks, rotary inv_freq, tied lm_head;
-                                  FP8 weights' _scale_inv (read with their weight) */
+                                  FP8 weights' _scale_inv (read with their weight); the routed
+                                  experts outside the layout's window (other ranks') */
     char first_missing[MODEL_TENSOR_NAME_MAX];
     char first_unexpected[MODEL_TENSOR_NAME_MAX];
 } model_load_report;

@@ -359,9 +359,19 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
 static zo_status load_start(const model_ckpt *c, const model_layout *l, unsigned flags,
                             model_load_report *rep)
 {
+    /* a rank's window of the routed experts (expert parallelism): the
+     * others' experts are the model's, read by the ranks holding them
+     * (strict loads only: model_lora_load counts them as unexpected) */
+    model_layout full;
+    int windowed = (flags & MODEL_LOAD_STRICT) && l->cfg.moe.experts > 0 && l->expert_count < l->cfg.moe.experts;
+    if (windowed) {
+        zo_status st = model_layout_init(&full, &l->cfg);
+        if (st != ZO_OK) return st;
+    }
     for (int i = 0; i < c->n_entries; i++) {
         int ignored;
         if (model_layout_match_hf(l, c->entries[i].name, &ignored)) continue;
+        if (!ignored && windowed && model_layout_match_hf(&full, c->entries[i].name, &ignored)) ignored = 1;
         if (ignored) {
             rep->n_ignored++;
             continue;
@@ -369,6 +379,7 @@ static zo_status load_start(const model_ckpt *c, const model_layout *l, unsigned
         rep->n_unexpected++;
         note_name(rep->first_unexpected, c->entries[i].name, rep->n_unexpected);
     }
+    if (windowed) model_layout_free(&full);
     if (rep->n_unexpected && (flags & MODEL_LOAD_STRICT))
         return zo_error(ZO_ERR_FORMAT,
                         "%s: %d tensor%s not in the model %s describes, first \"%s\" "

@@ -2381,8 +2381,10 @@ static void test_moe_ep_qwen3(void **state)
     /* DeepSeek-V3's router with a score correction, --ep 2 on 2 ranks at ZeRO-0 and ZeRO-3 */
     deepseek_v3_corrected_rows();
     /* GLM-4.5's layers (biased q/k/v, q/k norms, half-rotary heads) with
-     * that router, the same rows */
+     * that router, the same rows, then LoRA on every linear layer (the
+     * biased projections' adapters, each rank's experts') at ZeRO-0 */
     ep_rows_of(8, "glm", 0, 1);
+    ep_rows_of(8, "glml", 1, 0);
 }
 
 /* LoRA and QLoRA with --ep 2 on 4 ranks: two data-parallel replicas of
