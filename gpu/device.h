@@ -263,7 +263,17 @@ zo_status gpu_head_norm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu
  * their tensor-core products); the other paths and the CPU backend do not.
  * The CUDA backend also sets it for every backward under
  * ZO_ATTENTION_GRADS=16bit. 0 (the default): each is carried as a high and
- * a low 16-bit part (about 16 significant bits with bf16). */
+ * a low 16-bit part (about 16 significant bits with bf16).
+ * With sinks (device memory, fp32 [hq]; NULL: none), head h's sink logit
+ * sinks[h] joins every score row of that head in the softmax (after the
+ * scale, cap, bias and window) as one more column whose probability is then
+ * dropped: gpt-oss's attention sinks. A row's weights sum below 1: out is
+ * sum_j exp(s_j - lse) v_j with lse = log(exp(sinks[h]) + sum_j exp(s_j))
+ * (the saved lse includes the sink), and the backward, given that lse and
+ * out, needs no other change. dsinks (the backward only; fp32 [hq], NULL:
+ * the sinks are frozen) is overwritten with the sinks' gradient:
+ * dsinks[h] = -sum over b, i of exp(sinks[h] - lse[b,h,i]) (dout . out)
+ * of that row. The cached attention refuses sinks. */
 typedef struct gpu_attn_desc {
     int b, t, hq, hkv, d;
     int window;
@@ -272,6 +282,8 @@ typedef struct gpu_attn_desc {
     float alibi;   /* 0: none; > 0: ALiBi's bias times this */
     int alibi_bf16; /* with alibi: the bias rounded as Falcon's (above) */
     int grads16;    /* backward: 16-bit P, dS and dO allowed (above) */
+    const float *sinks; /* fp32 [hq] sink logits (above); NULL: none */
+    float *dsinks;      /* backward: fp32 [hq] their gradient, overwritten; NULL: none */
 } gpu_attn_desc;
 
 /* Callable on the host and, in CUDA sources, on the device. */

@@ -110,6 +110,8 @@ static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
         return zo_error(ZO_ERR_INVALID, "%s: alibi %g must be finite and >= 0", op, (double)d->alibi);
     if (d->alibi_bf16 != 0 && d->alibi_bf16 != 1)
         return zo_error(ZO_ERR_INVALID, "%s: alibi_bf16 %d must be 0 or 1", op, d->alibi_bf16);
+    /* the backward's p[2], dsinks: the gradient of sinks (p[1]) */
+    if (a->p[2] && !a->p[1]) return zo_error(ZO_ERR_INVALID, "%s: dsinks without sinks", op);
     return ZO_OK;
 }
 

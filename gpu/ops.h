@@ -127,10 +127,11 @@ typedef struct gpu_op_slot {
       (GPU_T(0, dx), GPU_TOPT(1, dw), GPU_T(2, saved), GPU_T(3, w), GPU_P(0, rstd), GPU_DIM(0, n),  \
        GPU_DIM(1, heads), GPU_DIM(2, d), GPU_INT(3, ldx), GPU_INT(4, w_stride), GPU_INT(5, centered)), \
       gpu_check_heads)                                                                           \
-    X(ATTENTION_FORWARD, attention_forward, (GPU_T(0, out), GPU_T(1, qkv), GPU_P(0, lse)),      \
-      gpu_check_attn)                                                                            \
+    X(ATTENTION_FORWARD, attention_forward,                                                     \
+      (GPU_T(0, out), GPU_T(1, qkv), GPU_P(0, lse), GPU_POPT(1, sinks)), gpu_check_attn)          \
     X(ATTENTION_BACKWARD, attention_backward,                                                   \
-      (GPU_T(0, dqkv), GPU_T(1, dout), GPU_T(2, qkv), GPU_T(3, out), GPU_P(0, lse)),             \
+      (GPU_T(0, dqkv), GPU_T(1, dout), GPU_T(2, qkv), GPU_T(3, out), GPU_P(0, lse),              \
+       GPU_POPT(1, sinks), GPU_POPT(2, dsinks)),                                                  \
       gpu_check_attn)                                                                            \
     X(ATTENTION_CACHED, attention_cached,                                                       \
       (GPU_T(0, out), GPU_T(1, qkv), GPU_T(2, k_cache), GPU_T(3, v_cache), GPU_P(0, pos),         \

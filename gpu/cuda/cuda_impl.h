@@ -184,6 +184,15 @@ zo_status cuda_launch_attention_backward(cudaStream_t st, const gpu_attn_desc *a
                                          gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
                                          gpu_tensor out, const float *lse);
 
+/* attention sinks (gpu/device.h), around any path's kernels: the forward's
+ * out rows rescaled and lse raised to include the sink (out rounded twice
+ * when 16-bit); the backward's dsinks from dout, the forward's out and lse */
+zo_status cuda_launch_attention_sink_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
+                                             float *lse, const float *sinks);
+zo_status cuda_launch_attention_sink_backward(cudaStream_t st, const gpu_attn_desc *a, float *dsinks,
+                                              const float *sinks, gpu_tensor dout, gpu_tensor out,
+                                              const float *lse);
+
 /* the cache's rows: a sequence whose positions leave the cache is recorded
  * in err (CUDA_ERR_ATTN_CACHED) and skipped */
 zo_status cuda_launch_attention_cached(cudaStream_t st, cuda_err_rec *err, const gpu_attn_desc *a,
