@@ -381,6 +381,18 @@ zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, 
     RUN(SWIGLU_BACKWARD, .t = {dgate, dup, dy, gate, up}, .i = {gelu}, .n = n);
 }
 
+zo_status gpu_swiglu_clamped_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n,
+                                     float limit, float alpha)
+{
+    RUN(SWIGLU_FORWARD, .t = {y, gate, up}, .i = {GPU_GLU_CLAMPED}, .f = {limit, alpha}, .n = n);
+}
+
+zo_status gpu_swiglu_clamped_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
+                                      gpu_tensor gate, gpu_tensor up, size_t n, float limit, float alpha)
+{
+    RUN(SWIGLU_BACKWARD, .t = {dgate, dup, dy, gate, up}, .i = {GPU_GLU_CLAMPED}, .f = {limit, alpha}, .n = n);
+}
+
 zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
                                 gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab)
 {

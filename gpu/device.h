@@ -408,11 +408,21 @@ zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_te
 /* SwiGLU: y = silu(gate) * up, all [n] elements; with gelu 1 GeGLU
  * (Gemma): y = gelu(gate) * up, GELU's tanh form as above. Backward:
  * dgate = dy * up * act'(gate), dup = dy * act(gate) (either may alias an
- * input). */
+ * input). gelu is the op's form: GPU_GLU_SILU, GPU_GLU_GELU, or
+ * GPU_GLU_CLAMPED, which only gpu_swiglu_clamped_* below run. */
+enum { GPU_GLU_SILU = 0, GPU_GLU_GELU = 1, GPU_GLU_CLAMPED = 2, GPU_GLU_COUNT };
 zo_status gpu_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,
                              size_t n, int gelu);
 zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
                               gpu_tensor gate, gpu_tensor up, size_t n, int gelu);
+/* gpt-oss's experts' GLU (GPU_GLU_CLAMPED): g = min(gate, limit), u =
+ * clamp(up, -limit, limit), y = (u + 1) g sigmoid(alpha g) (swiglu_limit
+ * 7, alpha 1.702). Backward as above; a clamped input's gradient is 0 past
+ * the limit and passes at it (torch.clamp's). limit > 0, alpha finite. */
+zo_status gpu_swiglu_clamped_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n,
+                                     float limit, float alpha);
+zo_status gpu_swiglu_clamped_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
+                                      gpu_tensor gate, gpu_tensor up, size_t n, float limit, float alpha);
 
 /* ---- ops: embedding and loss ----------------------------------------------------
  * out[n,c] = wte[tokens[r]] (+ wpe[r % t] when wpe.data != NULL).
@@ -591,7 +601,12 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
 /* How the router weighs the k experts it chooses (gpu_moe_router_*'s mode). */
 typedef enum gpu_moe_route {
     GPU_MOE_ROUTE_SOFTMAX = 0, /* p of the softmax over all e experts (Qwen2-MoE's default) */
-    GPU_MOE_ROUTE_NORM = 1,    /* p divided by the chosen ones' sum (Mixtral) */
+    /* p divided by the chosen ones' sum (Mixtral). Also gpt-oss's router
+     * (top k of the logits, then a softmax over those k alone): the softmax
+     * is monotone, so the same k, and p_i / sum of the chosen p_j =
+     * exp(l_i) / sum of the chosen exp(l_j). Its router's linear bias is
+     * the logits' (added before this op), not `gate.bias` below. */
+    GPU_MOE_ROUTE_NORM = 1,
     /* Phi-3.5-MoE's sparsemixer in its eval form, k 2: i1 = argmax s (s the
      * row's logits, ties to the lower index), m = s_i1; every expert j with
      * (m - s_j) / max(|s_j|, m) > 2 eps (the ratio in double) is masked out,

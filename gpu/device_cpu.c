@@ -659,14 +659,14 @@ static zo_status cpu_run_gelu_backward(cpu_scratch *ws, const gpu_op_args *a, in
 static zo_status cpu_run_swiglu_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     (void)ws;
-    cpu_swiglu_forward(a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0], nt);
+    cpu_swiglu_forward(a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0], a->f[0], a->f[1], nt);
     return ZO_OK;
 }
 
 static zo_status cpu_run_swiglu_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     (void)ws;
-    cpu_swiglu_backward(a->t[0], a->t[1], a->t[2], a->t[3], a->t[4], a->n, (int)a->i[0], nt);
+    cpu_swiglu_backward(a->t[0], a->t[1], a->t[2], a->t[3], a->t[4], a->n, (int)a->i[0], a->f[0], a->f[1], nt);
     return ZO_OK;
 }
 

@@ -165,6 +165,18 @@ static zo_status gpu_check_act(const char *op, const gpu_op_args *a)
     return ZO_OK;
 }
 
+/* the GLU's form, i[0]; the clamped form's limit f[0] and alpha f[1] */
+static zo_status gpu_check_glu(const char *op, const gpu_op_args *a)
+{
+    if (a->i[0] < 0 || a->i[0] >= GPU_GLU_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: GLU form %lld is not one of 0..%d", op, (long long)a->i[0],
+                        GPU_GLU_COUNT - 1);
+    if (a->i[0] == GPU_GLU_CLAMPED && (!(a->f[0] > 0.0f) || !isfinite(a->f[0]) || !isfinite(a->f[1])))
+        return zo_error(ZO_ERR_INVALID, "%s: clamped GLU's limit %g must be finite and > 0, alpha %g finite", op,
+                        (double)a->f[0], (double)a->f[1]);
+    return ZO_OK;
+}
+
 static zo_status gpu_check_ce_inplace(const char *op, const gpu_op_args *a)
 {
     if (a->t[0].data == a->t[1].data && a->t[0].dtype != a->t[1].dtype)

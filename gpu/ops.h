@@ -151,11 +151,11 @@ typedef struct gpu_op_slot {
     X(GELU_BACKWARD, gelu_backward,                                                           \
       (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x), GPU_INT(0, form)), gpu_check_act)     \
     X(SWIGLU_FORWARD, swiglu_forward,                                                           \
-      (GPU_N(n), GPU_T(0, y), GPU_T(1, gate), GPU_T(2, up), GPU_INT(0, gelu)), NULL)             \
+      (GPU_N(n), GPU_T(0, y), GPU_T(1, gate), GPU_T(2, up), GPU_INT(0, gelu)), gpu_check_glu)    \
     X(SWIGLU_BACKWARD, swiglu_backward,                                                         \
       (GPU_N(n), GPU_T(0, dgate), GPU_T(1, dup), GPU_T(2, dy), GPU_T(3, gate), GPU_T(4, up),     \
        GPU_INT(0, gelu)),                                                                        \
-      NULL)                                                                                      \
+      gpu_check_glu)                                                                             \
     X(EMBEDDING_FORWARD, embedding_forward,                                                     \
       (GPU_T(0, out), GPU_T(1, wte), GPU_TOPT(2, wpe), GPU_P(0, tokens), GPU_DIM(0, n),          \
        GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab), GPU_POPT(1, pos), GPU_INT(4, n_pos)),    \

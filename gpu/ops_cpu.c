@@ -1692,6 +1692,29 @@ VEC_CLONES static void geglu_bwd_f32(float *restrict dgate, float *restrict dup,
     }
 }
 
+/* gpt-oss's clamped GLU (gpu/device.h): g = min(gate, lim), u = clamp(up,
+ * -lim, lim), y = (u + 1) g sigmoid(al g) */
+VEC_CLONES static void glu_clamped_fwd_f32(float *y, const float *gate, const float *up, int n, float lim, float al)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) {
+        float g = gate[i] < lim ? gate[i] : lim, u = up[i] < -lim ? -lim : up[i] > lim ? lim : up[i];
+        y[i] = (u + 1.0f) * g / (1.0f + fexp(-al * g));
+    }
+}
+
+VEC_CLONES static void glu_clamped_bwd_f32(float *restrict dgate, float *restrict dup, const float *restrict dy,
+                                           const float *restrict gate, const float *restrict up, int n, float lim,
+                                           float al)
+{
+    for (int i = 0; i < n; i++) {
+        float g = gate[i] < lim ? gate[i] : lim, u = up[i] < -lim ? -lim : up[i] > lim ? lim : up[i];
+        float gy = dy[i], sg = 1.0f / (1.0f + fexp(-al * g));
+        dup[i] = up[i] < -lim || up[i] > lim ? 0.0f : gy * g * sg;
+        dgate[i] = gate[i] > lim ? 0.0f : gy * (u + 1.0f) * sg * (1.0f + al * g * (1.0f - sg));
+    }
+}
+
 static size_t ew_blocks(size_t n) { return (n + EW_BLOCK - 1) / EW_BLOCK; }
 static int ew_len(size_t blk, size_t n)
 {
@@ -1724,7 +1747,8 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
     }
 }
 
-void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, int nt)
+void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, float limit,
+                        float alpha, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1732,13 +1756,16 @@ void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, 
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *py = out_f32(y, off, by);
-        (gelu ? geglu_fwd_f32 : swiglu_fwd_f32)(py, in_f32(gate, off, len, bg), in_f32(up, off, len, bu), len);
+        if (gelu == GPU_GLU_CLAMPED)
+            glu_clamped_fwd_f32(py, in_f32(gate, off, len, bg), in_f32(up, off, len, bu), len, limit, alpha);
+        else
+            (gelu ? geglu_fwd_f32 : swiglu_fwd_f32)(py, in_f32(gate, off, len, bg), in_f32(up, off, len, bu), len);
         out_done(y, off, py, len);
     }
 }
 
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
-                         gpu_tensor up, size_t n, int gelu, int nt)
+                         gpu_tensor up, size_t n, int gelu, float limit, float alpha, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1746,8 +1773,12 @@ void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_te
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         /* the gradients may overwrite the inputs: compute into buffers */
-        (gelu ? geglu_bwd_f32 : swiglu_bwd_f32)(bdg, bdu, in_f32(dy, off, len, bdy), in_f32(gate, off, len, bg),
-                       in_f32(up, off, len, bu), len);
+        if (gelu == GPU_GLU_CLAMPED)
+            glu_clamped_bwd_f32(bdg, bdu, in_f32(dy, off, len, bdy), in_f32(gate, off, len, bg),
+                                in_f32(up, off, len, bu), len, limit, alpha);
+        else
+            (gelu ? geglu_bwd_f32 : swiglu_bwd_f32)(bdg, bdu, in_f32(dy, off, len, bdy), in_f32(gate, off, len, bg),
+                                                    in_f32(up, off, len, bu), len);
         store_row(dgate, off, bdg, len);
         store_row(dup, off, bdu, len);
     }

@@ -697,6 +697,19 @@ static void ref_gelu_backward(const gpu_op_args *a, hostv *h)
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
+/* gpt-oss's clamped GLU as modeling_gpt_oss writes it: gate.clamp(max=limit),
+ * up.clamp(-limit, limit), glu = gate * sigmoid(gate * alpha), (up + 1) * glu;
+ * y and, with dy, the gradients (torch.clamp's: 0 outside, passed at the
+ * bounds) into *y, *dg, *du */
+static void glu_clamped_d(double g, double u, double lim, double al, double dy, double *y, double *dg, double *du)
+{
+    double gc = g > lim ? lim : g, uc = u > lim ? lim : u < -lim ? -lim : u;
+    double sg = 1.0 / (1.0 + exp(-gc * al)), glu = gc * sg;
+    *y = (uc + 1.0) * glu;
+    *du = u > lim || u < -lim ? 0.0 : dy * glu;
+    *dg = g > lim ? 0.0 : dy * (uc + 1.0) * (sg + gc * al * sg * (1.0 - sg));
+}
+
 /* The gate's activation and its derivative: silu, or with i[0] (GeGLU)
  * GELU's tanh form written as 0.5 g (1 + tanh(u)) */
 static void gate_act_d(int gelu, double g, double *f, double *df)
@@ -714,6 +727,13 @@ static void gate_act_d(int gelu, double g, double *f, double *df)
 
 static void ref_swiglu_forward(const gpu_op_args *a, hostv *h)
 {
+    if (a->i[0] == GPU_GLU_CLAMPED) {
+        for (size_t i = 0; i < a->n; i++) {
+            double dg, du;
+            glu_clamped_d(h->T[1][i], h->T[2][i], a->f[0], a->f[1], 0.0, &h->T[0][i], &dg, &du);
+        }
+        return;
+    }
     for (size_t i = 0; i < a->n; i++) {
         double f, df;
         gate_act_d((int)a->i[0], h->T[1][i], &f, &df);
@@ -724,6 +744,13 @@ static void ref_swiglu_forward(const gpu_op_args *a, hostv *h)
 /* t: dgate dup dy gate up */
 static void ref_swiglu_backward(const gpu_op_args *a, hostv *h)
 {
+    if (a->i[0] == GPU_GLU_CLAMPED) {
+        for (size_t i = 0; i < a->n; i++) {
+            double y;
+            glu_clamped_d(h->T[3][i], h->T[4][i], a->f[0], a->f[1], h->T[2][i], &y, &h->T[0][i], &h->T[1][i]);
+        }
+        return;
+    }
     for (size_t i = 0; i < a->n; i++) {
         double f, df, u = h->T[4][i], dy = h->T[2][i];
         gate_act_d((int)a->i[0], h->T[3][i], &f, &df);
@@ -2874,10 +2901,14 @@ static const size_t ew_sizes[] = {1, 15, 16, 17, 255, 256, 257, 2047, 2048, 2049
 static void ew_case(gpu_op_id op, int n_t, int n_out, double lo, double hi, int64_t i0, size_t n, etype ty)
 {
     int act = op == GPU_OP_GELU_FORWARD || op == GPU_OP_GELU_BACKWARD;
-    pcase c = new_case(op, "n %zu %s%s", n, ename(ty), !i0 ? "" : !act ? " gelu" : i0 == GPU_ACT_RELU ? " relu" : " erf");
+    const int clamped = !act && i0 == GPU_GLU_CLAMPED;
+    pcase c = new_case(op, "n %zu %s%s", n, ename(ty),
+                       !i0 ? "" : clamped ? " clamped" : !act ? " gelu" : i0 == GPU_ACT_RELU ? " relu" : " erf");
     c.a.n = n;
-    c.a.i[0] = i0;     /* the gated activations' gelu flag, the activation's form */
+    c.a.i[0] = i0;     /* the gated activations' form, the activation's form */
     c.a.f[0] = 0.375f; /* scale's alpha */
+    if (clamped) /* a limit inside the inputs' range, so that both clamps bite; gpt-oss's alpha */
+        c.a.f[0] = 2.5f, c.a.f[1] = 1.702f;
     for (int k = 0; k < n_t; k++) {
         int b = k < n_out ? OUT_T(&c, k, ty, n) : IN_T(&c, k, ty, n);
         c.buf[b].lo = lo, c.buf[b].hi = hi;
@@ -2924,16 +2955,24 @@ static void gelu_grid(gpu_op_id op, int n_t)
 }
 static void parity_gelu_forward(void) { gelu_grid(GPU_OP_GELU_FORWARD, 2); }
 static void parity_gelu_backward(void) { gelu_grid(GPU_OP_GELU_BACKWARD, 3); }
-/* SwiGLU, then GeGLU (gelu 1: Gemma's MLP) */
+/* SwiGLU, then GeGLU (gelu 1: Gemma's MLP), then gpt-oss's clamped form
+ * (limit 2.5 inside [-6, 4]: gates and ups past it on both sides), which
+ * gives the random stream back when done */
 static void parity_swiglu_forward(void)
 {
     ew_grid(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0);
     ew_grid_i(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0, 1);
+    uint64_t keep = rng;
+    ew_grid_i(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0, GPU_GLU_CLAMPED);
+    rng = keep;
 }
 static void parity_swiglu_backward(void)
 {
     ew_grid(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0);
     ew_grid_i(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0, 1);
+    uint64_t keep = rng;
+    ew_grid_i(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0, GPU_GLU_CLAMPED);
+    rng = keep;
 }
 static void parity_scale(void) { ew_grid(GPU_OP_SCALE, 1, 1, -1.0, 1.0); }
 /* a cap of 0.375 (ew_grid's f[0]) over [-3, 3]: from linear to saturated */

@@ -229,11 +229,12 @@ zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, 
 zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
                                     size_t n, int form);
 /* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */
+/* gelu: the GLU's form (GPU_GLU_*); limit and alpha the clamped form's */
 zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
-                                     gpu_tensor up, size_t n, int gelu);
+                                     gpu_tensor up, size_t n, int gelu, float limit, float alpha);
 zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_tensor dup,
                                       gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n,
-                                      int gelu);
+                                      int gelu, float limit, float alpha);
 
 /* moe.cu */
 zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights, gpu_tensor logits,

@@ -381,13 +381,13 @@ static zo_status cuda_run_gelu_backward(const cuda_exec *e, const gpu_op_args *a
 
 static zo_status cuda_run_swiglu_forward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_swiglu_forward(e->stream, a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0]);
+    return cuda_launch_swiglu_forward(e->stream, a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0], a->f[0], a->f[1]);
 }
 
 static zo_status cuda_run_swiglu_backward(const cuda_exec *e, const gpu_op_args *a)
 {
     return cuda_launch_swiglu_backward(e->stream, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4],
-                                       a->n, (int)a->i[0]);
+                                       a->n, (int)a->i[0], a->f[0], a->f[1]);
 }
 
 static zo_status cuda_run_embedding_forward(const cuda_exec *e, const gpu_op_args *a)
