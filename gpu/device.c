@@ -314,7 +314,7 @@ zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tens
                                 float *lse, gpu_tensor qkv)
 {
     if (!a) return zo_error(ZO_ERR_INVALID, "gpu_attention_forward: desc is NULL");
-    RUN(ATTENTION_FORWARD, .t = {out, qkv}, .p = {lse}, .d.attn = *a);
+    RUN(ATTENTION_FORWARD, .t = {out, qkv}, .p = {lse, (void *)a->sinks}, .d.attn = *a);
 }
 
 zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor dqkv,
@@ -322,7 +322,8 @@ zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_ten
                                  const float *lse)
 {
     if (!a) return zo_error(ZO_ERR_INVALID, "gpu_attention_backward: desc is NULL");
-    RUN(ATTENTION_BACKWARD, .t = {dqkv, dout, qkv, out}, .p = {(void *)lse}, .d.attn = *a);
+    RUN(ATTENTION_BACKWARD, .t = {dqkv, dout, qkv, out}, .p = {(void *)lse, (void *)a->sinks, a->dsinks},
+        .d.attn = *a);
 }
 
 zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
@@ -330,6 +331,8 @@ zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tenso
                                const int32_t *pos, int tc)
 {
     if (!a) return zo_error(ZO_ERR_INVALID, "gpu_attention_cached: desc is NULL");
+    if (a->sinks || a->dsinks)
+        return zo_error(ZO_ERR_UNSUPPORTED, "gpu_attention_cached: attention sinks are not supported");
     RUN(ATTENTION_CACHED, .t = {out, qkv, k_cache, v_cache}, .p = {(void *)pos}, .i = {tc}, .d.attn = *a);
 }
 
@@ -376,6 +379,18 @@ zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, 
                               gpu_tensor gate, gpu_tensor up, size_t n, int gelu)
 {
     RUN(SWIGLU_BACKWARD, .t = {dgate, dup, dy, gate, up}, .i = {gelu}, .n = n);
+}
+
+zo_status gpu_swiglu_clamped_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n,
+                                     float limit, float alpha)
+{
+    RUN(SWIGLU_FORWARD, .t = {y, gate, up}, .i = {GPU_GLU_CLAMPED}, .f = {limit, alpha}, .n = n);
+}
+
+zo_status gpu_swiglu_clamped_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
+                                      gpu_tensor gate, gpu_tensor up, size_t n, float limit, float alpha)
+{
+    RUN(SWIGLU_BACKWARD, .t = {dgate, dup, dy, gate, up}, .i = {GPU_GLU_CLAMPED}, .f = {limit, alpha}, .n = n);
 }
 
 zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,

@@ -263,7 +263,17 @@ zo_status gpu_head_norm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu
  * their tensor-core products); the other paths and the CPU backend do not.
  * The CUDA backend also sets it for every backward under
  * ZO_ATTENTION_GRADS=16bit. 0 (the default): each is carried as a high and
- * a low 16-bit part (about 16 significant bits with bf16). */
+ * a low 16-bit part (about 16 significant bits with bf16).
+ * With sinks (device memory, fp32 [hq]; NULL: none), head h's sink logit
+ * sinks[h] joins every score row of that head in the softmax (after the
+ * scale, cap, bias and window) as one more column whose probability is then
+ * dropped: gpt-oss's attention sinks. A row's weights sum below 1: out is
+ * sum_j exp(s_j - lse) v_j with lse = log(exp(sinks[h]) + sum_j exp(s_j))
+ * (the saved lse includes the sink), and the backward, given that lse and
+ * out, needs no other change. dsinks (the backward only; fp32 [hq], NULL:
+ * the sinks are frozen) is overwritten with the sinks' gradient:
+ * dsinks[h] = -sum over b, i of exp(sinks[h] - lse[b,h,i]) (dout . out)
+ * of that row. The cached attention refuses sinks. */
 typedef struct gpu_attn_desc {
     int b, t, hq, hkv, d;
     int window;
@@ -272,6 +282,8 @@ typedef struct gpu_attn_desc {
     float alibi;   /* 0: none; > 0: ALiBi's bias times this */
     int alibi_bf16; /* with alibi: the bias rounded as Falcon's (above) */
     int grads16;    /* backward: 16-bit P, dS and dO allowed (above) */
+    const float *sinks; /* fp32 [hq] sink logits (above); NULL: none */
+    float *dsinks;      /* backward: fp32 [hq] their gradient, overwritten; NULL: none */
 } gpu_attn_desc;
 
 /* Callable on the host and, in CUDA sources, on the device. */
@@ -396,11 +408,21 @@ zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_te
 /* SwiGLU: y = silu(gate) * up, all [n] elements; with gelu 1 GeGLU
  * (Gemma): y = gelu(gate) * up, GELU's tanh form as above. Backward:
  * dgate = dy * up * act'(gate), dup = dy * act(gate) (either may alias an
- * input). */
+ * input). gelu is the op's form: GPU_GLU_SILU, GPU_GLU_GELU, or
+ * GPU_GLU_CLAMPED, which only gpu_swiglu_clamped_* below run. */
+enum { GPU_GLU_SILU = 0, GPU_GLU_GELU = 1, GPU_GLU_CLAMPED = 2, GPU_GLU_COUNT };
 zo_status gpu_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,
                              size_t n, int gelu);
 zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
                               gpu_tensor gate, gpu_tensor up, size_t n, int gelu);
+/* gpt-oss's experts' GLU (GPU_GLU_CLAMPED): g = min(gate, limit), u =
+ * clamp(up, -limit, limit), y = (u + 1) g sigmoid(alpha g) (swiglu_limit
+ * 7, alpha 1.702). Backward as above; a clamped input's gradient is 0 past
+ * the limit and passes at it (torch.clamp's). limit > 0, alpha finite. */
+zo_status gpu_swiglu_clamped_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n,
+                                     float limit, float alpha);
+zo_status gpu_swiglu_clamped_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
+                                      gpu_tensor gate, gpu_tensor up, size_t n, float limit, float alpha);
 
 /* ---- ops: embedding and loss ----------------------------------------------------
  * out[n,c] = wte[tokens[r]] (+ wpe[r % t] when wpe.data != NULL).
@@ -579,7 +601,12 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
 /* How the router weighs the k experts it chooses (gpu_moe_router_*'s mode). */
 typedef enum gpu_moe_route {
     GPU_MOE_ROUTE_SOFTMAX = 0, /* p of the softmax over all e experts (Qwen2-MoE's default) */
-    GPU_MOE_ROUTE_NORM = 1,    /* p divided by the chosen ones' sum (Mixtral) */
+    /* p divided by the chosen ones' sum (Mixtral). Also gpt-oss's router
+     * (top k of the logits, then a softmax over those k alone): the softmax
+     * is monotone, so the same k, and p_i / sum of the chosen p_j =
+     * exp(l_i) / sum of the chosen exp(l_j). Its router's linear bias is
+     * the logits' (added before this op), not `gate.bias` below. */
+    GPU_MOE_ROUTE_NORM = 1,
     /* Phi-3.5-MoE's sparsemixer in its eval form, k 2: i1 = argmax s (s the
      * row's logits, ties to the lower index), m = s_i1; every expert j with
      * (m - s_j) / max(|s_j|, m) > 2 eps (the ratio in double) is masked out,

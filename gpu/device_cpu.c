@@ -600,15 +600,25 @@ static zo_status cpu_run_head_norm_backward(cpu_scratch *ws, const gpu_op_args *
                                   (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[5], nt);
 }
 
+/* The desc with its sinks from the slots p[1], p[2] (gpu/ops.h) */
+static gpu_attn_desc attn_with_sinks(const gpu_op_args *a, int backward)
+{
+    gpu_attn_desc d = a->d.attn;
+    d.sinks = a->p[1];
+    d.dsinks = backward ? a->p[2] : NULL;
+    return d;
+}
+
 static zo_status cpu_run_attention_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_attention_forward(ws, &a->d.attn, a->t[0], a->p[0], a->t[1], nt);
+    gpu_attn_desc d = attn_with_sinks(a, 0);
+    return cpu_attention_forward(ws, &d, a->t[0], a->p[0], a->t[1], nt);
 }
 
 static zo_status cpu_run_attention_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_attention_backward(ws, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3], a->p[0],
-                                  nt);
+    gpu_attn_desc d = attn_with_sinks(a, 1);
+    return cpu_attention_backward(ws, &d, a->t[0], a->t[1], a->t[2], a->t[3], a->p[0], nt);
 }
 
 static zo_status cpu_run_attention_cached(cpu_scratch *ws, const gpu_op_args *a, int nt)
@@ -649,14 +659,14 @@ static zo_status cpu_run_gelu_backward(cpu_scratch *ws, const gpu_op_args *a, in
 static zo_status cpu_run_swiglu_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     (void)ws;
-    cpu_swiglu_forward(a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0], nt);
+    cpu_swiglu_forward(a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0], a->f[0], a->f[1], nt);
     return ZO_OK;
 }
 
 static zo_status cpu_run_swiglu_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     (void)ws;
-    cpu_swiglu_backward(a->t[0], a->t[1], a->t[2], a->t[3], a->t[4], a->n, (int)a->i[0], nt);
+    cpu_swiglu_backward(a->t[0], a->t[1], a->t[2], a->t[3], a->t[4], a->n, (int)a->i[0], a->f[0], a->f[1], nt);
     return ZO_OK;
 }
 

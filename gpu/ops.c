@@ -110,6 +110,8 @@ static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
         return zo_error(ZO_ERR_INVALID, "%s: alibi %g must be finite and >= 0", op, (double)d->alibi);
     if (d->alibi_bf16 != 0 && d->alibi_bf16 != 1)
         return zo_error(ZO_ERR_INVALID, "%s: alibi_bf16 %d must be 0 or 1", op, d->alibi_bf16);
+    /* the backward's p[2], dsinks: the gradient of sinks (p[1]) */
+    if (a->p[2] && !a->p[1]) return zo_error(ZO_ERR_INVALID, "%s: dsinks without sinks", op);
     return ZO_OK;
 }
 
@@ -160,6 +162,18 @@ static zo_status gpu_check_act(const char *op, const gpu_op_args *a)
     if (a->i[0] < 0 || a->i[0] >= GPU_ACT_COUNT)
         return zo_error(ZO_ERR_INVALID, "%s: activation form %lld is not one of 0..%d", op, (long long)a->i[0],
                         GPU_ACT_COUNT - 1);
+    return ZO_OK;
+}
+
+/* the GLU's form, i[0]; the clamped form's limit f[0] and alpha f[1] */
+static zo_status gpu_check_glu(const char *op, const gpu_op_args *a)
+{
+    if (a->i[0] < 0 || a->i[0] >= GPU_GLU_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: GLU form %lld is not one of 0..%d", op, (long long)a->i[0],
+                        GPU_GLU_COUNT - 1);
+    if (a->i[0] == GPU_GLU_CLAMPED && (!(a->f[0] > 0.0f) || !isfinite(a->f[0]) || !isfinite(a->f[1])))
+        return zo_error(ZO_ERR_INVALID, "%s: clamped GLU's limit %g must be finite and > 0, alpha %g finite", op,
+                        (double)a->f[0], (double)a->f[1]);
     return ZO_OK;
 }
 

@@ -127,10 +127,11 @@ typedef struct gpu_op_slot {
       (GPU_T(0, dx), GPU_TOPT(1, dw), GPU_T(2, saved), GPU_T(3, w), GPU_P(0, rstd), GPU_DIM(0, n),  \
        GPU_DIM(1, heads), GPU_DIM(2, d), GPU_INT(3, ldx), GPU_INT(4, w_stride), GPU_INT(5, centered)), \
       gpu_check_heads)                                                                           \
-    X(ATTENTION_FORWARD, attention_forward, (GPU_T(0, out), GPU_T(1, qkv), GPU_P(0, lse)),      \
-      gpu_check_attn)                                                                            \
+    X(ATTENTION_FORWARD, attention_forward,                                                     \
+      (GPU_T(0, out), GPU_T(1, qkv), GPU_P(0, lse), GPU_POPT(1, sinks)), gpu_check_attn)          \
     X(ATTENTION_BACKWARD, attention_backward,                                                   \
-      (GPU_T(0, dqkv), GPU_T(1, dout), GPU_T(2, qkv), GPU_T(3, out), GPU_P(0, lse)),             \
+      (GPU_T(0, dqkv), GPU_T(1, dout), GPU_T(2, qkv), GPU_T(3, out), GPU_P(0, lse),              \
+       GPU_POPT(1, sinks), GPU_POPT(2, dsinks)),                                                  \
       gpu_check_attn)                                                                            \
     X(ATTENTION_CACHED, attention_cached,                                                       \
       (GPU_T(0, out), GPU_T(1, qkv), GPU_T(2, k_cache), GPU_T(3, v_cache), GPU_P(0, pos),         \
@@ -150,11 +151,11 @@ typedef struct gpu_op_slot {
     X(GELU_BACKWARD, gelu_backward,                                                           \
       (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x), GPU_INT(0, form)), gpu_check_act)     \
     X(SWIGLU_FORWARD, swiglu_forward,                                                           \
-      (GPU_N(n), GPU_T(0, y), GPU_T(1, gate), GPU_T(2, up), GPU_INT(0, gelu)), NULL)             \
+      (GPU_N(n), GPU_T(0, y), GPU_T(1, gate), GPU_T(2, up), GPU_INT(0, gelu)), gpu_check_glu)    \
     X(SWIGLU_BACKWARD, swiglu_backward,                                                         \
       (GPU_N(n), GPU_T(0, dgate), GPU_T(1, dup), GPU_T(2, dy), GPU_T(3, gate), GPU_T(4, up),     \
        GPU_INT(0, gelu)),                                                                        \
-      NULL)                                                                                      \
+      gpu_check_glu)                                                                             \
     X(EMBEDDING_FORWARD, embedding_forward,                                                     \
       (GPU_T(0, out), GPU_T(1, wte), GPU_TOPT(2, wpe), GPU_P(0, tokens), GPU_DIM(0, n),          \
        GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab), GPU_POPT(1, pos), GPU_INT(4, n_pos)),    \

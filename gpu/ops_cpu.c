@@ -1239,6 +1239,13 @@ static int window_start(const gpu_attn_desc *a, int i)
     return a->window > 0 && i - a->window + 1 > 0 ? i - a->window + 1 : 0;
 }
 
+/* log(exp(x) + exp(y)), without overflow; x finite */
+static float log_add_exp(float x, float y)
+{
+    float hi = x > y ? x : y, lo = x > y ? y : x;
+    return hi + log1pf(expf(lo - hi));
+}
+
 /* Rows [r0, r0+rows) of one head's slice of a [.., ld] tensor as fp32 X [rows][d]. */
 static void load_head_rows(float *X, gpu_tensor t, size_t base, size_t ld, size_t col, int r0,
                            int rows, int d)
@@ -1298,7 +1305,13 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
                     float mx;
                     l[i] = softmax_row(S + (size_t)i * tN, window_start(a, q0 + i), q0 + i + 1, nk,
                                        scale, cap, alibi_head(a, h), &mx);
-                    lse[((size_t)b * hq + h) * t + q0 + i] = mx + logf(l[i]);
+                    float L = mx + logf(l[i]);
+                    if (a->sinks) { /* the sink's column: the row's weights scaled by exp(L - L') */
+                        float Ls = log_add_exp(L, a->sinks[h]);
+                        l[i] /= expf(L - Ls);
+                        L = Ls;
+                    }
+                    lse[((size_t)b * hq + h) * t + q0 + i] = L;
                 }
                 /* O [rows][d] = P V, then divided by the row sums */
                 panels P = pack_a_rows(Pp, S, tN, rows, nk);
@@ -1337,12 +1350,15 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                        al64(n_x * 4) + 2 * al64(n_blk * 4) + 2 * al64(n_ap * 4) +
                        2 * al64(n_bp * 4) + al64((size_t)d * 4) + 2 * al64(n_s * 4) +
                        al64(n_dsp * 4) + 2 * al64(n_tp * 4) + al64(n_dq * 4);
+    /* shared: with dsinks, each (batch, head)'s share of the sink's gradient */
+    const size_t n_sink = a->dsinks ? (size_t)a->b * hq : 0;
     char *sb;
-    zo_status st = reserve_team(ws, "gpu_attention_backward", 0, per, team, &sb);
+    zo_status st = reserve_team(ws, "gpu_attention_backward", n_sink * sizeof(double), per, team, &sb);
     if (st != ZO_OK) return st;
 #pragma omp parallel num_threads(team)
     {
-        char *cur = team_slice(sb, 0, per);
+        char *cur = team_slice(sb, n_sink * sizeof(double), per);
+        double *sink_part = (double *)sb;
         float *Kp = carve(&cur, n_kp), *Vtp = carve(&cur, n_kp), *Kn = carve(&cur, n_kn);
         float *dK = carve(&cur, n_acc), *dV = carve(&cur, n_acc), *X = carve(&cur, n_x);
         float *Qf = carve(&cur, n_blk), *dOf = carve(&cur, n_blk);
@@ -1362,6 +1378,7 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
             memset(dV, 0, n_acc * 4);
             for (int h = g * grp; h < (g + 1) * grp; h++) {
                 const float *L = lse + ((size_t)b * hq + h) * t;
+                double dsink = 0.0; /* -sum_i exp(sink - L_i) D_i, rows ascending */
                 for (int q0 = 0; q0 < t; q0 += AQ) {
                     int rows = t - q0 < AQ ? t - q0 : AQ, nk = q0 + rows, nkN = RUP(nk, NR);
                     load_head_rows(Qf, qkv, base, ld, (size_t)h * d, q0, rows, d);
@@ -1380,6 +1397,7 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                     for (int i = 0; i < rows; i++) {
                         load_row(orow, out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, d);
                         float D = dot_lanes(dOf + (size_t)i * d, orow, d);
+                        if (a->dsinks) dsink -= (double)expf(a->sinks[h] - L[q0 + i]) * D;
                         softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN, window_start(a, q0 + i),
                                          q0 + i + 1, nk, scale, cap, alibi_head(a, h), L[q0 + i], D);
                     }
@@ -1396,6 +1414,7 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                     panel_gemm(PT, dO, dV, dN, nk, d, rows, 0, 0, 0);
                     panel_gemm(dST, Q, dK, dN, nk, d, rows, 0, 0, 0);
                 }
+                if (a->dsinks) sink_part[(size_t)b * hq + h] = dsink;
             }
             for (int j = 0; j < t; j++) {
                 store_row(dqkv, base + j * ld + (size_t)(hq + g) * d, dK + (size_t)j * dN, d);
@@ -1403,6 +1422,12 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
             }
         }
     }
+    if (a->dsinks) /* the batches' shares summed in order */
+        for (int h = 0; h < hq; h++) {
+            double acc = 0.0;
+            for (int b = 0; b < a->b; b++) acc += ((const double *)sb)[(size_t)b * hq + h];
+            a->dsinks[h] = (float)acc;
+        }
     return ZO_OK;
 }
 
@@ -1667,6 +1692,29 @@ VEC_CLONES static void geglu_bwd_f32(float *restrict dgate, float *restrict dup,
     }
 }
 
+/* gpt-oss's clamped GLU (gpu/device.h): g = min(gate, lim), u = clamp(up,
+ * -lim, lim), y = (u + 1) g sigmoid(al g) */
+VEC_CLONES static void glu_clamped_fwd_f32(float *y, const float *gate, const float *up, int n, float lim, float al)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) {
+        float g = gate[i] < lim ? gate[i] : lim, u = up[i] < -lim ? -lim : up[i] > lim ? lim : up[i];
+        y[i] = (u + 1.0f) * g / (1.0f + fexp(-al * g));
+    }
+}
+
+VEC_CLONES static void glu_clamped_bwd_f32(float *restrict dgate, float *restrict dup, const float *restrict dy,
+                                           const float *restrict gate, const float *restrict up, int n, float lim,
+                                           float al)
+{
+    for (int i = 0; i < n; i++) {
+        float g = gate[i] < lim ? gate[i] : lim, u = up[i] < -lim ? -lim : up[i] > lim ? lim : up[i];
+        float gy = dy[i], sg = 1.0f / (1.0f + fexp(-al * g));
+        dup[i] = up[i] < -lim || up[i] > lim ? 0.0f : gy * g * sg;
+        dgate[i] = gate[i] > lim ? 0.0f : gy * (u + 1.0f) * sg * (1.0f + al * g * (1.0f - sg));
+    }
+}
+
 static size_t ew_blocks(size_t n) { return (n + EW_BLOCK - 1) / EW_BLOCK; }
 static int ew_len(size_t blk, size_t n)
 {
@@ -1699,7 +1747,8 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
     }
 }
 
-void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, int nt)
+void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, float limit,
+                        float alpha, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1707,13 +1756,16 @@ void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, 
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *py = out_f32(y, off, by);
-        (gelu ? geglu_fwd_f32 : swiglu_fwd_f32)(py, in_f32(gate, off, len, bg), in_f32(up, off, len, bu), len);
+        if (gelu == GPU_GLU_CLAMPED)
+            glu_clamped_fwd_f32(py, in_f32(gate, off, len, bg), in_f32(up, off, len, bu), len, limit, alpha);
+        else
+            (gelu ? geglu_fwd_f32 : swiglu_fwd_f32)(py, in_f32(gate, off, len, bg), in_f32(up, off, len, bu), len);
         out_done(y, off, py, len);
     }
 }
 
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
-                         gpu_tensor up, size_t n, int gelu, int nt)
+                         gpu_tensor up, size_t n, int gelu, float limit, float alpha, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1721,8 +1773,12 @@ void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_te
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         /* the gradients may overwrite the inputs: compute into buffers */
-        (gelu ? geglu_bwd_f32 : swiglu_bwd_f32)(bdg, bdu, in_f32(dy, off, len, bdy), in_f32(gate, off, len, bg),
-                       in_f32(up, off, len, bu), len);
+        if (gelu == GPU_GLU_CLAMPED)
+            glu_clamped_bwd_f32(bdg, bdu, in_f32(dy, off, len, bdy), in_f32(gate, off, len, bg),
+                                in_f32(up, off, len, bu), len, limit, alpha);
+        else
+            (gelu ? geglu_bwd_f32 : swiglu_bwd_f32)(bdg, bdu, in_f32(dy, off, len, bdy), in_f32(gate, off, len, bg),
+                                                    in_f32(up, off, len, bu), len);
         store_row(dgate, off, bdg, len);
         store_row(dup, off, bdu, len);
     }

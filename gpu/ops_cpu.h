@@ -124,9 +124,11 @@ zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int
 void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int form, int nt);
 void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form, int nt);
 /* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */
-void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, int nt);
+/* gelu: the GLU's form (GPU_GLU_*); limit and alpha the clamped form's */
+void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, float limit,
+                        float alpha, int nt);
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
-                         gpu_tensor up, size_t n, int gelu, int nt);
+                         gpu_tensor up, size_t n, int gelu, float limit, float alpha, int nt);
 /* pos (NULL: none): a position a sequence of t rows into wpe's n_pos
  * rows, each in [0, n_pos - t] (else an error naming it, nothing written) */
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,

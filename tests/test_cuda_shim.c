@@ -765,9 +765,9 @@ static void test_activations(void **state)
         w3[i] = dy[i] * u[i] * (sg + g * sg * (1.0 - sg)); /* d/dg of g sigmoid(g) */
         w4[i] = dy[i] * g * sg;
     }
-    assert_int_equal(shim_launch_swiglu_forward(NULL, y, tx, tu, n, 0), ZO_OK);
+    assert_int_equal(shim_launch_swiglu_forward(NULL, y, tx, tu, n, 0, 0.0f, 0.0f), ZO_OK);
     assert_int_equal(check_tensor("swiglu", y, w1, n), 0);
-    assert_int_equal(shim_launch_swiglu_backward(NULL, dg, du, tdy, tx, tu, n, 0), ZO_OK);
+    assert_int_equal(shim_launch_swiglu_backward(NULL, dg, du, tdy, tx, tu, n, 0, 0.0f, 0.0f), ZO_OK);
     assert_int_equal(check_tensor("swiglu dgate", dg, w3, n), 0);
     assert_int_equal(check_tensor("swiglu dup", du, w4, n), 0);
     free(x), free(u), free(dy), free(w1), free(w2), free(w3), free(w4);

@@ -469,8 +469,12 @@ ZO_UNCHECKED static void scores(const ageom *g, const double *qkv, int b, int h,
     }
 }
 
-/* out [b,t,hq*d] and lse [b,hq,t] of qkv: the full causal softmax. */
-ZO_UNCHECKED static void attention_forward_d(const gpu_attn_desc *a, const double *qkv, double *out, double *lse)
+/* out [b,t,hq*d] and lse [b,hq,t] of qkv: the full causal softmax; with
+ * sinks [hq] (NULL: none), as gpt-oss's eager attention: the head's sink
+ * logit one more column of each row, the max and the sum taken over it
+ * too, its probability then dropped. */
+ZO_UNCHECKED static void attention_forward_d(const gpu_attn_desc *a, const double *sinks, const double *qkv,
+                                             double *out, double *lse)
 {
     ageom g = geom_of(a);
     double *s = malloc((size_t)g.t * sizeof *s);
@@ -479,9 +483,10 @@ ZO_UNCHECKED static void attention_forward_d(const gpu_attn_desc *a, const doubl
             for (int i = 0; i < g.t; i++) {
                 scores(&g, qkv, b, h, i, s, NULL);
                 int j0 = first_key(&g, i);
-                double mx = -INFINITY, l = 0.0;
+                double mx = sinks ? sinks[h] : -INFINITY, l = 0.0;
                 for (int j = j0; j <= i; j++) mx = s[j] > mx ? s[j] : mx;
                 for (int j = j0; j <= i; j++) l += exp(s[j] - mx);
+                if (sinks) l += exp(sinks[h] - mx);
                 lse[((size_t)b * g.hq + h) * g.t + i] = mx + log(l);
                 /* o_e = sum over j ascending of P_j v_je, each P_j once;
                  * the loop over j outside, so v is read row by row */
@@ -499,7 +504,7 @@ ZO_UNCHECKED static void attention_forward_d(const gpu_attn_desc *a, const doubl
 /* t: out qkv; p: lse */
 static void ref_attention_forward(const gpu_op_args *a, hostv *h)
 {
-    attention_forward_d(&a->d.attn, h->T[1], h->T[0], h->P[0]);
+    attention_forward_d(&a->d.attn, h->P[1], h->T[1], h->T[0], h->P[0]);
 }
 
 /* The k-steps of 16 terms a tensor core takes for each element's sum
@@ -532,10 +537,12 @@ static void attention_steps(const gpu_attn_desc *a, double *steps)
     free(kv);
 }
 
-/* t: dqkv dout qkv out; p: lse. With P = exp(s - lse) and D_i = dO_i . O_i
- * (the saved out and lse, as the op's contract): dS = P (dO V^T - D) scale
- * (times the cap's derivative when capped),
- * dQ = dS K, dK = dS^T Q, dV = P^T dO; dqkv is overwritten. */
+/* t: dqkv dout qkv out; p: lse, sinks, dsinks. With P = exp(s - lse) and
+ * D_i = dO_i . O_i (the saved out and lse, as the op's contract): dS = P
+ * (dO V^T - D) scale (times the cap's derivative when capped),
+ * dQ = dS K, dK = dS^T Q, dV = P^T dO; dqkv is overwritten. A sink is a
+ * column of value 0: its dS is exp(sink - lse) (0 - D_i), summed over the
+ * rows into dsinks. */
 ZO_UNCHECKED static void ref_attention_backward(const gpu_op_args *a, hostv *h)
 {
     ageom g = geom_of(&a->d.attn);
@@ -547,6 +554,7 @@ ZO_UNCHECKED static void ref_attention_backward(const gpu_op_args *a, hostv *h)
     const int do16 = a->d.attn.grads16 && a->t[1].dtype == ZO_DTYPE_F32 && a->t[2].dtype != ZO_DTYPE_F32;
     double *dq = h->T[0], *s = malloc((size_t)g.t * sizeof *s), *dc = malloc((size_t)g.t * sizeof *dc);
     memset(dq, 0, (size_t)a->d.attn.b * g.t * g.ld * sizeof *dq);
+    if (h->P[2]) memset(h->P[2], 0, (size_t)g.hq * sizeof *h->P[2]);
     for (int b = 0; b < a->d.attn.b; b++)
         for (int hh = 0; hh < g.hq; hh++)
             for (int i = 0; i < g.t; i++) {
@@ -556,6 +564,7 @@ ZO_UNCHECKED static void ref_attention_backward(const gpu_op_args *a, hostv *h)
                 const double *qi = qkv + gq(&g, b, i, hh);
                 double *dqi = dq + gq(&g, b, i, hh);
                 for (int e = 0; e < g.d; e++) D += doi[e] * oi[e];
+                if (h->P[2]) h->P[2][hh] -= exp(h->P[1][hh] - L) * D;
                 for (int j = first_key(&g, i); j <= i; j++) {
                     const double *kj = qkv + gk(&g, b, j, hh), *vj = qkv + gv(&g, b, j, hh);
                     double *dkj = dq + gk(&g, b, j, hh), *dvj = dq + gv(&g, b, j, hh);
@@ -688,6 +697,19 @@ static void ref_gelu_backward(const gpu_op_args *a, hostv *h)
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
+/* gpt-oss's clamped GLU as modeling_gpt_oss writes it: gate.clamp(max=limit),
+ * up.clamp(-limit, limit), glu = gate * sigmoid(gate * alpha), (up + 1) * glu;
+ * y and, with dy, the gradients (torch.clamp's: 0 outside, passed at the
+ * bounds) into *y, *dg, *du */
+static void glu_clamped_d(double g, double u, double lim, double al, double dy, double *y, double *dg, double *du)
+{
+    double gc = g > lim ? lim : g, uc = u > lim ? lim : u < -lim ? -lim : u;
+    double sg = 1.0 / (1.0 + exp(-gc * al)), glu = gc * sg;
+    *y = (uc + 1.0) * glu;
+    *du = u > lim || u < -lim ? 0.0 : dy * glu;
+    *dg = g > lim ? 0.0 : dy * (uc + 1.0) * (sg + gc * al * sg * (1.0 - sg));
+}
+
 /* The gate's activation and its derivative: silu, or with i[0] (GeGLU)
  * GELU's tanh form written as 0.5 g (1 + tanh(u)) */
 static void gate_act_d(int gelu, double g, double *f, double *df)
@@ -705,6 +727,13 @@ static void gate_act_d(int gelu, double g, double *f, double *df)
 
 static void ref_swiglu_forward(const gpu_op_args *a, hostv *h)
 {
+    if (a->i[0] == GPU_GLU_CLAMPED) {
+        for (size_t i = 0; i < a->n; i++) {
+            double dg, du;
+            glu_clamped_d(h->T[1][i], h->T[2][i], a->f[0], a->f[1], 0.0, &h->T[0][i], &dg, &du);
+        }
+        return;
+    }
     for (size_t i = 0; i < a->n; i++) {
         double f, df;
         gate_act_d((int)a->i[0], h->T[1][i], &f, &df);
@@ -715,6 +744,13 @@ static void ref_swiglu_forward(const gpu_op_args *a, hostv *h)
 /* t: dgate dup dy gate up */
 static void ref_swiglu_backward(const gpu_op_args *a, hostv *h)
 {
+    if (a->i[0] == GPU_GLU_CLAMPED) {
+        for (size_t i = 0; i < a->n; i++) {
+            double y;
+            glu_clamped_d(h->T[3][i], h->T[4][i], a->f[0], a->f[1], h->T[2][i], &y, &h->T[0][i], &h->T[1][i]);
+        }
+        return;
+    }
     for (size_t i = 0; i < a->n; i++) {
         double f, df, u = h->T[4][i], dy = h->T[2][i];
         gate_act_d((int)a->i[0], h->T[3][i], &f, &df);
@@ -2227,7 +2263,7 @@ static void parity_head_norm_backward(void)
 /* out and lse from qkv, as the forward saves them */
 static void attn_prep(const pcase *c, hostv *h)
 {
-    attention_forward_d(&c->a.d.attn, h->T[2], h->T[3], h->P[0]);
+    attention_forward_d(&c->a.d.attn, h->P[1], h->T[2], h->T[3], h->P[0]);
 }
 
 /* The tensor cores' accumulation of 16-bit products into fp32 (the
@@ -2273,6 +2309,8 @@ static double tc_cond_16(etype ty)
 
 /* Set: attention_case_al's cases ask for grads16 (grads16_grid) */
 static int case_grads16;
+/* Set: attention_case_al's cases have attention sinks (sinks_grid) */
+static int case_sinks;
 
 /* gty: the type of dout and dqkv in the backward (the transformer passes
  * fp32 gradients beside 16-bit qkv and out). */
@@ -2290,16 +2328,20 @@ static void attention_case_al(gpu_op_id op, int b, int t, int hq, int hkv, int d
 {
     char sc[64];
     attn_extras(sc, sizeof sc, scale, cap, alibi, abf);
-    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d%s %s%s%s%s", b, t, hq, hkv, d, window, sc,
+    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d%s %s%s%s%s%s", b, t, hq, hkv, d, window, sc,
                        ename(ty), gty != ty ? " grads " : "", gty != ty ? ename(gty) : "",
-                       case_grads16 ? " grads16" : "");
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf, case_grads16};
+                       case_grads16 ? " grads16" : "", case_sinks ? " sinks" : "");
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf, case_grads16, NULL, NULL};
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nl = (size_t)b * hq * t;
     if (op == GPU_OP_ATTENTION_FORWARD) {
         OUT_T(&c, 0, ty, no);
         int q = IN_T(&c, 1, ty, nq);
         c.buf[q].lo = -2.0, c.buf[q].hi = 2.0; /* peaked softmax rows as well as flat ones */
         OUT_P(&c, 0, E_F32, nl);
+        if (case_sinks) { /* logits about the scores' size: each takes a share of its rows */
+            int k = IN_P(&c, 1, E_F32, (size_t)hq);
+            c.buf[k].lo = -1.0, c.buf[k].hi = 3.0;
+        }
     } else {
         int dq = OUT_T(&c, 0, gty, nq);
         /* fp32 gradients of 16-bit inputs: the GEMM path carries P, dS and
@@ -2323,6 +2365,11 @@ static void attention_case_al(gpu_op_id op, int b, int t, int hq, int hkv, int d
         c.buf[q].lo = -2.0, c.buf[q].hi = 2.0;
         add_buf(&c, 't', 3, ty, no, FILL_NONE, 0, 0, 0);
         add_buf(&c, 'p', 0, E_F32, nl, FILL_NONE, 0, 0, 0);
+        if (case_sinks) {
+            int k = IN_P(&c, 1, E_F32, (size_t)hq);
+            c.buf[k].lo = -1.0, c.buf[k].hi = 3.0;
+            OUT_P(&c, 2, E_F32, (size_t)hq);
+        }
         c.prep = attn_prep;
     }
     emit(&c);
@@ -2615,11 +2662,43 @@ static void grads16_grid(void)
     rng = saved;
 }
 
-static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
+/* gpt-oss's attention sinks: a logit per head in every row's softmax,
+ * at its head size 64 and at 128, GQA 2 and 4, two sequences, across the
+ * CPU's 48-row blocks, the CUDA tiles and (t 300) the GEMM path's 256-row
+ * blocks, with and without a sliding window (gpt-oss's 128 at t 300, one
+ * shorter than a block), fp32, bf16 and fp16, fp32 gradients of 16-bit
+ * inputs; from their own stream. */
+#define SINKS_SEED 0x1f83d9abfb41bd6bull
+static void sinks_grid(gpu_op_id op)
+{
+    const etype g16 = op == GPU_OP_ATTENTION_BACKWARD ? E_F32 : E_BF16;
+    uint64_t saved = rng;
+    rng = SINKS_SEED;
+    case_sinks = 1;
+    attention_case(op, 2, 130, 4, 2, 64, 0, E_F32);
+    attention_case(op, 1, 97, 4, 1, 128, 40, E_F32);
+    attention_case_g(op, 1, 300, 4, 1, 64, 128, E_BF16, g16);
+    /* fiber_repeat and tc_repeat (ZO_OPS_SHIM_LEAN): the sinks' kernels run
+     * after any path's, so on those backends t 300 above is this case's
+     * sink arithmetic; the flash kernel and the tensor-core kernels at 128
+     * without a window run in the grids above */
+    fiber_repeat = tc_repeat = 1;
+    attention_case(op, 1, 257, 2, 1, 128, 0, E_F16);
+    fiber_repeat = tc_repeat = 0;
+    case_sinks = 0;
+    rng = saved;
+}
+
+static void parity_attention_forward(void)
+{
+    attention_grid(GPU_OP_ATTENTION_FORWARD);
+    sinks_grid(GPU_OP_ATTENTION_FORWARD);
+}
 static void parity_attention_backward(void)
 {
     attention_grid(GPU_OP_ATTENTION_BACKWARD);
     grads16_grid();
+    sinks_grid(GPU_OP_ATTENTION_BACKWARD);
 }
 
 /* The cached attention's positions: param[0] >= 0 puts every sequence
@@ -2638,7 +2717,7 @@ static void cached_case_al(int b, int t, int tc, int hq, int hkv, int d, int win
     pcase c = new_case(GPU_OP_ATTENTION_CACHED, "b %d t %d tc %d hq %d hkv %d d %d window %d%s pos %s %s cache %s", b,
                        t, tc, hq, hkv, d, window, sc, pos < 0 ? "drawn" : pos ? "given" : "0", ename(ty),
                        ename(cache));
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf, 0};
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf, 0, NULL, NULL};
     c.a.i[0] = tc;
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nc = (size_t)b * tc * hkv * d;
     OUT_T(&c, 0, ty, no);
@@ -2822,10 +2901,14 @@ static const size_t ew_sizes[] = {1, 15, 16, 17, 255, 256, 257, 2047, 2048, 2049
 static void ew_case(gpu_op_id op, int n_t, int n_out, double lo, double hi, int64_t i0, size_t n, etype ty)
 {
     int act = op == GPU_OP_GELU_FORWARD || op == GPU_OP_GELU_BACKWARD;
-    pcase c = new_case(op, "n %zu %s%s", n, ename(ty), !i0 ? "" : !act ? " gelu" : i0 == GPU_ACT_RELU ? " relu" : " erf");
+    const int clamped = !act && i0 == GPU_GLU_CLAMPED;
+    pcase c = new_case(op, "n %zu %s%s", n, ename(ty),
+                       !i0 ? "" : clamped ? " clamped" : !act ? " gelu" : i0 == GPU_ACT_RELU ? " relu" : " erf");
     c.a.n = n;
-    c.a.i[0] = i0;     /* the gated activations' gelu flag, the activation's form */
+    c.a.i[0] = i0;     /* the gated activations' form, the activation's form */
     c.a.f[0] = 0.375f; /* scale's alpha */
+    if (clamped) /* a limit inside the inputs' range, so that both clamps bite; gpt-oss's alpha */
+        c.a.f[0] = 2.5f, c.a.f[1] = 1.702f;
     for (int k = 0; k < n_t; k++) {
         int b = k < n_out ? OUT_T(&c, k, ty, n) : IN_T(&c, k, ty, n);
         c.buf[b].lo = lo, c.buf[b].hi = hi;
@@ -2872,16 +2955,24 @@ static void gelu_grid(gpu_op_id op, int n_t)
 }
 static void parity_gelu_forward(void) { gelu_grid(GPU_OP_GELU_FORWARD, 2); }
 static void parity_gelu_backward(void) { gelu_grid(GPU_OP_GELU_BACKWARD, 3); }
-/* SwiGLU, then GeGLU (gelu 1: Gemma's MLP) */
+/* SwiGLU, then GeGLU (gelu 1: Gemma's MLP), then gpt-oss's clamped form
+ * (limit 2.5 inside [-6, 4]: gates and ups past it on both sides), which
+ * gives the random stream back when done */
 static void parity_swiglu_forward(void)
 {
     ew_grid(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0);
     ew_grid_i(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0, 1);
+    uint64_t keep = rng;
+    ew_grid_i(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0, GPU_GLU_CLAMPED);
+    rng = keep;
 }
 static void parity_swiglu_backward(void)
 {
     ew_grid(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0);
     ew_grid_i(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0, 1);
+    uint64_t keep = rng;
+    ew_grid_i(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0, GPU_GLU_CLAMPED);
+    rng = keep;
 }
 static void parity_scale(void) { ew_grid(GPU_OP_SCALE, 1, 1, -1.0, 1.0); }
 /* a cap of 0.375 (ew_grid's f[0]) over [-3, 3]: from linear to saturated */

@@ -48,9 +48,14 @@ __global__ void gelu_backward_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
 
 /* y = silu(gate) * up, or with gelu (GeGLU, Gemma) gelu_tanh(gate) * up;
  * y, gate, up [n]: 3n elements moved (8192 x 5504 bf16: 270.5 MB) */
-__global__ void swiglu_forward_kernel(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu)
+__global__ void swiglu_forward_kernel(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu,
+                                      float lim, float al)
 {
     vec_map(y, gate, up, n, [=](float g, float u) {
+        if (gelu == GPU_GLU_CLAMPED) { /* gpt-oss's: (clamp(u) + 1) g sigmoid(al g), g = min(g, lim) */
+            g = fminf(g, lim);
+            return (fmaxf(-lim, fminf(u, lim)) + 1.0f) * g / (1.0f + expf(-al * g));
+        }
         float e = gelu ? -2.0f * GELU_K * (g + 0.044715f * g * g * g) : -g;
         return g / (1.0f + expf(e)) * u;
     });
@@ -60,7 +65,7 @@ __global__ void swiglu_forward_kernel(gpu_tensor y, gpu_tensor gate, gpu_tensor 
  * the same for gelu_tanh: gelu'(g) = s + 2 g s (1 - s) du/dg, s = sigmoid(2u).
  * 5n elements moved (8192 x 5504 bf16: 450.9 MB). */
 __global__ void swiglu_backward_kernel(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
-                                       gpu_tensor gate, gpu_tensor up, size_t n, int gelu)
+                                       gpu_tensor gate, gpu_tensor up, size_t n, int gelu, float lim, float al)
 {
     /* o[0] dup, o[1] dgate, stored in that order; vec_map_n loads every
      * input of a chunk before it stores either output: dgate or dup may
@@ -68,7 +73,12 @@ __global__ void swiglu_backward_kernel(gpu_tensor dgate, gpu_tensor dup, gpu_ten
     const gpu_tensor ys[2] = {dup, dgate}, xs[3] = {gate, up, dy};
     vec_map_n(ys, xs, n, [=](float (&o)[2], const float (&v)[3]) {
         float g = v[0], u = v[1], gy = v[2];
-        if (gelu) {
+        if (gelu == GPU_GLU_CLAMPED) { /* no gradient past the limits */
+            const float gc = fminf(g, lim), uc = fmaxf(-lim, fminf(u, lim));
+            const float sg = 1.0f / (1.0f + expf(-al * gc));
+            o[0] = u < -lim || u > lim ? 0.0f : gy * gc * sg;
+            o[1] = g > lim ? 0.0f : gy * (uc + 1.0f) * sg * (1.0f + al * gc * (1.0f - sg));
+        } else if (gelu) {
             float a = GELU_K * (g + 0.044715f * g * g * g);
             float da = GELU_K * (1.0f + 3.0f * 0.044715f * g * g);
             float sg = 1.0f / (1.0f + expf(-2.0f * a));
@@ -97,16 +107,17 @@ extern "C" zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, g
 }
 
 extern "C" zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
-                                                gpu_tensor up, size_t n, int gelu)
+                                                gpu_tensor up, size_t n, int gelu, float limit, float alpha)
 {
-    ZO_LAUNCH(swiglu_forward_kernel, grid_for_vec(n, BS), BS, 0, st, y, gate, up, n, gelu);
+    ZO_LAUNCH(swiglu_forward_kernel, grid_for_vec(n, BS), BS, 0, st, y, gate, up, n, gelu, limit, alpha);
     return cuda_launch_check("swiglu_forward_kernel");
 }
 
 extern "C" zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate,
                                                  gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
-                                                 gpu_tensor up, size_t n, int gelu)
+                                                 gpu_tensor up, size_t n, int gelu, float limit, float alpha)
 {
-    ZO_LAUNCH(swiglu_backward_kernel, grid_for_vec(n, BS), BS, 0, st, dgate, dup, dy, gate, up, n, gelu);
+    ZO_LAUNCH(swiglu_backward_kernel, grid_for_vec(n, BS), BS, 0, st, dgate, dup, dy, gate, up, n, gelu, limit,
+              alpha);
     return cuda_launch_check("swiglu_backward_kernel");
 }

@@ -380,6 +380,64 @@ __global__ void attention_cached_kernel(gpu_tensor out, gpu_tensor qkv, gpu_tens
     }
 }
 
+/* ---- attention sinks (gpu/device.h) --------------------------------------------
+ * Applied around whichever kernels ran the attention: the forward's rows
+ * scaled by exp(L - L'), L' = log(exp(L) + exp(sink)), and lse set to L';
+ * the backward, given those, needs only the sinks' gradient. */
+
+/* One warp per row (b, i, h) of out: rows [b*t*hq]. */
+__global__ void attention_sink_forward_kernel(gpu_tensor out, float *lse, const float *sinks, int t, int hq,
+                                              int d, size_t rows)
+{
+    const size_t r = (size_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (r >= rows) return;
+    const int h = (int)(r % hq), lane = threadIdx.x % WARP;
+    const size_t bi = r / hq, b = bi / t, i = bi % t;
+    float *L = lse + (b * hq + h) * t + i;
+    const float x = *L, y = sinks[h], hi = fmaxf(x, y), Ls = hi + log1pf(expf(fminf(x, y) - hi));
+    const float f = expf(x - Ls);
+    for (int k = lane; k < d; k += WARP) tstore(out, r * d + k, tload(out, r * d + k) * f);
+    __syncwarp();
+    if (lane == 0) *L = Ls;
+}
+
+/* One block per head h: dsinks[h] = -sum over b, i of exp(sink - lse) (dout
+ * . out), the rows in a fixed order of threads and a fixed tree. */
+__global__ void attention_sink_backward_kernel(float *dsinks, const float *sinks, gpu_tensor dout, gpu_tensor out,
+                                               const float *lse, int nb, int t, int hq, int d)
+{
+    const int h = blockIdx.x;
+    double acc = 0.0;
+    for (int bi = threadIdx.x; bi < nb * t; bi += blockDim.x) {
+        const int b = bi / t, i = bi % t;
+        const size_t o = ((size_t)b * t + i) * hq * d + (size_t)h * d;
+        float D = 0.0f;
+        for (int k = 0; k < d; k++) D += tload(dout, o + k) * tload(out, o + k);
+        acc -= (double)expf(sinks[h] - lse[((size_t)b * hq + h) * t + i]) * (double)D;
+    }
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0) dsinks[h] = (float)acc;
+}
+
+extern "C" zo_status cuda_launch_attention_sink_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
+                                                        float *lse, const float *sinks)
+{
+    const size_t rows = (size_t)a->b * a->t * a->hq;
+    const unsigned per = 8; /* rows (warps) per block */
+    ZO_LAUNCH(attention_sink_forward_kernel, (unsigned)((rows + per - 1) / per), per * WARP, 0, st, out, lse,
+              sinks, a->t, a->hq, a->d, rows);
+    return cuda_launch_check("attention_sink_forward_kernel");
+}
+
+extern "C" zo_status cuda_launch_attention_sink_backward(cudaStream_t st, const gpu_attn_desc *a, float *dsinks,
+                                                         const float *sinks, gpu_tensor dout, gpu_tensor out,
+                                                         const float *lse)
+{
+    ZO_LAUNCH(attention_sink_backward_kernel, (unsigned)a->hq, 256, 0, st, dsinks, sinks, dout, out, lse, a->b,
+              a->t, a->hq, a->d);
+    return cuda_launch_check("attention_sink_backward_kernel");
+}
+
 /* ---- launchers ---------------------------------------------------------------- */
 
 static attn_geom make_geom(const gpu_attn_desc *a)

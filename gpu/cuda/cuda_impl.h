@@ -184,6 +184,15 @@ zo_status cuda_launch_attention_backward(cudaStream_t st, const gpu_attn_desc *a
                                          gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
                                          gpu_tensor out, const float *lse);
 
+/* attention sinks (gpu/device.h), around any path's kernels: the forward's
+ * out rows rescaled and lse raised to include the sink (out rounded twice
+ * when 16-bit); the backward's dsinks from dout, the forward's out and lse */
+zo_status cuda_launch_attention_sink_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
+                                             float *lse, const float *sinks);
+zo_status cuda_launch_attention_sink_backward(cudaStream_t st, const gpu_attn_desc *a, float *dsinks,
+                                              const float *sinks, gpu_tensor dout, gpu_tensor out,
+                                              const float *lse);
+
 /* the cache's rows: a sequence whose positions leave the cache is recorded
  * in err (CUDA_ERR_ATTN_CACHED) and skipped */
 zo_status cuda_launch_attention_cached(cudaStream_t st, cuda_err_rec *err, const gpu_attn_desc *a,
@@ -220,11 +229,12 @@ zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, 
 zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
                                     size_t n, int form);
 /* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */
+/* gelu: the GLU's form (GPU_GLU_*); limit and alpha the clamped form's */
 zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
-                                     gpu_tensor up, size_t n, int gelu);
+                                     gpu_tensor up, size_t n, int gelu, float limit, float alpha);
 zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_tensor dup,
                                       gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n,
-                                      int gelu);
+                                      int gelu, float limit, float alpha);
 
 /* moe.cu */
 zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights, gpu_tensor logits,

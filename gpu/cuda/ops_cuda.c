@@ -316,8 +316,9 @@ static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_arg
     int path = 0;
     zo_status st = attention_path(e, &a->d.attn, a->t[1], &path);
     if (st != ZO_OK) return st;
-    if (path == CUDA_ATTN_TUNE) return attention_tuned(e, a, 0, attention_forward_on);
-    return attention_forward_on(e, a, path);
+    st = path == CUDA_ATTN_TUNE ? attention_tuned(e, a, 0, attention_forward_on) : attention_forward_on(e, a, path);
+    if (st != ZO_OK || !a->p[1]) return st;
+    return cuda_launch_attention_sink_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->p[1]);
 }
 
 /* ZO_ATTENTION_GRADS: 16bit sets every backward's grads16 (gpu/device.h:
@@ -340,8 +341,9 @@ static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_ar
     int path = 0;
     if (st == ZO_OK) st = attention_path(e, &x.d.attn, x.t[2], &path);
     if (st != ZO_OK) return st;
-    if (path == CUDA_ATTN_TUNE) return attention_tuned(e, &x, 1, attention_backward_on);
-    return attention_backward_on(e, &x, path);
+    st = path == CUDA_ATTN_TUNE ? attention_tuned(e, &x, 1, attention_backward_on) : attention_backward_on(e, &x, path);
+    if (st != ZO_OK || !a->p[2]) return st;
+    return cuda_launch_attention_sink_backward(e->stream, &a->d.attn, a->p[2], a->p[1], a->t[1], a->t[3], a->p[0]);
 }
 
 static zo_status cuda_run_attention_cached(const cuda_exec *e, const gpu_op_args *a)
@@ -379,13 +381,13 @@ static zo_status cuda_run_gelu_backward(const cuda_exec *e, const gpu_op_args *a
 
 static zo_status cuda_run_swiglu_forward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_swiglu_forward(e->stream, a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0]);
+    return cuda_launch_swiglu_forward(e->stream, a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0], a->f[0], a->f[1]);
 }
 
 static zo_status cuda_run_swiglu_backward(const cuda_exec *e, const gpu_op_args *a)
 {
     return cuda_launch_swiglu_backward(e->stream, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4],
-                                       a->n, (int)a->i[0]);
+                                       a->n, (int)a->i[0], a->f[0], a->f[1]);
 }
 
 static zo_status cuda_run_embedding_forward(const cuda_exec *e, const gpu_op_args *a)
