@@ -631,6 +631,7 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
                       cfg.name, l->total_numel, (unsigned long long)(want - outside));
         goto out_free_layout;
     }
+    if ((st = model_layout_index(l)) != ZO_OK) goto out_free_layout;
     return ZO_OK;
 
 out_free_layout:
@@ -642,6 +643,7 @@ void model_layout_free(model_layout *l)
 {
     free(l->block_numel);
     free(l->tensors);
+    free(l->by_name);
     free(l->views);
     memset(l, 0, sizeof *l);
 }
@@ -686,11 +688,40 @@ size_t model_tensor_rope_our_row(const model_tensor *t, size_t file_row)
     return base + j / 2 + (j % 2) * (R / 2);
 }
 
+/* by name, then in buffer order (the pointers are into one array) */
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    const model_tensor *x = *(const model_tensor *const *)a, *y = *(const model_tensor *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x > y) - (x < y);
+}
+
+zo_status model_layout_index(model_layout *l)
+{
+    free(l->by_name);
+    l->by_name = malloc((l->n_tensors ? (size_t)l->n_tensors : 1) * sizeof *l->by_name);
+    if (!l->by_name)
+        return zo_error(ZO_ERR_NOMEM, "model layout: %s: cannot index %d tensors", l->cfg.name, l->n_tensors);
+    for (int i = 0; i < l->n_tensors; i++) l->by_name[i] = &l->tensors[i];
+    qsort(l->by_name, (size_t)l->n_tensors, sizeof *l->by_name, cmp_tensor_name);
+    return ZO_OK;
+}
+
 const model_tensor *model_layout_find(const model_layout *l, const char *name)
 {
-    for (int i = 0; i < l->n_tensors; i++)
-        if (!strcmp(l->tensors[i].name, name)) return &l->tensors[i];
-    return NULL;
+    if (!l->by_name) {
+        for (int i = 0; i < l->n_tensors; i++)
+            if (!strcmp(l->tensors[i].name, name)) return &l->tensors[i];
+        return NULL;
+    }
+    /* the first entry whose name is not below `name`: the first in buffer order among equals */
+    int lo = 0, hi = l->n_tensors;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (strcmp(l->by_name[mid]->name, name) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < l->n_tensors && !strcmp(l->by_name[lo]->name, name) ? l->by_name[lo] : NULL;
 }
 
 const model_view *model_layout_view(const model_layout *l, int block, model_role role)

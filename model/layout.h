@@ -171,6 +171,8 @@ typedef struct model_layout {
     size_t *block_numel;   /* [n_blocks] elements of each block buffer */
     int n_tensors;
     model_tensor *tensors; /* in buffer order, block by block */
+    model_tensor **by_name; /* [n_tensors] the tensors in order of name, ties in buffer order
+                             * (model_layout_find's binary search); NULL: found by a scan */
     model_view *views;     /* [n_blocks * MODEL_ROLE_COUNT]; numel 0 = absent */
     size_t total_numel;    /* == zo_model_params(cfg), less the experts outside the window */
     /* The routed experts an MoE layer block holds (expert parallelism: a
@@ -218,8 +220,13 @@ size_t model_tensor_rope_file_row(const model_tensor *t, size_t row);
 size_t model_tensor_rope_our_row(const model_tensor *t, size_t file_row);
 
 /* The tensor with this name (our spelling; model_layout_match_hf in
- * safetensors.h accepts checkpoint spellings), or NULL. */
+ * safetensors.h accepts checkpoint spellings), or NULL; of the slices of a
+ * fused file tensor, which share its name, the first in buffer order. */
 const model_tensor *model_layout_find(const model_layout *l, const char *name);
+/* Sorts l's tensors by name into l->by_name, so that model_layout_find
+ * takes log n comparisons (DeepSeek-V3's 45 thousand tensors: a scan for
+ * each was a billion); the layout builders call it last. */
+zo_status model_layout_index(model_layout *l);
 
 /* The view of `role` in `block`, or NULL when that block has no such role
  * (e.g. LN1_B in LLaMA, LM_HEAD_W when tied, POS_EMB in LLaMA). */

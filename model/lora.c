@@ -143,7 +143,8 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
         return zo_error(ZO_ERR_INTERNAL, "LoRA layout: %s: laid out %zu, PEFT counts %llu", cfg.name,
                         l->total_numel, (unsigned long long)want);
     }
-    return ZO_OK;
+    if ((st = model_layout_index(l)) != ZO_OK) model_layout_free(l);
+    return st;
 }
 
 /* ---- files ----------------------------------------------------------------------------- */
