@@ -354,8 +354,8 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
 /* Before any block: the checkpoint tensors that match nothing, counted
  * (known buffers apart, rep->n_ignored) and an error with MODEL_LOAD_STRICT,
  * so a checkpoint the config does not describe (q/k/v biases under
- * attention_bias false, an untied head under tie_word_embeddings true) is
- * refused before its weights are read, not trained without them. */
+ * attention_bias false, a layer past num_hidden_layers) is refused before
+ * its weights are read, not trained without them. */
 static zo_status load_start(const model_ckpt *c, const model_layout *l, unsigned flags,
                             model_load_report *rep)
 {
@@ -383,7 +383,7 @@ static zo_status load_start(const model_ckpt *c, const model_layout *l, unsigned
     if (rep->n_unexpected && (flags & MODEL_LOAD_STRICT))
         return zo_error(ZO_ERR_FORMAT,
                         "%s: %d tensor%s not in the model %s describes, first \"%s\" "
-                        "(a field such as attention_bias, mlp_bias or tie_word_embeddings that disagrees "
+                        "(a field such as attention_bias, mlp_bias or num_hidden_layers that disagrees "
                         "with the checkpoint, or another model's weights)",
                         c->path, rep->n_unexpected, rep->n_unexpected == 1 ? " is" : "s are", l->cfg.name,
                         rep->first_unexpected);
