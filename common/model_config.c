@@ -774,7 +774,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         snprintf(lacks, sizeof lacks, "output norms alone on these layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
-    char list[512]; /* (every trainable model_type: 255 characters with cohere2) */
+    char list[512]; /* (every trainable model_type: about 300 characters with olmo3) */
     trainable_list(list, sizeof list);
     return zo_error(ZO_ERR_UNSUPPORTED,
                     "model %s: family \"%s\": the runtime does not implement %s (it trains the families "
