@@ -1892,6 +1892,29 @@ static void parse_olmo3(hf *r, zo_model_config *c, const family *f)
     c->rope_local_theta = c->rope_theta;
 }
 
+/* OLMoE (OlmoeConfig: OLMoE-1B-7B): LLaMA's pre-norm layers (rms_norm_eps
+ * 1e-5, untied) with q_norm and k_norm over the whole q and k projections
+ * (qk_norm_full, as OLMo-2's) and an MoE MLP in every layer: a router
+ * (mlp.gate) and num_experts (64) SwiGLU experts of intermediate_size, the
+ * top num_experts_per_tok (8) of the softmax over every expert, renormalized
+ * only with norm_topk_prob (default false), no shared expert; the balance
+ * loss as Mixtral's at router_aux_loss_coef 0.01 under output_router_logits.
+ * clip_qkv (q, k and v clamped) is refused by name when set. */
+static void parse_olmoe(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->norm_eps = hf_float(r, "rms_norm_eps", 1e-5f);
+    c->qk_norm = c->qk_norm_full = 1;
+    c->moe.experts = hf_int(r, "num_experts", 64);
+    c->moe.top_k = hf_int(r, "num_experts_per_tok", 8);
+    c->moe.expert_ffn = c->ffn;
+    c->moe.norm_topk = hf_bool(r, "norm_topk_prob", 0);
+    hf_router_training(r, c);
+    c->moe.aux_coef = hf_float(r, "router_aux_loss_coef", 0.01f);
+    if (!r->st && hf_item(r, "clip_qkv"))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "clip_qkv", "q, k and v clamped to a bound are not modelled (only null)");
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -1940,6 +1963,10 @@ static const family families[] = {
      "OLMo-3: OLMo-2 layers, three of four (layer_types) over a sliding window with rope_theta's rotary "
      "unscaled, the others global with rope_scaling's",
      0, 0, 0, NULL, 1},
+    {"olmoe", "OlmoeForCausalLM", parse_olmoe,
+     "OLMoE: LLaMA layers with q/k RMSNorms over the whole projections, MoE MLP (router + num_experts "
+     "SwiGLU experts of intermediate_size, top-k of the softmax)",
+     0, 0, 0, "num_experts", 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
      "num_local_experts", 1},

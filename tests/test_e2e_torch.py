@@ -243,6 +243,21 @@ FAMILIES = {
         run=dict(micro_batch=2, seq=70, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         # every projection, the routed experts' included, never the router (as Qwen2-MoE's)
         lora=dict(r=4, alpha=16.0, targets="all-linear", lr=3e-3)),
+    # OLMoE (OLMoE-1B-7B's kind): pre-norm LLaMA layers with q_norm and k_norm over the whole q
+    # (2 x 128) and k (1 x 128) projections (GQA: k's norm half as wide as q's), norm weights
+    # 1 + 0.3 N(0, 1); every layer MoE, the top k of the softmax not renormalized
+    # (norm_topk_prob false, OlmoeConfig's default), no shared expert; the balance loss
+    "olmoe": dict(
+        seed=84,
+        config={"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "intermediate_size": 64, "num_experts": 6, "num_experts_per_tok": 3, "norm_topk_prob": False,
+                "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu",
+                "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
+                "clip_qkv": None, "output_router_logits": True, "router_aux_loss_coef": 0.05,
+                "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=70, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=16.0, targets="all-linear", lr=3e-3), qlora=True, resume=True),
     # Gemma (gemma-2b's kind): head_dim 256 with q (2 x 256) wider than hidden_size, one kv head,
     # GeGLU, norms times (1 + w), the embedding times sqrt(hidden), tied; hidden_act "gelu" as
     # gemma-7b's config.json says, which Hugging Face ignores for hidden_activation
@@ -697,7 +712,7 @@ def sparse(name):
 def is_moe(c):
     return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3",
                                "glm4_moe", "granitemoe",
-                               "phimoe")
+                               "phimoe", "olmoe")
 
 
 def deepseek(c):
@@ -712,6 +727,11 @@ def v3_router(c):
 
 def glm(c):
     return c["model_type"] == "glm4_moe"
+
+
+def olmoe(c):
+    """OLMoE: q_norm and k_norm over the whole q and k projections (as OLMo-2's), pre-norm layers."""
+    return c["model_type"] == "olmoe"
 
 
 def buffer(name):
@@ -744,6 +764,8 @@ def moe_shape(c):
     """Experts, experts per token, an expert's width, the shared expert's (0: none)."""
     if c["model_type"] in ("mixtral", "granitemoe", "phimoe"):
         return c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], 0
+    if olmoe(c):
+        return c["num_experts"], c["num_experts_per_tok"], c["intermediate_size"], 0
     if deepseek(c):
         f = c["moe_intermediate_size"]
         return c["n_routed_experts"], c["num_experts_per_tok"], f, (c.get("n_shared_experts") or 0) * f
@@ -792,6 +814,12 @@ def moe_params(c, g):
                 gq = torch.Generator().manual_seed(1000 + l)
                 p[pre + "q_norm.weight"] = 1 + 0.2 * torch.randn(d, generator=gq)
                 p[pre + "k_norm.weight"] = 1 + 0.2 * torch.randn(d, generator=gq)
+    if olmoe(c):  # q_norm and k_norm as wide as q and k, their weights away from 1 (their own draws)
+        nh, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], mf.head_dim(c)
+        for l in range(c["num_hidden_layers"]):
+            gq = torch.Generator().manual_seed(2000 + l)
+            p[f"model.layers.{l}.self_attn.q_norm.weight"] = 1 + 0.3 * torch.randn(nh * d, generator=gq)
+            p[f"model.layers.{l}.self_attn.k_norm.weight"] = 1 + 0.3 * torch.randn(nkv * d, generator=gq)
     if c["model_type"] == "phimoe":  # the norms' biases, q, k, v and o's, the output layer's
         nh, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], mf.head_dim(c)
         for l in range(c["num_hidden_layers"]):
@@ -1028,6 +1056,18 @@ def moe_forward(c, p, idx):
             x = x + mf.mla_attention(c, p, pre + "self_attn.", a)
         elif glm(c):
             q, k, v = glm_attention_qkv(c, p, pre, a, lin, cos, sin)
+            y = mf.causal_attention(q, k, v, window).transpose(1, 2).reshape(b, t, nh * d)
+            x = x + lin(y, pre + "self_attn.o_proj")
+        elif olmoe(c):
+            # OlmoeAttention: q_norm(q_proj(a)) and k_norm(k_proj(a)), RMSNorms over every head
+            # together, then the split into heads and rotate_half's rotary
+            nkv = c["num_key_value_heads"]
+            split = lambda z, n: z.view(b, t, n, d).transpose(1, 2)
+            q = split(norm(lin(a, pre + "self_attn.q_proj"), pre + "self_attn.q_norm"), nh)
+            k = split(norm(lin(a, pre + "self_attn.k_proj"), pre + "self_attn.k_norm"), nkv)
+            v = split(lin(a, pre + "self_attn.v_proj"), nkv)
+            q = q * cos + mf.rotate_half(q) * sin
+            k = k * cos + mf.rotate_half(k) * sin
             y = mf.causal_attention(q, k, v, window).transpose(1, 2).reshape(b, t, nh * d)
             x = x + lin(y, pre + "self_attn.o_proj")
         else:

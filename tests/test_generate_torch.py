@@ -245,6 +245,13 @@ FAMILIES["glm4_moe"] = dict(
 FAMILIES["glm4_moe_qk"] = dict(
     FAMILIES["glm4_moe"], seed=71, lora=None,
     config=dict(FAMILIES["glm4_moe"]["config"], use_qk_norm=True))
+# OLMoE: test_e2e_torch's (pre-norm layers with q/k norms over the whole projections, so the
+# cached keys are normed ones; GQA; 6 experts, 3 a token, not renormalized) with 4 layers;
+# adapters on every linear layer but the router
+FAMILIES["olmoe"] = dict(
+    seed=74, moe=True, lora=dict(r=4, alpha=16.0, targets="all-linear"),
+    config=dict(e2e.FAMILIES["olmoe"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127))
 # Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000), layer 2
 # global (rope_theta 1e6, linear rope_scaling 8)
 FAMILIES["gemma3_text"] = dict(

@@ -311,6 +311,60 @@ static void test_olmo3_config(void **state)
                  "layer_types");
 }
 
+/* OLMoE: OLMoE-1B-7B's published config.json (allenai/OLMoE-1B-7B-0924:
+ * hidden 2048, 16 layers, 16 heads and kv heads, 64 experts of
+ * intermediate_size 1024, 8 a token, vocab 50304, untied), its counts
+ * against ones written here from the tensors OlmoeForCausalLM holds (6.9B,
+ * 1.3B active as published); OlmoeConfig's defaults; refusals by name. */
+static void test_olmoe_config(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse(
+                         "{\"architectures\": [\"OlmoeForCausalLM\"], \"model_type\": \"olmoe\", "
+                         "\"hidden_size\": 2048, \"intermediate_size\": 1024, \"num_hidden_layers\": 16, "
+                         "\"num_attention_heads\": 16, \"num_key_value_heads\": 16, \"num_experts\": 64, "
+                         "\"num_experts_per_tok\": 8, \"vocab_size\": 50304, \"max_position_embeddings\": 4096, "
+                         "\"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"rope_scaling\": null, "
+                         "\"attention_bias\": false, \"clip_qkv\": null, \"hidden_act\": \"silu\", "
+                         "\"norm_topk_prob\": false, \"output_router_logits\": false, "
+                         "\"router_aux_loss_coef\": 0.01, \"tie_word_embeddings\": false, \"pad_token_id\": 1, "
+                         "\"eos_token_id\": 50279, \"torch_dtype\": \"bfloat16\"}",
+                         "olmoe-1b-7b.json", &c),
+                     ZO_OK);
+    const uint64_t h = 4096 / 2, L = 16, fe = 1024, E = 64, k = 8, V = 50304;
+    /* a layer: q, k, v, o_proj (h x h each), q_norm and k_norm (h each: the
+     * whole projections), input_layernorm and post_attention_layernorm (h
+     * each), the router (E x h), E experts' gate, up and down (h x fe each) */
+    uint64_t layer = 4 * h * h + 2 * h + 2 * h + E * h + E * 3 * h * fe;
+    uint64_t want = L * layer + V * h /* embed_tokens */ + h /* norm */ + V * h /* lm_head */;
+    zo_param_counts pc;
+    zo_model_param_counts(&c, &pc);
+    assert_int_equal(pc.total, want);
+    assert_int_equal(want, 6919161856ull); /* (6.9B) */
+    assert_int_equal(pc.active, want - L * (E - k) * 3 * h * fe);
+    assert_int_equal(pc.active, 1282017280ull); /* (1.3B active) */
+    assert_true(c.qk_norm && c.qk_norm_full && !c.post_norms_only && zo_model_pre_norms(&c) && !c.tied_embeddings);
+    assert_true(c.moe.experts == 64 && c.moe.top_k == 8 && c.moe.expert_ffn == 1024 && !c.moe.norm_topk &&
+                !c.moe.shared_ffn && !c.moe.aux_loss && c.moe.aux_coef == 0.01f);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+
+    /* OlmoeConfig's defaults: 64 experts, 8 a token, not renormalized, eps
+     * 1e-5, the balance loss's coefficient 0.01 */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"olmoe\", " SHAPE_ONLY "}", "d.json", &c), ZO_OK);
+    assert_true(c.moe.experts == 64 && c.moe.top_k == 8 && c.moe.expert_ffn == 128 && !c.moe.norm_topk &&
+                c.norm_eps == 1e-5f && c.moe.aux_coef == 0.01f && c.n_kv_heads == 8 && !c.tied_embeddings);
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"olmoe\", \"norm_topk_prob\": true, "
+                                           "\"output_router_logits\": true, " SHAPE_ONLY "}",
+                                           "d.json", &c),
+                     ZO_OK);
+    assert_true(c.moe.norm_topk && c.moe.aux_loss);
+    /* refused by name */
+    expect_named("{\"model_type\": \"olmoe\", \"clip_qkv\": 8.0, " SHAPE_ONLY "}", "clip_qkv");
+    expect_named("{\"model_type\": \"olmoe\", \"attention_bias\": true, " SHAPE_ONLY "}", "attention_bias");
+    expect_named("{\"model_type\": \"olmoe\", \"n_shared_experts\": 1, " SHAPE_ONLY "}", "n_shared_experts");
+}
+
 /* Phi-3.5-MoE: the preset is its config.json in every field that sizes or
  * computes it but the longrope lists (the config.json's alone: tf_init
  * refuses the preset's, by name); PhimoeConfig's defaults; refusals by name.
@@ -1288,6 +1342,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_presets),
         cmocka_unit_test(test_olmo2_config),
         cmocka_unit_test(test_olmo3_config),
+        cmocka_unit_test(test_olmoe_config),
         cmocka_unit_test(test_phimoe_config),
         cmocka_unit_test(test_phi_presets),
         cmocka_unit_test(test_gptj_presets),

@@ -731,6 +731,16 @@ static const char glm4_moe_config[] =
     "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
     "\"tie_word_embeddings\": false}";
 
+/* OLMoE: pre-norm LLaMA layers with q/k RMSNorms over the whole q (4 x 16)
+ * and k (2 x 16) projections, every layer MoE, the top 3 of 8 experts'
+ * softmax not renormalized, no shared expert, the balance loss. */
+static const char olmoe_config[] =
+    "{\"model_type\": \"olmoe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 32, \"num_experts\": 8, "
+    "\"num_experts_per_tok\": 3, \"norm_topk_prob\": false, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"output_router_logits\": true, \"router_aux_loss_coef\": 0.05, "
+    "\"tie_word_embeddings\": false}";
+
 /* Qwen2-MoE-shaped with 8 experts (the 6 of qwen2_moe_config do not split
  * over 4 ranks). */
 static const char qwen2_moe8_config[] =
@@ -999,17 +1009,17 @@ static const char qwen3_moe8_config[] =
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[9] = {"mixtral",    "qwen2_moe8",    "qwen3_moe8", "deepseek",
-                                        "granitemoe", "deepseek_v2_q", "phimoe",     "deepseek_v3",
-                                        "glm4_moe"};
+static const char *const ep_names[10] = {"mixtral",    "qwen2_moe8",    "qwen3_moe8", "deepseek",
+                                         "granitemoe", "deepseek_v2_q", "phimoe",     "deepseek_v3",
+                                         "glm4_moe",   "olmoe"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[9] = {mixtral_config,    qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
-                            granitemoe_config, deepseek_v2_q_config, phimoe_config,     deepseek_v3_config,
-                            glm4_moe_config};
+    const char *texts[10] = {mixtral_config,    qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
+                             granitemoe_config, deepseek_v2_q_config, phimoe_config,     deepseek_v3_config,
+                             glm4_moe_config,   olmoe_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -2369,8 +2379,8 @@ static void deepseek_v3_corrected_rows(void)
  * bytes), and with capacity factor 0.5 as test_moe_ep_capacity; then
  * DeepSeekMoE's rows (deepseek_rows) and DeepSeek-V2's (deepseek_v2_rows:
  * latent attention, q_lora_rank null and set), then DeepSeek-V3's and
- * GLM-4.5's with --ep 2 (ep_rows_of), in this group, not groups of their
- * own, for the suite's minutes. */
+ * GLM-4.5's with --ep 2 (ep_rows_of), and OLMoE's LoRA with --ep 2, in this
+ * group, not groups of their own, for the suite's minutes. */
 static void test_moe_ep_qwen3(void **state)
 {
     (void)state;
@@ -2385,6 +2395,9 @@ static void test_moe_ep_qwen3(void **state)
      * biased projections' adapters, each rank's experts') at ZeRO-0 */
     ep_rows_of(8, "glm", 0, 1);
     ep_rows_of(8, "glml", 1, 0);
+    /* OLMoE's whole-projection q/k norms with experts: LoRA on every linear
+     * layer at ZeRO-0 */
+    ep_rows_of(9, "olmoel", 1, 0);
 }
 
 /* LoRA and QLoRA with --ep 2 on 4 ranks: two data-parallel replicas of
