@@ -2169,6 +2169,25 @@ static void moe_drops(const char *stats, double F, double *pairs, double *droppe
     cJSON_Delete(doc);
 }
 
+static int st_redraw_f32(const char *path, const char *suffix, double a);
+
+/* DeepSeek-V3's model (ep model 7) as the seed draws it, saved by one rank
+ * (--lr 0: the weights as drawn, the score corrections zero), made
+ * train's --weights for the runs that follow; its config written into path
+ * (the caller's: `config` points into it) and chosen. */
+static void v3_saved_weights(char *path, size_t cap)
+{
+    static char out[1 << 16], file[600]; /* (static: `weights` points into it, and a failing assert leaves first) */
+    char args[1200];
+    ep_use_model(7, path, cap);
+    snprintf(args, sizeof args, "--dtype fp32 --micro-batch 2 --seq 32 --steps 1 --lr 0 --save %s/v3w", dir);
+    int rc = train(0, args, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    snprintf(file, sizeof file, "%s/v3w/model.safetensors", dir);
+    weights = file;
+}
+
 /* Capacity-limited routing with expert parallelism, for model mdl: memplan's
  * plans with --capacity-factor 0.5 (parallel.capacity_factor; test_moe_ep_capacity:
  * the Mixtral- and Qwen2-MoE-shaped models of test_moe_ep and the
@@ -2178,7 +2197,10 @@ static void moe_drops(const char *stats, double F, double *pairs, double *droppe
  * relative, every rank's peaks within 3% of the plan, the same pairs
  * routed and dropped (every rank's, in --stats-json), some dropped. fp32.
  * With lora, LoRA on every linear layer (its expert scratch sized by the
- * capacity). */
+ * capacity).
+ * DeepSeek-V3's (mdl 7) with its score corrections redrawn in [-0.2, 0.2]
+ * (as deepseek_v3_corrected_rows): what is chosen, and so dropped, is the
+ * corrected keys' choice. */
 static void ep_capacity(int mdl, int lora)
 {
     const char *place = lora ? "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu "
@@ -2186,6 +2208,10 @@ static void ep_capacity(int mdl, int lora)
                              : "--dtype fp32 --params gpu --optimizer cpu --capacity-factor 0.5";
     char path[512], flags[512], plan[512], extra[1024], stats[2][300];
     double ref[STEPS], got[STEPS], pairs[2], dropped[2];
+    if (mdl == 7) {
+        v3_saved_weights(path, sizeof path);
+        assert_int_equal(st_redraw_f32(weights, ".mlp.gate.e_score_correction_bias", 0.2), 3); /* (layers 1-3) */
+    }
     ep_use_model(mdl, path, sizeof path);
     for (int k = 0; k < 2; k++) {
         snprintf(flags, sizeof flags, k ? "%s --dp 2 --ep 2 --zero 0" : "%s", place);
@@ -2205,6 +2231,7 @@ static void ep_capacity(int mdl, int lora)
     if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
     assert_true(worst <= 1e-6);
     assert_true(pairs[0] == pairs[1] && dropped[0] == dropped[1] && dropped[0] > 0);
+    weights = NULL;
 }
 
 /* the full models, then LoRA on the Mixtral-shaped one, then the full
@@ -2349,19 +2376,12 @@ static int st_redraw_f32(const char *path, const char *suffix, double a)
  * against one rank with it. */
 static void deepseek_v3_corrected_rows(void)
 {
-    char path[512], args[1200];
-    static char out[1 << 16], file[600]; /* (static: `weights` points into it, and a failing assert leaves first) */
+    char path[512];
     double zero[2][STEPS], corrected[2][STEPS];
     const char *place = "--dtype fp32 --params gpu --optimizer cpu";
-    ep_use_model(7, path, sizeof path);
-    snprintf(args, sizeof args, "--dtype fp32 --micro-batch 2 --seq 32 --steps 1 --lr 0 --save %s/v3w", dir);
-    int rc = train(0, args, out, sizeof out);
-    if (rc) fprintf(stderr, "%s\n", out);
-    assert_int_equal(rc, 0);
-    snprintf(file, sizeof file, "%s/v3w/model.safetensors", dir);
-    weights = file;
+    v3_saved_weights(path, sizeof path);
     ep_refs2(place, "dsv3z", 7, 0, 1, zero);
-    assert_int_equal(st_redraw_f32(file, ".mlp.gate.e_score_correction_bias", 0.2), 3); /* (layers 1-3) */
+    assert_int_equal(st_redraw_f32(weights, ".mlp.gate.e_score_correction_bias", 0.2), 3); /* (layers 1-3) */
     ep_refs2(place, "dsv3c", 7, 0, 1, corrected);
     int moved = 0;
     for (int k = 0; k < STEPS; k++) moved += fabs(corrected[0][k] - zero[0][k]) > 1e-6 * fabs(zero[0][k]);
