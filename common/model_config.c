@@ -2196,6 +2196,133 @@ static void parse_multimodal(hf *r, zo_model_config *c, const family *f)
     c->mm_text = 1;
 }
 
+/* ---- transformers 5's rope_parameters ---------------------------------- */
+
+/* What a config's rope_parameters said, for the check after the parse. */
+typedef struct rope_given {
+    int set;            /* rope_parameters was an object */
+    double theta;       /* its rope_theta (0: none given) */
+    double partial;     /* its partial_rotary_factor (0: none given) */
+    char type[16];      /* its rope_type ("" for "default" or none) */
+    double local_theta; /* sliding_attention's rope_theta where given apart (0: none) */
+    char where[48];     /* the object read, for messages */
+} rope_given;
+
+/* key set to item in o, replacing what o held under it */
+static int json_set(cJSON *o, const char *key, cJSON *item)
+{
+    if (!item) return 0;
+    if (cJSON_GetObjectItemCaseSensitive(o, key)) return cJSON_ReplaceItemInObjectCaseSensitive(o, key, item);
+    return cJSON_AddItemToObject(o, key, item);
+}
+
+/* transformers 5 saves the rotary's parameters as one object,
+ * rope_parameters = {rope_type, rope_theta, partial_rotary_factor and
+ * rope_scaling's own keys}, or as one such object per layer type
+ * ({"full_attention": {...}, "sliding_attention": {...}}), in place of
+ * rope_theta, rope_scaling and partial_rotary_factor (GPT-NeoX's
+ * rotary_emb_base and rotary_pct too). They are written back into o as
+ * those keys, which the parsers read, rope_parameters' values first (as
+ * transformers reads them); the full layers' object is the model's rotary,
+ * the sliding layers' base goes to Gemma-3's rope_local_base_freq. What a
+ * family's parser then does not take is refused by rope_given_check. */
+static zo_status rope_parameters_apply(cJSON *o, const char *path, rope_given *g)
+{
+    memset(g, 0, sizeof *g);
+    cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rope_parameters");
+    if (!rp || cJSON_IsNull(rp)) return ZO_OK;
+    if (!cJSON_IsObject(rp)) return zo_error(ZO_ERR_FORMAT, "%s: field \"rope_parameters\" must be an object", path);
+    const cJSON *full = rp, *sliding = NULL, *e;
+    int nested = rp->child != NULL;
+    cJSON_ArrayForEach(e, rp) {
+        if (!cJSON_IsObject(e) || (strcmp(e->string, "full_attention") && strcmp(e->string, "sliding_attention")))
+            nested = 0;
+    }
+    snprintf(g->where, sizeof g->where, "rope_parameters");
+    if (nested) {
+        sliding = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+        full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+        if (!full) full = sliding, sliding = NULL; /* (every layer a sliding one) */
+        snprintf(g->where, sizeof g->where, "rope_parameters.%s", full->string);
+    }
+    g->set = 1;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(full, "rope_type");
+    if (!t) t = cJSON_GetObjectItemCaseSensitive(full, "type");
+    if (t && !cJSON_IsString(t))
+        return zo_error(ZO_ERR_FORMAT, "%s: field \"%s.rope_type\" must be a string", path, g->where);
+    if (t && strcmp(t->valuestring, "default")) snprintf(g->type, sizeof g->type, "%.15s", t->valuestring);
+    const cJSON *th = cJSON_GetObjectItemCaseSensitive(full, "rope_theta");
+    const cJSON *pf = cJSON_GetObjectItemCaseSensitive(full, "partial_rotary_factor");
+    if ((th && !cJSON_IsNumber(th)) || (pf && !cJSON_IsNumber(pf)))
+        return zo_error(ZO_ERR_FORMAT, "%s: field \"%s.%s\" must be a number", path, g->where,
+                        th && !cJSON_IsNumber(th) ? "rope_theta" : "partial_rotary_factor");
+    int ok = 1;
+    if (th) {
+        g->theta = th->valuedouble;
+        ok &= json_set(o, "rope_theta", cJSON_CreateNumber(g->theta));
+        if (cJSON_GetObjectItemCaseSensitive(o, "rotary_emb_base"))
+            ok &= json_set(o, "rotary_emb_base", cJSON_CreateNumber(g->theta));
+    }
+    if (pf) {
+        g->partial = pf->valuedouble;
+        ok &= json_set(o, "partial_rotary_factor", cJSON_CreateNumber(g->partial));
+        if (cJSON_GetObjectItemCaseSensitive(o, "rotary_pct"))
+            ok &= json_set(o, "rotary_pct", cJSON_CreateNumber(g->partial));
+    }
+    /* the scaling: the object less the base and the rotated part */
+    cJSON *rs = g->type[0] ? cJSON_Duplicate(full, 1) : cJSON_CreateNull();
+    if (rs && g->type[0]) {
+        cJSON_DeleteItemFromObjectCaseSensitive(rs, "rope_theta");
+        cJSON_DeleteItemFromObjectCaseSensitive(rs, "partial_rotary_factor");
+    }
+    ok &= json_set(o, "rope_scaling", rs);
+    if (sliding) {
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(sliding, "rope_type");
+        if (!st) st = cJSON_GetObjectItemCaseSensitive(sliding, "type");
+        if (st && (!cJSON_IsString(st) || strcmp(st->valuestring, "default")))
+            return zo_error(ZO_ERR_UNSUPPORTED,
+                            "%s: field \"rope_parameters.sliding_attention.rope_type\": %s on the sliding layers is "
+                            "not modelled (their rotary is the default one)",
+                            path, cJSON_IsString(st) ? st->valuestring : "a non-string");
+        const cJSON *sth = cJSON_GetObjectItemCaseSensitive(sliding, "rope_theta");
+        if (sth && !cJSON_IsNumber(sth))
+            return zo_error(ZO_ERR_FORMAT, "%s: field \"rope_parameters.sliding_attention.rope_theta\" must be a number",
+                            path);
+        if (sth) {
+            g->local_theta = sth->valuedouble;
+            ok &= json_set(o, "rope_local_base_freq", cJSON_CreateNumber(g->local_theta));
+        }
+    }
+    return ok ? ZO_OK : zo_error(ZO_ERR_NOMEM, "%s: rope_parameters: out of host memory", path);
+}
+
+/* The parsed model against what rope_parameters said: a base, a rotated
+ * part, a scaling kind or a sliding layers' base the family's parser did
+ * not take is refused by name, never dropped. */
+static zo_status rope_given_check(const rope_given *g, const zo_model_config *c, const char *path)
+{
+    if (!g->set || !(c->arch == ZO_ARCH_LLAMA || c->pos == ZO_POS_ROTARY)) return ZO_OK;
+    const double part = g->partial == 1.0 ? 0.0 : g->partial;
+    const double local = c->rope_local_theta > 0.0f ? c->rope_local_theta : c->rope_theta;
+    if (g->theta > 0.0 && (float)g->theta != c->rope_theta)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"%s.rope_theta\": %g, but the %s model's rotary base is %g",
+                        path, g->where, g->theta, c->family, (double)c->rope_theta);
+    if (g->partial > 0.0 && fabs(part - c->rope_partial) > 1e-9)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "%s: field \"%s.partial_rotary_factor\": %g, which the %s model does not take (it rotates %g "
+                        "of each head)",
+                        path, g->where, g->partial, c->family, c->rope_partial > 0.0 ? c->rope_partial : 1.0);
+    if (g->type[0] && strcmp(g->type, c->rope_scaling))
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"%s.rope_type\": \"%s\", which the %s model does not take",
+                        path, g->where, g->type, c->family);
+    if (g->local_theta > 0.0 && (float)g->local_theta != local)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "%s: field \"rope_parameters.sliding_attention.rope_theta\": %g, but the %s model's sliding "
+                        "layers turn by a base of %g",
+                        path, g->local_theta, c->family, local);
+    return ZO_OK;
+}
+
 zo_status zo_model_config_parse(const char *json, const char *path, zo_model_config *out)
 {
     cJSON *root;
@@ -2241,6 +2368,16 @@ zo_status zo_model_config_parse(const char *json, const char *path, zo_model_con
                       path, f->type, f->what, known);
         goto out_free_root;
     }
+    /* transformers 5's rope_parameters as the keys the parsers read (the
+     * text model's in a multimodal checkpoint) */
+    rope_given rg;
+    cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if ((st = rope_parameters_apply(root, path, &rg)) != ZO_OK) goto out_free_root;
+    if (f->parse == parse_multimodal && cJSON_IsObject(tc)) {
+        char tpath[600];
+        snprintf(tpath, sizeof tpath, "%s: text_config", path);
+        if ((st = rope_parameters_apply(tc, tpath, &rg)) != ZO_OK) goto out_free_root;
+    }
     hf r = {root, path, f->type, ZO_OK};
     f->parse(&r, &c, f);
     if (f->parse != parse_multimodal) hf_refuse_unmodelled(&r, f->modelled);
@@ -2252,6 +2389,7 @@ zo_status zo_model_config_parse(const char *json, const char *path, zo_model_con
     if (f->parse != parse_multimodal)
         snprintf(c.family, sizeof c.family, "%s", f->parse == parse_falcon ? "falcon" : family_of_alias(f)->type);
     snprintf(c.name, sizeof c.name, "%.63s", base);
+    if ((st = rope_given_check(&rg, &c, path)) != ZO_OK) goto out_free_root;
     if ((st = zo_model_config_validate(&c)) != ZO_OK) {
         zo_error_wrap(st, "%s", path);
         goto out_free_root;

@@ -365,6 +365,86 @@ static void test_olmoe_config(void **state)
     expect_named("{\"model_type\": \"olmoe\", \"n_shared_experts\": 1, " SHAPE_ONLY "}", "n_shared_experts");
 }
 
+/* v4 and v5 parsed; every rotary field of the two equal */
+static void rope_same(const char *v4, const char *v5)
+{
+    zo_model_config a, b;
+    if (zo_model_config_parse(v4, "r.json", &a)) fail_msg("%s: %s", v4, zo_last_error());
+    if (zo_model_config_parse(v5, "r.json", &b)) fail_msg("%s: %s", v5, zo_last_error());
+    if (a.rope_theta != b.rope_theta || strcmp(a.rope_scaling, b.rope_scaling) || a.rope_factor != b.rope_factor ||
+        a.rope_low_freq_factor != b.rope_low_freq_factor || a.rope_high_freq_factor != b.rope_high_freq_factor ||
+        a.rope_original_max != b.rope_original_max || a.rope_beta_fast != b.rope_beta_fast ||
+        a.rope_beta_slow != b.rope_beta_slow || a.rope_attention_factor != b.rope_attention_factor ||
+        a.rope_partial != b.rope_partial || a.rope_local_theta != b.rope_local_theta)
+        fail_msg("%s\nreads other rotary fields than\n%s (theta %g / %g, scaling %s / %s, partial %g / %g, local %g / "
+                 "%g)",
+                 v5, v4, (double)a.rope_theta, (double)b.rope_theta, a.rope_scaling, b.rope_scaling, a.rope_partial,
+                 b.rope_partial, (double)a.rope_local_theta, (double)b.rope_local_theta);
+}
+
+/* transformers 5's rope_parameters (what its save_pretrained writes in
+ * place of rope_theta, rope_scaling and the rotated part; one object per
+ * layer type for models whose layers differ) read as the same model as
+ * the keys it replaces, its values first; what a family's parser does not
+ * take refused by name. Each v5 form written here from the v4 one as
+ * transformers' standardize_rope_params builds it. */
+static void test_rope_parameters(void **state)
+{
+    (void)state;
+    /* LLaMA-3.1's llama3 scaling */
+    rope_same("{\"model_type\": \"llama\", " SHAPE_ONLY ", \"max_position_embeddings\": 131072, \"rope_theta\": "
+              "500000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+              "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}",
+              "{\"model_type\": \"llama\", " SHAPE_ONLY ", \"max_position_embeddings\": 131072, \"rope_parameters\": "
+              "{\"rope_type\": \"llama3\", \"rope_theta\": 500000.0, \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+              "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}");
+    /* Gemma-3: one object per layer type, the sliding layers' base apart */
+    rope_same("{\"model_type\": \"gemma3_text\", " SHAPE_ONLY ", \"rope_theta\": 1000000.0, \"rope_local_base_freq\": "
+              "10000.0, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}}",
+              "{\"model_type\": \"gemma3_text\", " SHAPE_ONLY ", \"rope_parameters\": {\"full_attention\": "
+              "{\"rope_type\": \"linear\", \"factor\": 8.0, \"rope_theta\": 1000000.0}, \"sliding_attention\": "
+              "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}}}");
+    /* OLMo-3: yarn on the full layers, the sliding ones' default at the same base */
+    rope_same("{\"model_type\": \"olmo3\", " SHAPE_ONLY ", \"rope_theta\": 500000, \"rope_scaling\": {\"rope_type\": "
+              "\"yarn\", \"factor\": 8.0, \"original_max_position_embeddings\": 8192, \"attention_factor\": 1.2, "
+              "\"beta_fast\": 32, \"beta_slow\": 1}}",
+              "{\"model_type\": \"olmo3\", " SHAPE_ONLY ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": "
+              "\"yarn\", \"rope_theta\": 500000, \"factor\": 8.0, \"original_max_position_embeddings\": 8192, "
+              "\"attention_factor\": 1.2, \"beta_fast\": 32, \"beta_slow\": 1}, \"sliding_attention\": "
+              "{\"rope_type\": \"default\", \"rope_theta\": 500000}}}");
+    /* GPT-NeoX: rotary_emb_base and rotary_pct moved inside */
+    rope_same("{\"model_type\": \"gpt_neox\", " SHAPE_ONLY ", \"rotary_emb_base\": 20000, \"rotary_pct\": 0.5}",
+              "{\"model_type\": \"gpt_neox\", " SHAPE_ONLY ", \"rope_parameters\": {\"rope_type\": \"default\", "
+              "\"rope_theta\": 20000, \"partial_rotary_factor\": 0.5}}");
+    /* Phi-3's rotated part (Phi-4-mini's) inside */
+    rope_same("{\"model_type\": \"phi3\", " SHAPE_ONLY ", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.75}",
+              "{\"model_type\": \"phi3\", " SHAPE_ONLY ", \"rope_parameters\": {\"rope_type\": \"default\", "
+              "\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.75}}");
+    /* rope_parameters first: over a stale top-level base and scaling */
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"llama\", " SHAPE_ONLY ", \"rope_theta\": 10000.0, "
+                                           "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4.0}, "
+                                           "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 250000.0}}",
+                                           "r.json", &c),
+                     ZO_OK);
+    assert_true(c.rope_theta == 250000.0f && !c.rope_scaling[0]);
+    /* refused by name: a rotated part LLaMA's parser does not take, a
+     * sliding base OLMo-3's layers do not have, a scaled sliding rotary, not
+     * an object */
+    expect_named("{\"model_type\": \"llama\", " SHAPE_ONLY ", \"rope_parameters\": {\"rope_type\": \"default\", "
+                 "\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5}}",
+                 "rope_parameters.partial_rotary_factor");
+    expect_named("{\"model_type\": \"olmo3\", " SHAPE_ONLY ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": "
+                 "\"default\", \"rope_theta\": 500000}, \"sliding_attention\": {\"rope_type\": \"default\", "
+                 "\"rope_theta\": 10000}}}",
+                 "rope_parameters.sliding_attention.rope_theta");
+    expect_named("{\"model_type\": \"gemma3_text\", " SHAPE_ONLY ", \"rope_parameters\": {\"full_attention\": "
+                 "{\"rope_type\": \"default\", \"rope_theta\": 1000000.0}, \"sliding_attention\": {\"rope_type\": "
+                 "\"linear\", \"factor\": 2.0, \"rope_theta\": 10000.0}}}",
+                 "rope_parameters.sliding_attention.rope_type");
+    expect_named("{\"model_type\": \"llama\", " SHAPE_ONLY ", \"rope_parameters\": 5}", "rope_parameters");
+}
+
 /* Phi-3.5-MoE: the preset is its config.json in every field that sizes or
  * computes it but the longrope lists (the config.json's alone: tf_init
  * refuses the preset's, by name); PhimoeConfig's defaults; refusals by name.
@@ -1343,6 +1423,7 @@ int main(void)
         cmocka_unit_test(test_olmo2_config),
         cmocka_unit_test(test_olmo3_config),
         cmocka_unit_test(test_olmoe_config),
+        cmocka_unit_test(test_rope_parameters),
         cmocka_unit_test(test_phimoe_config),
         cmocka_unit_test(test_phi_presets),
         cmocka_unit_test(test_gptj_presets),
