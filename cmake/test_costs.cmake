@@ -29,7 +29,8 @@
 # test_model 2 as the suitecut5 branch measured it under the sanitizers,
 # model_layout_find's search no longer a scan; test_e2e_torch_mixtral and
 # test_generate_torch_mixtral with OLMoE's families, 15.9 and 26.3 s
-# measured in place at a load of 0.4):
+# measured in place at a load of 0.4; test_e2e_torch_qwen2 and
+# test_generate_torch_qwen3 plus SmolLM3's families, 5.6 and 6.4 s alone):
 # ctest -j starts
 # the costliest first, so that a long test
 # does not begin last and run alone while the other core idles. Without this
@@ -42,9 +43,9 @@ set(zo_test_costs
     test_offload_memplan 21 test_e2e_torch_mistral 20 test_generate_torch_llama 14 test_e2e_torch_qwen2_moe_sparse 19
     test_gpu_check_fake_gpu 19 test_e2e_torch_gpt2 18 test_install 6 test_comm_fault 8
     test_e2e_torch_falcon_seq 17 test_offload_cuda_selfcheck 16 test_model 2 test_ranks_matrix_full 15
-    test_e2e_torch_qwen2 14 test_planner_search 14 test_ranks_family_falcon 14 test_ranks_moe_ep_z3host 10
+    test_e2e_torch_qwen2 19 test_planner_search 14 test_ranks_family_falcon 14 test_ranks_moe_ep_z3host 10
     test_e2e_torch_gemma3_text 13 test_ranks_matrix_qlora 13 test_ranks_matrix_lora 13
-    test_transformer_torch 13 test_gpu 13 test_torch_side_by_side 12 test_offload_edges 12 test_generate_torch_qwen3 12
+    test_transformer_torch 13 test_gpu 13 test_torch_side_by_side 12 test_offload_edges 12 test_generate_torch_qwen3 18
     test_plan_schema 10 test_gpu_gemm 10 test_cpu_adam_state 10 test_transformer 10 test_tokenizer_js 9
     test_e2e_torch_phi3 9 test_generate_torch_qwen3_moe 17 test_ranks_moe_ep_qlora 9 test_e2e_torch_gemma2 20
     test_ranks_moe_ep_qwen3 10 test_cuda_shim 8 test_configure 8 test_ranks_moe_ep_ckpt 8

@@ -98,6 +98,17 @@
       .act = "silu", .layer_norm = 1, .layer_norms = 1, .parallel_block = 1,             \
       .logit_div = 1.0f / (ls), .sliding_window = 4096, .window_period = 4, .global_nope = 1}}
 
+/* SmolLM3 (config.json of HuggingFaceTB/SmolLM3-3B): LLaMA layers (16 heads
+ * over 4 kv heads of 128, SwiGLU 11008), every fourth layer without rotary
+ * (NoPE: no_rope_layer_interval 4), rope_theta 5e6, 65536 positions,
+ * vocabulary 128256, tied. */
+#define SMOLLM3(n, L, h, a, kv, f)                                                        \
+    {n, "",                                                                               \
+     {.name = n, .family = "smollm3", .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h, \
+      .n_heads = a, .n_kv_heads = kv, .head_dim = (h) / (a), .ffn = f, .vocab = 128256,  \
+      .max_seq = 65536, .tied_embeddings = 1, .norm_eps = 1e-6f, .rope_theta = 5e6f,     \
+      .act = "silu", .nope_period = 4}}
+
 /* Gemma (config.json of google/gemma-2b, gemma-7b): LLaMA layers with
  * GeGLU (tanh GELU), head_dim 256 whatever hidden / heads, RMSNorm times
  * (1 + w), the embedding times sqrt(hidden), tied; rms_norm_eps 1e-6, 8192
@@ -291,6 +302,7 @@ static const zo_model_preset presets[] = {
     GEMMA3("gemma-3-12b", 48, 3840, 16, 8, 256, 15360, 256, 262208, 131072, 1024, "linear", 8.0f),
     /* heads of 128, query_pre_attn_scalar 168 (hidden / heads) */
     GEMMA3("gemma-3-27b", 62, 5376, 32, 16, 128, 21504, 168, 262208, 131072, 1024, "linear", 8.0f),
+    SMOLLM3("smollm3-3b", 36, 2048, 16, 4, 11008),
     GRANITE("granite-3.1-2b", 40, 2048, 32, 8, 8192, 8.0f),
     GRANITE("granite-3.1-8b", 40, 4096, 32, 8, 12800, 16.0f),
     GRANITEMOE("granite-3.0-1b-a400m", 24, 1024, 16, 32),
@@ -555,6 +567,7 @@ int zo_model_windows(const zo_model_config *c, int first, int layers, int window
 
 int zo_model_layer_rotary(const zo_model_config *c, int l)
 {
+    if (c->nope_period > 0 && (l + 1) % c->nope_period == 0) return 0;
     return !c->global_nope || zo_model_layer_sliding(c, l);
 }
 
@@ -1915,6 +1928,42 @@ static void parse_olmoe(hf *r, zo_model_config *c, const family *f)
         hf_fail(r, ZO_ERR_UNSUPPORTED, "clip_qkv", "q, k and v clamped to a bound are not modelled (only null)");
 }
 
+/* SmolLM3 (SmolLM3Config: SmolLM3-3B): LLaMA's layers (GQA, 4 kv heads by
+ * default, tied, rope_theta 2e6 by default), every no_rope_layer_interval-th
+ * layer (4) without rotary: its q and k attend as projected (NoPE;
+ * nope_period). no_rope_layers, when given, is that pattern or refused by
+ * name (one NoPE layer every n-th, the first at n - 1, is the one modelled);
+ * use_sliding_window true (a window on the NoPE layers) is refused by name. */
+static void parse_smollm3(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->rope_theta = hf_float(r, "rope_theta", 2e6f);
+    int p = hf_int(r, "no_rope_layer_interval", 4); /* (an integer >= 1) */
+    const cJSON *list = hf_item(r, "no_rope_layers");
+    if (!r->st && list) {
+        /* the period from the first 0 (none in the model's layers: every
+         * layer turns), then every entry against it */
+        int n = cJSON_GetArraySize(list), first = -1, bad = !cJSON_IsArray(list) || n < c->n_layers;
+        for (int l = 0; !bad && l < c->n_layers; l++) {
+            const cJSON *e = cJSON_GetArrayItem(list, l);
+            bad = !cJSON_IsNumber(e) || (e->valuedouble != 0.0 && e->valuedouble != 1.0);
+            if (!bad && e->valuedouble == 0.0 && first < 0) first = l;
+        }
+        p = first < 0 ? 0 : first + 1;
+        for (int l = 0; !bad && l < c->n_layers; l++)
+            bad = (cJSON_GetArrayItem(list, l)->valuedouble == 0.0) != (p > 0 && (l + 1) % p == 0);
+        if (bad)
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "no_rope_layers",
+                    "must list 0 or 1 for each of the %d layers, 0 on every n-th layer alone (one NoPE layer every "
+                    "n-th is modelled)",
+                    c->n_layers);
+    }
+    c->nope_period = p;
+    if (!r->st && hf_bool(r, "use_sliding_window", 0) && hf_item(r, "sliding_window"))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "use_sliding_window",
+                "true (a sliding window on the NoPE layers) is not modelled");
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -1955,6 +2004,8 @@ static const family families[] = {
     {"granite", "GraniteForCausalLM", parse_llama,
      "Granite 3.x: LLaMA layers with the embeddings, the scores, each residual branch and the logits "
      "times multipliers", 0, 0, 0, NULL, 1},
+    {"smollm3", "SmolLM3ForCausalLM", parse_smollm3,
+     "SmolLM3: LLaMA layers, every no_rope_layer_interval-th (4th) without rotary (NoPE), tied", 1, 4, 0, NULL, 1},
     {"olmo2", "Olmo2ForCausalLM", parse_olmo2,
      "OLMo-2: LLaMA layers with RMSNorms on the attention's and the MLP's outputs alone (none before), "
      "q/k RMSNorms over the whole projections",

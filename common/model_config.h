@@ -124,6 +124,8 @@ typedef struct zo_model_config {
                                rope_local_base_freq); the global layers keep rope_theta's */
     int global_nope;       /* the global (not sliding) layers take no rotary: their q and k attend as
                               projected (Cohere2's full_attention layers) */
+    int nope_period;       /* > 0: every nope_period-th layer (l + 1 a multiple of it) takes no rotary
+                              (SmolLM3's no_rope_layers: NoPE layers) */
     char rope_scaling[16]; /* rope_scaling's rope_type when it rescales the rotary frequencies
                               (llama3, linear, dynamic, yarn, ...); "" for none or "default" */
     float rope_factor;     /* rope_scaling's factor */
@@ -317,7 +319,8 @@ int zo_model_windows(const zo_model_config *c, int first, int layers, int window
                      int count[ZO_MODEL_WINDOWS]);
 
 /* Whether layer l turns its q and k by their positions: every layer of a
- * rotary model but Cohere2's global ones (global_nope). */
+ * rotary model but Cohere2's global ones (global_nope) and SmolLM3's NoPE
+ * ones (nope_period). */
 int zo_model_layer_rotary(const zo_model_config *c, int l);
 
 /* The rotated part of a head: int(head_dim x partial_rotary_factor) as

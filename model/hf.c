@@ -21,12 +21,12 @@ const char *model_hf_dtype_name(zo_dtype dt)
 /* ---- config.json ------------------------------------------------------------------- */
 
 /* The family's model_type: the dense families the runtime builds (GPT-2,
- * GPT-NeoX, Falcon, OPT, BLOOM, Phi, GPT-J, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2, Granite); NULL for a mixture of
+ * GPT-NeoX, Falcon, OPT, BLOOM, Phi, GPT-J, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2, Granite, SmolLM3, ...); NULL for a mixture of
  * experts, whose router and expert keys this writer does not make. */
 static const char *model_type(const zo_model_config *c)
 {
     static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
-                                      "granite", "cohere", "cohere2", "olmo2", "olmo3"};
+                                      "granite", "cohere", "cohere2", "olmo2", "olmo3", "smollm3"};
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -48,7 +48,7 @@ static const char *llama_class(const char *type)
         {"phi3", "Phi3ForCausalLM"},       {"gemma", "GemmaForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
         {"gemma3_text", "Gemma3ForCausalLM"}, {"granite", "GraniteForCausalLM"},
         {"cohere", "CohereForCausalLM"},   {"cohere2", "Cohere2ForCausalLM"},
-        {"olmo2", "Olmo2ForCausalLM"},     {"olmo3", "Olmo3ForCausalLM"}};
+        {"olmo2", "Olmo2ForCausalLM"},     {"olmo3", "Olmo3ForCausalLM"},   {"smollm3", "SmolLM3ForCausalLM"}};
     for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
         if (!strcmp(type, of[i][0])) return of[i][1];
     return "LlamaForCausalLM";
@@ -184,6 +184,16 @@ static void add_llama_keys(cJSON *o, const char *type, const zo_model_config *c)
             if (capv[k] > 0.0f) cJSON_AddNumberToObject(o, caps[k], capv[k]);
             else cJSON_AddNullToObject(o, caps[k]);
         }
+    }
+    if (!strcmp(type, "smollm3")) {
+        /* which layers turn (1) and which take no rotary (0), as
+         * SmolLM3Config writes them; no window */
+        if (c->nope_period) cJSON_AddNumberToObject(o, "no_rope_layer_interval", c->nope_period);
+        cJSON *nl = cJSON_AddArrayToObject(o, "no_rope_layers");
+        for (int l = 0; nl && l < c->n_layers; l++)
+            cJSON_AddItemToArray(nl, cJSON_CreateNumber(zo_model_layer_rotary(c, l)));
+        cJSON_AddBoolToObject(o, "use_sliding_window", 0);
+        cJSON_AddNullToObject(o, "sliding_window");
     }
     if (!strcmp(type, "granite")) {
         /* the four multipliers (0 in the config: none, GraniteConfig's 1) */

@@ -641,6 +641,19 @@ FAMILIES["qwen2_yarn"] = dict(
     config=dict(FAMILIES["qwen2"]["config"],
                 rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
                               "original_max_position_embeddings": 128}))
+# SmolLM3 (SmolLM3-3B's kind): LLaMA layers with heads of 128 over 1 kv head, tied, rope_theta 5e6,
+# 4 layers of which the fourth (no_rope_layer_interval 4) attends without rotary (NoPE): q and k as
+# projected. LoRA on every linear layer, QLoRA
+FAMILIES["smollm3"] = dict(
+    seed=84,
+    config={"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "num_hidden_layers": 4,
+            "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 256,
+            "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "rope_theta": 5000000.0, "rope_scaling": None, "no_rope_layer_interval": 4,
+            "no_rope_layers": [1, 1, 1, 0], "use_sliding_window": False, "sliding_window": None,
+            "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+    lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2), qlora=True)
 # Phi-3.5-MoE (PhiMoEForCausalLM): Mixtral's MoE layers (4 experts of 96, 2 a token) with LayerNorms
 # with a bias, q, k, v and o biased, lm_head biased, GQA (heads of 64, 4 over 2 kv heads), a window of 48
 # keys, longrope over an original length of 64 that the rows of 70 pass (long_factor, long_mscale 1.5;

@@ -258,6 +258,13 @@ FAMILIES["gemma3_text"] = dict(
     FAMILIES["gemma2"], seed=55,
     config=dict(e2e.FAMILIES["gemma3_text"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                 sliding_window=24, eos_token_id=127))
+# SmolLM3: test_e2e_torch's (heads of 128 over 1 kv head, tied, rope_theta 5e6) with 8 layers, the
+# fourth and the eighth NoPE (no_rope_layers absent: no_rope_layer_interval 4), so that the cache
+# holds unturned keys for them; LLaMA's adapters
+FAMILIES["smollm3"] = dict(
+    seed=59, lora=FAMILIES["llama"]["lora"],
+    config=dict({k: v for k, v in e2e.FAMILIES["smollm3"]["config"].items() if k != "no_rope_layers"},
+                num_hidden_layers=8, max_position_embeddings=128, eos_token_id=127))
 # OLMo-2: test_e2e_torch's (norms on the attention's and the MLP's outputs alone, q/k norms over
 # the whole projections before RoPE, so the cached keys are normed ones; GQA) with 4 layers
 # and LLaMA's adapters (PEFT's seven modules)

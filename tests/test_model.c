@@ -1074,7 +1074,7 @@ static void preset_round_trip(const char *name, zo_model_config *c, zo_model_con
 }
 
 /* c is the same text model as want: family, shape, positions, norm eps,
- * rotary bases and scaling, each layer's window, parameter count (a
+ * rotary bases and scaling, each layer's window and rotary, parameter count (a
  * mismatch named by its field and both values). */
 static void assert_same_shape(const zo_model_config *c, const zo_model_config *want)
 {
@@ -1100,7 +1100,10 @@ static void assert_same_shape(const zo_model_config *c, const zo_model_config *w
     SAME(query_pre_attn_scalar);
 #undef SAME
     assert_string_equal(c->rope_scaling, want->rope_scaling);
-    for (int l = 0; l < c->n_layers; l++) assert_int_equal(zo_model_layer_window(c, l), zo_model_layer_window(want, l));
+    for (int l = 0; l < c->n_layers; l++) {
+        assert_int_equal(zo_model_layer_window(c, l), zo_model_layer_window(want, l));
+        assert_int_equal(zo_model_layer_rotary(c, l), zo_model_layer_rotary(want, l));
+    }
     assert_true(zo_model_params(c) == zo_model_params(want));
 }
 
@@ -1410,6 +1413,51 @@ static void test_cohere2_config(void **state)
         assert_int_equal(zo_model_layer_rotary(&back, l), zo_model_layer_rotary(&c, l));
     }
     assert_true(zo_model_params(&back) == zo_model_params(&c));
+}
+
+/* SmolLM3 as SmolLM3Config reads it: SmolLM3-3B's config (every fourth
+ * layer NoPE, the others turned at 5e6), the preset alike; the defaults
+ * (no_rope_layer_interval 4, rope_theta 2e6, 4 kv heads, tied); a list of
+ * another period read as it; refused by name: a list of no period, one
+ * shorter than the layers, an entry not 0 or 1, an interval below 1, a
+ * window on the NoPE layers; the preset's config.json read back with the
+ * same layers. */
+static void test_smollm3_config(void **state)
+{
+    (void)state;
+    zo_model_config c, p, back;
+    load_hf_fixture("smollm3-3b.json", &c);
+    assert_string_equal(c.family, "smollm3");
+    assert_true(c.arch == ZO_ARCH_LLAMA && c.n_kv_heads == 4 && c.head_dim == 128 && c.rope_theta == 5e6f);
+    assert_true(c.tied_embeddings && c.nope_period == 4 && !c.sliding_window && !c.global_nope);
+    for (int l = 0; l < c.n_layers; l++) assert_int_equal(zo_model_layer_rotary(&c, l), (l + 1) % 4 != 0);
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_int_equal(zo_model_preset_find("smollm3-3b", &p), ZO_OK);
+    assert_same_shape(&p, &c);
+#define S3 "{\"model_type\": \"smollm3\", \"num_hidden_layers\": 6, \"hidden_size\": 64, " \
+           "\"num_attention_heads\": 8, \"intermediate_size\": 96, \"vocab_size\": 100"
+    assert_int_equal(zo_model_config_parse(S3 "}", "defaults.json", &c), ZO_OK);
+    assert_true(c.nope_period == 4 && c.rope_theta == 2e6f && c.n_kv_heads == 4 && c.tied_embeddings);
+    assert_true(zo_model_layer_rotary(&c, 2) && !zo_model_layer_rotary(&c, 3) && zo_model_layer_rotary(&c, 5));
+    assert_int_equal(zo_model_config_parse(S3 ", \"no_rope_layers\": [1, 0, 1, 0, 1, 0, 1]}", "two.json", &c), ZO_OK);
+    for (int l = 0; l < 6; l++) assert_int_equal(zo_model_layer_rotary(&c, l), l % 2 == 0);
+    assert_int_equal(zo_model_config_parse(S3 ", \"no_rope_layers\": [1, 1, 1, 1, 1, 1]}", "all.json", &c), ZO_OK);
+    for (int l = 0; l < 6; l++) assert_true(zo_model_layer_rotary(&c, l));
+    static const struct {
+        const char *json, *key, *says;
+        zo_status code;
+    } bad[] = {
+        {S3 ", \"no_rope_layers\": [1, 0, 1, 1, 0, 1]}", "no_rope_layers", "every n-th", ZO_ERR_UNSUPPORTED},
+        {S3 ", \"no_rope_layers\": [1, 1, 1, 0]}", "no_rope_layers", "each of the 6 layers", ZO_ERR_UNSUPPORTED},
+        {S3 ", \"no_rope_layers\": [1, 1, 2, 1, 1, 1]}", "no_rope_layers", "0 or 1", ZO_ERR_UNSUPPORTED},
+        {S3 ", \"no_rope_layer_interval\": 0}", "no_rope_layer_interval", "at least 1", ZO_ERR_FORMAT},
+        {S3 ", \"use_sliding_window\": true, \"sliding_window\": 4096}", "use_sliding_window", "NoPE",
+         ZO_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) refused(bad[i].json, bad[i].key, bad[i].says, bad[i].code);
+#undef S3
+    preset_round_trip("smollm3-3b", &c, &back);
+    assert_same_shape(&back, &c);
 }
 
 /* Granite as GraniteConfig reads it: granite-3.1-8b's and -2b's multipliers
@@ -1915,6 +1963,7 @@ int main(void)
         cmocka_unit_test(test_granitemoe_config),
         cmocka_unit_test(test_cohere_config),
         cmocka_unit_test(test_cohere2_config),
+        cmocka_unit_test(test_smollm3_config),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
         cmocka_unit_test(test_falcon_qkv_rows),

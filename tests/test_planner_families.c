@@ -138,6 +138,10 @@ static const struct {
     {"deepseek-v2-lite.json", 15706484224ull, 2661150208ull},
     {"deepseek-v2.json", 235741434880ull, 21375800320ull},
     {"deepseek-v3.json", 671026419200ull, 37552297472ull},
+    /* SmolLM3-3B (3.08B), by hand: 36 layers x (q and o 2 x 2048^2 + k and v
+     * 2 x 2048 x 4 x 128 + two norms 2 x 2048 + mlp 3 x 2048 x 11008 =
+     * 78,123,008) + 128256 x 2048 + the final norm 2048, tied */
+    {"smollm3-3b.json", 3075098624ull, 0},
 };
 
 static void test_family_counts(void **state)
