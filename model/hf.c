@@ -315,8 +315,10 @@ static zo_status text_model_config(const char *src, const zo_model_config *c, cJ
 
 /* The config given, its torch_dtype the weights' and without its
  * quantization_config (every other key as it was); of a multimodal
- * checkpoint (mm_text), its text model's. */
-static zo_status copy_config(const char *src, const zo_model_config *c, zo_dtype dtype, cJSON **out)
+ * checkpoint (mm_text), its text model's. transformers 5 names the dtype
+ * "dtype" (torch_dtype its old name, which it still reads): a config that
+ * has it gets the weights' there too, never a stale one beside. */
+zo_status model_hf_config_copy(const char *src, const zo_model_config *c, zo_dtype dtype, cJSON **out)
 {
     char *text = NULL;
     size_t len = 0;
@@ -336,6 +338,9 @@ static zo_status copy_config(const char *src, const zo_model_config *c, zo_dtype
      * readers to look for FP8 tensors and their scales */
     cJSON_DeleteItemFromObjectCaseSensitive(*out, "quantization_config");
     if (!cJSON_AddStringToObject(*out, "torch_dtype", model_hf_dtype_name(dtype)))
+        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", src);
+    if (cJSON_GetObjectItemCaseSensitive(*out, "dtype") &&
+        !cJSON_ReplaceItemInObjectCaseSensitive(*out, "dtype", cJSON_CreateString(model_hf_dtype_name(dtype))))
         return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", src);
     return ZO_OK;
 }
@@ -473,7 +478,7 @@ zo_status model_hf_save(const model_hf_folder *f, model_block_read_fn read, void
     /* the config: the one given (its torch_dtype set; a multimodal one's
      * text model, as the weights written are), else one of the shape */
     cJSON *cfg = NULL;
-    if ((st = f->config ? copy_config(f->config, &f->l->cfg, f->dtype, &cfg) : model_hf_config(&f->l->cfg, f->dtype, &cfg)) != ZO_OK)
+    if ((st = f->config ? model_hf_config_copy(f->config, &f->l->cfg, f->dtype, &cfg) : model_hf_config(&f->l->cfg, f->dtype, &cfg)) != ZO_OK)
         return st;
     if ((st = path_in(p, sizeof p, f->dir, "config.json")) == ZO_OK) st = zo_file_write_json(p, cfg);
     cJSON_Delete(cfg);

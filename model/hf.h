@@ -51,6 +51,13 @@ zo_status model_hf_save(const model_hf_folder *f, model_block_read_fn read, void
  * zo_model_config_load reads it back to the same shape. */
 zo_status model_hf_config(const zo_model_config *cfg, zo_dtype dtype, cJSON **out);
 
+/* The config.json at `src` as model_hf_save writes it for the model cfg
+ * saved in `dtype`: the keys given, torch_dtype (and transformers 5's
+ * dtype, where the config has it) the weights', no quantization_config
+ * (the weights written are dequantized); a multimodal checkpoint's text
+ * model's (cfg->mm_text). */
+zo_status model_hf_config_copy(const char *src, const zo_model_config *cfg, zo_dtype dtype, cJSON **out);
+
 /* "float32", "float16", "bfloat16": torch_dtype's names. */
 const char *model_hf_dtype_name(zo_dtype dt);
 

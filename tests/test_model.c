@@ -979,6 +979,43 @@ static void test_falcon_old_keys(void **state)
     model_layout_free(&l);
 }
 
+/* The config.json a saved folder gets from the one given: torch_dtype the
+ * weights', and transformers 5's dtype too where the config has one (never
+ * a stale bf16 beside fp32 weights), no quantization_config, every other key
+ * as given; a config without dtype gets none. */
+static void test_hf_config_copy(void **state)
+{
+    (void)state;
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/zo_test_copy_%d.json", (int)getpid());
+    zo_model_config c;
+    static const char *const given[2] = {
+        "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"intermediate_size\": 96, \"vocab_size\": 100, \"dtype\": \"bfloat16\", \"torch_dtype\": \"bfloat16\", "
+        "\"quantization_config\": {\"quant_method\": \"fp8\"}, \"transformers_version\": \"5.0.0\"}",
+        "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"intermediate_size\": 96, \"vocab_size\": 100, \"torch_dtype\": \"bfloat16\"}"};
+    for (int k = 0; k < 2; k++) {
+        files_write_text(path, given[k]);
+        assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
+        cJSON *o = NULL;
+        if (model_hf_config_copy(path, &c, ZO_DTYPE_F32, &o) != ZO_OK) fail_msg("%s", zo_last_error());
+        const cJSON *td = cJSON_GetObjectItemCaseSensitive(o, "torch_dtype");
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "dtype");
+        assert_true(cJSON_IsString(td) && !strcmp(td->valuestring, "float32"));
+        if (k == 0) {
+            assert_true(cJSON_IsString(d) && !strcmp(d->valuestring, "float32"));
+            assert_null(cJSON_GetObjectItemCaseSensitive(o, "quantization_config"));
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "transformers_version");
+            assert_true(cJSON_IsString(v) && !strcmp(v->valuestring, "5.0.0"));
+        } else {
+            assert_null(d);
+        }
+        cJSON_Delete(o);
+    }
+    remove(path);
+}
+
 static void test_hf_config_from_presets(void **state)
 {
     (void)state;
@@ -1964,6 +2001,7 @@ int main(void)
         cmocka_unit_test(test_cohere_config),
         cmocka_unit_test(test_cohere2_config),
         cmocka_unit_test(test_smollm3_config),
+        cmocka_unit_test(test_hf_config_copy),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
         cmocka_unit_test(test_falcon_qkv_rows),
