@@ -30,7 +30,9 @@
 # model_layout_find's search no longer a scan; test_e2e_torch_mixtral and
 # test_generate_torch_mixtral with OLMoE's families, 15.9 and 26.3 s
 # measured in place at a load of 0.4; test_e2e_torch_qwen2 and
-# test_generate_torch_qwen3 plus SmolLM3's families, 5.6 and 6.4 s alone):
+# test_generate_torch_qwen3 plus SmolLM3's families, 5.6 and 6.4 s alone;
+# test_e2e_torch_falcon_seq and test_generate_torch_gpt2 plus StarCoder2's,
+# 5.1 and 6.3 s alone):
 # ctest -j starts
 # the costliest first, so that a long test
 # does not begin last and run alone while the other core idles. Without this
@@ -42,7 +44,7 @@ set(zo_test_costs
     test_ranks_moe_ep_gaps 31 test_generate_torch_falcon_new 24 test_e2e_torch_qwen3_moe 35 test_ranks_moe 21
     test_offload_memplan 21 test_e2e_torch_mistral 20 test_generate_torch_llama 14 test_e2e_torch_qwen2_moe_sparse 19
     test_gpu_check_fake_gpu 19 test_e2e_torch_gpt2 18 test_install 6 test_comm_fault 8
-    test_e2e_torch_falcon_seq 17 test_offload_cuda_selfcheck 16 test_model 2 test_ranks_matrix_full 15
+    test_e2e_torch_falcon_seq 22 test_offload_cuda_selfcheck 16 test_model 2 test_ranks_matrix_full 15
     test_e2e_torch_qwen2 19 test_planner_search 14 test_ranks_family_falcon 14 test_ranks_moe_ep_z3host 10
     test_e2e_torch_gemma3_text 13 test_ranks_matrix_qlora 13 test_ranks_matrix_lora 13
     test_transformer_torch 13 test_gpu 13 test_torch_side_by_side 12 test_offload_edges 12 test_generate_torch_qwen3 18
@@ -51,7 +53,7 @@ set(zo_test_costs
     test_ranks_moe_ep_qwen3 10 test_cuda_shim 8 test_configure 8 test_ranks_moe_ep_ckpt 8
     test_ranks_refusals 8 test_generate_torch_mixtral 24 test_generate_torch_phi3 12 test_ranks_moe_ep_nvme 7
     test_planner_generate 7 test_planner_attn 9 test_ranks_family_qwen3 9 test_cpu_adam 7 test_e2e_torch_qwen2_moe 18
-    test_finetune_torch 7 test_e2e_torch_mixtral 16 test_generate_torch_gpt2 6 test_profile 6
+    test_finetune_torch 7 test_e2e_torch_mixtral 16 test_generate_torch_gpt2 12 test_profile 6
     test_e2e_torch_gemma 6 test_e2e_torch_falcon_new 5 test_generate_torch_qwen2_moe 10
     test_generate_torch_gemma2 13 test_e2e_torch_mixtral_sparse 5 test_e2e_torch_qwen3 5
     test_e2e_torch_falcon 5 test_ranks_searched_plans 5 test_generate_torch_gemma 4

@@ -205,6 +205,13 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         LORA_MODULE(ZO_LORA_UP, "fc_in", "mlp.fc_in", h, f),
         LORA_MODULE(ZO_LORA_DOWN, "fc_out", "mlp.fc_out", f, h),
     };
+    /* StarCoder2: LLaMA's attention, then the MLP's c_fc and c_proj (PEFT's
+     * "c_proj" there names the MLP's alone: o_proj is the attention's) */
+    const zo_lora_module starcoder2[] = {
+        llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V], llama[LLAMA_O],
+        LORA_MODULE(ZO_LORA_UP, "c_fc", "mlp.c_fc", h, f),
+        LORA_MODULE(ZO_LORA_DOWN, "c_proj", "mlp.c_proj", f, h),
+    };
     /* DeepSeek-V2's latent attention in place of q, k, v and o: q_proj, or
      * q_a_proj and q_b_proj (q); kv_a_proj_with_mqa and kv_b_proj (k and v
      * both: each feeds both); o_proj */
@@ -237,13 +244,14 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         return n;
     }
     int grouped = zo_model_qkv_grouped(c), is_opt = zo_model_opt(c), is_phi = zo_model_phi(c);
-    int is_gptj = zo_model_gptj(c);
-    int gpt2 = c->arch == ZO_ARCH_GPT && !grouped && !is_opt && !is_phi && !is_gptj;
+    int is_gptj = zo_model_gptj(c), is_sc2 = zo_model_starcoder2(c);
+    int gpt2 = c->arch == ZO_ARCH_GPT && !grouped && !is_opt && !is_phi && !is_gptj && !is_sc2;
     int fused = !E && zo_model_fused_proj(c), n = 0;
     const zo_lora_module *all = grouped  ? neox
                                 : is_opt ? opt
                                 : is_phi ? phi
                                 : is_gptj ? gptj
+                                : is_sc2 ? starcoder2
                                 : gpt2   ? gpt
                                 : E      ? moe
                                 : fused  ? phi3
@@ -252,6 +260,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
                    : is_opt ? sizeof opt / sizeof opt[0]
                    : is_phi ? sizeof phi / sizeof phi[0]
                    : is_gptj ? sizeof gptj / sizeof gptj[0]
+                   : is_sc2 ? sizeof starcoder2 / sizeof starcoder2[0]
                    : gpt2   ? sizeof gpt / sizeof gpt[0]
                    : E     ? (granite ? 4 : sizeof moe / sizeof moe[0] - (fs ? 0 : 3))
                    : fused ? sizeof phi3 / sizeof phi3[0]

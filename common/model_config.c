@@ -746,7 +746,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
      * norm for both */
     /* (Phi and GPT-J: one norm before a parallel attention and MLP, partial rotary) */
     int grouped = zo_model_qkv_grouped(c), bloom = zo_model_bloom(c), phi = zo_model_phi(c) || zo_model_gptj(c);
-    int rotary = c->arch == ZO_ARCH_LLAMA || (grouped && !bloom) || phi;
+    int sc2 = zo_model_starcoder2(c); /* (GPT layers, sequential, with LLaMA's rotary attention) */
+    int rotary = c->arch == ZO_ARCH_LLAMA || (grouped && !bloom) || phi || sc2;
     char lacks[64];
     /* (DeepSeek-V2's and V3's latent attention and V3's router correction
      * named first: their family is DeepSeekMoE's otherwise) */
@@ -763,7 +764,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->moe.experts && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
-    else if (c->pos != ZO_POS_ARCH && !((grouped || phi) && c->pos == ZO_POS_ROTARY) &&
+    else if (c->pos != ZO_POS_ARCH && !((grouped || phi || sc2) && c->pos == ZO_POS_ROTARY) &&
              !(zo_model_opt(c) && c->pos == ZO_POS_LEARNED) &&
              !((bloom || zo_model_falcon(c)) && c->pos == ZO_POS_ALIBI))
         snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
@@ -1311,6 +1312,8 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
         hf_window_layers(r, c, hf_int(r, "sliding_window_pattern", 6));
     } else if (!strcmp(f->type, "cohere2")) {
         hf_cohere2_layers(r, c, null_window);
+    } else if (!strcmp(f->type, "starcoder2") && w && !null_window) {
+        c->sliding_window = hf_int(r, "sliding_window", REQ); /* (every layer's) */
     }
     const cJSON *rs = hf_item(r, "rope_scaling");
     if (!rs) return;
@@ -1416,6 +1419,7 @@ int zo_model_qkv_grouped(const zo_model_config *c)
 int zo_model_opt(const zo_model_config *c) { return !strcmp(c->family, "opt"); }
 int zo_model_phi(const zo_model_config *c) { return !strcmp(c->family, "phi"); }
 int zo_model_gptj(const zo_model_config *c) { return !strcmp(c->family, "gptj"); }
+int zo_model_starcoder2(const zo_model_config *c) { return !strcmp(c->family, "starcoder2"); }
 int zo_model_cohere(const zo_model_config *c)
 {
     return !strcmp(c->family, "cohere") || !strcmp(c->family, "cohere2");
@@ -1964,6 +1968,30 @@ static void parse_smollm3(hf *r, zo_model_config *c, const family *f)
                 "true (a sliding window on the NoPE layers) is not modelled");
 }
 
+/* StarCoder2 (Starcoder2Config: starcoder2-3b, -7b, -15b): GPT-2's kind of
+ * layer (a LayerNorm with a bias at norm_epsilon before the attention and
+ * another before the MLP, sequential; a GELU MLP, c_fc and c_proj) with
+ * LLaMA's attention (q, k, v and o_proj apart, GQA, rotary over the whole
+ * head at rope_theta, any rope_scaling), every linear layer biased under
+ * use_bias (default true), sliding_window (null: none) on every layer,
+ * tied by default. The dropouts change nothing the runtime computes. */
+static void parse_starcoder2(hf *r, zo_model_config *c, const family *f)
+{
+    c->arch = ZO_ARCH_GPT;
+    c->pos = ZO_POS_ROTARY;
+    c->norm_bias = 1;
+    hf_shape(r, c, "intermediate_size");
+    c->n_kv_heads = hf_int(r, "num_key_value_heads", f->kv_heads);
+    c->max_seq = hf_int(r, "max_position_embeddings", 4096);
+    c->norm_eps = hf_float(r, "norm_epsilon", 1e-5f);
+    c->rope_theta = hf_float(r, "rope_theta", 10000.0f);
+    c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+    c->attn_bias = c->out_bias = hf_bool(r, "use_bias", 1);
+    hf_act(r, "hidden_act", NULL, c);
+    if (!c->act[0]) snprintf(c->act, sizeof c->act, "gelu_pytorch_tanh");
+    hf_attention_extent(r, c, f);
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -2052,6 +2080,10 @@ static const family families[] = {
      "per expert and shared experts (MTP modules not counted)", 0, 8, 0,
      "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace,"
      "num_nextn_predict_layers,attention_bias,use_qk_norm", 1},
+    {"starcoder2", "Starcoder2ForCausalLM", parse_starcoder2,
+     "StarCoder2: LayerNorm, biased q/k/v/o (GQA, rotary, a sliding window) and GELU MLP (c_fc, c_proj), "
+     "sequential, tied",
+     1, 2, 0, NULL, 1},
     {"gpt_neox", "GPTNeoXForCausalLM", parse_neox,
      "GPT-NeoX / Pythia: LayerNorm, biased fused qkv and GELU MLP, partial rotary, parallel "
      "residual, untied", 0, 0, 0, "attention_bias", 1},

@@ -257,6 +257,10 @@ int zo_model_phi(const zo_model_config *c);
  * rotary_dim dimensions of each head with its pairs interleaved in the file
  * (model_tensor.hf_rope_rows), a biased output layer. */
 int zo_model_gptj(const zo_model_config *c);
+/* StarCoder2: GPT layers (LayerNorms with a bias, a biased GELU MLP under
+ * c_fc and c_proj, sequential) with LLaMA's attention under its names (q,
+ * k, v and o_proj apart, biased, GQA, rotary) and model.* names elsewhere. */
+int zo_model_starcoder2(const zo_model_config *c);
 /* Cohere (Command-R, Aya) and Cohere2 (Command-R7B, Command-A): LLaMA
  * layers (SwiGLU, GQA) with a LayerNorm without a bias (layer_norm), one norm
  * before a parallel attention and MLP, rotary over the whole head with its

@@ -33,6 +33,7 @@ static const char *model_type(const zo_model_config *c)
     if (zo_model_opt(c)) return "opt";
     if (zo_model_phi(c)) return "phi";
     if (zo_model_gptj(c)) return "gptj";
+    if (zo_model_starcoder2(c)) return "starcoder2";
     if (zo_model_bloom(c)) return "bloom";
     if (c->arch == ZO_ARCH_GPT) return "gpt2";
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
@@ -81,6 +82,9 @@ static const hf_keys family_keys[] = {
      "layer_norm_epsilon", NULL, "activation_function", "gelu_new"},
     {"gpt2", "GPT2LMHeadModel", "n_layer", "n_embd", "n_inner", "n_head", NULL, "vocab_size", "n_positions",
      "layer_norm_epsilon", NULL, "activation_function", "gelu_new"},
+    {"starcoder2", "Starcoder2ForCausalLM", "num_hidden_layers", "hidden_size", "intermediate_size",
+     "num_attention_heads", "num_key_value_heads", "vocab_size", "max_position_embeddings", "norm_epsilon",
+     "rope_theta", "hidden_act", "gelu_pytorch_tanh"},
     {"cohere", "CohereForCausalLM", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
      "num_key_value_heads", "vocab_size", "max_position_embeddings", "layer_norm_eps", "rope_theta", "hidden_act",
      "silu"},
@@ -252,6 +256,11 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
     } else if (zo_model_gptj(c)) {
         /* the rotated dimensions of each head */
         cJSON_AddNumberToObject(o, "rotary_dim", zo_model_rope_dim(c));
+    } else if (zo_model_starcoder2(c)) {
+        /* every linear layer's biases; every layer's window (null: none) */
+        cJSON_AddBoolToObject(o, "use_bias", c->attn_bias);
+        if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+        else cJSON_AddNullToObject(o, "sliding_window");
     } else if (c->arch == ZO_ARCH_GPT) {
         cJSON_AddNumberToObject(o, "n_ctx", c->max_seq);
     } else if (zo_model_cohere(c)) {
@@ -278,7 +287,8 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
     }
     /* GPT-J's rotary takes no scaling in Hugging Face's class */
     if (c->rope_scaling[0] && c->pos != ZO_POS_ALIBI && !zo_model_gptj(c) &&
-        (c->arch == ZO_ARCH_LLAMA || zo_model_neox(c) || zo_model_falcon(c) || zo_model_phi(c)))
+        (c->arch == ZO_ARCH_LLAMA || zo_model_neox(c) || zo_model_falcon(c) || zo_model_phi(c) ||
+         zo_model_starcoder2(c)))
         add_rope_scaling(o, type, c);
     cJSON_AddStringToObject(o, "torch_dtype", model_hf_dtype_name(dtype));
     *out = o;

@@ -289,7 +289,7 @@ static void embedding_block(builder *b)
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq + c->pos_offset, h, "model.decoder.embed_positions.weight");
     } else if (zo_model_gptj(c)) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "transformer.wte.weight");
-    } else if (c->arch == ZO_ARCH_GPT && !zo_model_phi(c)) {
+    } else if (c->arch == ZO_ARCH_GPT && !zo_model_phi(c) && !zo_model_starcoder2(c)) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq, h, "wpe.weight");
     } else {
@@ -390,7 +390,7 @@ static void qkv_apart(builder *b, const char *p, const char *attn, int i, int we
 
 /* The names of GPT-2's layer stored as Linear weights with q, k and v
  * apart: OPT's, Phi's, GPT-J's (ln2 NULL: one norm before a parallel
- * attention and MLP). */
+ * attention and MLP), StarCoder2's. */
 typedef struct linear_gpt_names {
     const char *prefix, *ln1, *ln2, *attn, *out, *up, *down;
 } linear_gpt_names;
@@ -401,8 +401,10 @@ static const linear_gpt_names phi_names = {"model.layers", "input_layernorm", NU
                                            "mlp.fc1", "mlp.fc2"};
 static const linear_gpt_names gptj_names = {"transformer.h", "ln_1", NULL, "attn", "out_proj", "mlp.fc_in",
                                             "mlp.fc_out"};
+static const linear_gpt_names starcoder2_names = {"model.layers", "input_layernorm", "post_attention_layernorm",
+                                                  "self_attn", "o_proj", "mlp.c_fc", "mlp.c_proj"};
 
-/* Layer i of an OPT, Phi or GPT-J model under its names: the norms, q, k
+/* Layer i of an OPT, Phi, GPT-J or StarCoder2 model under its names: the norms, q, k
  * and v (biased where attn_bias), the attention's output projection
  * (biased where out_bias but attn_out_nobias: GPT-J's is not), the MLP's
  * two (biased where out_bias), with fused views over q, k and v. */
@@ -541,6 +543,9 @@ static void head_block(builder *b)
     if (zo_model_phi(c)) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "model.final_layernorm.weight");
         add(b, MODEL_ROLE_NORM_B, 0, h, 0, "model.final_layernorm.bias");
+    } else if (zo_model_starcoder2(c)) {
+        add(b, MODEL_ROLE_NORM_W, 0, h, 0, "model.norm.weight");
+        add(b, MODEL_ROLE_NORM_B, 0, h, 0, "model.norm.bias");
     } else if (zo_model_neox(c)) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "gpt_neox.final_layer_norm.weight");
         add(b, MODEL_ROLE_NORM_B, 0, h, 0, "gpt_neox.final_layer_norm.bias");
@@ -610,6 +615,7 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
         else if (zo_model_opt(&cfg)) linear_gpt_layer(&b, i, &opt_names);
         else if (zo_model_phi(&cfg)) linear_gpt_layer(&b, i, &phi_names);
         else if (zo_model_gptj(&cfg)) linear_gpt_layer(&b, i, &gptj_names);
+        else if (zo_model_starcoder2(&cfg)) linear_gpt_layer(&b, i, &starcoder2_names);
         else if (cfg.arch == ZO_ARCH_GPT) gpt_layer(&b, i);
         else llama_layer(&b, i);
     }

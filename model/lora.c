@@ -80,7 +80,7 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
     }
     const char *prefix = zo_model_neox(&cfg)       ? "gpt_neox.layers"
                          : zo_model_opt(&cfg)      ? "model.decoder.layers"
-                         : zo_model_phi(&cfg)      ? "model.layers"
+                         : zo_model_phi(&cfg) || zo_model_starcoder2(&cfg) ? "model.layers"
                          : cfg.mm_text             ? "model.language_model.layers" /* multimodal */
                          : cfg.arch == ZO_ARCH_GPT ? "transformer.h" /* GPT-2, Falcon, GPT-J */
                                                    : "model.layers";
@@ -190,10 +190,10 @@ static cJSON *config_json(const zo_model_config *cfg, const zo_lora_config *lc, 
     cJSON_AddItemToObject(o, "target_modules", targets);
     cJSON_AddStringToObject(o, "bias", "none");
     /* GPT-2's Conv1D weights are [in, out]; GPT-NeoX's, Falcon's, OPT's,
-     * Phi's and GPT-J's Linear ones are not */
+     * Phi's, GPT-J's and StarCoder2's Linear ones are not */
     cJSON_AddBoolToObject(o, "fan_in_fan_out",
                           cfg->arch == ZO_ARCH_GPT && !zo_model_qkv_grouped(cfg) && !zo_model_opt(cfg) &&
-                              !zo_model_phi(cfg) && !zo_model_gptj(cfg));
+                              !zo_model_phi(cfg) && !zo_model_gptj(cfg) && !zo_model_starcoder2(cfg));
     cJSON_AddBoolToObject(o, "inference_mode", 1);
     cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     cJSON_AddNullToObject(o, "modules_to_save");

@@ -81,7 +81,7 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
          * (its projections have none) and attn.masked_bias */
         *ignored = starts_with(name, GPT_PREFIX "h.") &&
                    (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"));
-    } else if (l->cfg.arch == ZO_ARCH_GPT && !zo_model_phi(&l->cfg)) {
+    } else if (l->cfg.arch == ZO_ARCH_GPT && !zo_model_phi(&l->cfg) && !zo_model_starcoder2(&l->cfg)) {
         /* causal-mask buffers that old GPT-2 checkpoints carry: h.N.attn.bias
          * (not c_attn.bias) and h.N.attn.masked_bias */
         *ignored = starts_with(name, "h.") &&

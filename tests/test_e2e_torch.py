@@ -641,6 +641,20 @@ FAMILIES["qwen2_yarn"] = dict(
     config=dict(FAMILIES["qwen2"]["config"],
                 rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
                               "original_max_position_embeddings": 128}))
+# StarCoder2 (starcoder2-3b's kind): LayerNorms with biases before a sequential attention and GELU
+# MLP (c_fc, c_proj), q, k, v and o_proj apart, every linear layer biased (use_bias), 2 heads of 128
+# over 1 kv head, rotary over the whole head, a window of 48 keys on every layer (the sequence is
+# 100), tied; LoRA on every linear layer (PEFT's q_proj, k_proj, v_proj, o_proj, c_fc, c_proj), QLoRA
+FAMILIES["starcoder2"] = dict(
+    seed=85,
+    config={"architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "num_hidden_layers": 2,
+            "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 512,
+            "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "gelu_pytorch_tanh",
+            "norm_epsilon": 1e-5, "rope_theta": 100000.0, "rope_scaling": None, "sliding_window": 48,
+            "use_bias": True, "attention_dropout": 0.0, "residual_dropout": 0.0, "embedding_dropout": 0.0,
+            "tie_word_embeddings": True, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+    lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,o_proj,c_fc,c_proj", lr=1e-2), qlora=True)
 # SmolLM3 (SmolLM3-3B's kind): LLaMA layers with heads of 128 over 1 kv head, tied, rope_theta 5e6,
 # 4 layers of which the fourth (no_rope_layer_interval 4) attends without rotary (NoPE): q and k as
 # projected. LoRA on every linear layer, QLoRA

@@ -318,6 +318,16 @@ FAMILIES["phi"] = dict(
     lora=dict(r=4, alpha=8.0, targets=["q", "k", "v", "o", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"]))
 
+# StarCoder2 (starcoder2-3b's kind): test_e2e_torch's model with 4 layers (heads of 128 over 1 kv
+# head, every linear layer biased, LayerNorms with biases, sequential, tied) over a window of 24
+# keys, which the sequences (5 or 11 + 32) pass; PEFT's six modules
+FAMILIES["starcoder2"] = dict(
+    seed=72,
+    config=dict(e2e.FAMILIES["starcoder2"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                sliding_window=24, eos_token_id=127),
+    lora=dict(r=4, alpha=8.0, targets=["q", "k", "v", "o", "up", "down"],
+              peft=["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"]))
+
 # Granite (granite-3.x's kind): test_e2e_torch's model with 4 layers (heads of 64, GQA, the
 # embeddings times 12, the scores times 1/64, each residual branch times 0.22, the logits over 8,
 # which greedy tokens do not see); its own lm_head here (tied, the embedding times 12 dominates the

@@ -93,6 +93,13 @@ static void test_peft_counts(void **state)
      * 28 x 16 x (4 x (4096 + 4096) + 2 x (4096 + 16384)) */
     assert_int_equal(count("gpt-j-6b", 16, "q_proj,k_proj,v_proj,out_proj,fc_in,fc_out"), 33030144);
     assert_int_equal(count("gpt-j-6b", 16, "all-linear"), 33030144);
+    /* StarCoder2-3B (h 3072, f 12288, 30 layers, 2 kv heads of 128), PEFT's
+     * StarCoder2 modules q_proj, k_proj, v_proj, o_proj, c_fc, c_proj; r 16
+     * on all six: 30 x 16 x (2 x (3072 + 3072) + 2 x (3072 + 256) + 2 x
+     * (3072 + 12288)); q and v: 30 x 8 x ((3072 + 3072) + (3072 + 256)) */
+    assert_int_equal(count("starcoder2-3b", 16, "q_proj,k_proj,v_proj,o_proj,c_fc,c_proj"), 23838720);
+    assert_int_equal(count("starcoder2-3b", 16, "all-linear"), 23838720);
+    assert_int_equal(count("starcoder2-3b", 8, "q,v"), 2273280);
     /* Pythia-160M (GPT-NeoX: h 768, f 3072, 12 layers), PEFT's GPT-NeoX modules:
      * query_key_value [2304, 768] (its default target; q, v name it too), dense,
      * dense_h_to_4h, dense_4h_to_h; r 8 on query_key_value: 12 x 8 x 3072 */

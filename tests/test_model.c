@@ -1497,6 +1497,63 @@ static void test_smollm3_config(void **state)
     assert_same_shape(&back, &c);
 }
 
+/* StarCoder2 as Starcoder2Config reads it: starcoder2-3b's config (GPT
+ * layers with LLaMA's rotary attention, GQA, biases, a window of 4096 on
+ * every layer, tied); the defaults (2 kv heads, use_bias, no window, tied,
+ * gelu_pytorch_tanh); use_bias false; the layout's names and biases; the
+ * config.json written for it read back as the same model. */
+static void test_starcoder2_config(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    load_hf_fixture("starcoder2-3b.json", &c);
+    assert_string_equal(c.family, "starcoder2");
+    assert_true(zo_model_starcoder2(&c) && c.arch == ZO_ARCH_GPT && c.pos == ZO_POS_ROTARY && !c.parallel_block);
+    assert_true(c.n_kv_heads == 2 && c.head_dim == 128 && c.attn_bias && c.out_bias && c.norm_bias);
+    assert_true(c.tied_embeddings && c.sliding_window == 4096 && c.max_seq == 16384 && c.norm_eps == 1e-5f);
+    assert_string_equal(c.act, "gelu_pytorch_tanh");
+    for (int l = 0; l < c.n_layers; l++) {
+        assert_int_equal(zo_model_layer_window(&c, l), 4096);
+        assert_true(zo_model_layer_rotary(&c, l));
+    }
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    model_layout l;
+    if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+    static const char *const names[] = {"model.embed_tokens.weight", "model.layers.0.input_layernorm.bias",
+                                        "model.layers.0.self_attn.k_proj.bias", "model.layers.0.self_attn.o_proj.bias",
+                                        "model.layers.29.post_attention_layernorm.weight",
+                                        "model.layers.29.mlp.c_fc.bias", "model.layers.29.mlp.c_proj.weight",
+                                        "model.norm.bias"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!model_layout_find(&l, names[i])) fail_msg("no %s", names[i]);
+    assert_null(model_layout_find(&l, "lm_head.weight")); /* tied */
+    assert_int_equal(model_layout_find(&l, "model.layers.0.self_attn.k_proj.weight")->shape[0], 256);
+    model_layout_free(&l);
+#define SC2 "{\"model_type\": \"starcoder2\", \"num_hidden_layers\": 2, \"hidden_size\": 64, " \
+            "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"vocab_size\": 100"
+    assert_int_equal(zo_model_config_parse(SC2 "}", "defaults.json", &c), ZO_OK);
+    assert_true(c.n_kv_heads == 2 && c.attn_bias && c.out_bias && c.tied_embeddings && !c.sliding_window);
+    assert_true(c.rope_theta == 10000.0f && c.max_seq == 4096 && !strcmp(c.act, "gelu_pytorch_tanh"));
+    assert_int_equal(zo_model_config_parse(SC2 ", \"use_bias\": false}", "nobias.json", &c), ZO_OK);
+    assert_true(!c.attn_bias && !c.out_bias && c.norm_bias);
+    if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+    assert_null(model_layout_find(&l, "model.layers.0.self_attn.q_proj.bias"));
+    assert_null(model_layout_find(&l, "model.layers.0.mlp.c_fc.bias"));
+    assert_non_null(model_layout_find(&l, "model.layers.0.input_layernorm.bias"));
+    model_layout_free(&l);
+#undef SC2
+    load_hf_fixture("starcoder2-3b.json", &c);
+    cJSON *o = NULL;
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &o), ZO_OK);
+    char *text = cJSON_Print(o);
+    assert_non_null(strstr(text, "Starcoder2ForCausalLM"));
+    if (zo_model_config_parse(text, "written.json", &back) != ZO_OK) fail_msg("%s", zo_last_error());
+    free(text);
+    cJSON_Delete(o);
+    assert_same_shape(&back, &c);
+    assert_true(back.attn_bias && back.sliding_window == 4096 && back.norm_eps == c.norm_eps);
+}
+
 /* Granite as GraniteConfig reads it: granite-3.1-8b's and -2b's multipliers
  * (12, 1 / head_dim, 0.22, 16 and 8), the runtime's; absent, each 1;
  * refused naming the key when not a finite number > 0 (as a float too);
@@ -2001,6 +2058,7 @@ int main(void)
         cmocka_unit_test(test_cohere_config),
         cmocka_unit_test(test_cohere2_config),
         cmocka_unit_test(test_smollm3_config),
+        cmocka_unit_test(test_starcoder2_config),
         cmocka_unit_test(test_hf_config_copy),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),

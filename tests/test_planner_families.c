@@ -142,6 +142,11 @@ static const struct {
      * 2 x 2048 x 4 x 128 + two norms 2 x 2048 + mlp 3 x 2048 x 11008 =
      * 78,123,008) + 128256 x 2048 + the final norm 2048, tied */
     {"smollm3-3b.json", 3075098624ull, 0},
+    /* StarCoder2-3B (3.03B), by hand: 30 layers x (q and o 2 x (3072^2 +
+     * 3072) + k and v 2 x (256 x 3072 + 256) + two LayerNorms 4 x 3072 +
+     * c_fc 3072 x 12288 + 12288 + c_proj 12288 x 3072 + 3072 = 95,979,008) +
+     * 49152 x 3072 + the final LayerNorm 2 x 3072, tied */
+    {"starcoder2-3b.json", 3030371328ull, 0},
 };
 
 static void test_family_counts(void **state)

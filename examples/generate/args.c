@@ -15,8 +15,8 @@
 static const char HELP[] =
     "usage: generate --model CONFIG|DIR|PRESET (--prompt TEXT | --prompt-ids 1,2,3)... [options]\n"
     "\n"
-    "Generate text with a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2, GPT-J, Cohere\n"
-    "(Command-R, Aya), Cohere2 (Command-R7B, Command-A) or LLaMA-family model (LLaMA, Mistral,\n"
+    "Generate text with a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2, GPT-J, StarCoder2,\n"
+    "Cohere (Command-R, Aya), Cohere2 (Command-R7B, Command-A) or LLaMA-family model (LLaMA, Mistral,\n"
     "Qwen2/3, Phi-3, Gemma, Gemma-2/3, Granite, OLMo-2/3, SmolLM3; Mixtral, Granite-MoE,\n"
     "Qwen-MoE, DeepSeekMoE, DeepSeek-V2/V3 and Kimi-K2 with their latent attention, GLM-4.5,\n"
     "OLMoE, Phi-3.5-MoE; 'memplan models' lists each model_type, * where it runs):\n"
