@@ -662,14 +662,33 @@ static void fp8_model_at(fp8_model *m, const model_layout *l, const char *name, 
     fp8_model_write(m, dir, -1);
 }
 
+/* Blocks of l in dt loaded strictly from path: every tensor of l, none
+ * unexpected, n_ignored skipped (scales read with their weights). */
+static void **load_strict(const char *path, const model_layout *l, zo_dtype dt, int n_ignored)
+{
+    void **blocks = alloc_blocks(l, dt);
+    model_load_report rep;
+    if (model_load_path(path, l, blocks, dt, MODEL_LOAD_STRICT, &rep)) fail_msg("%s", zo_last_error());
+    assert_int_equal(rep.n_loaded, l->n_tensors);
+    assert_int_equal(rep.n_unexpected, 0);
+    assert_int_equal(rep.n_ignored, n_ignored);
+    return blocks;
+}
+
+/* The layout of config.json text `json` (fails the test on error). */
+static void layout_of_json(model_layout *l, const char *json)
+{
+    zo_model_config cfg;
+    if (zo_model_config_parse(json, "config.json", &cfg)) fail_msg("%s", zo_last_error());
+    if (model_layout_init(l, &cfg)) fail_msg("%s", zo_last_error());
+}
+
 /* FP8_CFG with fmt (a JSON value) and weight_block_size `block`, laid out. */
 static void fp8_layout_fmt(model_layout *l, const char *fmt, const char *block)
 {
     char json[1024];
     snprintf(json, sizeof json, FP8_CFG, fmt, block);
-    zo_model_config cfg;
-    if (zo_model_config_parse(json, "config.json", &cfg)) fail_msg("%s", zo_last_error());
-    if (model_layout_init(l, &cfg)) fail_msg("%s", zo_last_error());
+    layout_of_json(l, json);
 }
 
 static void fp8_layout(model_layout *l, const char *block)
@@ -690,12 +709,7 @@ static void test_fp8_sharded_load(void **state)
     assert_int_equal(n_fp8, 7); /* q, k, v, o, gate, up, down */
     for (int pass = 0; pass < 2; pass++) {
         zo_dtype dt = pass ? ZO_DTYPE_F32 : ZO_DTYPE_BF16;
-        void **blocks = alloc_blocks(&l, dt);
-        model_load_report rep;
-        if (model_load_path(dir, &l, blocks, dt, MODEL_LOAD_STRICT, &rep)) fail_msg("%s", zo_last_error());
-        assert_int_equal(rep.n_loaded, l.n_tensors);
-        assert_int_equal(rep.n_unexpected, 0);
-        assert_int_equal(rep.n_ignored, n_fp8); /* the scales, read with their weights */
+        void **blocks = load_strict(dir, &l, dt, n_fp8); /* the scales, read with their weights */
         for (int i = 0; i < m.n; i++) {
             if (i && m.fp8[i - 1]) continue; /* a scale */
             const model_tensor *t = model_layout_find(&l, m.in[i].name);
@@ -1110,9 +1124,7 @@ static void mx_layout(model_layout *l, int ffn, const char *qc)
 {
     char json[2048];
     snprintf(json, sizeof json, MX_CFG, ffn, qc);
-    zo_model_config cfg;
-    if (zo_model_config_parse(json, "config.json", &cfg)) fail_msg("%s", zo_last_error());
-    if (model_layout_init(l, &cfg)) fail_msg("%s", zo_last_error());
+    layout_of_json(l, json);
 }
 
 static void mx_model_build(mx_model *m, const model_layout *l)
@@ -1191,11 +1203,7 @@ static void test_mxfp4_granitemoe_load(void **state)
     assert_int_equal(n_mx, 2);
     for (int pass = 0; pass < 2; pass++) {
         zo_dtype dt = pass ? ZO_DTYPE_F32 : ZO_DTYPE_BF16;
-        void **blocks = alloc_blocks(&l, dt);
-        model_load_report rep;
-        if (model_load_path(path, &l, blocks, dt, MODEL_LOAD_STRICT, &rep)) fail_msg("%s", zo_last_error());
-        assert_int_equal(rep.n_loaded, l.n_tensors);
-        assert_int_equal(rep.n_ignored, 2 * n_mx);
+        void **blocks = load_strict(path, &l, dt, 2 * n_mx); /* blocks and scales */
         for (int i = 0; i < l.n_tensors; i++) {
             const model_tensor *t = &l.tensors[i];
             const uint8_t *got = (const uint8_t *)blocks[t->block] + t->offset * zo_dtype_size(dt);
