@@ -397,16 +397,8 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
                             want_s);
         }
         uint8_t *dst = (uint8_t *)buf + t->offset * esz;
-        if (mx) {
-            zo_status st = read_mxfp4(c, l, e, t, dst, dt);
-            if (st) return st;
-            if (t->hf_head_rows && (st = head_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
-            if (t->hf_rope_rows && (st = rope_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
-            rep->n_loaded++;
-            continue;
-        }
         model_st_tensor part;
-        if (t->hf_fused[0]) { /* its run of the fused tensor's elements, read as a tensor */
+        if (t->hf_fused[0] && !mx) { /* its run of the fused tensor's elements, read as a tensor */
             part = *s;
             part.begin = s->begin + t->hf_fused_at * s->elem_size;
             part.end = part.begin + t->numel * s->elem_size;
@@ -415,7 +407,8 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
             part.numel = t->numel;
             s = &part;
         }
-        zo_status st = read_weight(c, l, e, t, s, dst, dt);
+        /* (an MXFP4 weight's run of elements: read_mxfp4) */
+        zo_status st = mx ? read_mxfp4(c, l, e, t, dst, dt) : read_weight(c, l, e, t, s, dst, dt);
         if (st) return st;
         /* inf or nan in a weight makes every loss nan: refused, named (before
          * query_key_value's rows are reordered: bad is then the file's row) */
