@@ -200,7 +200,8 @@ typedef struct model_load_report {
     int n_missing;             /* layout tensors the checkpoint lacks */
     int n_unexpected;          /* checkpoint tensors that match nothing */
     int n_ignored;             /* buffers skipped: attention masks, rotary inv_freq, tied lm_head;
-                                  FP8 weights' _scale_inv (read with their weight); the routed
+                                  FP8 weights' _scale_inv and MXFP4 weights' _blocks and
+                                  _scales (read with their weight); the routed
                                   experts outside the layout's window (other ranks') */
     char first_missing[MODEL_TENSOR_NAME_MAX];
     char first_unexpected[MODEL_TENSOR_NAME_MAX];
@@ -216,7 +217,10 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
  * checkpoint: names are matched, shapes checked against the layout (Conv1D
  * weights transposed), dtypes converted, FP8 weights dequantized with their
  * `<name>_scale_inv` (model_st_read_fp8; blocks of l->cfg.fp8_block, 128 x
- * 128 by default). Missing tensors are an error
+ * 128 by default), a weight the file holds as `<name>_blocks` and
+ * `<name>_scales` in its stead dequantized as MXFP4 (model_st_read_mxfp4;
+ * only under l->cfg.quant_method "mxfp4", never for a module of
+ * l->cfg.quant_keep). Missing tensors are an error
  * (ZO_ERR_NOT_FOUND naming the first) unless MODEL_LOAD_ALLOW_MISSING. The
  * report (may be NULL) is added to, not cleared. */
 zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block, void *buf,
