@@ -597,9 +597,6 @@ zo_status model_st_read_mxfp4(const model_st_file *f, const model_st_tensor *b, 
                         "as its blocks less their last dimension (one a block of 32 values)",
                         sf->path, s->name, same ? "dtype" : "shape or dtype", s->dtype_name, s->ndim, f->path,
                         b->name);
-    if (transpose && n != 2)
-        return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": transpose needs a 2-D weight, it holds %d dimensions",
-                        f->path, b->name, n);
     uint64_t R = (uint64_t)xs[n - 1], C = (uint64_t)xs[n - 2], G = C / MODEL_MXFP4_BLOCK, CR = C * R;
     uint64_t numel = b->numel * 2;
     if (first > numel || count > numel - first)

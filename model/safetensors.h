@@ -112,7 +112,9 @@ double model_fp8_decode(uint8_t code, int e4m3);
  * E2M1 is sign, 2 exponent bits (bias 1), 1 mantissa bit: 0, 0.5, 1, 1.5,
  * 2, 3, 4, 6 and their negatives; E8M0 255 is NaN. Elements [first,
  * first + count) of X in row-major order are written to dst in `dt`
- * (with transpose, of D: a 2-D weight held as [R, C]), each the exact
+ * (with transpose, of D [..., R, C]: each matrix of X transposed back,
+ * a weight held as [out, in] that the file's X stores as [in, out]; one
+ * value at a time, not in tiles), each the exact
  * product rounded once, to nearest even (exact in BF16 and F32 but past
  * their range; F16 rounds below 2^-14). A blocks tensor that is not U8 or
  * not [..., R, G, 16], scales that are not U8 [..., R, G], a scale of 255, a

@@ -888,6 +888,22 @@ static int mx_equal(const void *dst, zo_dtype dt, size_t at, double x)
     return got == want && !signbit(got) == !signbit(want);
 }
 
+/* Every element of got, X [P, C, R] (D [P, R, C] with d_order) read from
+ * bl and sc, is the reference's. */
+static void mx_check(const void *got, zo_dtype dt, const uint8_t *bl, const uint8_t *sc, int64_t P, int64_t R,
+                     int64_t C, int d_order)
+{
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t r = 0; r < R; r++) {
+                size_t at = (size_t)(d_order ? (p * R + r) * C + c : (p * C + c) * R + r);
+                double want = ref_mx(bl, sc, R, C, p, c, r);
+                if (!mx_equal(got, dt, at, want))
+                    fail_msg("%s: %s of expert %lld, row %lld of D, column %lld: want %g", zo_dtype_name(dt),
+                             d_order ? "D" : "X", (long long)p, (long long)r, (long long)c, want);
+            }
+}
+
 /* Blocks and scales of a [P, C = 32 G, R] weight: every byte value in turn,
  * the scales every value of [s_lo, s_lo + s_n) in turn; under scales past
  * 252 the codes of magnitude 2 and more are cleared (they would overflow
@@ -940,6 +956,7 @@ static void *mx_read(const char *path, zo_dtype dt, uint64_t first, uint64_t n, 
  * (0 and 254 included), exactly the reference's in BF16 and F32 (F16 at
  * scales it holds, its subnormals rounded); runs of elements starting and
  * ending inside rows and experts (Granite-MoE's gate half of an expert);
+ * D, each expert's X transposed back, whole and a run across experts;
  * a 2-D weight of gpt-oss's width (2880 columns of 3000 rows: two bands of
  * the read) plain and transposed. */
 static void test_mxfp4_dequant(void **state)
@@ -962,12 +979,7 @@ static void test_mxfp4_dequant(void **state)
     const zo_dtype dts[2] = {ZO_DTYPE_BF16, ZO_DTYPE_F32};
     for (int d = 0; d < 2; d++) {
         void *x = mx_read(path, dts[d], 0, (uint64_t)(P * C * R), 0);
-        for (int64_t p = 0; p < P; p++)
-            for (int64_t c = 0; c < C; c++)
-                for (int64_t r = 0; r < R; r++)
-                    if (!mx_equal(x, dts[d], (size_t)((p * C + c) * R + r), ref_mx(bl, sc, R, C, p, c, r)))
-                        fail_msg("%s: expert %lld [%lld, %lld]: %g", zo_dtype_name(dts[d]), (long long)p,
-                                 (long long)c, (long long)r, ref_mx(bl, sc, R, C, p, c, r));
+        mx_check(x, dts[d], bl, sc, P, R, C, 0);
         /* runs: from inside a row across experts; an expert's first 48 rows of X (its gate) */
         const uint64_t runs[3][2] = {{(uint64_t)R * 5 + 3, (uint64_t)(2 * C * R - 50)},
                                      {(uint64_t)(C * R + 48 * R), (uint64_t)(48 * R)},
@@ -980,6 +992,13 @@ static void test_mxfp4_dequant(void **state)
                          (unsigned long long)runs[k][1], (unsigned long long)runs[k][0]);
             free(part);
         }
+        /* D itself (each expert's X transposed back), whole and a run across experts */
+        uint8_t *t = mx_read(path, dts[d], 0, (uint64_t)(P * C * R), 1);
+        mx_check(t, dts[d], bl, sc, P, R, C, 1);
+        uint8_t *tp = mx_read(path, dts[d], (uint64_t)(R * C - 40), (uint64_t)(C * 3 + 80), 1);
+        assert_memory_equal(tp, t + (size_t)(R * C - 40) * esz, (size_t)(C * 3 + 80) * esz);
+        free(tp);
+        free(t);
         free(x);
     }
     free(bl);
@@ -988,11 +1007,7 @@ static void test_mxfp4_dequant(void **state)
     mx_fill(&bl, &sc, P, R, G, 5, 100, 41);
     mx_write(path, bl, sc, P, R, G, "U8", "U8", G);
     void *h = mx_read(path, ZO_DTYPE_F16, 0, (uint64_t)(P * C * R), 0);
-    for (int64_t p = 0; p < P; p++)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t r = 0; r < R; r++)
-                if (!mx_equal(h, ZO_DTYPE_F16, (size_t)((p * C + c) * R + r), ref_mx(bl, sc, R, C, p, c, r)))
-                    fail_msg("fp16: expert %lld [%lld, %lld]", (long long)p, (long long)c, (long long)r);
+    mx_check(h, ZO_DTYPE_F16, bl, sc, P, R, C, 0);
     free(h);
     free(bl);
     free(sc);
@@ -1021,7 +1036,7 @@ static void test_mxfp4_dequant(void **state)
 /* Every refusal names the file, the tensor and what is wrong: blocks not
  * U8 or not [..., R, G, 16], scales not U8 or not [..., R, G], a scale of
  * 255 (E8M0's NaN), a product past the dtype's largest, a run outside the
- * weight, a transpose of more than 2 dimensions. */
+ * weight. */
 static void test_mxfp4_refusals(void **state)
 {
     (void)state;
@@ -1089,15 +1104,11 @@ static void test_mxfp4_refusals(void **state)
     expect_error(model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"), 0,
                                      (uint64_t)(P * 64 * R), out, ZO_DTYPE_F16, 0),
                  ZO_ERR_FORMAT, wh, 3);
-    /* outside the weight; a transpose of 3 dimensions */
+    /* outside the weight */
     const char *wout[] = {"\"w_blocks\"", "outside"};
     expect_error(model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"),
                                      (uint64_t)(P * 64 * R), 1, out, ZO_DTYPE_BF16, 0),
                  ZO_ERR_INVALID, wout, 2);
-    const char *wtr[] = {"\"w_blocks\"", "transpose"};
-    expect_error(model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"), 0, 1, out,
-                                     ZO_DTYPE_BF16, 1),
-                 ZO_ERR_INVALID, wtr, 2);
     model_st_close(&f);
     free(bl);
     free(sc);
