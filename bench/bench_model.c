@@ -6,7 +6,9 @@
  *
  * Cases: a LLaMA-shaped model (hidden 768, ffn 2048, vocab 32000, GQA 12/4)
  * written as F32, BF16 and FP8 with block scales (DeepSeek-V3's kind) and
- * loaded into fp32 and bf16 buffers; a GPT-2
+ * loaded into fp32 and bf16 buffers; gpt-oss-20b's gate_up_proj of 2
+ * experts ([2, 2880, 5760]) as MXFP4 (blocks and scales) and as BF16, read
+ * into fp32 (and MXFP4 into bf16); a GPT-2
  * shaped one (Conv1D weights transposed on load); saving; and (B=8, T=1024)
  * sequential batches from a 16M-token file. The last line is the fp32 load
  * bandwidth over the raw read's. */
@@ -226,6 +228,93 @@ static double time_row(const char *what, void (*fn)(void *), void *arg, int warm
     return t;
 }
 
+/* A file of one BF16 tensor "w" (or, with mxfp4, an MXFP4 weight's
+ * "w_blocks" and "w_scales" of shape [2, 5760, 90, 16] and [2, 5760, 90]):
+ * gpt-oss-20b's gate_up_proj of 2 experts, X [2, 2880, 5760]. The codes
+ * run through every byte, the scales 2^-7 .. 2^0; the BF16 copy's values
+ * are finite. Returns the file's data bytes. */
+#define MX_E 2
+#define MX_R 5760
+#define MX_G 90
+static double write_mx_file(const char *path, int mxfp4)
+{
+    uint64_t n = (uint64_t)MX_E * MX_R * MX_G, blocks = n * 16, bytes = mxfp4 ? blocks + n : n * 64;
+    char header[512];
+    if (mxfp4)
+        snprintf(header, sizeof header,
+                 "{\"w_blocks\":{\"dtype\":\"U8\",\"shape\":[%d,%d,%d,16],\"data_offsets\":[0,%llu]},"
+                 "\"w_scales\":{\"dtype\":\"U8\",\"shape\":[%d,%d,%d],\"data_offsets\":[%llu,%llu]}}",
+                 MX_E, MX_R, MX_G, (unsigned long long)blocks, MX_E, MX_R, MX_G, (unsigned long long)blocks,
+                 (unsigned long long)bytes);
+    else
+        snprintf(header, sizeof header,
+                 "{\"w\":{\"dtype\":\"BF16\",\"shape\":[%d,%d,%d],\"data_offsets\":[0,%llu]}}", MX_E,
+                 MX_G * 32, MX_R, (unsigned long long)bytes);
+    uint8_t *buf = malloc(bytes), len[8];
+    if (!buf) check(zo_error(ZO_ERR_NOMEM, "%s: %llu bytes", path, (unsigned long long)bytes));
+    for (uint64_t k = 0; k < bytes; k++)
+        buf[k] = mxfp4 ? (uint8_t)(k < blocks ? k * 7 : 120 + k % 8) : (uint8_t)(k & 1 ? 0x3f : k * 7);
+    uint64_t hl = strlen(header);
+    for (int k = 0; k < 8; k++) len[k] = (uint8_t)(hl >> (8 * k));
+    FILE *o = fopen(path, "wb");
+    if (!o || fwrite(len, 1, 8, o) != 8 || fwrite(header, 1, hl, o) != hl || fwrite(buf, 1, bytes, o) != bytes ||
+        fclose(o))
+        check(zo_error(ZO_ERR_IO, "%s: cannot write", path));
+    free(buf);
+    return (double)bytes;
+}
+
+typedef struct mx_case {
+    model_st_file *f;
+    void *dst;
+    zo_dtype dt;
+} mx_case;
+
+/* The weight read into dst: dequantized from its blocks and scales, or the BF16 tensor converted. */
+static void run_mx(void *arg)
+{
+    mx_case *c = arg;
+    const model_st_tensor *b = model_st_find(c->f, "w_blocks");
+    zo_status st = b ? model_st_read_mxfp4(c->f, b, c->f, model_st_find(c->f, "w_scales"), 0, b->numel * 2, c->dst,
+                                           c->dt, 0)
+                     : model_st_read(c->f, model_st_find(c->f, "w"), c->dst, c->dt, 0);
+    if (st) {
+        fprintf(stderr, "bench_model: %s\n", zo_last_error());
+        exit(1);
+    }
+    bench_sink(c->dst);
+}
+
+/* MXFP4 against BF16 of the same weight, alternated: the MXFP4 -> fp32 time over the BF16 -> fp32 one. */
+static double time_mxfp4(const char *dir)
+{
+    char pm[512], pb[512];
+    snprintf(pm, sizeof pm, "%s/bench_model.%d.mxfp4.safetensors", dir, (int)getpid());
+    snprintf(pb, sizeof pb, "%s/bench_model.%d.mxbf16.safetensors", dir, (int)getpid());
+    double bm = write_mx_file(pm, 1), bb = write_mx_file(pb, 0);
+    model_st_file fm, fb;
+    check(model_st_open(&fm, pm));
+    check(model_st_open(&fb, pb));
+    void *dst = malloc((size_t)MX_E * MX_R * MX_G * 32 * 4);
+    if (!dst) exit(1);
+    mx_case cm = {&fm, dst, ZO_DTYPE_F32}, cb = {&fb, dst, ZO_DTYPE_F32}, cm16 = {&fm, dst, ZO_DTYPE_BF16};
+    double tb = time_row("experts BF16 -> fp32", run_mx, &cb, 1, bb);
+    double tm = time_row("experts MXFP4 -> fp32 (dequant)", run_mx, &cm, 1, bm);
+    double tb2 = time_row("experts BF16 -> fp32 (again)", run_mx, &cb, 1, bb);
+    double tm2 = time_row("experts MXFP4 -> fp32 (again)", run_mx, &cm, 1, bm);
+    time_row("experts MXFP4 -> bf16 (dequant)", run_mx, &cm16, 1, bm);
+    tb = tb < tb2 ? tb : tb2;
+    tm = tm < tm2 ? tm : tm2;
+    bench_row("%-34s %10s %10s %8s  MXFP4 -> fp32 / BF16 -> fp32 time: %.2f (%.0f M weights/s)", "", "", "", "",
+              tm / tb, (double)MX_E * MX_R * MX_G * 32 / tm / 1e6);
+    free(dst);
+    model_st_close(&fm);
+    model_st_close(&fb);
+    unlink(pm);
+    unlink(pb);
+    return tm / tb;
+}
+
 /* Every tensor of c read as stored, `bytes` in all: the baseline's seconds,
  * or -1 without the memory. */
 static double time_raw_read(const model_ckpt *c, double bytes)
@@ -319,6 +408,8 @@ int main(int argc, char **argv)
     lc = (load_case){.ckpt = &cfp8, .l = &l, .blocks = b16, .dt = ZO_DTYPE_BF16};
     time_row("load llama FP8 -> bf16 (dequant)", run_load, &lc, 1, fp8_bytes);
     bench_row("%-34s %10s %10s %8s  FP8 -> fp32 / BF16 -> fp32 time: %.2f", "", "", "", "", t_fp8 / t_bf16);
+    /* MXFP4 (gpt-oss's experts), dequantized as it reads */
+    time_mxfp4(dir);
     void **g32 = alloc_blocks(&lg, ZO_DTYPE_F32);
     lc = (load_case){.ckpt = &cgpt, .l = &lg, .blocks = g32, .dt = ZO_DTYPE_F32};
     time_row("load gpt2 F32 -> fp32 (Conv1D T)", run_load, &lc, 1, g_bytes);

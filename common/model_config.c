@@ -1034,6 +1034,38 @@ static void hf_fp8_block(hf *r, zo_model_config *c)
                 "\"weight_block_size\" must be two positive integers [rows, columns] (FP8 blocks)");
 }
 
+/* quantization_config's quant_method, kept (zo_model_config.quant_method);
+ * under "mxfp4" its modules_to_not_convert, an array of module names or
+ * patterns (zo_model_config.quant_keep). */
+static void hf_quant_method(hf *r, zo_model_config *c)
+{
+    const cJSON *q = hf_item(r, "quantization_config");
+    if (!cJSON_IsObject(q)) return;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+    if (!m || cJSON_IsNull(m)) return;
+    if (!cJSON_IsString(m) || strlen(m->valuestring) >= sizeof c->quant_method) {
+        hf_fail(r, ZO_ERR_FORMAT, "quantization_config", "\"quant_method\" must be a string of at most %zu characters",
+                sizeof c->quant_method - 1);
+        return;
+    }
+    snprintf(c->quant_method, sizeof c->quant_method, "%s", m->valuestring);
+    if (strcmp(m->valuestring, "mxfp4")) return;
+    const cJSON *keep = cJSON_GetObjectItemCaseSensitive(q, "modules_to_not_convert");
+    if (!keep || cJSON_IsNull(keep)) return;
+    size_t n = 0;
+    const cJSON *e;
+    int ok = cJSON_IsArray(keep);
+    for (e = ok ? keep->child : NULL; ok && e; e = e->next) {
+        size_t len = cJSON_IsString(e) ? strlen(e->valuestring) : 0;
+        ok = len > 0 && !strchr(e->valuestring, '\n') && n + len + 1 < sizeof c->quant_keep;
+        if (ok) n += (size_t)snprintf(c->quant_keep + n, sizeof c->quant_keep - n, "%s\n", e->valuestring);
+    }
+    if (!ok)
+        hf_fail(r, ZO_ERR_FORMAT, "quantization_config",
+                "\"modules_to_not_convert\" must be an array of module names (non-empty strings, %zu characters "
+                "in all at most)", sizeof c->quant_keep - 1);
+}
+
 /* ---- the families --------------------------------------------------------------- */
 
 typedef struct family family;
@@ -2465,6 +2497,7 @@ zo_status zo_model_config_parse(const char *json, const char *path, zo_model_con
     f->parse(&r, &c, f);
     if (f->parse != parse_multimodal) hf_refuse_unmodelled(&r, f->modelled);
     hf_fp8_block(&r, &c);
+    hf_quant_method(&r, &c);
     if ((st = r.st) != ZO_OK) goto out_free_root;
     /* the family as a name the rest of the project uses ("falcon" for its
      * old types; an alias's: its class's first row's; a multimodal

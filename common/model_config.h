@@ -213,6 +213,16 @@ typedef struct zo_model_config {
      * inference quantizes activations, and training runs in its dtype. */
     int fp8_block[2];
     char fp8_fmt[8];
+    /* quantization_config's quant_method as given ("": none), and an MXFP4
+     * checkpoint's (quant_method "mxfp4": gpt-oss as published)
+     * modules_to_not_convert, the modules it keeps unquantized (each
+     * pattern followed by '\n'; '*' matches any run of characters, and a
+     * pattern names a module and everything under it). The loader
+     * dequantizes a weight stored as `<name>_blocks` and `<name>_scales`
+     * under "mxfp4" only, and never one of these modules'
+     * (model/safetensors.h). */
+    char quant_method[24];
+    char quant_keep[512];
 } zo_model_config;
 
 /* What memplan's reports say of a multimodal checkpoint's model (mm_text):

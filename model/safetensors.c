@@ -517,6 +517,184 @@ out_free:
     return st;
 }
 
+/* ---- MXFP4 (OCP Microscaling) weights ------------------------------------------- */
+
+int model_mxfp4_shape(const model_st_tensor *b, int64_t shape[MODEL_ST_MAX_DIMS])
+{
+    int n = b->ndim - 1; /* [..., R, G, 16] -> [..., 32 G, R] */
+    if (n < 2 || b->shape[n] != 16 || b->shape[n - 1] < 1 || b->shape[n - 2] < 1) return -1;
+    for (int d = 0; d < n - 2; d++) shape[d] = b->shape[d];
+    shape[n - 2] = b->shape[n - 1] * MODEL_MXFP4_BLOCK;
+    shape[n - 1] = b->shape[n - 2];
+    return n;
+}
+
+/* E2M1 code k's value: 0, 0.5, 1, 1.5, 2, 3, 4, 6, then the same negated. */
+static const float e2m1_value[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* What a read decodes with: every (scale, code)'s value in dt's bits, and
+ * which codes overflow dt under each scale. */
+typedef struct mxfp4_table {
+    uint32_t bits[255][16];
+    uint16_t inf[255]; /* bit k: code k times 2^(s - 127) is past dt's largest */
+} mxfp4_table;
+
+static void mxfp4_table_init(mxfp4_table *tab, zo_dtype dt)
+{
+    for (int s = 0; s < 255; s++) {
+        tab->inf[s] = 0;
+        for (int k = 0; k < 16; k++) {
+            float v = ldexpf(e2m1_value[k], s - 127); /* exact, or inf past 2^128 */
+            uint32_t u = dt == ZO_DTYPE_F32    ? zo_f32_bits(v)
+                         : dt == ZO_DTYPE_BF16 ? zo_f32_to_bf16(v)
+                                               : zo_f32_to_f16(v);
+            float back = dt == ZO_DTYPE_F32 ? v : dt == ZO_DTYPE_BF16 ? zo_bf16_to_f32((uint16_t)u)
+                                                                       : zo_f16_to_f32((uint16_t)u);
+            tab->bits[s][k] = u;
+            if (isinf(back)) tab->inf[s] |= (uint16_t)(1u << k);
+        }
+    }
+}
+
+/* The refusal of element `at` of X (row r, column c of D [R, C] in matrix
+ * p): its scale is NaN, or its code overflows dt. */
+static zo_status mxfp4_bad(const model_st_file *f, const model_st_tensor *b, const model_st_tensor *s, zo_dtype dt,
+                           uint64_t p, uint64_t r, uint64_t c, uint64_t R, uint64_t C, uint8_t scale, uint8_t code)
+{
+    uint64_t at = p * R * C + c * R + r;
+    if (scale == 255)
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\" element %llu (of block %llu of row %llu): E8M0 scale 255 is NaN",
+                        f->path, s->name, (unsigned long long)((p * R + r) * (C / MODEL_MXFP4_BLOCK) +
+                                                               c / MODEL_MXFP4_BLOCK),
+                        (unsigned long long)(c / MODEL_MXFP4_BLOCK), (unsigned long long)(p * R + r));
+    return zo_error(ZO_ERR_FORMAT,
+                    "%s: tensor \"%s\": element %llu of the weight it holds (row %llu, column %llu): E2M1 code "
+                    "0x%x (%g) times 2^%d is past %s's largest: weights must be finite",
+                    f->path, b->name, (unsigned long long)at, (unsigned long long)(p * C + c), (unsigned long long)r,
+                    code, (double)e2m1_value[code], scale - 127, zo_dtype_name(dt));
+}
+
+zo_status model_st_read_mxfp4(const model_st_file *f, const model_st_tensor *b, const model_st_file *sf,
+                              const model_st_tensor *s, uint64_t first, uint64_t count, void *dst, zo_dtype dt,
+                              int transpose)
+{
+    int64_t xs[MODEL_ST_MAX_DIMS];
+    int n = model_mxfp4_shape(b, xs);
+    if (strcmp(b->dtype_name, "U8"))
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": dtype %s: MXFP4 blocks must be U8 (two E2M1 codes a byte)",
+                        f->path, b->name, b->dtype_name);
+    if (n < 0)
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\": %d dimensions, the last %lld: MXFP4 blocks must be [..., rows, columns / "
+                        "32, 16]", f->path, b->name, b->ndim, b->ndim ? (long long)b->shape[b->ndim - 1] : 0LL);
+    int same = s->ndim == n; /* [..., R, G] */
+    for (int d = 0; same && d < n; d++) same = s->shape[d] == b->shape[d];
+    if (!same || strcmp(s->dtype_name, "U8"))
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\": %s %s, %d dimensions: the scales of %s's \"%s\" must be U8 (E8M0) shaped "
+                        "as its blocks less their last dimension (one a block of 32 values)",
+                        sf->path, s->name, same ? "dtype" : "shape or dtype", s->dtype_name, s->ndim, f->path,
+                        b->name);
+    uint64_t R = (uint64_t)xs[n - 1], C = (uint64_t)xs[n - 2], G = C / MODEL_MXFP4_BLOCK, CR = C * R;
+    uint64_t numel = b->numel * 2;
+    if (first > numel || count > numel - first)
+        return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": elements %llu..%llu are outside its %llu", f->path,
+                        b->name, (unsigned long long)first, (unsigned long long)(first + count),
+                        (unsigned long long)numel);
+    if (dt != ZO_DTYPE_F32 && dt != ZO_DTYPE_BF16 && dt != ZO_DTYPE_F16)
+        return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": MXFP4 dequantizes to F32, BF16 or F16", f->path,
+                        b->name);
+    if (!count) return ZO_OK;
+    char what[224], swhat[224];
+    tensor_what(what, sizeof what, b);
+    tensor_what(swhat, sizeof swhat, s);
+    /* bands of whole rows of D: at least a tile's 32, about MODEL_ST_READ_CHUNK bytes */
+    uint64_t band = MODEL_ST_READ_CHUNK / (G * 16);
+    band = band < 32 ? 32 : band / 32 * 32;
+    if (band > R) band = R;
+    size_t esz = zo_dtype_size(dt);
+    mxfp4_table *tab = malloc(sizeof *tab);
+    uint8_t *blk = malloc((size_t)(band * G * 16)), *sc = malloc((size_t)(band * G));
+    zo_status st = ZO_OK;
+    if (!tab || !blk || !sc) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: %s: cannot allocate a %llu-byte read buffer", f->path, what,
+                      (unsigned long long)(band * G * 17));
+        goto out_free;
+    }
+    mxfp4_table_init(tab, dt);
+    uint64_t last = first + count; /* elements [first, last) of X (of D with transpose) */
+    uint32_t tile[MODEL_MXFP4_BLOCK][32]; /* [column of the block][row of the band's 32] */
+    for (uint64_t p = first / CR; p * CR < last && st == ZO_OK; p++) {
+        /* this matrix's part of the range, and the columns of D (rows of X) it covers */
+        uint64_t lo = first > p * CR ? first - p * CR : 0, hi = last - p * CR < CR ? last - p * CR : CR;
+        uint64_t c_lo = transpose ? 0 : lo / R, c_hi = transpose ? C - 1 : (hi - 1) / R;
+        uint64_t r_beg = transpose ? lo / C : 0, r_end = transpose ? (hi - 1) / C + 1 : R;
+        for (uint64_t r0 = r_beg; r0 < r_end && st == ZO_OK; r0 += band) {
+            uint64_t nr = r_end - r0 < band ? r_end - r0 : band, row0 = p * R + r0;
+            if ((st = read_at(f, what, blk, (size_t)(nr * G * 16), f->data_start + b->begin + row0 * G * 16)) ||
+                (st = read_at(sf, swhat, sc, (size_t)(nr * G), sf->data_start + s->begin + row0 * G)))
+                break;
+            for (uint64_t t0 = 0; t0 < nr && st == ZO_OK; t0 += 32) {
+                uint64_t tr = nr - t0 < 32 ? nr - t0 : 32;
+                for (uint64_t g = c_lo / MODEL_MXFP4_BLOCK; g <= c_hi / MODEL_MXFP4_BLOCK && st == ZO_OK; g++) {
+                    /* decode the tile: block g of rows [r0 + t0, r0 + t0 + tr) */
+                    for (uint64_t i = 0; i < tr; i++) {
+                        uint8_t e = sc[(t0 + i) * G + g];
+                        const uint8_t *q = blk + ((t0 + i) * G + g) * 16;
+                        if (e == 255 || tab->inf[e]) {
+                            for (int j = 0; j < 32 && st == ZO_OK; j++) {
+                                uint8_t k = j & 1 ? q[j / 2] >> 4 : q[j / 2] & 15;
+                                if (e == 255 || tab->inf[e] >> k & 1)
+                                    st = mxfp4_bad(f, b, s, dt, p, r0 + t0 + i, g * 32 + (uint64_t)j, R, C, e, k);
+                            }
+                            if (st) break;
+                        }
+                        const uint32_t *v = tab->bits[e];
+                        for (int j = 0; j < 16; j++) {
+                            tile[2 * j][i] = v[q[j] & 15];
+                            tile[2 * j + 1][i] = v[q[j] >> 4];
+                        }
+                    }
+                    if (st) break;
+                    uint64_t cb = g * 32 > c_lo ? g * 32 : c_lo, ce = g * 32 + 32 <= c_hi ? g * 32 + 32 : c_hi + 1;
+                    for (uint64_t c = cb; c < ce; c++) {
+                        /* D's column c (X's row c) for rows [ra, rb) of the tile, where in the range */
+                        uint64_t r = r0 + t0, ra = 0, rb = tr;
+                        if (transpose) {
+                            for (uint64_t i = 0; i < tr; i++) {
+                                uint64_t k = (r + i) * C + c;
+                                if (k < lo || k >= hi) continue;
+                                uint64_t o = p * CR + k - first;
+                                if (esz == 4) ((uint32_t *)dst)[o] = tile[c - g * 32][i];
+                                else ((uint16_t *)dst)[o] = (uint16_t)tile[c - g * 32][i];
+                            }
+                            continue;
+                        }
+                        if (c * R + r < lo) ra = lo - c * R - r;
+                        if (c * R + r + rb > hi) rb = hi > c * R + r ? hi - c * R - r : 0;
+                        if (ra >= rb) continue;
+                        const uint32_t *from = &tile[c - g * 32][ra];
+                        uint64_t o = p * CR + c * R + r + ra - first;
+                        if (esz == 4) {
+                            memcpy((uint32_t *)dst + o, from, (size_t)(rb - ra) * 4);
+                        } else {
+                            uint16_t *to = (uint16_t *)dst + o;
+                            for (uint64_t i = 0; i < rb - ra; i++) to[i] = (uint16_t)from[i];
+                        }
+                    }
+                }
+            }
+        }
+    }
+out_free:
+    free(sc);
+    free(blk);
+    free(tab);
+    return st;
+}
+
 /* ---- writing ------------------------------------------------------------------ */
 
 #define WRITE_CHUNK_BYTES (4u << 20)

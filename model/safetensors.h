@@ -66,7 +66,8 @@ zo_status model_st_read_raw(const model_st_file *f, const model_st_tensor *t, vo
  * round-to-nearest-even (through a bounded buffer, MODEL_ST_READ_CHUNK bytes
  * of the file at a time). With `transpose`, a 2-D [r, c] tensor is written as
  * [c, r]. ZO_ERR_UNSUPPORTED for element types other than F32/F16/BF16
- * (FP8 weights are read with their scales: model_st_read_fp8); a file cut
+ * (FP8 weights are read with their scales: model_st_read_fp8; MXFP4 ones
+ * with theirs: model_st_read_mxfp4); a file cut
  * short as model_st_read_raw says. */
 #define MODEL_ST_READ_CHUNK (4u << 20)
 zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *dst, zo_dtype dt,
@@ -95,6 +96,39 @@ zo_status model_st_read_fp8(const model_st_file *f, const model_st_tensor *t, co
 /* The value of FP8 code `code` (E4M3 when e4m3, else E5M2) as OCP's OFP8
  * defines it: NaN for the NaN codes, +-inf for E5M2's infinities. */
 double model_fp8_decode(uint8_t code, int e4m3);
+
+/* An MXFP4 weight (OCP Microscaling; quantization_config "mxfp4": gpt-oss
+ * as published) dequantized into dst as it is read. The file stores a
+ * weight X of shape [..., C, R] as two U8 tensors:
+ *     b = X_blocks [..., R, C / 32, 16]: two E2M1 codes a byte, the low
+ *         nibble first (element 2 j of a 32-value block), the high second;
+ *     s = X_scales [..., R, C / 32]: E8M0 exponents, one a block,
+ * which decode to D [..., R, C] with
+ *     D[..., r, 32 g + 2 j]     = e2m1(b[..., r, g, j] & 15) * 2^(s[..., r, g] - 127)
+ *     D[..., r, 32 g + 2 j + 1] = e2m1(b[..., r, g, j] >> 4) * 2^(s[..., r, g] - 127)
+ * and X is D transposed over its last two dimensions (as Hugging Face
+ * dequantizes gpt-oss's experts: gate_up_proj [E, h, 2 I] from blocks
+ * [E, 2 I, h / 32, 16], down_proj [E, I, h] from [E, h, I / 32, 16]).
+ * E2M1 is sign, 2 exponent bits (bias 1), 1 mantissa bit: 0, 0.5, 1, 1.5,
+ * 2, 3, 4, 6 and their negatives; E8M0 255 is NaN. Elements [first,
+ * first + count) of X in row-major order are written to dst in `dt`
+ * (with transpose, of D [..., R, C]: each matrix of X transposed back,
+ * a weight held as [out, in] that the file's X stores as [in, out]; one
+ * value at a time, not in tiles), each the exact
+ * product rounded once, to nearest even (exact in BF16 and F32 but past
+ * their range; F16 rounds below 2^-14). A blocks tensor that is not U8 or
+ * not [..., R, G, 16], scales that are not U8 [..., R, G], a scale of 255, a
+ * product past dt's largest (inf), or a range outside X is refused,
+ * naming the file, the tensor and the element. Host memory: about
+ * MODEL_ST_READ_CHUNK bytes of blocks and their scales. */
+#define MODEL_MXFP4_BLOCK 32 /* values an E8M0 scale covers */
+zo_status model_st_read_mxfp4(const model_st_file *f, const model_st_tensor *b, const model_st_file *sf,
+                              const model_st_tensor *s, uint64_t first, uint64_t count, void *dst, zo_dtype dt,
+                              int transpose);
+
+/* X's shape from its blocks' (model_st_read_mxfp4): its dimensions, or -1
+ * when b is not [..., R, G, 16] with at least one R and G. */
+int model_mxfp4_shape(const model_st_tensor *b, int64_t shape[MODEL_ST_MAX_DIMS]);
 
 /* ---- writing ------------------------------------------------------------- */
 
@@ -168,7 +202,8 @@ typedef struct model_load_report {
     int n_missing;             /* layout tensors the checkpoint lacks */
     int n_unexpected;          /* checkpoint tensors that match nothing */
     int n_ignored;             /* buffers skipped: attention masks, rotary inv_freq, tied lm_head;
-                                  FP8 weights' _scale_inv (read with their weight); the routed
+                                  FP8 weights' _scale_inv and MXFP4 weights' _blocks and
+                                  _scales (read with their weight); the routed
                                   experts outside the layout's window (other ranks') */
     char first_missing[MODEL_TENSOR_NAME_MAX];
     char first_unexpected[MODEL_TENSOR_NAME_MAX];
@@ -184,7 +219,10 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
  * checkpoint: names are matched, shapes checked against the layout (Conv1D
  * weights transposed), dtypes converted, FP8 weights dequantized with their
  * `<name>_scale_inv` (model_st_read_fp8; blocks of l->cfg.fp8_block, 128 x
- * 128 by default). Missing tensors are an error
+ * 128 by default), a weight the file holds as `<name>_blocks` and
+ * `<name>_scales` in its stead dequantized as MXFP4 (model_st_read_mxfp4;
+ * only under l->cfg.quant_method "mxfp4", never for a module of
+ * l->cfg.quant_keep). Missing tensors are an error
  * (ZO_ERR_NOT_FOUND naming the first) unless MODEL_LOAD_ALLOW_MISSING. The
  * report (may be NULL) is added to, not cleared. */
 zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block, void *buf,

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fnmatch.h> /* fnmatch: modules_to_not_convert's patterns */
 #include <strings.h> /* strcasecmp */
 
 #include "model_io.h"   /* defines: model_io_convert_rows */
@@ -21,6 +22,8 @@ static int ends_with(const char *s, const char *suffix)
 
 #define GPT_PREFIX "transformer."
 #define FP8_SCALE_SUFFIX "_scale_inv" /* <m>.weight_scale_inv: an FP8 <m>.weight's block scales */
+#define MXFP4_BLOCKS_SUFFIX "_blocks"   /* X_blocks, X_scales: an MXFP4 X's codes and scales */
+#define MXFP4_SCALES_SUFFIX "_scales"
 #define OPT_PREFIX "model."
 
 /* A text model inside its multimodal checkpoint (zo_model_config.mm_text:
@@ -100,10 +103,13 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
     }
     /* a tied head written out anyway: it is the token embedding */
     if (l->cfg.tied_embeddings && !strcmp(name, "lm_head.weight")) *ignored = 1;
-    /* an FP8 weight's block scales: read with it (model_load_block) */
-    if (!*ignored && ends_with(hf_name, FP8_SCALE_SUFFIX)) {
+    /* an FP8 weight's block scales, an MXFP4 weight's blocks and scales:
+     * read with it (model_load_block) */
+    static const char *const with[] = {FP8_SCALE_SUFFIX, MXFP4_BLOCKS_SUFFIX, MXFP4_SCALES_SUFFIX};
+    for (size_t k = 0; k < sizeof with / sizeof with[0] && !*ignored; k++) {
+        if (!ends_with(hf_name, with[k])) continue;
         char base[sizeof MM_NEW + MODEL_TENSOR_NAME_MAX];
-        size_t n = strlen(hf_name) - strlen(FP8_SCALE_SUFFIX);
+        size_t n = strlen(hf_name) - strlen(with[k]);
         int sub;
         if (n < sizeof base) {
             memcpy(base, hf_name, n);
@@ -122,33 +128,39 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
     if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, "]");
 }
 
-/* The checkpoint entry for a layout tensor: its own name, for GPT-2 the
- * name with the "transformer." prefix, for OPT the name without "model.",
- * for BLOOM without "transformer.", for a text model in its multimodal
- * checkpoint under either of its prefixes (MM_OLD, MM_NEW) */
-static const model_ckpt_entry *find_entry(const model_ckpt *c, const model_layout *l,
-                                          const model_tensor *t)
+/* The entry named pre + name + sfx, or NULL. */
+static const model_ckpt_entry *find_named(const model_ckpt *c, const char *pre, const char *name, const char *sfx)
 {
-    const model_ckpt_entry *e = model_ckpt_find(c, t->name);
+    char full[sizeof MM_NEW + MODEL_TENSOR_NAME_MAX + 16];
+    snprintf(full, sizeof full, "%s%s%s", pre, name, sfx);
+    return model_ckpt_find(c, full);
+}
+
+/* The checkpoint entry for a layout tensor (its name followed by sfx: ""
+ * for the tensor itself): its own name, for GPT-2 the name with the
+ * "transformer." prefix, for OPT the name without "model.", for BLOOM
+ * without "transformer.", for a text model in its multimodal checkpoint
+ * under either of its prefixes (MM_OLD, MM_NEW) */
+static const model_ckpt_entry *find_entry_sfx(const model_ckpt *c, const model_layout *l, const model_tensor *t,
+                                              const char *sfx)
+{
+    const model_ckpt_entry *e = find_named(c, "", t->name, sfx);
     if (!e && l->cfg.mm_text) {
-        char name[sizeof MM_NEW + MODEL_TENSOR_NAME_MAX];
-        snprintf(name, sizeof name, MM_OLD "%s", t->name);
-        if (!(e = model_ckpt_find(c, name)) && starts_with(t->name, "model.")) {
-            snprintf(name, sizeof name, MM_NEW "%s", t->name + strlen("model."));
-            e = model_ckpt_find(c, name);
-        }
+        if (!(e = find_named(c, MM_OLD, t->name, sfx)) && starts_with(t->name, "model."))
+            e = find_named(c, MM_NEW, t->name + strlen("model."), sfx);
         return e;
     }
     if (!e && zo_model_opt(&l->cfg) && starts_with(t->name, OPT_PREFIX))
-        return model_ckpt_find(c, t->name + strlen(OPT_PREFIX));
+        return find_named(c, "", t->name + strlen(OPT_PREFIX), sfx);
     if (!e && zo_model_bloom(&l->cfg) && starts_with(t->name, GPT_PREFIX))
-        return model_ckpt_find(c, t->name + strlen(GPT_PREFIX));
-    if (!e && l->cfg.arch == ZO_ARCH_GPT) {
-        char name[sizeof GPT_PREFIX + MODEL_TENSOR_NAME_MAX];
-        snprintf(name, sizeof name, GPT_PREFIX "%s", t->name);
-        e = model_ckpt_find(c, name);
-    }
+        return find_named(c, "", t->name + strlen(GPT_PREFIX), sfx);
+    if (!e && l->cfg.arch == ZO_ARCH_GPT) e = find_named(c, GPT_PREFIX, t->name, sfx);
     return e;
+}
+
+static const model_ckpt_entry *find_entry(const model_ckpt *c, const model_layout *l, const model_tensor *t)
+{
+    return find_entry_sfx(c, l, t, "");
 }
 
 /* A row of a GPT-NeoX or Falcon query_key_value as its file numbers it (per
@@ -240,6 +252,10 @@ static zo_status read_weight(const model_ckpt *c, const model_layout *l, const m
     snprintf(sname, sizeof sname, "%s" FP8_SCALE_SUFFIX, e->name);
     const model_ckpt_entry *se = model_ckpt_find(c, sname);
     int fp8 = !strncmp(s->dtype_name, "F8_", 3);
+    const model_ckpt_entry *mx = find_entry_sfx(c, l, t, MXFP4_BLOCKS_SUFFIX);
+    if (mx)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" beside \"%s\" of %s: the weight twice, as MXFP4 and as %s",
+                        c->files[mx->file].path, mx->name, e->name, f->path, s->dtype_name);
     if (!fp8 && se)
         return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": block scales for tensor \"%s\" of %s, which is %s, not FP8",
                         c->files[se->file].path, sname, e->name, f->path, s->dtype_name);
@@ -260,6 +276,56 @@ static zo_status read_weight(const model_ckpt *c, const model_layout *l, const m
     int block[2] = {l->cfg.fp8_block[0] ? l->cfg.fp8_block[0] : MODEL_FP8_BLOCK,
                     l->cfg.fp8_block[1] ? l->cfg.fp8_block[1] : MODEL_FP8_BLOCK};
     return model_st_read_fp8(f, s, &c->files[se->file], se->tensor, block, dst, dt, t->hf_transposed);
+}
+
+/* Whether checkpoint name `name` lies in a module that the config's
+ * modules_to_not_convert keeps unquantized: a pattern ('*' any run of
+ * characters) that matches its start. */
+static int mxfp4_kept(const model_layout *l, const char *name, char *pat, size_t len)
+{
+    for (const char *p = l->cfg.quant_keep; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p);
+        snprintf(pat, len, "%.*s*", (int)n, p);
+        if (!fnmatch(pat, name, 0)) {
+            pat[n] = '\0';
+            return 1;
+        }
+        p += n + (nl != NULL);
+    }
+    return 0;
+}
+
+/* Layout tensor t from an MXFP4 weight: its checkpoint name's `_blocks`
+ * (entry b) and `_scales`, dequantized (model_st_read_mxfp4) into dst,
+ * the slice of a fused tensor at its elements. Refused by name: scales
+ * missing, a config whose quant_method is not "mxfp4", a module the config
+ * keeps unquantized. */
+static zo_status read_mxfp4(const model_ckpt *c, const model_layout *l, const model_ckpt_entry *b,
+                            const model_tensor *t, void *dst, zo_dtype dt)
+{
+    const model_st_file *f = &c->files[b->file];
+    char base[MODEL_TENSOR_NAME_MAX + sizeof MM_NEW], sname[sizeof base + sizeof MXFP4_SCALES_SUFFIX], pat[512];
+    snprintf(base, sizeof base, "%.*s", (int)(strlen(b->name) - strlen(MXFP4_BLOCKS_SUFFIX)), b->name);
+    snprintf(sname, sizeof sname, "%s" MXFP4_SCALES_SUFFIX, base);
+    if (strcmp(l->cfg.quant_method, "mxfp4"))
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\" holds \"%s\" as MXFP4 but the config's quantization_config "
+                        "\"quant_method\" is %s%s%s, not \"mxfp4\"",
+                        f->path, b->name, base, l->cfg.quant_method[0] ? "\"" : "",
+                        l->cfg.quant_method[0] ? l->cfg.quant_method : "not given", l->cfg.quant_method[0] ? "\"" : "");
+    if (mxfp4_kept(l, base, pat, sizeof pat))
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\" holds \"%s\" as MXFP4 but the config's quantization_config "
+                        "\"modules_to_not_convert\" keeps it unquantized (\"%s\")",
+                        f->path, b->name, base, pat);
+    const model_ckpt_entry *se = model_ckpt_find(c, sname);
+    if (!se)
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\" holds \"%s\" as MXFP4 but the checkpoint has no \"%s\" (its E8M0 scales)",
+                        f->path, b->name, base, sname);
+    return model_st_read_mxfp4(f, b->tensor, &c->files[se->file], se->tensor, t->hf_fused[0] ? t->hf_fused_at : 0,
+                               t->numel, dst, dt, t->hf_transposed && !t->hf_fused[0]);
 }
 
 static void note_name(char *dst, const char *name, int count)
@@ -285,6 +351,9 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
         const model_tensor *t = &l->tensors[i];
         if (t->block != block) continue;
         const model_ckpt_entry *e = find_entry(c, l, t);
+        /* an MXFP4 weight: X_blocks and X_scales where the file has no X */
+        const model_ckpt_entry *mx = e ? NULL : find_entry_sfx(c, l, t, MXFP4_BLOCKS_SUFFIX);
+        if (mx) e = mx;
         if (!e) {
             if (!missing++) first_missing = t->name;
             rep->n_missing++;
@@ -305,19 +374,31 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
             memcpy(want, t->hf_fused, sizeof want);
             want_ndim = 3;
         }
-        int same = s->ndim == want_ndim;
-        for (int d = 0; same && d < want_ndim; d++) same = s->shape[d] == want[d];
+        /* (an MXFP4 weight's: the one its blocks hold) */
+        int64_t xs[MODEL_ST_MAX_DIMS];
+        int got_ndim = mx ? model_mxfp4_shape(s, xs) : s->ndim;
+        const int64_t *got = mx ? xs : s->shape;
+        if (mx && (got_ndim < 0 || strcmp(s->dtype_name, "U8"))) /* refused by name */
+            return model_st_read_mxfp4(f, s, f, s, 0, 0, buf, dt, 0);
+        int same = got_ndim == want_ndim;
+        for (int d = 0; same && d < want_ndim; d++) same = got[d] == want[d];
         if (!same) {
             char got_s[128], want_s[64];
-            shape_str(got_s, sizeof got_s, s->ndim, s->shape);
+            shape_str(got_s, sizeof got_s, got_ndim, got);
             shape_str(want_s, sizeof want_s, want_ndim, want);
+            if (mx && want_ndim >= 2 && want[want_ndim - 2] % MODEL_MXFP4_BLOCK)
+                return zo_error(ZO_ERR_FORMAT,
+                                "%s: tensor \"%s\": the model (%s) expects %s, whose %lld columns before the "
+                                "transpose are not a multiple of 32: it cannot be MXFP4 (blocks of 32 values)",
+                                f->path, s->name, l->cfg.name, want_s, (long long)want[want_ndim - 2]);
             return zo_error(ZO_ERR_FORMAT,
-                            "%s: tensor \"%s\": shape %s in the file, the model (%s) expects %s",
-                            f->path, s->name, got_s, l->cfg.name, want_s);
+                            "%s: tensor \"%s\": shape %s in the file%s, the model (%s) expects %s",
+                            f->path, s->name, got_s, mx ? " (the MXFP4 weight its blocks hold)" : "", l->cfg.name,
+                            want_s);
         }
         uint8_t *dst = (uint8_t *)buf + t->offset * esz;
         model_st_tensor part;
-        if (t->hf_fused[0]) { /* its run of the fused tensor's elements, read as a tensor */
+        if (t->hf_fused[0] && !mx) { /* its run of the fused tensor's elements, read as a tensor */
             part = *s;
             part.begin = s->begin + t->hf_fused_at * s->elem_size;
             part.end = part.begin + t->numel * s->elem_size;
@@ -326,7 +407,8 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
             part.numel = t->numel;
             s = &part;
         }
-        zo_status st = read_weight(c, l, e, t, s, dst, dt);
+        /* (an MXFP4 weight's run of elements: read_mxfp4) */
+        zo_status st = mx ? read_mxfp4(c, l, e, t, dst, dt) : read_weight(c, l, e, t, s, dst, dt);
         if (st) return st;
         /* inf or nan in a weight makes every loss nan: refused, named (before
          * query_key_value's rows are reordered: bad is then the file's row) */

@@ -75,6 +75,9 @@ DeepSeek-V3 also as its checkpoints are published: the same weights written with
 layer's weight F8_E4M3 and its F32 weight_scale_inv (128 x 128 blocks, cut at the edges;
 quantization_config fp8); train's first loss is the reference's on the weights decoded here (from
 the OCP spec) from the same bytes, times their scales.
+Granite-MoE also with its fused experts as an MXFP4 checkpoint holds them (X_blocks, X_scales:
+quantization_config mxfp4): train from it is bit for bit train from a BF16 copy of the values
+decoded here (OCP Microscaling's E2M1 and E8M0) from the same bytes.
 GLM-4.5 (glm4_moe, glm4_moe_qk): the reference's attention is written here from Glm4MoeAttention
 (q/k/v biases, use_qk_norm's per-head RMSNorm, rotate_half over the first partial_rotary_factor of
 each head and the rest passed through), its MoE layers V3's router (deepseek_route); the test checks
@@ -1543,6 +1546,95 @@ def check_fp8(ck, train, c, params, extra, d, run, data, want0):
             dtypes == {"F32"} and scales == 0 and "quantization_config" not in saved)
 
 
+def e2m1_values():
+    """The 16 E2M1 codes' values as the OCP Microscaling spec defines them: a sign bit, 2 exponent
+    bits of bias 1 (exponent 0: the mantissa bit over 2), 1 mantissa bit."""
+    v = []
+    for k in range(16):
+        e, m = (k >> 1) & 3, k & 1
+        x = (1 + m / 2) * 2.0 ** (e - 1) if e else m / 2
+        v.append(-x if k & 8 else x)
+    return torch.tensor(v, dtype=torch.float64)
+
+
+def mxfp4_quantize(x):
+    """x [E, C, R] as an MXFP4 checkpoint stores it (gpt-oss's experts): D = x transposed [E, R, C]
+    in blocks of 32 along C, each block's E8M0 exponent the least that brings its largest magnitude
+    within E2M1's 6, each value the nearest code (ties either way: the bytes are what is decoded);
+    the blocks U8 [E, R, C / 32, 16] two codes a byte, the even column's in the low nibble.
+    Returns the two (dtype, shape, bytes) entries and the weight decoded here from those bytes."""
+    E, C, R = x.shape
+    d = x.double().transpose(1, 2).reshape(E, R, C // 32, 32)
+    s = torch.ceil(torch.log2(d.abs().amax(-1).clamp(min=2.0 ** -120) / 6.0)).clamp(-127, 127)
+    q = d / torch.pow(2.0, s).unsqueeze(-1)
+    vals = e2m1_values()
+    k = (q.abs().unsqueeze(-1) - vals[:8]).abs().argmin(-1) | torch.where(q < 0, 8, 0)
+    codes = k.to(torch.uint8)
+    raw = (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous().numpy().tobytes()
+    sraw = (s + 127).to(torch.uint8).contiguous().numpy().tobytes()
+    b = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long().reshape(E, R, C // 32, 16)
+    sb = torch.frombuffer(bytearray(sraw), dtype=torch.uint8).long().reshape(E, R, C // 32)
+    dec = torch.stack([vals[b & 15], vals[b >> 4]], -1).reshape(E, R, C // 32, 32)
+    dec = (dec * torch.pow(2.0, (sb - 127).double()).unsqueeze(-1)).reshape(E, R, C).transpose(1, 2)
+    return ("U8", [E, R, C // 32, 16], raw), ("U8", [E, R, C // 32], sraw), dec.contiguous()
+
+
+def check_mxfp4(ck, train, c, params, d, run, data):
+    """Granite-MoE's fused experts (input_linear [E, 2 f, h], output_linear [E, h, f]) as an MXFP4
+    checkpoint holds them (quant_method "mxfp4", X_blocks and X_scales, the attention, router and
+    embedding kept in modules_to_not_convert): train from it is bit for bit train from a BF16
+    copy holding the values decoded here from the same bytes, its first loss the reference's on
+    those values; its --save is the same file, F32, without the quantization_config."""
+    t0 = time.time()
+    mx, bf = os.path.join(d, "mxfp4"), os.path.join(d, "mxfp4_bf16")
+    out_mx, out_bf, exact, held = [], [], True, {k: v.double() for k, v in params.items()}
+    for name, t in params.items():
+        if not name.endswith(("input_linear.weight", "output_linear.weight")):
+            out_mx.append((name, t))
+            out_bf.append((name, t))
+            continue
+        blocks, scales, dec = mxfp4_quantize(t)
+        held[name] = dec
+        out_mx += [(name + "_blocks", blocks), (name + "_scales", scales)]
+        b16 = dec.to(torch.bfloat16)
+        exact = exact and torch.equal(b16.double(), dec)
+        out_bf.append((name, ("BF16", list(dec.shape), b16.view(torch.int16).contiguous().numpy().tobytes())))
+    ck.fact("the decoded MXFP4 weights are BF16 values", exact)
+    keep = ["model.layers.*.self_attn", "model.layers.*.block_sparse_moe.router", "model.embed_tokens", "lm_head"]
+    for folder, out, cfg in ((mx, out_mx, dict(c, quantization_config={"quant_method": "mxfp4",
+                                                                       "modules_to_not_convert": keep})),
+                             (bf, out_bf, c)):
+        os.makedirs(os.path.join(folder, "model"), exist_ok=True)
+        with open(os.path.join(folder, "model", "config.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+        mf.write_safetensors(os.path.join(folder, "model", "model.safetensors"), out)
+        for b in ("train.bin", "eval.bin"):
+            shutil.copyfile(os.path.join(d, b), os.path.join(folder, b))
+    t_write = time.time() - t0
+    runs = []
+    for folder in (mx, bf):
+        sdir = os.path.join(folder, "saved")
+        runs.append(run_train(train, folder, run, ["--save", sdir]) + (sdir,))
+    print(f" MXFP4 checkpoint (train {runs[0][3]:.1f} s, its BF16 copy {runs[1][3]:.1f} s, both written "
+          f"{t_write:.1f} s): {runs[0][4]}")
+    ck.fact(f"MXFP4 run's losses, norms and eval loss are the BF16 copy's bit for bit ({runs[0][0]}, "
+            f"{runs[0][2]})", runs[0][:3] == runs[1][:3])
+    with torch.no_grad():
+        ck.rel("MXFP4 step 0 loss (the reference's on the decoded weights)", runs[0][0][0],
+               micro_loss(c, held, data, run, 0).item())
+    with open(os.path.join(runs[0][5], "config.json")) as f:
+        saved = json.load(f)
+    with open(os.path.join(runs[0][5], "model.safetensors"), "rb") as f:
+        a = f.read()
+    with open(os.path.join(runs[1][5], "model.safetensors"), "rb") as f:
+        b = f.read()
+    dtypes = set(e["dtype"] for k, e in json.loads(a[8:8 + struct.unpack("<Q", a[:8])[0]]).items()
+                 if k != "__metadata__")
+    ck.fact(f"--save of the MXFP4 run: the BF16 copy's file byte for byte, {sorted(dtypes)}, quantization_config "
+            f"{'kept' if 'quantization_config' in saved else 'left out'}",
+            a == b and dtypes == {"F32"} and "quantization_config" not in saved)
+
+
 def check_family(train, name, workdir):
     spec = FAMILIES[name]
     c, run, lora = spec["config"], spec["run"], spec["lora"]
@@ -1687,6 +1779,8 @@ def check_family(train, name, workdir):
     full = (got_l, got_n, got_ev)
     if c["model_type"] == "deepseek_v3":
         check_fp8(ck, train, c, params, extra, d, run, data, want_l[0])
+    if c["model_type"] == "granitemoe":
+        check_mxfp4(ck, train, c, params, d, run, data)
     if spec.get("loss_chunk"):
         # the output layer and the loss a chunk of rows at a time (its bias in each chunk's logits,
         # its gradient summed over the chunks): the reference's run

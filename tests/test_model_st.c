@@ -340,22 +340,27 @@ typedef struct st_in {
     size_t bytes;
 } st_in;
 
-static void write_st(const char *path, const st_in *t, int n)
+/* The same with any shape (MXFP4's blocks: 3 or 4 dimensions). */
+typedef struct st_nd {
+    const char *name, *dtype;
+    int ndim;
+    int64_t dims[4];
+    const void *data;
+    size_t bytes;
+} st_nd;
+
+static void write_st_nd(const char *path, const st_nd *t, int n)
 {
     char header[4096];
     size_t off = 0, hl = 0;
     hl += (size_t)snprintf(header + hl, sizeof header - hl, "{");
     for (int i = 0; i < n; i++) {
-        if (t[i].cols < 0)
-            hl += (size_t)snprintf(header + hl, sizeof header - hl,
-                                   "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
-                                   i ? "," : "", t[i].name, t[i].dtype, (long long)t[i].rows, off,
-                                   off + t[i].bytes);
-        else
-            hl += (size_t)snprintf(header + hl, sizeof header - hl,
-                                   "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
-                                   i ? "," : "", t[i].name, t[i].dtype, (long long)t[i].rows,
-                                   (long long)t[i].cols, off, off + t[i].bytes);
+        hl += (size_t)snprintf(header + hl, sizeof header - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
+                               i ? "," : "", t[i].name, t[i].dtype);
+        for (int d = 0; d < t[i].ndim; d++)
+            hl += (size_t)snprintf(header + hl, sizeof header - hl, "%s%lld", d ? "," : "", (long long)t[i].dims[d]);
+        hl += (size_t)snprintf(header + hl, sizeof header - hl, "],\"data_offsets\":[%zu,%zu]}", off,
+                               off + t[i].bytes);
         off += t[i].bytes;
     }
     hl += (size_t)snprintf(header + hl, sizeof header - hl, "}");
@@ -371,6 +376,15 @@ static void write_st(const char *path, const st_in *t, int n)
     }
     spit(path, buf, 8 + hl + off);
     free(buf);
+}
+
+static void write_st(const char *path, const st_in *t, int n)
+{
+    st_nd nd[32];
+    assert_true(n <= 32);
+    for (int i = 0; i < n; i++)
+        nd[i] = (st_nd){t[i].name, t[i].dtype, t[i].cols < 0 ? 1 : 2, {t[i].rows, t[i].cols}, t[i].data, t[i].bytes};
+    write_st_nd(path, nd, n);
 }
 
 /* FP8 codes for a [rows, cols] weight: every finite E4M3 code in turn,
@@ -648,14 +662,33 @@ static void fp8_model_at(fp8_model *m, const model_layout *l, const char *name, 
     fp8_model_write(m, dir, -1);
 }
 
+/* Blocks of l in dt loaded strictly from path: every tensor of l, none
+ * unexpected, n_ignored skipped (scales read with their weights). */
+static void **load_strict(const char *path, const model_layout *l, zo_dtype dt, int n_ignored)
+{
+    void **blocks = alloc_blocks(l, dt);
+    model_load_report rep;
+    if (model_load_path(path, l, blocks, dt, MODEL_LOAD_STRICT, &rep)) fail_msg("%s", zo_last_error());
+    assert_int_equal(rep.n_loaded, l->n_tensors);
+    assert_int_equal(rep.n_unexpected, 0);
+    assert_int_equal(rep.n_ignored, n_ignored);
+    return blocks;
+}
+
+/* The layout of config.json text `json` (fails the test on error). */
+static void layout_of_json(model_layout *l, const char *json)
+{
+    zo_model_config cfg;
+    if (zo_model_config_parse(json, "config.json", &cfg)) fail_msg("%s", zo_last_error());
+    if (model_layout_init(l, &cfg)) fail_msg("%s", zo_last_error());
+}
+
 /* FP8_CFG with fmt (a JSON value) and weight_block_size `block`, laid out. */
 static void fp8_layout_fmt(model_layout *l, const char *fmt, const char *block)
 {
     char json[1024];
     snprintf(json, sizeof json, FP8_CFG, fmt, block);
-    zo_model_config cfg;
-    if (zo_model_config_parse(json, "config.json", &cfg)) fail_msg("%s", zo_last_error());
-    if (model_layout_init(l, &cfg)) fail_msg("%s", zo_last_error());
+    layout_of_json(l, json);
 }
 
 static void fp8_layout(model_layout *l, const char *block)
@@ -676,12 +709,7 @@ static void test_fp8_sharded_load(void **state)
     assert_int_equal(n_fp8, 7); /* q, k, v, o, gate, up, down */
     for (int pass = 0; pass < 2; pass++) {
         zo_dtype dt = pass ? ZO_DTYPE_F32 : ZO_DTYPE_BF16;
-        void **blocks = alloc_blocks(&l, dt);
-        model_load_report rep;
-        if (model_load_path(dir, &l, blocks, dt, MODEL_LOAD_STRICT, &rep)) fail_msg("%s", zo_last_error());
-        assert_int_equal(rep.n_loaded, l.n_tensors);
-        assert_int_equal(rep.n_unexpected, 0);
-        assert_int_equal(rep.n_ignored, n_fp8); /* the scales, read with their weights */
+        void **blocks = load_strict(dir, &l, dt, n_fp8); /* the scales, read with their weights */
         for (int i = 0; i < m.n; i++) {
             if (i && m.fp8[i - 1]) continue; /* a scale */
             const model_tensor *t = model_layout_find(&l, m.in[i].name);
@@ -827,6 +855,466 @@ static zo_status failing_fill(void *ctx, int index, uint64_t first, uint64_t cou
     (void)count;
     (void)dst;
     return zo_error(ZO_ERR_IO, "simulated read failure");
+}
+
+/* ---- MXFP4 (OCP Microscaling) checkpoints ------------------------------------------ */
+
+/* The reference, from the OCP Microscaling (MX) spec: an E2M1 code is a
+ * sign, 2 exponent bits of bias 1 and 1 mantissa bit (exponent 0: m / 2);
+ * an E8M0 scale s is 2^(s - 127). */
+static double ref_e2m1(unsigned code)
+{
+    unsigned e = (code >> 1) & 3u, m = code & 1u;
+    double v = e ? (1.0 + m / 2.0) * ldexp(1.0, (int)e - 1) : m / 2.0;
+    return code & 8u ? -v : v;
+}
+
+/* Element [p][c][r] of the weight X [P, C, R] held by blocks bl [P, R, C /
+ * 32, 16] (two codes a byte, the low nibble first) and scales sc [P, R, C /
+ * 32]: D[p][r][c], D being X transposed, exactly. */
+static double ref_mx(const uint8_t *bl, const uint8_t *sc, int64_t R, int64_t C, int64_t p, int64_t c, int64_t r)
+{
+    int64_t blk = (p * R + r) * (C / 32) + c / 32;
+    uint8_t byte = bl[blk * 16 + (c % 32) / 2];
+    return ref_e2m1(c % 2 ? byte >> 4 : byte & 15u) * ldexp(1.0, sc[blk] - 127);
+}
+
+/* Element `at` of dst is x rounded once to nearest even in dt (its sign too). */
+static int mx_equal(const void *dst, zo_dtype dt, size_t at, double x)
+{
+    if (dt == ZO_DTYPE_BF16) return ((const uint16_t *)dst)[at] == ref_bf16(x);
+    float want = dt == ZO_DTYPE_F32 ? (float)x : (float)ref_round(x, 11, -14);
+    float got = zo_load_f32(dst, dt, at);
+    return got == want && !signbit(got) == !signbit(want);
+}
+
+/* Every element of got, X [P, C, R] (D [P, R, C] with d_order) read from
+ * bl and sc, is the reference's. */
+static void mx_check(const void *got, zo_dtype dt, const uint8_t *bl, const uint8_t *sc, int64_t P, int64_t R,
+                     int64_t C, int d_order)
+{
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t r = 0; r < R; r++) {
+                size_t at = (size_t)(d_order ? (p * R + r) * C + c : (p * C + c) * R + r);
+                double want = ref_mx(bl, sc, R, C, p, c, r);
+                if (!mx_equal(got, dt, at, want))
+                    fail_msg("%s: %s of expert %lld, row %lld of D, column %lld: want %g", zo_dtype_name(dt),
+                             d_order ? "D" : "X", (long long)p, (long long)r, (long long)c, want);
+            }
+}
+
+/* Blocks and scales of a [P, C = 32 G, R] weight: every byte value in turn,
+ * the scales every value of [s_lo, s_lo + s_n) in turn; under scales past
+ * 252 the codes of magnitude 2 and more are cleared (they would overflow
+ * F32 and BF16). */
+static void mx_fill(uint8_t **bl, uint8_t **sc, int64_t P, int64_t R, int64_t G, unsigned seed, int s_lo, int s_n)
+{
+    size_t n = (size_t)(P * R * G);
+    *bl = malloc(n * 16);
+    *sc = malloc(n);
+    assert_non_null(*bl);
+    assert_non_null(*sc);
+    for (size_t k = 0; k < n; k++) {
+        (*sc)[k] = (uint8_t)(s_lo + (int)((k * 7 + seed) % (unsigned)s_n));
+        for (int j = 0; j < 16; j++) {
+            uint8_t b = (uint8_t)((k * 16 + (size_t)j) * 7 + seed);
+            (*bl)[k * 16 + (size_t)j] = (*sc)[k] > 252 ? b & 0xbb : b;
+        }
+    }
+}
+
+/* The file holding w_blocks and w_scales of a [P, 32 G, R] weight (P 0: 2-D). */
+static void mx_write(const char *path, const uint8_t *bl, const uint8_t *sc, int64_t P, int64_t R, int64_t G,
+                     const char *bdt, const char *sdt, int64_t s_last)
+{
+    int64_t p = P ? P : 1;
+    st_nd in[2] = {{"w_blocks", bdt, P ? 4 : 3, {0}, bl, (size_t)(p * R * G * 16)},
+                   {"w_scales", sdt, P ? 3 : 2, {0}, sc, (size_t)(p * R * s_last)}};
+    int64_t bd[4] = {P, R, G, 16}, sd[3] = {P, R, s_last};
+    memcpy(in[0].dims, bd + !P, sizeof(int64_t) * (size_t)in[0].ndim);
+    memcpy(in[1].dims, sd + !P, sizeof(int64_t) * (size_t)in[1].ndim);
+    write_st_nd(path, in, 2);
+}
+
+/* Reads elements [first, first + n) (of D with transpose) of the file's weight into dt. */
+static void *mx_read(const char *path, zo_dtype dt, uint64_t first, uint64_t n, int transpose)
+{
+    model_st_file f;
+    if (model_st_open(&f, path)) fail_msg("%s", zo_last_error());
+    void *dst = malloc((size_t)n * 4 + 4);
+    assert_non_null(dst);
+    if (model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"), first, n, dst, dt,
+                            transpose))
+        fail_msg("%s", zo_last_error());
+    model_st_close(&f);
+    return dst;
+}
+
+/* Weights of several experts, an odd number of rows (37: a 32-row tile and
+ * 5) and columns across 32-value blocks, every code under every scale
+ * (0 and 254 included), exactly the reference's in BF16 and F32 (F16 at
+ * scales it holds, its subnormals rounded); runs of elements starting and
+ * ending inside rows and experts (Granite-MoE's gate half of an expert);
+ * D, each expert's X transposed back, whole and a run across experts;
+ * a 2-D weight of gpt-oss's width (2880 columns of 3000 rows: two bands of
+ * the read) plain and transposed. */
+static void test_mxfp4_dequant(void **state)
+{
+    (void)state;
+    char path[512];
+    tmp_path(path, sizeof path, "mx.safetensors");
+    const int64_t P = 3, R = 37, G = 3, C = 96;
+    uint8_t *bl, *sc;
+    int seen_code[16] = {0}, seen0 = 0, seen254 = 0;
+    mx_fill(&bl, &sc, P, R, G, 11, 0, 255);
+    for (int64_t k = 0; k < P * R * G; k++) {
+        seen0 |= sc[k] == 0;
+        seen254 |= sc[k] == 254;
+        for (int j = 0; j < 16; j++) seen_code[bl[k * 16 + j] & 15] = seen_code[bl[k * 16 + j] >> 4] = 1;
+    }
+    assert_true(seen0 && seen254);
+    for (int k = 0; k < 16; k++) assert_true(seen_code[k]);
+    mx_write(path, bl, sc, P, R, G, "U8", "U8", G);
+    const zo_dtype dts[2] = {ZO_DTYPE_BF16, ZO_DTYPE_F32};
+    for (int d = 0; d < 2; d++) {
+        void *x = mx_read(path, dts[d], 0, (uint64_t)(P * C * R), 0);
+        mx_check(x, dts[d], bl, sc, P, R, C, 0);
+        /* runs: from inside a row across experts; an expert's first 48 rows of X (its gate) */
+        const uint64_t runs[3][2] = {{(uint64_t)R * 5 + 3, (uint64_t)(2 * C * R - 50)},
+                                     {(uint64_t)(C * R + 48 * R), (uint64_t)(48 * R)},
+                                     {(uint64_t)(3 * C * R - 7), 7}};
+        size_t esz = zo_dtype_size(dts[d]);
+        for (int k = 0; k < 3; k++) {
+            uint8_t *part = mx_read(path, dts[d], runs[k][0], runs[k][1], 0);
+            if (memcmp(part, (uint8_t *)x + runs[k][0] * esz, (size_t)runs[k][1] * esz))
+                fail_msg("%s: the run of %llu from %llu differs from the whole read", zo_dtype_name(dts[d]),
+                         (unsigned long long)runs[k][1], (unsigned long long)runs[k][0]);
+            free(part);
+        }
+        /* D itself (each expert's X transposed back), whole and a run across experts */
+        uint8_t *t = mx_read(path, dts[d], 0, (uint64_t)(P * C * R), 1);
+        mx_check(t, dts[d], bl, sc, P, R, C, 1);
+        uint8_t *tp = mx_read(path, dts[d], (uint64_t)(R * C - 40), (uint64_t)(C * 3 + 80), 1);
+        assert_memory_equal(tp, t + (size_t)(R * C - 40) * esz, (size_t)(C * 3 + 80) * esz);
+        free(tp);
+        free(t);
+        free(x);
+    }
+    free(bl);
+    free(sc);
+    /* F16: scales 2^-27 .. 2^13 (below 2^-25 everything rounds to zero) */
+    mx_fill(&bl, &sc, P, R, G, 5, 100, 41);
+    mx_write(path, bl, sc, P, R, G, "U8", "U8", G);
+    void *h = mx_read(path, ZO_DTYPE_F16, 0, (uint64_t)(P * C * R), 0);
+    mx_check(h, ZO_DTYPE_F16, bl, sc, P, R, C, 0);
+    free(h);
+    free(bl);
+    free(sc);
+    /* 2-D: X [2880, 3000]; transposed (D [3000, 2880]), whole and a run */
+    const int64_t R2 = 3000, G2 = 90, C2 = 2880;
+    mx_fill(&bl, &sc, 1, R2, G2, 3, 0, 253);
+    mx_write(path, bl, sc, 0, R2, G2, "U8", "U8", G2);
+    uint16_t *x = mx_read(path, ZO_DTYPE_BF16, 0, (uint64_t)(C2 * R2), 0);
+    uint16_t *t = mx_read(path, ZO_DTYPE_BF16, 0, (uint64_t)(C2 * R2), 1);
+    for (int64_t c = 0; c < C2; c++)
+        for (int64_t r = 0; r < R2; r++) {
+            uint16_t want = ref_bf16(ref_mx(bl, sc, R2, C2, 0, c, r));
+            if (x[c * R2 + r] != want || t[r * C2 + c] != want)
+                fail_msg("2-D [%lld, %lld]: 0x%04x, transposed 0x%04x, want 0x%04x", (long long)c, (long long)r,
+                         x[c * R2 + r], t[r * C2 + c], want);
+        }
+    uint16_t *tr = mx_read(path, ZO_DTYPE_BF16, (uint64_t)C2 * 7 + 5, 100000, 1);
+    assert_memory_equal(tr, t + C2 * 7 + 5, 100000 * 2);
+    free(tr);
+    free(t);
+    free(x);
+    free(bl);
+    free(sc);
+}
+
+/* Every refusal names the file, the tensor and what is wrong: blocks not
+ * U8 or not [..., R, G, 16], scales not U8 or not [..., R, G], a scale of
+ * 255 (E8M0's NaN), a product past the dtype's largest, a run outside the
+ * weight. */
+static void test_mxfp4_refusals(void **state)
+{
+    (void)state;
+    char path[512];
+    tmp_path(path, sizeof path, "mxbad.safetensors");
+    const int64_t P = 2, R = 5, G = 2;
+    uint8_t *bl, *sc;
+    mx_fill(&bl, &sc, P, R, G, 1, 120, 10);
+    uint16_t out[2 * 64 * 5];
+    static const struct {
+        const char *bdt, *sdt;
+        int64_t s_last;
+        const char *word[3];
+    } bad[] = {{"I8", "U8", 2, {"\"w_blocks\"", "I8", "must be U8"}},
+               {"U8", "I8", 2, {"\"w_scales\"", "I8", "\"w_blocks\""}},
+               {"U8", "U8", 1, {"\"w_scales\"", "shape", "\"w_blocks\""}}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        mx_write(path, bl, sc, P, R, G, bad[k].bdt, bad[k].sdt, bad[k].s_last);
+        model_st_file f;
+        if (model_st_open(&f, path)) fail_msg("%s", zo_last_error());
+        const char *words[4] = {"mxbad.safetensors", bad[k].word[0], bad[k].word[1], bad[k].word[2]};
+        expect_error(model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"), 0, 1,
+                                         out, ZO_DTYPE_BF16, 0),
+                     ZO_ERR_FORMAT, words, 4);
+        model_st_close(&f);
+    }
+    /* blocks of 8 bytes: not MXFP4's 16 */
+    st_nd in8[2] = {{"w_blocks", "U8", 4, {P, R, 2 * G, 8}, bl, (size_t)(P * R * G * 16)},
+                    {"w_scales", "U8", 3, {P, R, G}, sc, (size_t)(P * R * G)}};
+    write_st_nd(path, in8, 2);
+    model_st_file f;
+    if (model_st_open(&f, path)) fail_msg("%s", zo_last_error());
+    const char *w8[] = {"\"w_blocks\"", "the last 8", "columns / 32, 16]"};
+    expect_error(model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"), 0, 1, out,
+                                     ZO_DTYPE_BF16, 0),
+                 ZO_ERR_FORMAT, w8, 3);
+    model_st_close(&f);
+    /* scale 255 in block 1 of row 3 of expert 1 (scales element 17); then 254 under code 7 (6) in
+     * column 38 of that row of D: X's element [1][38][3] */
+    sc[(1 * R + 3) * G + 1] = 255;
+    mx_write(path, bl, sc, P, R, G, "U8", "U8", G);
+    if (model_st_open(&f, path)) fail_msg("%s", zo_last_error());
+    const char *wnan[] = {"mxbad.safetensors", "\"w_scales\" element 17", "255 is NaN"};
+    expect_error(model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"), 0,
+                                     (uint64_t)(P * 64 * R), out, ZO_DTYPE_BF16, 0),
+                 ZO_ERR_FORMAT, wnan, 3);
+    model_st_close(&f);
+    sc[(1 * R + 3) * G + 1] = 254;
+    for (int j = 0; j < 16; j++) bl[((1 * R + 3) * G + 1) * 16 + j] = 0x11; /* 0.5: finite */
+    bl[((1 * R + 3) * G + 1) * 16 + 3] = 0x17; /* byte 3: column 38 of D (low nibble: 6), 39 (0.5) */
+    mx_write(path, bl, sc, P, R, G, "U8", "U8", G);
+    if (model_st_open(&f, path)) fail_msg("%s", zo_last_error());
+    char at[64];
+    snprintf(at, sizeof at, "element %d ", 1 * 64 * 5 + 38 * 5 + 3);
+    const char *winf[] = {"mxbad.safetensors", "\"w_blocks\"", at, "0x7", "bf16"};
+    expect_error(model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"), 0,
+                                     (uint64_t)(P * 64 * R), out, ZO_DTYPE_BF16, 0),
+                 ZO_ERR_FORMAT, winf, 5);
+    /* F16 overflows sooner: a scale of 2^16 under code 6 */
+    sc[(1 * R + 3) * G + 1] = 127 + 16;
+    model_st_close(&f);
+    mx_write(path, bl, sc, P, R, G, "U8", "U8", G);
+    if (model_st_open(&f, path)) fail_msg("%s", zo_last_error());
+    const char *wh[] = {"\"w_blocks\"", at, "fp16"};
+    expect_error(model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"), 0,
+                                     (uint64_t)(P * 64 * R), out, ZO_DTYPE_F16, 0),
+                 ZO_ERR_FORMAT, wh, 3);
+    /* outside the weight */
+    const char *wout[] = {"\"w_blocks\"", "outside"};
+    expect_error(model_st_read_mxfp4(&f, model_st_find(&f, "w_blocks"), &f, model_st_find(&f, "w_scales"),
+                                     (uint64_t)(P * 64 * R), 1, out, ZO_DTYPE_BF16, 0),
+                 ZO_ERR_INVALID, wout, 2);
+    model_st_close(&f);
+    free(bl);
+    free(sc);
+}
+
+/* A Granite-MoE layer (its experts fused: input_linear [3, 2 f, 64],
+ * output_linear [3, 64, f]) as an MXFP4 checkpoint would hold it. */
+#define MX_CFG                                                                                                  \
+    "{\"model_type\":\"granitemoe\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"      \
+    "\"num_key_value_heads\":2,\"intermediate_size\":%d,\"num_local_experts\":3,\"num_experts_per_tok\":2,"      \
+    "\"vocab_size\":16,\"max_position_embeddings\":64,\"rms_norm_eps\":1e-06,\"tie_word_embeddings\":true%s}"
+#define MX_QC ",\"quantization_config\":{\"quant_method\":\"mxfp4\",\"modules_to_not_convert\":[%s]}"
+#define MX_KEEP "\"model.layers.*.self_attn\",\"model.layers.*.block_sparse_moe.router\",\"model.embed_tokens\""
+
+typedef struct mx_model {
+    int n;
+    st_nd in[24];
+    char names[24][MODEL_TENSOR_NAME_MAX + 16];
+    void *data[24];
+    int64_t A[24], B[24]; /* in[i] the blocks of a fused X [3, A, B] (in[i + 1] its scales); A 0: F32 */
+} mx_model;
+
+static void mx_layout(model_layout *l, int ffn, const char *qc)
+{
+    char json[2048];
+    snprintf(json, sizeof json, MX_CFG, ffn, qc);
+    layout_of_json(l, json);
+}
+
+static void mx_model_build(mx_model *m, const model_layout *l)
+{
+    memset(m, 0, sizeof *m);
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (model_tensor_fused_rest(t)) continue;
+        assert_true(m->n + 2 <= 24);
+        int k = m->n;
+        if (t->hf_fused[0]) {
+            int64_t E = t->hf_fused[0], A = t->hf_fused[1], B = t->hf_fused[2];
+            uint8_t *bl, *sc;
+            mx_fill(&bl, &sc, E, B, A / 32, (unsigned)i, 110, 30);
+            m->A[k] = A;
+            m->B[k] = B;
+            snprintf(m->names[k], sizeof m->names[k], "%s_blocks", t->name);
+            snprintf(m->names[k + 1], sizeof m->names[k + 1], "%s_scales", t->name);
+            m->in[k] = (st_nd){m->names[k], "U8", 4, {E, B, A / 32, 16}, bl, (size_t)(E * B * A / 2)};
+            m->in[k + 1] = (st_nd){m->names[k + 1], "U8", 3, {E, B, A / 32}, sc, (size_t)(E * B * A / 32)};
+            m->data[k] = bl;
+            m->data[k + 1] = sc;
+            m->n += 2;
+            continue;
+        }
+        float *v = malloc(t->numel * 4);
+        assert_non_null(v);
+        for (size_t j = 0; j < t->numel; j++) v[j] = (float)((int)((j + (size_t)i) % 11) - 5) * 0.125f;
+        snprintf(m->names[k], sizeof m->names[k], "%s", t->name);
+        m->in[k] = (st_nd){m->names[k], "F32", t->ndim, {t->shape[0], t->ndim == 2 ? t->shape[1] : 0}, v, t->numel * 4};
+        m->data[k] = v;
+        m->n++;
+    }
+}
+
+static void mx_model_free(mx_model *m)
+{
+    for (int i = 0; i < m->n; i++) free(m->data[i]);
+}
+
+/* The model's file with tensor `skip` left out and `extra` (may be NULL) added. */
+static void mx_model_write(const mx_model *m, const char *path, int skip, const st_nd *extra)
+{
+    st_nd in[26];
+    int n = 0;
+    for (int i = 0; i < m->n; i++)
+        if (i != skip) in[n++] = m->in[i];
+    if (extra) in[n++] = *extra;
+    write_st_nd(path, in, n);
+}
+
+/* An MXFP4 Granite-MoE checkpoint (quant_method "mxfp4", the attention,
+ * router and embedding kept unquantized) loads strictly, each expert's
+ * gate, up and down the reference's dequantized slice of the fused
+ * weights (the gate's rows end inside a 32-value block), in BF16 and
+ * F32, its blocks and scales consumed. Refused by name: a config without
+ * quant_method "mxfp4", a module modules_to_not_convert keeps, scales
+ * missing, the weight twice, a stray _blocks (strict), a weight whose
+ * columns are no multiple of 32. */
+static void test_mxfp4_granitemoe_load(void **state)
+{
+    (void)state;
+    char qc[512], path[512];
+    snprintf(qc, sizeof qc, MX_QC, MX_KEEP);
+    model_layout l;
+    mx_layout(&l, 48, qc);
+    assert_string_equal(l.cfg.quant_method, "mxfp4");
+    assert_string_equal(l.cfg.quant_keep,
+                        "model.layers.*.self_attn\nmodel.layers.*.block_sparse_moe.router\nmodel.embed_tokens\n");
+    mx_model m;
+    mx_model_build(&m, &l);
+    tmp_path(path, sizeof path, "mxmoe.safetensors");
+    mx_model_write(&m, path, -1, NULL);
+    int n_mx = 0;
+    for (int i = 0; i < m.n; i++) n_mx += m.A[i] > 0;
+    assert_int_equal(n_mx, 2);
+    for (int pass = 0; pass < 2; pass++) {
+        zo_dtype dt = pass ? ZO_DTYPE_F32 : ZO_DTYPE_BF16;
+        void **blocks = load_strict(path, &l, dt, 2 * n_mx); /* blocks and scales */
+        for (int i = 0; i < l.n_tensors; i++) {
+            const model_tensor *t = &l.tensors[i];
+            const uint8_t *got = (const uint8_t *)blocks[t->block] + t->offset * zo_dtype_size(dt);
+            char name[MODEL_TENSOR_NAME_MAX + 16];
+            snprintf(name, sizeof name, "%s%s", t->name, t->hf_fused[0] ? "_blocks" : "");
+            int k = 0;
+            while (k < m.n && strcmp(m.in[k].name, name)) k++;
+            assert_true(k < m.n);
+            for (size_t j = 0; j < t->numel; j++) {
+                double want;
+                if (t->hf_fused[0]) {
+                    int64_t A = m.A[k], B = m.B[k], x = (int64_t)(t->hf_fused_at + j);
+                    want = ref_mx(m.in[k].data, m.in[k + 1].data, B, A, x / (A * B), x / B % A, x % B);
+                } else {
+                    want = ((const float *)m.in[k].data)[j];
+                }
+                if (!mx_equal(got, dt, j, want)) fail_msg("%s element %zu: want %g", t->name, j, want);
+            }
+        }
+        free_blocks(&l, blocks);
+    }
+    void **blocks = alloc_blocks(&l, ZO_DTYPE_BF16);
+    const char *in_b = "model.layers.0.block_sparse_moe.input_linear.weight_blocks";
+    /* no quantization_config; another quant_method; the experts kept unquantized */
+    const char *other[3] = {"", ",\"quantization_config\":{\"quant_method\":\"fp8\"}", ""};
+    char keep_moe[512];
+    snprintf(keep_moe, sizeof keep_moe, MX_QC, "\"lm_head\",\"model.layers.*.block_sparse_moe\"");
+    other[2] = keep_moe;
+    const char *why[3][2] = {{"quant_method", "not given"}, {"quant_method", "\"fp8\""},
+                             {"modules_to_not_convert", "\"model.layers.*.block_sparse_moe\""}};
+    for (int k = 0; k < 3; k++) {
+        model_layout lo;
+        mx_layout(&lo, 48, other[k]);
+        const char *words[4] = {"mxmoe.safetensors", in_b, why[k][0], why[k][1]};
+        expect_error(model_load_path(path, &lo, blocks, ZO_DTYPE_BF16, MODEL_LOAD_STRICT, NULL), ZO_ERR_FORMAT, words,
+                     4);
+        model_layout_free(&lo);
+    }
+    /* scales missing */
+    int q = 0;
+    while (strcmp(m.in[q].name, in_b)) q++;
+    mx_model_write(&m, path, q + 1, NULL);
+    const char *wmiss[] = {in_b, "input_linear.weight_scales\"", "E8M0"};
+    expect_error(model_load_path(path, &l, blocks, ZO_DTYPE_BF16, MODEL_LOAD_STRICT, NULL), ZO_ERR_FORMAT, wmiss, 3);
+    /* the weight twice: as MXFP4 and as F32 */
+    float *w = calloc(3 * 96 * 64, 4);
+    assert_non_null(w);
+    st_nd twice = {"model.layers.0.block_sparse_moe.input_linear.weight", "F32", 3, {3, 96, 64}, w, 3 * 96 * 64 * 4};
+    mx_model_write(&m, path, -1, &twice);
+    const char *wtwice[] = {in_b, "twice", "F32"};
+    expect_error(model_load_path(path, &l, blocks, ZO_DTYPE_BF16, MODEL_LOAD_STRICT, NULL), ZO_ERR_FORMAT, wtwice, 3);
+    free(w);
+    /* blocks of no weight of the model: unexpected (strict) */
+    st_nd stray = m.in[q];
+    stray.name = "model.layers.0.block_sparse_moe.experts_blocks";
+    mx_model_write(&m, path, -1, &stray);
+    const char *wstray[] = {"experts_blocks", "not in the model"};
+    expect_error(model_load_path(path, &l, blocks, ZO_DTYPE_BF16, MODEL_LOAD_STRICT, NULL), ZO_ERR_FORMAT, wstray, 2);
+    free_blocks(&l, blocks);
+    /* intermediate_size 40: input_linear [3, 80, 64], 80 columns of D per row are no multiple of 32 */
+    mx_model_write(&m, path, -1, NULL);
+    model_layout l40;
+    mx_layout(&l40, 40, qc);
+    blocks = alloc_blocks(&l40, ZO_DTYPE_BF16);
+    const char *w40[] = {in_b, "[3, 80, 64]", "not a multiple of 32"};
+    expect_error(model_load_path(path, &l40, blocks, ZO_DTYPE_BF16, 0, NULL), ZO_ERR_FORMAT, w40, 3);
+    free_blocks(&l40, blocks);
+    model_layout_free(&l40);
+    mx_model_free(&m);
+    model_layout_free(&l);
+}
+
+/* quantization_config under "mxfp4": quant_method kept, modules_to_not_convert
+ * an array of non-empty strings or refused by name; weight_block_size refused. */
+static void test_mxfp4_config_fields(void **state)
+{
+    (void)state;
+    const char *bad[] = {"\"lm_head\"", "[1]", "[\"\"]", "{\"a\":1}"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char qc[256], json[2048];
+        snprintf(qc, sizeof qc, ",\"quantization_config\":{\"quant_method\":\"mxfp4\",\"modules_to_not_convert\":%s}",
+                 bad[k]);
+        snprintf(json, sizeof json, MX_CFG, 48, qc);
+        zo_model_config cfg;
+        const char *words[] = {"config.json", "quantization_config", "modules_to_not_convert"};
+        expect_error(zo_model_config_parse(json, "config.json", &cfg), ZO_ERR_FORMAT, words, 3);
+    }
+    char json[2048];
+    snprintf(json, sizeof json, MX_CFG, 48,
+             ",\"quantization_config\":{\"quant_method\":\"mxfp4\",\"weight_block_size\":[32,32]}");
+    zo_model_config cfg;
+    const char *wb[] = {"quantization_config", "weight_block_size", "\"mxfp4\""};
+    expect_error(zo_model_config_parse(json, "config.json", &cfg), ZO_ERR_UNSUPPORTED, wb, 3);
+    snprintf(json, sizeof json, MX_CFG, 48, ",\"quantization_config\":{\"quant_method\":7}");
+    const char *wq[] = {"quantization_config", "quant_method", "string"};
+    expect_error(zo_model_config_parse(json, "config.json", &cfg), ZO_ERR_FORMAT, wq, 3);
+    snprintf(json, sizeof json, MX_CFG, 48, ",\"quantization_config\":{\"quant_method\":\"mxfp4\"}");
+    if (zo_model_config_parse(json, "config.json", &cfg)) fail_msg("%s", zo_last_error());
+    assert_string_equal(cfg.quant_method, "mxfp4");
+    assert_string_equal(cfg.quant_keep, "");
 }
 
 static void test_st_write_atomic(void **state)
@@ -1369,6 +1857,10 @@ int main(void)
         cmocka_unit_test(test_fp8_every_code),
         cmocka_unit_test(test_fp8_sharded_load),
         cmocka_unit_test(test_fp8_config_fields),
+        cmocka_unit_test(test_mxfp4_dequant),
+        cmocka_unit_test(test_mxfp4_refusals),
+        cmocka_unit_test(test_mxfp4_granitemoe_load),
+        cmocka_unit_test(test_mxfp4_config_fields),
         cmocka_unit_test(test_st_write_atomic),
         cmocka_unit_test(test_st_truncated_after_open),
         cmocka_unit_test(test_load_gpt2_fixture),
