@@ -2612,6 +2612,23 @@ static const char gptj_config[] =
     "\"n_inner\": 128, \"vocab_size\": 256, \"n_positions\": 64, \"activation_function\": \"gelu_new\", "
     "\"layer_norm_epsilon\": 1e-5, \"tie_word_embeddings\": false}";
 
+/* SmolLM3: LLaMA layers, GQA, tied, the fourth layer without rotary
+ * (no_rope_layer_interval 4). */
+static const char smollm3_config[] =
+    "{\"model_type\": \"smollm3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6, "
+    "\"rope_theta\": 5000000.0, \"no_rope_layer_interval\": 4, \"tie_word_embeddings\": true}";
+
+/* StarCoder2: GPT layers (LayerNorms, a biased GELU MLP, sequential) with
+ * biased q/k/v/o_proj, GQA (4 over 2), rotary, a window of 8 on every layer
+ * (the sequence is 32), tied. */
+static const char starcoder2_config[] =
+    "{\"model_type\": \"starcoder2\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"norm_epsilon\": 1e-5, "
+    "\"rope_theta\": 100000.0, \"sliding_window\": 8, \"use_bias\": true}";
+
 /* Qwen2 with YaRN: factor 4 over an original length of 16 that the sequence
  * (32) passes, the ramp between beta_fast 8 and beta_slow 1, q/k/v biases,
  * GQA. */
@@ -2721,6 +2738,7 @@ static void test_family_qwen3(void **state)
     family_rows("granite", granite_config);
     family_rows("cohere", cohere_config);
     family_rows("cohere2", cohere2_config);
+    family_rows("smollm3", smollm3_config);
 }
 
 /* Phi-3's rows, then Phi-3.5-MoE's (a few seconds: they share Phi-3's ctest entry) */
@@ -2769,6 +2787,7 @@ static void test_family_falcon(void **state)
     family_rows("bloom", bloom_config);
     family_rows("phi", phi_config);
     family_rows("gptj", gptj_config);
+    family_rows("starcoder2", starcoder2_config);
     family_rows("qwen2_yarn", qwen2_yarn_config);
 }
 
