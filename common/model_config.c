@@ -2024,6 +2024,19 @@ static void parse_starcoder2(hf *r, zo_model_config *c, const family *f)
     hf_attention_extent(r, c, f);
 }
 
+/* Seed-OSS (SeedOssConfig: Seed-OSS-36B): LLaMA's layers with q, k and v
+ * biased under attention_bias (default true; the published config: true),
+ * o_proj unbiased (attention_out_bias true refused by name), head_dim 128
+ * (q 80 x 128 wider than hidden), 8 kv heads, untied. The dropouts change
+ * nothing the runtime computes. */
+static void parse_seed_oss(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->attn_bias = hf_bool(r, "attention_bias", 1);
+    if (!r->st && hf_bool(r, "attention_out_bias", 0))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "attention_out_bias", "true (a bias on o_proj alone) is not modelled");
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -2066,6 +2079,8 @@ static const family families[] = {
      "times multipliers", 0, 0, 0, NULL, 1},
     {"smollm3", "SmolLM3ForCausalLM", parse_smollm3,
      "SmolLM3: LLaMA layers, every no_rope_layer_interval-th (4th) without rotary (NoPE), tied", 1, 4, 0, NULL, 1},
+    {"seed_oss", "SeedOssForCausalLM", parse_seed_oss,
+     "Seed-OSS: LLaMA layers with q/k/v biases (attention_bias), head_dim 128", 0, 8, 128, "attention_bias", 1},
     {"olmo2", "Olmo2ForCausalLM", parse_olmo2,
      "OLMo-2: LLaMA layers with RMSNorms on the attention's and the MLP's outputs alone (none before), "
      "q/k RMSNorms over the whole projections",

@@ -644,6 +644,19 @@ FAMILIES["qwen2_yarn"] = dict(
     config=dict(FAMILIES["qwen2"]["config"],
                 rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
                               "original_max_position_embeddings": 128}))
+# Seed-OSS (Seed-OSS-36B's kind): LLaMA layers with q, k and v biased (o_proj not), heads of 128 with
+# q (4 x 128) wider than hidden_size, GQA (2 kv heads), untied, rope_theta 1e7; LoRA on every linear
+# layer, QLoRA
+FAMILIES["seed_oss"] = dict(
+    seed=86,
+    config={"architectures": ["SeedOssForCausalLM"], "model_type": "seed_oss", "num_hidden_layers": 2,
+            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+            "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu",
+            "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "attention_bias": True, "attention_out_bias": False,
+            "mlp_bias": False, "attention_dropout": 0.0, "residual_dropout": 0.0, "tie_word_embeddings": False,
+            "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+    lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2), qlora=True)
 # StarCoder2 (starcoder2-3b's kind): LayerNorms with biases before a sequential attention and GELU
 # MLP (c_fc, c_proj), q, k, v and o_proj apart, every linear layer biased (use_bias), 2 heads of 128
 # over 1 kv head, rotary over the whole head, a window of 48 keys on every layer (the sequence is

@@ -318,6 +318,13 @@ FAMILIES["phi"] = dict(
     lora=dict(r=4, alpha=8.0, targets=["q", "k", "v", "o", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"]))
 
+# Seed-OSS: test_e2e_torch's (q, k, v biased, heads of 128 wider than hidden, GQA, untied) with 4
+# layers; LLaMA's adapters (PEFT's seven modules)
+FAMILIES["seed_oss"] = dict(
+    seed=73, lora=FAMILIES["llama"]["lora"],
+    config=dict(e2e.FAMILIES["seed_oss"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127))
+
 # StarCoder2 (starcoder2-3b's kind): test_e2e_torch's model with 4 layers (heads of 128 over 1 kv
 # head, every linear layer biased, LayerNorms with biases, sequential, tied) over a window of 24
 # keys, which the sequences (5 or 11 + 32) pass; PEFT's six modules

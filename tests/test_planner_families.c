@@ -374,6 +374,46 @@ static void test_olmoe_config(void **state)
     expect_named("{\"model_type\": \"olmoe\", \"n_shared_experts\": 1, " SHAPE_ONLY "}", "n_shared_experts");
 }
 
+/* Seed-OSS: Seed-OSS-36B's published shape (hidden 5120, 64 layers, 80
+ * heads of 128 over 8 kv heads, intermediate 27648, vocab 155136, untied,
+ * q/k/v biased), its count against one written here from the tensors
+ * SeedOssForCausalLM holds; SeedOssConfig's defaults; refusals by name. */
+static void test_seed_oss_config(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse(
+                         "{\"architectures\": [\"SeedOssForCausalLM\"], \"model_type\": \"seed_oss\", "
+                         "\"hidden_size\": 5120, \"intermediate_size\": 27648, \"num_hidden_layers\": 64, "
+                         "\"num_attention_heads\": 80, \"num_key_value_heads\": 8, \"head_dim\": 128, "
+                         "\"vocab_size\": 155136, \"max_position_embeddings\": 524288, \"rms_norm_eps\": 1e-06, "
+                         "\"rope_theta\": 10000000.0, \"attention_bias\": true, \"attention_out_bias\": false, "
+                         "\"mlp_bias\": false, \"attention_dropout\": 0.1, \"residual_dropout\": 0.1, "
+                         "\"hidden_act\": \"silu\", \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\"}",
+                         "seed-oss-36b.json", &c),
+                     ZO_OK);
+    const uint64_t h = 5120, L = 64, q = 80 * 128, kv = 8 * 128, f = 27648, V = 155136;
+    /* a layer: q_proj (h x q and its bias), k_proj and v_proj (h x kv and
+     * theirs), o_proj (q x h, no bias), gate, up, down (h x f each), two
+     * RMSNorms (h each) */
+    uint64_t layer = h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * f + 2 * h;
+    uint64_t want = L * layer + V * h /* embed_tokens */ + h /* norm */ + V * h /* lm_head */;
+    assert_int_equal(zo_model_params(&c), want);
+    assert_int_equal(want, 36151104512ull); /* (36.2B) */
+    assert_true(c.attn_bias && !c.out_bias && c.head_dim == 128 && c.n_kv_heads == 8 && !c.tied_embeddings);
+    assert_true(c.rope_theta == 1e7f && c.norm_eps == 1e-6f);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+    /* SeedOssConfig's defaults: q/k/v biased, head_dim 128, 8 kv heads, untied */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"seed_oss\", " SHAPE_ONLY "}", "d.json", &c), ZO_OK);
+    assert_true(c.attn_bias && c.head_dim == 128 && c.n_kv_heads == 8 && !c.tied_embeddings);
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"seed_oss\", \"attention_bias\": false, " SHAPE_ONLY "}",
+                                           "d.json", &c),
+                     ZO_OK);
+    assert_false(c.attn_bias);
+    expect_named("{\"model_type\": \"seed_oss\", \"attention_out_bias\": true, " SHAPE_ONLY "}", "attention_out_bias");
+    expect_named("{\"model_type\": \"seed_oss\", \"mlp_bias\": true, " SHAPE_ONLY "}", "mlp_bias");
+}
+
 /* v4 and v5 parsed; every rotary field of the two equal */
 static void rope_same(const char *v4, const char *v5)
 {
@@ -1433,6 +1473,7 @@ int main(void)
         cmocka_unit_test(test_olmo3_config),
         cmocka_unit_test(test_olmoe_config),
         cmocka_unit_test(test_rope_parameters),
+        cmocka_unit_test(test_seed_oss_config),
         cmocka_unit_test(test_phimoe_config),
         cmocka_unit_test(test_phi_presets),
         cmocka_unit_test(test_gptj_presets),

@@ -17,7 +17,7 @@ static const char HELP[] =
     "\n"
     "Generate text with a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2, GPT-J, StarCoder2,\n"
     "Cohere (Command-R, Aya), Cohere2 (Command-R7B, Command-A) or LLaMA-family model (LLaMA, Mistral,\n"
-    "Qwen2/3, Phi-3, Gemma, Gemma-2/3, Granite, OLMo-2/3, SmolLM3; Mixtral, Granite-MoE,\n"
+    "Qwen2/3, Phi-3, Gemma, Gemma-2/3, Granite, OLMo-2/3, SmolLM3, Seed-OSS; Mixtral, Granite-MoE,\n"
     "Qwen-MoE, DeepSeekMoE, DeepSeek-V2/V3 and Kimi-K2 with their latent attention, GLM-4.5,\n"
     "OLMoE, Phi-3.5-MoE; 'memplan models' lists each model_type, * where it runs):\n"
     "each prompt is read in one forward that fills a key/value cache on the device, then one token\n"
