@@ -1459,7 +1459,11 @@ int zo_model_cohere(const zo_model_config *c)
 int zo_model_granitemoe(const zo_model_config *c) { return !strcmp(c->family, "granitemoe"); }
 int zo_model_phimoe(const zo_model_config *c) { return !strcmp(c->family, "phimoe"); }
 int zo_model_mixtral_names(const zo_model_config *c) { return !strcmp(c->family, "mixtral") || zo_model_phimoe(c); }
-int zo_model_rot_interleaved(const zo_model_config *c) { return zo_model_gptj(c) || zo_model_cohere(c); }
+int zo_model_ernie(const zo_model_config *c) { return !strcmp(c->family, "ernie4_5"); }
+int zo_model_rot_interleaved(const zo_model_config *c)
+{
+    return zo_model_gptj(c) || zo_model_cohere(c) || zo_model_ernie(c);
+}
 
 int zo_model_rope_dim(const zo_model_config *c)
 {
@@ -2037,6 +2041,21 @@ static void parse_seed_oss(hf *r, zo_model_config *c, const family *f)
         hf_fail(r, ZO_ERR_UNSUPPORTED, "attention_out_bias", "true (a bias on o_proj alone) is not modelled");
 }
 
+/* ERNIE 4.5 dense (Ernie4_5Config: ERNIE-4.5-0.3B): LLaMA's layers with
+ * every linear layer biased under use_bias (default false: q, k, v, o and
+ * the MLP's gate, up, down; out_bias covers o and the MLP), head_dim 128,
+ * 2 kv heads, rotary over the whole head with its pairs interleaved (GLM's
+ * rotate_half over dims 2i, 2i + 1, as GPT-J's and Cohere's: the rows
+ * reordered at load), rope_theta 500000, rms_norm_eps 1e-5, tied by
+ * default. */
+static void parse_ernie4_5(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->norm_eps = hf_float(r, "rms_norm_eps", 1e-5f);
+    c->rope_theta = hf_float(r, "rope_theta", 500000.0f);
+    c->attn_bias = c->out_bias = hf_bool(r, "use_bias", 0);
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -2079,6 +2098,10 @@ static const family families[] = {
      "times multipliers", 0, 0, 0, NULL, 1},
     {"smollm3", "SmolLM3ForCausalLM", parse_smollm3,
      "SmolLM3: LLaMA layers, every no_rope_layer_interval-th (4th) without rotary (NoPE), tied", 1, 4, 0, NULL, 1},
+    {"ernie4_5", "Ernie4_5ForCausalLM", parse_ernie4_5,
+     "ERNIE 4.5 (dense): LLaMA layers, head_dim 128, rotary pairs interleaved, every linear layer biased under "
+     "use_bias, tied",
+     1, 2, 128, NULL, 1},
     {"seed_oss", "SeedOssForCausalLM", parse_seed_oss,
      "Seed-OSS: LLaMA layers with q/k/v biases (attention_bias), head_dim 128", 0, 8, 128, "attention_bias", 1},
     {"olmo2", "Olmo2ForCausalLM", parse_olmo2,

@@ -271,6 +271,9 @@ int zo_model_gptj(const zo_model_config *c);
  * c_fc and c_proj, sequential) with LLaMA's attention under its names (q,
  * k, v and o_proj apart, biased, GQA, rotary) and model.* names elsewhere. */
 int zo_model_starcoder2(const zo_model_config *c);
+/* ERNIE 4.5 (dense): LLaMA layers, every linear layer biased under use_bias,
+ * rotary pairs interleaved (zo_model_rot_interleaved). */
+int zo_model_ernie(const zo_model_config *c);
 /* Cohere (Command-R, Aya) and Cohere2 (Command-R7B, Command-A): LLaMA
  * layers (SwiGLU, GQA) with a LayerNorm without a bias (layer_norm), one norm
  * before a parallel attention and MLP, rotary over the whole head with its

@@ -26,7 +26,8 @@ const char *model_hf_dtype_name(zo_dtype dt)
 static const char *model_type(const zo_model_config *c)
 {
     static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
-                                      "granite", "cohere", "cohere2", "olmo2", "olmo3", "smollm3"};
+                                      "granite", "cohere", "cohere2", "olmo2", "olmo3", "smollm3",
+                                      "ernie4_5", "seed_oss"};
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -49,7 +50,8 @@ static const char *llama_class(const char *type)
         {"phi3", "Phi3ForCausalLM"},       {"gemma", "GemmaForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
         {"gemma3_text", "Gemma3ForCausalLM"}, {"granite", "GraniteForCausalLM"},
         {"cohere", "CohereForCausalLM"},   {"cohere2", "Cohere2ForCausalLM"},
-        {"olmo2", "Olmo2ForCausalLM"},     {"olmo3", "Olmo3ForCausalLM"},   {"smollm3", "SmolLM3ForCausalLM"}};
+        {"olmo2", "Olmo2ForCausalLM"},     {"olmo3", "Olmo3ForCausalLM"},   {"smollm3", "SmolLM3ForCausalLM"},
+        {"ernie4_5", "Ernie4_5ForCausalLM"}, {"seed_oss", "SeedOssForCausalLM"}};
     for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
         if (!strcmp(type, of[i][0])) return of[i][1];
     return "LlamaForCausalLM";
@@ -155,8 +157,10 @@ static void add_llama_keys(cJSON *o, const char *type, const zo_model_config *c)
 {
     int gemma3 = !strcmp(type, "gemma3_text"), gemma2 = gemma3 || !strcmp(type, "gemma2");
     int gemma = zo_family_gemma(type), qwen3 = !strcmp(type, "qwen3");
-    /* Gemma's head_dim defaults to 256 and Qwen3's to 128, not hidden / heads */
-    if (gemma || qwen3 || c->head_dim * c->n_heads != c->hidden) cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    /* Gemma's head_dim defaults to 256 and Qwen3's, ERNIE 4.5's and Seed-OSS's to 128, not hidden / heads */
+    if (gemma || qwen3 || !strcmp(type, "ernie4_5") || !strcmp(type, "seed_oss") ||
+        c->head_dim * c->n_heads != c->hidden)
+        cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
     /* Gemma: Hugging Face reads hidden_activation (GELU's tanh form) */
     cJSON_AddStringToObject(o, "hidden_act", gemma ? c->act : "silu");
     if (gemma) cJSON_AddStringToObject(o, "hidden_activation", c->act);
@@ -188,6 +192,11 @@ static void add_llama_keys(cJSON *o, const char *type, const zo_model_config *c)
             if (capv[k] > 0.0f) cJSON_AddNumberToObject(o, caps[k], capv[k]);
             else cJSON_AddNullToObject(o, caps[k]);
         }
+    }
+    if (!strcmp(type, "ernie4_5")) cJSON_AddBoolToObject(o, "use_bias", c->attn_bias);
+    if (!strcmp(type, "seed_oss")) {
+        cJSON_AddBoolToObject(o, "attention_bias", c->attn_bias);
+        cJSON_AddBoolToObject(o, "attention_out_bias", 0);
     }
     if (!strcmp(type, "smollm3")) {
         /* which layers turn (1) and which take no rotary (0), as

@@ -644,6 +644,19 @@ FAMILIES["qwen2_yarn"] = dict(
     config=dict(FAMILIES["qwen2"]["config"],
                 rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
                               "original_max_position_embeddings": 128}))
+# ERNIE 4.5 (ERNIE-4.5-0.3B's kind): LLaMA layers at head_dim 128 (q 4 x 128 wider than hidden), GQA,
+# rotary over the whole head with its pairs (2i, 2i + 1) interleaved (the runtime holds q_proj's and
+# k_proj's rows reordered, so the file's order shows in every loss), every linear layer biased
+# (use_bias), tied; LoRA on every linear layer, QLoRA
+FAMILIES["ernie4_5"] = dict(
+    seed=87,
+    config={"architectures": ["Ernie4_5ForCausalLM"], "model_type": "ernie4_5", "num_hidden_layers": 2,
+            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+            "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu",
+            "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "use_bias": True, "tie_word_embeddings": True,
+            "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+    lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2), qlora=True)
 # Seed-OSS (Seed-OSS-36B's kind): LLaMA layers with q, k and v biased (o_proj not), heads of 128 with
 # q (4 x 128) wider than hidden_size, GQA (2 kv heads), untied, rope_theta 1e7; LoRA on every linear
 # layer, QLoRA

@@ -318,6 +318,14 @@ FAMILIES["phi"] = dict(
     lora=dict(r=4, alpha=8.0, targets=["q", "k", "v", "o", "up", "down"],
               peft=["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"]))
 
+# ERNIE 4.5: test_e2e_torch's (heads of 128 wider than hidden, GQA, rotary pairs interleaved in the
+# file, every linear layer biased, tied) with 4 layers; LLaMA's adapters (q's and k's lora_B in the
+# file's row order)
+FAMILIES["ernie4_5"] = dict(
+    seed=75, lora=FAMILIES["llama"]["lora"],
+    config=dict(e2e.FAMILIES["ernie4_5"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127))
+
 # Seed-OSS: test_e2e_torch's (q, k, v biased, heads of 128 wider than hidden, GQA, untied) with 4
 # layers; LLaMA's adapters (PEFT's seven modules)
 FAMILIES["seed_oss"] = dict(

@@ -1554,6 +1554,44 @@ static void test_starcoder2_config(void **state)
     assert_true(back.attn_bias && back.sliding_window == 4096 && back.norm_eps == c.norm_eps);
 }
 
+/* ERNIE 4.5 and Seed-OSS: configs read (ERNIE's rotary pairs interleaved,
+ * its biases under use_bias on every linear layer; Seed-OSS's on q, k and
+ * v alone), the layout's biases, and the config.json written for each read
+ * back as the same model, a head_dim other than their default of 128
+ * included. */
+static void test_ernie_seed_oss_config(void **state)
+{
+    (void)state;
+    static const char *const given[2] = {
+        "{\"model_type\": \"ernie4_5\", \"num_hidden_layers\": 2, \"hidden_size\": 256, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 64, \"intermediate_size\": 384, \"vocab_size\": 100, "
+        "\"use_bias\": true}",
+        "{\"model_type\": \"seed_oss\", \"num_hidden_layers\": 2, \"hidden_size\": 256, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 64, \"intermediate_size\": 384, \"vocab_size\": 100}"};
+    for (int k = 0; k < 2; k++) {
+        zo_model_config c, back;
+        if (zo_model_config_parse(given[k], "given.json", &c) != ZO_OK) fail_msg("%s", zo_last_error());
+        assert_true(c.attn_bias && c.out_bias == !k && c.head_dim == 64);
+        assert_int_equal(zo_model_rot_interleaved(&c), !k);
+        assert_true(c.tied_embeddings == !k && c.norm_eps == (k ? 1e-6f : 1e-5f));
+        model_layout l;
+        if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+        assert_non_null(model_layout_find(&l, "model.layers.1.self_attn.k_proj.bias"));
+        assert_int_equal(model_layout_find(&l, "model.layers.1.self_attn.o_proj.bias") == NULL, k);
+        assert_int_equal(model_layout_find(&l, "model.layers.1.mlp.down_proj.bias") == NULL, k);
+        model_layout_free(&l);
+        cJSON *o = NULL;
+        assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &o), ZO_OK);
+        char *text = cJSON_Print(o);
+        assert_non_null(strstr(text, k ? "SeedOssForCausalLM" : "Ernie4_5ForCausalLM"));
+        if (zo_model_config_parse(text, "written.json", &back) != ZO_OK) fail_msg("%s", zo_last_error());
+        free(text);
+        cJSON_Delete(o);
+        assert_same_shape(&back, &c);
+        assert_true(back.attn_bias == c.attn_bias && back.out_bias == c.out_bias);
+    }
+}
+
 /* Granite as GraniteConfig reads it: granite-3.1-8b's and -2b's multipliers
  * (12, 1 / head_dim, 0.22, 16 and 8), the runtime's; absent, each 1;
  * refused naming the key when not a finite number > 0 (as a float too);
@@ -2059,6 +2097,7 @@ int main(void)
         cmocka_unit_test(test_cohere2_config),
         cmocka_unit_test(test_smollm3_config),
         cmocka_unit_test(test_starcoder2_config),
+        cmocka_unit_test(test_ernie_seed_oss_config),
         cmocka_unit_test(test_hf_config_copy),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),

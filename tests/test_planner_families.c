@@ -414,6 +414,41 @@ static void test_seed_oss_config(void **state)
     expect_named("{\"model_type\": \"seed_oss\", \"mlp_bias\": true, " SHAPE_ONLY "}", "mlp_bias");
 }
 
+/* ERNIE 4.5 (dense): ERNIE-4.5-0.3B's published shape (hidden 1024, 18
+ * layers, 16 heads of 128 over 2 kv heads, intermediate 3072, vocab 103424,
+ * tied, no biases), its count against one written here (0.36B); with
+ * use_bias every linear layer's bias counted; Ernie4_5Config's defaults. */
+static void test_ernie4_5_config(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    static const char json[] =
+        "{\"architectures\": [\"Ernie4_5ForCausalLM\"], \"model_type\": \"ernie4_5\", \"hidden_size\": 1024, "
+        "\"intermediate_size\": 3072, \"num_hidden_layers\": 18, \"num_attention_heads\": 16, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 128, \"vocab_size\": 103424, \"max_position_embeddings\": 131072, "
+        "\"rms_norm_eps\": 1e-05, \"rope_theta\": 500000, \"use_bias\": false, \"tie_word_embeddings\": true, "
+        "\"hidden_act\": \"silu\", \"torch_dtype\": \"bfloat16\"}";
+    assert_int_equal(zo_model_config_parse(json, "ernie-4.5-0.3b.json", &c), ZO_OK);
+    const uint64_t h = 1024, L = 18, q = 16 * 128, kv = 2 * 128, f = 3072, V = 103424;
+    /* a layer: q, k, v, o_proj, gate, up, down, two RMSNorms; tied */
+    uint64_t layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h;
+    assert_int_equal(zo_model_params(&c), L * layer + V * h + h);
+    assert_int_equal(L * layer + V * h + h, 360748032ull); /* (0.36B) */
+    assert_true(!c.attn_bias && !c.out_bias && zo_model_rot_interleaved(&c) && c.rope_theta == 500000.0f);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+    /* every linear layer's bias: q, k, v, o (h), gate, up (f), down (h) */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"ernie4_5\", \"use_bias\": true, " SHAPE_ONLY "}",
+                                           "b.json", &c),
+                     ZO_OK);
+    zo_model_config nb;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"ernie4_5\", " SHAPE_ONLY "}", "d.json", &nb), ZO_OK);
+    const uint64_t hq = 8 * 128, hkv = 2 * 128;
+    assert_int_equal(zo_model_params(&c) - zo_model_params(&nb), 2 * (hq + 2 * hkv + 128 + 2 * 128 + 128));
+    /* Ernie4_5Config's defaults: 2 kv heads of 128, tied, eps 1e-5, rope_theta 500000, no biases */
+    assert_true(nb.n_kv_heads == 2 && nb.head_dim == 128 && nb.tied_embeddings && nb.norm_eps == 1e-5f &&
+                nb.rope_theta == 500000.0f && !nb.attn_bias);
+}
+
 /* v4 and v5 parsed; every rotary field of the two equal */
 static void rope_same(const char *v4, const char *v5)
 {
@@ -1474,6 +1509,7 @@ int main(void)
         cmocka_unit_test(test_olmoe_config),
         cmocka_unit_test(test_rope_parameters),
         cmocka_unit_test(test_seed_oss_config),
+        cmocka_unit_test(test_ernie4_5_config),
         cmocka_unit_test(test_phimoe_config),
         cmocka_unit_test(test_phi_presets),
         cmocka_unit_test(test_gptj_presets),

@@ -27,7 +27,7 @@ static const char HELP[] =
     "\n"
     "Train or fine-tune a GPT-2, GPT-NeoX (Pythia), Falcon, OPT, BLOOM, Phi-1/2, GPT-J, StarCoder2,\n"
     "Cohere (Command-R, Aya), Cohere2 (Command-R7B, Command-A) or LLaMA-family transformer (LLaMA,\n"
-    "Mistral, Qwen2/3, Phi-3, Gemma, Gemma-2/3, Granite, OLMo-2/3, SmolLM3, Seed-OSS; Mixtral,\n"
+    "Mistral, Qwen2/3, Phi-3, Gemma, Gemma-2/3, Granite, OLMo-2/3, SmolLM3, Seed-OSS, ERNIE 4.5; Mixtral,\n"
     "Granite-MoE, Qwen-MoE, DeepSeekMoE, DeepSeek-V2/V3 and Kimi-K2 with their latent attention,\n"
     "GLM-4.5, OLMoE, Phi-3.5-MoE; 'memplan models' lists each model_type, * where it trains) on a\n"
     "token file, or on text through the model's tokenizer.json (docs/finetune.md).\n"
