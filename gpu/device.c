@@ -331,9 +331,9 @@ zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tenso
                                const int32_t *pos, int tc)
 {
     if (!a) return zo_error(ZO_ERR_INVALID, "gpu_attention_cached: desc is NULL");
-    if (a->sinks || a->dsinks)
-        return zo_error(ZO_ERR_UNSUPPORTED, "gpu_attention_cached: attention sinks are not supported");
-    RUN(ATTENTION_CACHED, .t = {out, qkv, k_cache, v_cache}, .p = {(void *)pos}, .i = {tc}, .d.attn = *a);
+    if (a->dsinks) return zo_error(ZO_ERR_INVALID, "gpu_attention_cached: dsinks given (the cached attention has no backward)");
+    RUN(ATTENTION_CACHED, .t = {out, qkv, k_cache, v_cache}, .p = {(void *)pos, (void *)a->sinks}, .i = {tc},
+        .d.attn = *a);
 }
 
 zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,

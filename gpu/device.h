@@ -273,7 +273,8 @@ zo_status gpu_head_norm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu
  * out, needs no other change. dsinks (the backward only; fp32 [hq], NULL:
  * the sinks are frozen) is overwritten with the sinks' gradient:
  * dsinks[h] = -sum over b, i of exp(sinks[h] - lse[b,h,i]) (dout . out)
- * of that row. The cached attention refuses sinks. */
+ * of that row. The cached attention takes sinks (the forward's softmax
+ * above) and refuses dsinks. */
 typedef struct gpu_attn_desc {
     int b, t, hq, hkv, d;
     int window;

@@ -623,7 +623,8 @@ static zo_status cpu_run_attention_backward(cpu_scratch *ws, const gpu_op_args *
 
 static zo_status cpu_run_attention_cached(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_attention_cached(ws, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3], a->p[0], (int)a->i[0], nt);
+    gpu_attn_desc d = attn_with_sinks(a, 0);
+    return cpu_attention_cached(ws, &d, a->t[0], a->t[1], a->t[2], a->t[3], a->p[0], (int)a->i[0], nt);
 }
 
 static zo_status rope(cpu_scratch *ws, const gpu_op_args *a, int inverse, int nt)

@@ -135,7 +135,7 @@ typedef struct gpu_op_slot {
       gpu_check_attn)                                                                            \
     X(ATTENTION_CACHED, attention_cached,                                                       \
       (GPU_T(0, out), GPU_T(1, qkv), GPU_T(2, k_cache), GPU_T(3, v_cache), GPU_P(0, pos),         \
-       GPU_DIM(0, tc)),                                                                          \
+       GPU_POPT(1, sinks), GPU_DIM(0, tc)),                                                      \
       gpu_check_attn_cached)                                                                     \
     X(ROPE_FORWARD, rope_forward,                                                               \
       (GPU_T(0, x), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),            \

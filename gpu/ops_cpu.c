@@ -1438,7 +1438,8 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
  * head: MQA, DeepSeek-V2's latent cache) the group's query heads are split
  * into as many slices as fill the team, each staging the rows itself. A
  * query's scores, softmax and weighted sum of values run in fixed lanes,
- * keys ascending: the same bits whatever the thread count. */
+ * keys ascending: the same bits whatever the thread count. A head's sink
+ * logit (gpt-oss) joins its rows' softmax before the keys. */
 
 /* o[0..d) += p v[0..d) */
 VEC_CLONES static void axpy_row(float *restrict o, float p, const float *restrict v, int d)
@@ -1505,7 +1506,9 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
                     scale_scores(S + j0, p + 1 - j0, scale, cap);
                     alibi_scores(S, j0, p + 1, alibi_head(a, h));
                     for (int j = j0; j <= p; j++) mx = S[j] > mx ? S[j] : mx;
-                    float l = 0.0f;
+                    /* a sink (gpt-oss) joins the softmax as a column without a value */
+                    if (a->sinks && a->sinks[h] > mx) mx = a->sinks[h];
+                    float l = a->sinks ? fexp(a->sinks[h] - mx) : 0.0f;
                     for (int k = 0; k < d; k++) o[k] = 0.0f;
                     for (int j = j0; j <= p; j++) {
                         float e = fexp(S[j] - mx);

@@ -625,13 +625,15 @@ static void ref_attention_cached(const gpu_op_args *a, hostv *h)
             for (int i = 0; i < g.t; i++) {
                 int p = (int)h->P[0][b] + i, j0 = first_key(&g, p);
                 size_t kvo = (size_t)(hh / g.grp) * g.d;
-                double mx = -INFINITY, l = 0.0;
+                /* a sink (P[1], gpt-oss): a logit in the softmax without a value */
+                double mx = h->P[1] ? h->P[1][hh] : -INFINITY, l = 0.0;
                 for (int j = j0; j <= p; j++) {
                     double acc = 0.0;
                     for (int e = 0; e < g.d; e++) acc += h->T[1][gq(&g, b, i, hh) + e] * kc[((size_t)b * tc + j) * ldc + kvo + e];
                     sc[j] = score_of(&g, acc, NULL) + alibi_bias(&g, hh, p, j);
                     mx = sc[j] > mx ? sc[j] : mx;
                 }
+                if (h->P[1]) l += exp(h->P[1][hh] - mx);
                 for (int j = j0; j <= p; j++) l += exp(sc[j] - mx);
                 for (int e = 0; e < g.d; e++) {
                     double o = 0.0;
@@ -2714,9 +2716,9 @@ static void cached_case_al(int b, int t, int tc, int hq, int hkv, int d, int win
 {
     char sc[64];
     attn_extras(sc, sizeof sc, scale, cap, alibi, abf);
-    pcase c = new_case(GPU_OP_ATTENTION_CACHED, "b %d t %d tc %d hq %d hkv %d d %d window %d%s pos %s %s cache %s", b,
-                       t, tc, hq, hkv, d, window, sc, pos < 0 ? "drawn" : pos ? "given" : "0", ename(ty),
-                       ename(cache));
+    pcase c = new_case(GPU_OP_ATTENTION_CACHED, "b %d t %d tc %d hq %d hkv %d d %d window %d%s pos %s %s cache %s%s",
+                       b, t, tc, hq, hkv, d, window, sc, pos < 0 ? "drawn" : pos ? "given" : "0", ename(ty),
+                       ename(cache), case_sinks ? " sinks" : "");
     c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap, alibi, abf, 0, NULL, NULL};
     c.a.i[0] = tc;
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nc = (size_t)b * tc * hkv * d;
@@ -2726,6 +2728,10 @@ static void cached_case_al(int b, int t, int tc, int hq, int hkv, int d, int win
     OUT_T(&c, 2, cache, nc); /* rows the op does not write keep their random values */
     OUT_T(&c, 3, cache, nc);
     add_buf(&c, 'p', 0, E_I32, (size_t)b, FILL_INT, 0, tc - t + 1, 0);
+    if (case_sinks) {
+        int k = IN_P(&c, 1, E_F32, (size_t)hq);
+        c.buf[k].lo = -1.0, c.buf[k].hi = 3.0;
+    }
     c.param[0] = pos;
     c.prep = cached_prep;
     emit(&c);
@@ -2800,6 +2806,17 @@ static void parity_attention_cached(void)
     rng = LATENT_SEED;
     cached_case_sc(2, 1, 97, 4, 1, 576, 0, 1.0f / sqrtf(192.0f), 0.0f, -1, E_BF16, E_BF16);
     cached_case_sc(1, 9, 40, 3, 1, 288, 0, 0.0f, 0.0f, 20, E_F32, E_F32);
+    /* gpt-oss's sinks (their own stream): head 64, GQA 8 to 1 and 4 to 2,
+     * caches of 300 (past the CPU's 48-row and 256-row blocks, the CUDA
+     * chunks of 32): decoding and a prompt's chunk after earlier tokens,
+     * with and without gpt-oss's window of 128, fp32 and bf16 */
+    rng = SINKS_SEED;
+    case_sinks = 1;
+    cached_case(2, 1, 300, 8, 1, 64, 0, -1, E_F32, E_F32);
+    cached_case(2, 1, 300, 4, 2, 64, 128, -1, E_BF16, E_BF16);
+    cached_case(1, 40, 300, 8, 1, 64, 128, 250, E_F32, E_F32);
+    cached_case(1, 60, 300, 4, 2, 64, 0, 0, E_BF16, E_BF16); /* a prompt */
+    case_sinks = 0;
     rng = saved;
 }
 

@@ -328,11 +328,12 @@ __global__ void attention_cache_write_kernel(cuda_err_rec *err, gpu_tensor kc, g
     }
 }
 
-/* out [b, t, hq*d]: query i of sequence s over cache rows 0 .. pos[s] + i.
- * Dynamic shared memory: Qs [NW][d]. */
+/* out [b, t, hq*d]: query i of sequence s over cache rows 0 .. pos[s] + i;
+ * with sinks (NULL: none) the softmax state starts at head h's sink (m its
+ * logit, l 1: a column without a value). Dynamic shared memory: Qs [NW][d]. */
 template <int DPL>
 __global__ void attention_cached_kernel(gpu_tensor out, gpu_tensor qkv, gpu_tensor kc, gpu_tensor vc,
-                                        const int32_t *pos, int tc, attn_geom G)
+                                        const int32_t *pos, const float *sinks, int tc, attn_geom G)
 {
     ZO_EXTERN_SHARED(float, smem);
     const int d = G.d, lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
@@ -347,7 +348,7 @@ __global__ void attention_cached_kernel(gpu_tensor out, gpu_tensor qkv, gpu_tens
     const size_t ldc = (size_t)G.hkv * d, base = (size_t)b * tc * ldc + (size_t)g * d;
     const int p = p0 + i, jfirst = G.window > 0 && p >= G.window ? p - G.window + 1 : 0;
     const gpu_alibi_head ab = G.step(h);
-    float o[DPL], m = -INFINITY, l = 0.0f;
+    float o[DPL], m = sinks ? sinks[h] : -INFINITY, l = sinks ? 1.0f : 0.0f;
     for (int u = 0; u < DPL; u++) o[u] = 0.0f;
     for (int j0 = jfirst; j0 <= p; j0 += WARP) {
         const int j = j0 + lane;
@@ -559,12 +560,12 @@ extern "C" zo_status cuda_launch_attention_backward(cudaStream_t st, const gpu_a
 
 template <int DPL>
 static zo_status cached_dpl(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, gpu_tensor qkv,
-                            gpu_tensor kc, gpu_tensor vc, const int32_t *pos, int tc)
+                            gpu_tensor kc, gpu_tensor vc, const int32_t *pos, const float *sinks, int tc)
 {
     attn_geom G = make_geom(a);
     size_t smem = (size_t)NW * G.d * sizeof(float);
     dim3 grid((a->t + NW - 1) / NW, a->hq, a->b);
-    ZO_LAUNCH(attention_cached_kernel<DPL>, grid, NW * WARP, smem, st, out, qkv, kc, vc, pos, tc, G);
+    ZO_LAUNCH(attention_cached_kernel<DPL>, grid, NW * WARP, smem, st, out, qkv, kc, vc, pos, sinks, tc, G);
     return cuda_launch_check("attention_cached_kernel");
 }
 
@@ -580,7 +581,8 @@ static int cached_dims_per_lane(int d)
 
 extern "C" zo_status cuda_launch_attention_cached(cudaStream_t st, cuda_err_rec *err, const gpu_attn_desc *a,
                                                   gpu_tensor out, gpu_tensor qkv, gpu_tensor k_cache,
-                                                  gpu_tensor v_cache, const int32_t *pos, int tc)
+                                                  gpu_tensor v_cache, const int32_t *pos, const float *sinks,
+                                                  int tc)
 {
     if (!cached_dims_per_lane(a->d))
         return zo_error(ZO_ERR_UNSUPPORTED, "gpu_attention_cached (cuda): head dim %d > %d", a->d,
@@ -595,11 +597,11 @@ extern "C" zo_status cuda_launch_attention_cached(cudaStream_t st, cuda_err_rec 
               a->b, G);
     if ((s = cuda_launch_check("attention_cache_write_kernel")) != ZO_OK) return s;
     switch (cached_dims_per_lane(a->d)) {
-    case 1: return cached_dpl<1>(st, a, out, qkv, k_cache, v_cache, pos, tc);
-    case 2: return cached_dpl<2>(st, a, out, qkv, k_cache, v_cache, pos, tc);
-    case 4: return cached_dpl<4>(st, a, out, qkv, k_cache, v_cache, pos, tc);
-    case 8: return cached_dpl<8>(st, a, out, qkv, k_cache, v_cache, pos, tc);
-    case 16: return cached_dpl<16>(st, a, out, qkv, k_cache, v_cache, pos, tc);
-    default: return cached_dpl<32>(st, a, out, qkv, k_cache, v_cache, pos, tc);
+    case 1: return cached_dpl<1>(st, a, out, qkv, k_cache, v_cache, pos, sinks, tc);
+    case 2: return cached_dpl<2>(st, a, out, qkv, k_cache, v_cache, pos, sinks, tc);
+    case 4: return cached_dpl<4>(st, a, out, qkv, k_cache, v_cache, pos, sinks, tc);
+    case 8: return cached_dpl<8>(st, a, out, qkv, k_cache, v_cache, pos, sinks, tc);
+    case 16: return cached_dpl<16>(st, a, out, qkv, k_cache, v_cache, pos, sinks, tc);
+    default: return cached_dpl<32>(st, a, out, qkv, k_cache, v_cache, pos, sinks, tc);
     }
 }

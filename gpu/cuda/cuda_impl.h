@@ -194,10 +194,10 @@ zo_status cuda_launch_attention_sink_backward(cudaStream_t st, const gpu_attn_de
                                               const float *lse);
 
 /* the cache's rows: a sequence whose positions leave the cache is recorded
- * in err (CUDA_ERR_ATTN_CACHED) and skipped */
+ * in err (CUDA_ERR_ATTN_CACHED) and skipped; sinks fp32 [hq] or NULL */
 zo_status cuda_launch_attention_cached(cudaStream_t st, cuda_err_rec *err, const gpu_attn_desc *a,
                                        gpu_tensor out, gpu_tensor qkv, gpu_tensor k_cache,
-                                       gpu_tensor v_cache, const int32_t *pos, int tc);
+                                       gpu_tensor v_cache, const int32_t *pos, const float *sinks, int tc);
 
 /* attention_gemm.cu: the same ops for 16-bit qkv through batched GEMMs
  * (cuBLASLt with an lt handle, else the tiled kernel) and stream-ordered

@@ -349,7 +349,7 @@ static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_ar
 static zo_status cuda_run_attention_cached(const cuda_exec *e, const gpu_op_args *a)
 {
     return cuda_launch_attention_cached(e->stream, e->err, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],
-                                        a->p[0], (int)a->i[0]);
+                                        a->p[0], a->p[1], (int)a->i[0]);
 }
 
 static zo_status rope(const cuda_exec *e, const gpu_op_args *a, int inverse)
