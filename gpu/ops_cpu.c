@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* defines: sysconf */
 
 #ifdef ZO_HAVE_OPENBLAS
 #include <cblas.h> /* defines: cblas_sgemm, openblas_get_parallel, openblas_get_corename */
@@ -421,7 +422,12 @@ static char blas_desc[160];
 
 static void gemm_init(void)
 {
-    gemm_procs = omp_get_num_procs();
+    /* the machine's processors, not the process's: mpirun binds a rank to
+     * one core, and a grid of other tiles gave other last bits (OpenBLAS's
+     * Haswell kernels on an AMD EPYC: a rank's losses then differed from
+     * one process's) */
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    gemm_procs = online > 0 ? (int)online : omp_get_num_procs();
     const char *e = getenv("ZO_CPU_GEMM");
     if (e && !strcmp(e, "own")) atomic_store(&gemm_impl, CPU_GEMM_OWN);
     if (e && !strcmp(e, "blas")) atomic_store(&gemm_impl, CPU_GEMM_BLAS);
