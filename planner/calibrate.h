@@ -41,7 +41,8 @@ void plan_calibrate_defaults(plan_calibrate_opts *o);
 #define PLAN_CALIBRATE_LLC_TIMES 4
 void plan_calibrate_sizes(plan_calibrate_opts *o, uint64_t llc);
 
-/* The largest data or unified cache of CPU 0 (sysfs, else sysconf), bytes;
+/* The largest data or unified cache of CPU 0, the larger of sysfs's and
+ * sysconf's L3 (or L2) figures, bytes;
  * 0 when neither says. */
 uint64_t plan_calibrate_llc_bytes(void);
 
