@@ -661,6 +661,7 @@ void zo_model_layer_params(const zo_model_config *c, int layer, zo_layer_params 
         if (c->attn_bias) o->tp_split += q + k + v;
     }
     if (c->out_bias && !c->attn_out_nobias) o->replicated += h; /* the attention output's bias */
+    if (c->attn_sinks) o->tp_split += (uint64_t)c->n_heads;    /* a sink logit per query head */
     if (c->qk_norm && (c->qk_norm_heads || c->qk_norm_full)) /* as wide as q and k: split with the heads */
         o->tp_split += norm_params(c, q + k);
     else if (c->qk_norm)
@@ -672,7 +673,11 @@ void zo_model_layer_params(const zo_model_config *c, int layer, zo_layer_params 
         const zo_moe *e = &c->moe;
         o->experts = e->experts;
         o->expert = mats * h * (uint64_t)e->expert_ffn;
+        /* gpt-oss: each expert's gate and up biases and its down bias; the
+         * router's logit bias */
+        if (e->expert_bias) o->expert += (mats - 1) * (uint64_t)e->expert_ffn + h;
         o->replicated += h * (uint64_t)e->experts + (e->router_bias ? (uint64_t)e->experts : 0);
+        if (e->router_logit_bias) o->replicated += (uint64_t)e->experts;
         o->tp_split += mats * h * (uint64_t)e->shared_ffn;
         if (e->shared_gate) o->replicated += h;
     } else {
@@ -760,6 +765,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         snprintf(lacks, sizeof lacks, "DeepSeek's routing outside DeepSeek's layers");
     else if (c->mla.kv_rank && c->attn_bias)
         snprintf(lacks, sizeof lacks, "latent attention with biases (attention_bias)");
+    else if (c->attn_sinks || c->moe.expert_bias || c->moe.router_logit_bias || c->moe.glu_limit > 0.0f)
+        snprintf(lacks, sizeof lacks, "attention sinks and gpt-oss's experts (biased, clamped)");
     else if (!known) snprintf(lacks, sizeof lacks, "its layers");
     else if (c->moe.experts && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
@@ -1335,8 +1342,10 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
         if (c->window_from_layer < c->n_layers) c->sliding_window = hf_int(r, "sliding_window", 4096);
     } else if ((!strcmp(f->type, "phi3") || !strcmp(f->type, "phimoe")) && w && !null_window) {
         c->sliding_window = hf_int(r, "sliding_window", REQ);
-    } else if (!strcmp(f->type, "gemma2")) {
-        if (!null_window) c->sliding_window = hf_int(r, "sliding_window", 4096);
+    } else if (!strcmp(f->type, "gemma2") || !strcmp(f->type, "gpt_oss")) {
+        /* (gpt-oss's window 128 on layer_types' "sliding_attention" ones, by default the even) */
+        int gpt_oss = !strcmp(f->type, "gpt_oss");
+        if (!null_window) c->sliding_window = hf_int(r, "sliding_window", gpt_oss ? 128 : 4096);
         hf_window_layers(r, c, 2);
     } else if (!strcmp(f->type, "gemma3_text")) {
         /* five sliding layers of six (sliding_window_pattern), or layer_types */
@@ -2056,6 +2065,51 @@ static void parse_ernie4_5(hf *r, zo_model_config *c, const family *f)
     c->attn_bias = c->out_bias = hf_bool(r, "use_bias", 0);
 }
 
+/* gpt-oss (GptOssConfig: gpt-oss-20b, gpt-oss-120b): LLaMA's pre-norm
+ * layers (rms_norm_eps 1e-5, head_dim 64, 8 kv heads, untied) with q, k, v
+ * and o biased under attention_bias (default true), a learned sink logit
+ * per query head in every attention softmax (self_attn.sinks), the
+ * "sliding_attention" layers of layer_types (by default the even ones, as
+ * Gemma-2's) over a window of sliding_window (128), rotary at rope_theta
+ * (150000) with yarn (GptOssConfig's rope_scaling when none is given:
+ * factor 32, beta_fast 32, beta_slow 1, untruncated, 4096 original
+ * positions), and an MoE MLP in every layer: a router with a logit bias
+ * (mlp.router) over num_local_experts (128) biased experts of
+ * intermediate_size, the top num_experts_per_tok (4) logits weighed by
+ * their softmax (the softmax renormalized over the chosen: Mixtral's), the
+ * experts' GLU clamped at swiglu_limit (7; alpha 1.702, as
+ * modeling_gpt_oss fixes it); the balance loss as Mixtral's at
+ * router_aux_loss_coef 0.9 under output_router_logits. */
+static void parse_gpt_oss(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->max_seq = hf_int(r, "max_position_embeddings", 131072);
+    c->norm_eps = hf_float(r, "rms_norm_eps", 1e-5f);
+    c->rope_theta = hf_float(r, "rope_theta", 150000.0f);
+    c->attn_bias = c->out_bias = hf_bool(r, "attention_bias", 1); /* out_bias: o_proj's (no dense MLP) */
+    c->attn_sinks = 1;
+    c->moe.experts = hf_int(r, "num_local_experts", 128);
+    c->moe.top_k = hf_int(r, "num_experts_per_tok", 4);
+    c->moe.expert_ffn = c->ffn;
+    c->moe.norm_topk = 1;
+    c->moe.expert_bias = c->moe.router_logit_bias = 1;
+    c->moe.glu_limit = hf_float(r, "swiglu_limit", 7.0f);
+    c->moe.glu_alpha = 1.702f;
+    if (!r->st && !(c->moe.glu_limit > 0.0f && isfinite(c->moe.glu_limit)))
+        hf_fail(r, ZO_ERR_FORMAT, "swiglu_limit", "must be finite and > 0 (got %g)", (double)c->moe.glu_limit);
+    hf_router_training(r, c);
+    c->moe.aux_coef = hf_float(r, "router_aux_loss_coef", 0.9f);
+    if (r->st || hf_item(r, "rope_scaling")) return;
+    /* GptOssConfig's own rotary when the config gives none */
+    snprintf(c->rope_scaling, sizeof c->rope_scaling, "yarn");
+    c->rope_factor = 32.0f;
+    c->rope_original_max = 4096;
+    c->rope_beta_fast = 32.0;
+    c->rope_beta_slow = 1.0;
+    c->rope_truncate = 0;
+    c->rope_attention_factor = (float)yarn_mscale(c->rope_factor, 1.0);
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -2116,6 +2170,11 @@ static const family families[] = {
      "OLMoE: LLaMA layers with q/k RMSNorms over the whole projections, MoE MLP (router + num_experts "
      "SwiGLU experts of intermediate_size, top-k of the softmax)",
      0, 0, 0, "num_experts", 1},
+    {"gpt_oss", "GptOssForCausalLM", parse_gpt_oss,
+     "gpt-oss: LLaMA layers with biased q/k/v/o, a sink logit per head, every second layer over a window of "
+     "128, yarn rotary, MoE MLP (a biased router + num_local_experts biased experts with a clamped GLU, top-k "
+     "of the logits weighed by their softmax); memplan sizes it, training is not implemented yet",
+     0, 8, 64, "num_local_experts,attention_bias", 0},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
      "num_local_experts", 1},

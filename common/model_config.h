@@ -72,6 +72,16 @@ typedef struct zo_moe {
      * router_jitter_noise. */
     int sparsemixer;
     float jitter_eps;
+    /* gpt-oss's experts and router (mlp.experts, mlp.router): expert_bias, a
+     * bias on each routed expert's gate, up and down projections
+     * (gate_up_proj_bias, down_proj_bias); router_logit_bias, a trained bias
+     * on the router's logits (mlp.router.bias; not DeepSeek-V3's score
+     * correction, router_bias above); glu_limit > 0, the experts' GLU
+     * clamped: g = min(gate, limit), u = clamp(up, -limit, limit),
+     * (u + 1) g sigmoid(glu_alpha g) (swiglu_limit 7, alpha 1.702) */
+    int expert_bias;
+    int router_logit_bias;
+    float glu_limit, glu_alpha;
 } zo_moe;
 
 #define ZO_MOE_MAX_GROUPS 64 /* n_group's limit: the router op keeps the chosen groups in 64 bits */
@@ -176,6 +186,8 @@ typedef struct zo_model_config {
     int qk_norm_full;    /* with qk_norm, OLMo-2's: one RMSNorm over the whole q projection (n_heads x
                             head_dim, one weight of that width) and one over the whole k projection
                             (n_kv_heads x head_dim), before the split into heads and before RoPE */
+    int attn_sinks;      /* gpt-oss's attention sinks: a learned logit per query head (self_attn.sinks
+                            [n_heads]) that joins every row's softmax as a column without a value */
     int post_norms_only; /* the layer's two norms on the attention's and the MLP's outputs, before
                             each residual add, and none before either (OLMo-2's
                             post_attention_layernorm, post_feedforward_layernorm; layer_norms 2) */

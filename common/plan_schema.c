@@ -95,6 +95,7 @@ static const field features_fields[] = {
     BOOL(M, qk_norm_heads, F_SHAPE | F_COMPARE | F_OPTIONAL),
     BOOL(M, qk_norm_full, F_SHAPE | F_COMPARE | F_OPTIONAL),
     BOOL(M, post_norms_only, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    BOOL(M, attn_sinks, F_SHAPE | F_COMPARE | F_OPTIONAL),
 };
 #undef M
 
@@ -122,6 +123,10 @@ static const field moe_fields[] = {
     BOOL(E, seq_aux, F_SHAPE | F_COMPARE | F_OPTIONAL),
     BOOL(E, sparsemixer, F_SHAPE | F_COMPARE | F_OPTIONAL),
     {"jitter_eps", F_FLT, offsetof(E, jitter_eps), 0, 0, 1e6, NULL, F_SHAPE | F_COMPARE | F_OPTIONAL},
+    BOOL(E, expert_bias, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    BOOL(E, router_logit_bias, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    {"glu_limit", F_FLT, offsetof(E, glu_limit), 0, 0, 1e6, NULL, F_SHAPE | F_COMPARE | F_OPTIONAL},
+    {"glu_alpha", F_FLT, offsetof(E, glu_alpha), 0, 0, 1e6, NULL, F_SHAPE | F_COMPARE | F_OPTIONAL},
 };
 #undef E
 

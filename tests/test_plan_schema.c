@@ -234,7 +234,10 @@ static const char *const optional_fields[] = {"training.recompute_layers", "trai
                                               "hardware.nvme_read_bw_busy", "model.features.head_bias",
                                               "model.features.attn_out_nobias",
                                               "model.features.qk_norm_heads", "model.text_model_of_multimodal",
-                                              "model.features.qk_norm_full", "model.features.post_norms_only"};
+                                              "model.features.qk_norm_full", "model.features.post_norms_only",
+                                              "model.features.attn_sinks", "model.features.moe.expert_bias",
+                                              "model.features.moe.router_logit_bias",
+                                              "model.features.moe.glu_limit", "model.features.moe.glu_alpha"};
 
 static int is_optional(const char *name)
 {
@@ -276,6 +279,10 @@ static void test_required_and_unknown(void **state)
             assert_int_equal(q->model.post_norms_only, 0);
             assert_int_equal(q->model.mm_text, 0);
             assert_int_equal(q->model.moe.sparsemixer, 0);
+            assert_int_equal(q->model.attn_sinks, 0);
+            assert_int_equal(q->model.moe.expert_bias, 0);
+            assert_int_equal(q->model.moe.router_logit_bias, 0);
+            assert_true(q->model.moe.glu_limit == 0 && q->model.moe.glu_alpha == 0);
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
             continue;
         }

@@ -147,6 +147,10 @@ static const struct {
      * c_fc 3072 x 12288 + 12288 + c_proj 12288 x 3072 + 3072 = 95,979,008) +
      * 49152 x 3072 + the final LayerNorm 2 x 3072, tied */
     {"starcoder2-3b.json", 3030371328ull, 0},
+    /* gpt-oss-20b and -120b (the model card's 20.9B and 116.8B; 3.61B and
+     * 5.13B active without the input embedding), by hand in test_gpt_oss_config */
+    {"gpt-oss-20b.json", 20914757184ull, 4187440704ull},
+    {"gpt-oss-120b.json", 116829156672ull, 5711982912ull},
 };
 
 static void test_family_counts(void **state)
@@ -325,6 +329,70 @@ static void test_olmo3_config(void **state)
  * intermediate_size 1024, 8 a token, vocab 50304, untied), its counts
  * against ones written here from the tensors OlmoeForCausalLM holds (6.9B,
  * 1.3B active as published); OlmoeConfig's defaults; refusals by name. */
+/* gpt-oss (its published configs; GptOssConfig's defaults): every count
+ * term by term, the features the runtime reads, the refusals by name. */
+static void test_gpt_oss_config(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    const uint64_t h = 2880, hd = 64, a = 64, kv = 8, fe = 2880, k = 4, V = 201088;
+    for (int big = 0; big <= 1; big++) {
+        load(big ? "gpt-oss-120b.json" : "gpt-oss-20b.json", &c);
+        const uint64_t L = big ? 36 : 24, E = big ? 128 : 32;
+        /* a layer: q and o (a hd x h each) with their biases (a hd and h), k
+         * and v (kv hd x h each) with theirs, the sinks (a), two RMSNorms (h
+         * each), the router (E x h) and its bias (E), E experts of
+         * gate_up_proj (h x 2 fe) and its bias (2 fe) and down_proj (fe x h)
+         * and its bias (h) */
+        const uint64_t expert = h * 2 * fe + 2 * fe + fe * h + h;
+        const uint64_t layer = 2 * a * hd * h + a * hd + h + 2 * (kv * hd * h + kv * hd) + a + 2 * h + E * h + E +
+                               E * expert;
+        const uint64_t want = L * layer + V * h /* embed_tokens */ + h /* norm */ + V * h /* lm_head */;
+        zo_param_counts pc;
+        zo_model_param_counts(&c, &pc);
+        assert_int_equal(pc.total, want);
+        assert_int_equal(pc.active, want - L * (E - k) * expert);
+        assert_int_equal(pc.experts, L * E * expert);
+        /* the model card's active counts leave out the input embedding */
+        assert_int_equal((pc.active - V * h + 5000000) / 10000000, big ? 513 : 361);
+        assert_true(c.attn_sinks && c.attn_bias && c.out_bias && !c.tied_embeddings && c.head_dim == 64 &&
+                    c.n_kv_heads == 8 && c.norm_eps == 1e-5f && c.rope_theta == 150000.0f);
+        assert_true(c.sliding_window == 128 && c.window_period == 2 && zo_model_layer_window(&c, 0) &&
+                    !zo_model_layer_window(&c, 1));
+        assert_true(!strcmp(c.rope_scaling, "yarn") && c.rope_factor == 32.0f && c.rope_original_max == 4096 &&
+                    !c.rope_truncate && c.rope_beta_fast == 32.0 && c.rope_beta_slow == 1.0);
+        assert_true(c.moe.experts == (int)E && c.moe.top_k == 4 && c.moe.expert_ffn == 2880 && c.moe.norm_topk &&
+                    c.moe.expert_bias && c.moe.router_logit_bias && !c.moe.router_bias && c.moe.glu_limit == 7.0f &&
+                    c.moe.glu_alpha == 1.702f && !c.moe.aux_loss && c.moe.aux_coef == 0.9f && !c.moe.shared_ffn);
+        assert_true(!strcmp(c.quant_method, "mxfp4"));
+        /* memplan sizes it; the runtime refuses it, naming what it lacks */
+        assert_int_equal(zo_model_config_runtime_check(&c), ZO_ERR_UNSUPPORTED);
+        assert_non_null(strstr(zo_last_error(), "attention sinks"));
+    }
+    /* GptOssConfig's defaults: 128 experts, 4 a token, every second layer
+     * windowed (128), yarn as the published configs give it, limit 7 */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gpt_oss\", " SHAPE_ONLY "}", "d.json", &c), ZO_OK);
+    assert_true(c.moe.experts == 128 && c.moe.top_k == 4 && c.moe.expert_ffn == 128 && c.n_kv_heads == 8 &&
+                c.head_dim == 64 && c.max_seq == 131072 && c.sliding_window == 128 && c.window_period == 2 &&
+                c.moe.glu_limit == 7.0f && c.attn_bias && c.attn_sinks);
+    assert_true(!strcmp(c.rope_scaling, "yarn") && c.rope_factor == 32.0f && c.rope_original_max == 4096 &&
+                !c.rope_truncate && fabsf(c.rope_attention_factor - (float)(0.1 * log(32.0) + 1)) < 1e-6f);
+    /* no window (null); no biases; a limit; the balance loss */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gpt_oss\", \"sliding_window\": null, "
+                                           "\"attention_bias\": false, \"swiglu_limit\": 5.5, "
+                                           "\"output_router_logits\": true, " SHAPE_ONLY "}",
+                                           "d.json", &c),
+                     ZO_OK);
+    assert_true(!c.sliding_window && !c.attn_bias && !c.out_bias && c.moe.glu_limit == 5.5f && c.moe.aux_loss);
+    /* refused by name */
+    expect_named("{\"model_type\": \"gpt_oss\", \"swiglu_limit\": 0, " SHAPE_ONLY "}", "swiglu_limit");
+    expect_named("{\"model_type\": \"gpt_oss\", \"router_jitter_noise\": 0.1, " SHAPE_ONLY "}",
+                 "router_jitter_noise");
+    expect_named("{\"model_type\": \"gpt_oss\", \"layer_types\": [\"full_attention\", \"sliding_attention\"], "
+                 SHAPE_ONLY "}", "layer_types");
+    expect_named("{\"model_type\": \"gpt_oss\", \"n_shared_experts\": 1, " SHAPE_ONLY "}", "n_shared_experts");
+}
+
 static void test_olmoe_config(void **state)
 {
     (void)state;
@@ -1507,6 +1575,7 @@ int main(void)
         cmocka_unit_test(test_olmo2_config),
         cmocka_unit_test(test_olmo3_config),
         cmocka_unit_test(test_olmoe_config),
+        cmocka_unit_test(test_gpt_oss_config),
         cmocka_unit_test(test_rope_parameters),
         cmocka_unit_test(test_seed_oss_config),
         cmocka_unit_test(test_ernie4_5_config),
