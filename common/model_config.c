@@ -734,9 +734,11 @@ static const char *const preset_families[] = {"", "gpt3", "megatron", "custom", 
 static int family_trainable(const char *type);
 static size_t trainable_list(char *out, size_t cap);
 
-zo_status zo_model_config_runtime_check(const zo_model_config *c)
+/* layout_only: what model_layout_init builds, which holds gpt-oss's
+ * tensors before the transformer computes them */
+static zo_status runtime_check(const zo_model_config *c, int layout_only)
 {
-    int known = family_trainable(c->family);
+    int known = family_trainable(c->family) || (layout_only && zo_model_gpt_oss(c));
     for (size_t i = 0; i < sizeof preset_families / sizeof preset_families[0]; i++)
         known |= !strcmp(c->family, preset_families[i]);
     /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these), GPT-NeoX's
@@ -753,7 +755,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     int grouped = zo_model_qkv_grouped(c), bloom = zo_model_bloom(c), phi = zo_model_phi(c) || zo_model_gptj(c);
     int sc2 = zo_model_starcoder2(c); /* (GPT layers, sequential, with LLaMA's rotary attention) */
     int rotary = c->arch == ZO_ARCH_LLAMA || (grouped && !bloom) || phi || sc2;
-    char lacks[64];
+    char lacks[96];
     /* (DeepSeek-V2's and V3's latent attention and V3's router correction
      * named first: their family is DeepSeekMoE's otherwise) */
     if (c->mla.kv_rank && c->mla.v_dim > c->mla.qk_nope + c->mla.qk_rope)
@@ -765,8 +767,10 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         snprintf(lacks, sizeof lacks, "DeepSeek's routing outside DeepSeek's layers");
     else if (c->mla.kv_rank && c->attn_bias)
         snprintf(lacks, sizeof lacks, "latent attention with biases (attention_bias)");
-    else if (c->attn_sinks || c->moe.expert_bias || c->moe.router_logit_bias || c->moe.glu_limit > 0.0f)
-        snprintf(lacks, sizeof lacks, "attention sinks and gpt-oss's experts (biased, clamped)");
+    else if ((c->attn_sinks || c->moe.expert_bias || c->moe.router_logit_bias || c->moe.glu_limit > 0.0f) &&
+             (!layout_only || !zo_model_gpt_oss(c)))
+        snprintf(lacks, sizeof lacks, "attention sinks and gpt-oss's experts (biased, clamped)%s",
+                 layout_only ? " outside gpt-oss's layers" : "");
     else if (!known) snprintf(lacks, sizeof lacks, "its layers");
     else if (c->moe.experts && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
@@ -802,6 +806,9 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
                     "%s; memplan sizes this family)",
                     c->name, c->family, lacks, list);
 }
+
+zo_status zo_model_config_runtime_check(const zo_model_config *c) { return runtime_check(c, 0); }
+zo_status zo_model_config_layout_check(const zo_model_config *c) { return runtime_check(c, 1); }
 
 /* ---- Hugging Face config.json ------------------------------------------- */
 
@@ -1469,6 +1476,7 @@ int zo_model_granitemoe(const zo_model_config *c) { return !strcmp(c->family, "g
 int zo_model_phimoe(const zo_model_config *c) { return !strcmp(c->family, "phimoe"); }
 int zo_model_mixtral_names(const zo_model_config *c) { return !strcmp(c->family, "mixtral") || zo_model_phimoe(c); }
 int zo_model_ernie(const zo_model_config *c) { return !strcmp(c->family, "ernie4_5"); }
+int zo_model_gpt_oss(const zo_model_config *c) { return !strcmp(c->family, "gpt_oss"); }
 int zo_model_rot_interleaved(const zo_model_config *c)
 {
     return zo_model_gptj(c) || zo_model_cohere(c) || zo_model_ernie(c);

@@ -286,6 +286,10 @@ int zo_model_starcoder2(const zo_model_config *c);
 /* ERNIE 4.5 (dense): LLaMA layers, every linear layer biased under use_bias,
  * rotary pairs interleaved (zo_model_rot_interleaved). */
 int zo_model_ernie(const zo_model_config *c);
+/* gpt-oss: LLaMA's layers with sinks (attn_sinks) and MoE MLPs whose router
+ * and experts are biased and whose GLU is clamped; its experts stored fused
+ * (model/layout.c). */
+int zo_model_gpt_oss(const zo_model_config *c);
 /* Cohere (Command-R, Aya) and Cohere2 (Command-R7B, Command-A): LLaMA
  * layers (SwiGLU, GQA) with a LayerNorm without a bias (layer_norm), one norm
  * before a parallel attention and MLP, rotary over the whole head with its
@@ -418,6 +422,10 @@ const zo_family_info *zo_model_families(size_t *count);
  * LLaMA, Mistral or Qwen2 layers and nothing of the planner-only fields;
  * else ZO_ERR_UNSUPPORTED naming the family and what it lacks. */
 zo_status zo_model_config_runtime_check(const zo_model_config *cfg);
+/* The same for what model_layout_init lays out and the loader reads and
+ * writes: the runtime's families and gpt-oss, whose tensors are laid out
+ * before the transformer computes them (tf_init refuses it). */
+zo_status zo_model_config_layout_check(const zo_model_config *cfg);
 
 /* One layer's parameters, by how tensor parallelism treats them. */
 typedef struct zo_layer_params {

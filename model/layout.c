@@ -52,6 +52,13 @@ static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_KV_A_W] = "kv_a_w",
     [MODEL_ROLE_KV_A_NORM_W] = "kv_a_norm_w",
     [MODEL_ROLE_KV_B_W] = "kv_b_w",
+    [MODEL_ROLE_SINKS] = "sinks",
+    [MODEL_ROLE_ROUTER_B] = "router_b",
+    [MODEL_ROLE_EXPERT_GATE_UP_W] = "expert_gate_up_w",
+    [MODEL_ROLE_EXPERT_GATE_UP_B] = "expert_gate_up_b",
+    [MODEL_ROLE_EXPERT_GATE_B] = "expert_gate_b",
+    [MODEL_ROLE_EXPERT_UP_B] = "expert_up_b",
+    [MODEL_ROLE_EXPERT_DOWN_B] = "expert_down_b",
 };
 
 const char *model_role_name(model_role r)
@@ -223,6 +230,64 @@ static void granitemoe_experts(builder *b, int i)
     }
 }
 
+/* A fused slice of layer i's gpt-oss expert tensor `name` [E, d1(, d2)]:
+ * expert e's run of d1 d2 elements (the last tensor added). */
+static void fuse_expert(builder *b, int e, int64_t E, int64_t d1, int64_t d2)
+{
+    if (b->st != ZO_OK) return;
+    model_tensor *t = &b->l->tensors[b->l->n_tensors - 1];
+    t->hf_fused[0] = E;
+    t->hf_fused[1] = d1;
+    t->hf_fused[2] = d2;
+    t->hf_fused_at = (size_t)(e * d1 * (d2 ? d2 : 1));
+}
+
+/* gpt-oss's router and experts (layer i): mlp.router's weight and bias;
+ * the file's experts are each tensor fused over them, gate_up_proj
+ * [E, h, 2 ffn] (x gate_up_proj: stored [in, out], and its columns
+ * interleaved, gate 2j and up 2j + 1), gate_up_proj_bias [E, 2 ffn] (the
+ * same interleave), down_proj [E, ffn, h] ([in, out]) and down_proj_bias
+ * [E, h]. Ours: expert e's gate_up [2 ffn, h] (gate rows, then up rows:
+ * the file's run transposed and de-interleaved, as the rotary pairs are,
+ * hf_rope_rows over all 2 ffn rows), its bias [2 ffn] likewise, down
+ * [h, ffn] and its bias [h], experts one after another. The views are
+ * expert 0's; gate and up (weights and biases) their row ranges. */
+static void gpt_oss_experts(builder *b, int i)
+{
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
+    const int64_t h = c->hidden, fe = c->moe.expert_ffn, E = c->moe.experts;
+    add(b, MODEL_ROLE_ROUTER_W, 0, E, h, "model.layers.%d.mlp.router.weight", i);
+    add(b, MODEL_ROLE_ROUTER_B, 0, E, 0, "model.layers.%d.mlp.router.bias", i);
+    const int first = l->n_tensors;
+    for (int e = l->expert_first; e < l->expert_first + l->expert_count; e++) {
+        add(b, MODEL_ROLE_EXPERT_GATE_UP_W, 1, 2 * fe, h, "model.layers.%d.mlp.experts.gate_up_proj", i);
+        fuse_expert(b, e, E, h, 2 * fe);
+        if (b->st == ZO_OK) model_tensor_set_rope_rows(&l->tensors[l->n_tensors - 1], (int)(2 * fe), (int)(2 * fe), 0);
+        add(b, MODEL_ROLE_EXPERT_GATE_UP_B, 0, 2 * fe, 0, "model.layers.%d.mlp.experts.gate_up_proj_bias", i);
+        fuse_expert(b, e, E, 2 * fe, 0);
+        if (b->st == ZO_OK) {
+            model_tensor_set_rope_rows(&l->tensors[l->n_tensors - 1], (int)(2 * fe), (int)(2 * fe), 0);
+            l->tensors[l->n_tensors - 1].hf_rope_elems = 1;
+        }
+        add(b, MODEL_ROLE_EXPERT_DOWN_W, 1, h, fe, "model.layers.%d.mlp.experts.down_proj", i);
+        fuse_expert(b, e, E, fe, h);
+        add(b, MODEL_ROLE_EXPERT_DOWN_B, 0, h, 0, "model.layers.%d.mlp.experts.down_proj_bias", i);
+        fuse_expert(b, e, E, h, 0);
+    }
+    if (b->st != ZO_OK) return;
+    for (int k = 0; k < 4; k++) { /* the views are expert 0's (add left the last expert's) */
+        const model_tensor *t = &l->tensors[first + k];
+        model_view *v = view_at(l, b->block, t->role);
+        v->offset = t->offset;
+        v->tensor = first + k;
+    }
+    sub_view(l, b->block, MODEL_ROLE_EXPERT_GATE_UP_W, MODEL_ROLE_EXPERT_GATE_W, 0, fe);
+    sub_view(l, b->block, MODEL_ROLE_EXPERT_GATE_UP_W, MODEL_ROLE_EXPERT_UP_W, fe, fe);
+    sub_view(l, b->block, MODEL_ROLE_EXPERT_GATE_UP_B, MODEL_ROLE_EXPERT_GATE_B, 0, fe);
+    sub_view(l, b->block, MODEL_ROLE_EXPERT_GATE_UP_B, MODEL_ROLE_EXPERT_UP_B, fe, fe);
+}
+
 /* The MLP of an MoE layer (Mixtral's block_sparse_moe, Qwen2-MoE's and
  * DeepSeek's mlp): the router, the experts (gate, up, down each), the
  * shared expert(s) and Qwen2-MoE's gate on them. The EXPERT_* views are expert 0's. */
@@ -233,6 +298,10 @@ static void moe_layer(builder *b, int i)
     const int mixtral = zo_model_mixtral_names(c), granite = zo_model_granitemoe(c);
     const char *p = "model.layers", *m = mixtral ? "block_sparse_moe" : "mlp";
     int first = b->l->n_tensors;
+    if (zo_model_gpt_oss(c)) {
+        gpt_oss_experts(b, i);
+        return;
+    }
     if (granite) {
         granitemoe_experts(b, i);
     } else {
@@ -268,7 +337,8 @@ static void moe_layer(builder *b, int i)
 
 size_t model_layout_expert_stride(const model_layout *l)
 {
-    return 3 * (size_t)l->cfg.hidden * (size_t)l->cfg.moe.expert_ffn;
+    const size_t h = (size_t)l->cfg.hidden, fe = (size_t)l->cfg.moe.expert_ffn;
+    return 3 * h * fe + (l->cfg.moe.expert_bias ? 2 * fe + h : 0);
 }
 
 /* Block 0: the token embedding (and GPT's learned positions). */
@@ -490,6 +560,7 @@ static void llama_layer(builder *b, int i)
     }
     if (c->out_bias && !c->attn_out_nobias)
         add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
+    if (c->attn_sinks) add(b, MODEL_ROLE_SINKS, 0, c->n_heads, 0, "%s.%d.self_attn.sinks", p, i);
     if (c->qk_norm && c->qk_norm_heads) { /* Cohere's: a row a head, its columns q's and k's dims */
         int first = l->n_tensors;
         add(b, MODEL_ROLE_Q_NORM_W, 0, c->n_heads, c->head_dim, "%s.%d.self_attn.q_norm.weight", p, i);
@@ -592,7 +663,7 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
     if ((st = zo_model_config_validate(&cfg)) != ZO_OK) /* with its limits (model_limits.h) */
         return zo_error_wrap(st, "model layout: %s", cfg.name);
     /* memplan sizes more families than the layout builds: refuse the rest by name */
-    if ((st = zo_model_config_runtime_check(&cfg)) != ZO_OK)
+    if ((st = zo_model_config_layout_check(&cfg)) != ZO_OK)
         return zo_error_wrap(st, "model layout");
     l->cfg = cfg;
     l->expert_first = first;

@@ -108,6 +108,18 @@ typedef enum model_role {
                                     (ours: the rotary key's rows, then c_kv's) */
     MODEL_ROLE_KV_A_NORM_W,      /* [kv_rank]    self_attn.kv_a_layernorm.weight */
     MODEL_ROLE_KV_B_W,           /* [heads (nope + v), kv_rank] self_attn.kv_b_proj.weight */
+    /* gpt-oss: a sink logit per query head; the router's logit bias; each
+     * expert's gate and up as the row ranges [0, ffn) and [ffn, 2 ffn) of
+     * one [2 ffn, h] tensor (and their biases of one [2 ffn]), read from
+     * mlp.experts.gate_up_proj [E, h, 2 ffn] (its columns interleaved: gate
+     * 2j, up 2j + 1; model/layout.c), and the down projection's bias */
+    MODEL_ROLE_SINKS,            /* [heads]      self_attn.sinks */
+    MODEL_ROLE_ROUTER_B,         /* [experts]    mlp.router.bias */
+    MODEL_ROLE_EXPERT_GATE_UP_W, /* [2 ffn, h]   expert 0's of mlp.experts.gate_up_proj */
+    MODEL_ROLE_EXPERT_GATE_UP_B, /* [2 ffn]      expert 0's of mlp.experts.gate_up_proj_bias */
+    MODEL_ROLE_EXPERT_GATE_B,    /* [ffn]        its gate rows */
+    MODEL_ROLE_EXPERT_UP_B,      /* [ffn]        its up rows */
+    MODEL_ROLE_EXPERT_DOWN_B,    /* [h]          expert 0's of mlp.experts.down_proj_bias */
     MODEL_ROLE_COUNT,
 } model_role;
 
@@ -141,10 +153,12 @@ typedef struct model_tensor {
     int64_t hf_fused[3];              /* a slice of a tensor that the file stores fused over the
                                        * experts (Granite-MoE's input_linear [E, 2 ffn, h], whose
                                        * rows [0, ffn) of expert e are its gate and [ffn, 2 ffn) its
-                                       * up, and output_linear [E, h, ffn]): that tensor's shape,
-                                       * every slice of it under its name; hf_fused_at its first
-                                       * element (each slice is a contiguous run of the file's).
-                                       * [0] 0: a tensor of its own */
+                                       * up, and output_linear [E, h, ffn]): that tensor's shape
+                                       * ([2] 0: a 2-D one, gpt-oss's biases [E, n]), every slice
+                                       * of it under its name; hf_fused_at its first element (each
+                                       * slice is a contiguous run of the file's, hf_transposed: a
+                                       * matrix of it stored [in, out], hf_rope_rows: its rows
+                                       * interleaved). [0] 0: a tensor of its own */
     size_t hf_fused_at;
     int hf_rope_elems;                /* with hf_rope_rows, the runs are of elements, not
                                        * rows (rows of one element): Cohere's q_norm and
@@ -200,6 +214,12 @@ size_t model_layout_expert_stride(const model_layout *l);
 /* Whether t is a slice of a fused file tensor other than its first (its
  * elements are written with the first's: the file holds one tensor). */
 static inline int model_tensor_fused_rest(const model_tensor *t) { return t->hf_fused[0] && t->hf_fused_at; }
+/* The dimensions and elements of the fused file tensor t is a slice of. */
+static inline int model_tensor_fused_ndim(const model_tensor *t) { return t->hf_fused[2] ? 3 : 2; }
+static inline uint64_t model_tensor_fused_numel(const model_tensor *t)
+{
+    return (uint64_t)t->hf_fused[0] * (uint64_t)t->hf_fused[1] * (uint64_t)(t->hf_fused[2] ? t->hf_fused[2] : 1);
+}
 
 /* Marks t (GPT-NeoX's or Falcon's query_key_value weight or bias, or its
  * lora_B) as grouped per kv head in the file: hf_head_rows, hf_head_groups

@@ -324,8 +324,9 @@ static zo_status read_mxfp4(const model_ckpt *c, const model_layout *l, const mo
         return zo_error(ZO_ERR_FORMAT,
                         "%s: tensor \"%s\" holds \"%s\" as MXFP4 but the checkpoint has no \"%s\" (its E8M0 scales)",
                         f->path, b->name, base, sname);
+    /* (a fused slice stored [in, out] is a whole matrix of X: D's, transposed back) */
     return model_st_read_mxfp4(f, b->tensor, &c->files[se->file], se->tensor, t->hf_fused[0] ? t->hf_fused_at : 0,
-                               t->numel, dst, dt, t->hf_transposed && !t->hf_fused[0]);
+                               t->numel, dst, dt, t->hf_transposed);
 }
 
 static void note_name(char *dst, const char *name, int count)
@@ -372,7 +373,7 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
         }
         if (t->hf_fused[0]) {
             memcpy(want, t->hf_fused, sizeof want);
-            want_ndim = 3;
+            want_ndim = model_tensor_fused_ndim(t);
         }
         /* (an MXFP4 weight's: the one its blocks hold) */
         int64_t xs[MODEL_ST_MAX_DIMS];
@@ -404,6 +405,11 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
             part.end = part.begin + t->numel * s->elem_size;
             part.ndim = 1;
             part.shape[0] = (int64_t)t->numel;
+            if (t->hf_transposed) { /* (a matrix stored [in, out]: gpt-oss's experts) */
+                part.ndim = 2;
+                part.shape[0] = t->shape[1];
+                part.shape[1] = t->shape[0];
+            }
             part.numel = t->numel;
             s = &part;
         }
@@ -542,6 +548,16 @@ typedef struct save_ctx {
     stream_ctx *stream;     /* model_save_streamed: blocks come through it */
 } save_ctx;
 
+/* Our element of slice t's k-th element in the file's run (gpt-oss's:
+ * a matrix stored [in, out], rows interleaved): the file's (r, c) of
+ * [in, out] is our (row_ours(c), r); a bias's element its row's. */
+static size_t fused_ours(const model_tensor *t, size_t k)
+{
+    if (!t->hf_transposed) return row_ours(t, k);
+    size_t in = (size_t)t->shape[1], out = (size_t)t->shape[0];
+    return row_ours(t, k % out) * in + k / out;
+}
+
 /* Elements [first, first + count) of the fused tensor whose first slice is
  * tensor i: its slices' parts in that range (every slice lies in i's block,
  * after it). */
@@ -556,7 +572,17 @@ static zo_status fused_fill(const save_ctx *x, int i, uint64_t first, uint64_t c
         uint64_t a = t->hf_fused_at > first ? t->hf_fused_at : first;
         uint64_t b = t->hf_fused_at + t->numel < first + count ? t->hf_fused_at + t->numel : first + count;
         if (a >= b) continue;
-        const uint8_t *src = (const uint8_t *)x->blocks[t->block] + (t->offset + (a - t->hf_fused_at)) * bsz;
+        const uint8_t *base = (const uint8_t *)x->blocks[t->block] + t->offset * bsz;
+        if (t->hf_transposed || t->hf_rope_rows) { /* element by element */
+            for (uint64_t e = a; e < b; e++) {
+                const uint8_t *s = base + fused_ours(t, (size_t)(e - t->hf_fused_at)) * bsz;
+                zo_status st = model_io_convert_rows((uint8_t *)dst + (e - first) * fsz, x->file_dt, s, x->buf_dt, 1,
+                                                     1, 0, 0);
+                if (st != ZO_OK) return st;
+            }
+            continue;
+        }
+        const uint8_t *src = base + (a - t->hf_fused_at) * bsz;
         zo_status st = model_io_convert_rows((uint8_t *)dst + (a - first) * fsz, x->file_dt, src, x->buf_dt, 1,
                                              (size_t)(b - a), 0, 0);
         if (st != ZO_OK) return st;
@@ -631,7 +657,7 @@ static zo_status save_entries(const char *path, const model_layout *l, int first
         const model_tensor *t = &l->tensors[first + i];
         if (t->hf_fused[0]) {
             /* the slices in the range (its block's, around i) cover it whole */
-            uint64_t got = 0, whole = (uint64_t)t->hf_fused[0] * (uint64_t)t->hf_fused[1] * (uint64_t)t->hf_fused[2];
+            uint64_t got = 0, whole = model_tensor_fused_numel(t);
             int head = 0, j0 = i, j1 = i;
             while (j0 > 0 && l->tensors[first + j0 - 1].block == t->block) j0--;
             while (j1 + 1 < n && l->tensors[first + j1 + 1].block == t->block) j1++;
@@ -649,7 +675,7 @@ static zo_status save_entries(const char *path, const model_layout *l, int first
                                 "slice, in one file)", path, t->name);
             }
             if (model_tensor_fused_rest(t)) continue;
-            e[k].ndim = 3;
+            e[k].ndim = model_tensor_fused_ndim(t);
             memcpy(e[k].shape, t->hf_fused, sizeof t->hf_fused);
         } else {
             e[k].ndim = t->ndim;

@@ -465,7 +465,7 @@ static int teardown_tmp(void **state)
 {
     (void)state;
     const char *names[] = {"u16.bin", "u32.bin", "odd.bin", "oov.bin", "text.txt", "text.bin",
-                           "short.bin", "empty.bin", "cut.bin", "granitemoe.safetensors"};
+                           "short.bin", "empty.bin", "cut.bin", "granitemoe.safetensors", "gpt_oss.safetensors"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char p[512];
         snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
@@ -1642,6 +1642,132 @@ static void test_granite_config(void **state)
  * untied, multipliers 1, no balance loss unless output_router_logits, its
  * coefficient 0.001); its fused experts sliced to and from expert e's gate,
  * up and down; LoRA on the attention only (an MLP target refused). */
+/* Block buffers of layout l, every element distinct (100000 block +
+ * element), saved in F32 as tmpdir/name (path: its path); blocks_free frees them. */
+static float **numbered_blocks_saved(const model_layout *l, const char *name, char *path, size_t cap)
+{
+    float **blocks = calloc((size_t)l->n_blocks, sizeof *blocks);
+    assert_non_null(blocks);
+    for (int b = 0; b < l->n_blocks; b++) {
+        blocks[b] = malloc((l->block_numel[b] + 1) * sizeof(float));
+        assert_non_null(blocks[b]);
+        for (size_t i = 0; i < l->block_numel[b]; i++) blocks[b][i] = (float)(100000 * b + i);
+    }
+    snprintf(path, cap, "%s/%s", tmpdir, name);
+    if (model_save(path, l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32)) fail_msg("%s", zo_last_error());
+    return blocks;
+}
+
+static void blocks_free(const model_layout *l, float **blocks)
+{
+    for (int b = 0; b < l->n_blocks; b++) free(blocks[b]);
+    free(blocks);
+}
+
+/* gpt-oss's tensors: its experts fused over the experts in the file,
+ * gate_up_proj [E, h, 2 f] stored [in, out] with gate and up interleaved
+ * (column 2j gate row j, 2j + 1 up row j), gate_up_proj_bias [E, 2 f]
+ * likewise, down_proj [E, f, h] stored [in, out], down_proj_bias [E, h]; the
+ * router's bias, the sinks. Saved from distinct values in every element,
+ * the file holds each where the index arithmetic here says; loaded back,
+ * the blocks are the same, whole and in a window of experts; the layout
+ * counts what memplan counts, and the transformer's check refuses it. */
+static void test_gpt_oss_layout(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, "
+                                           "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+                                           "\"num_key_value_heads\": 2, \"head_dim\": 16, "
+                                           "\"intermediate_size\": 32, \"num_local_experts\": 4, "
+                                           "\"num_experts_per_tok\": 2, \"vocab_size\": 96}",
+                                           "gpt_oss.json", &c),
+                     ZO_OK);
+    model_layout l;
+    if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+    assert_int_equal(l.total_numel, zo_model_params(&c));
+    const size_t h = 64, f = 32, E = 4, S = model_layout_expert_stride(&l);
+    assert_int_equal(S, 3 * h * f + 2 * f + h);
+    const int blk = model_layout_layer_block(1);
+    const model_view *gu = model_layout_view(&l, blk, MODEL_ROLE_EXPERT_GATE_UP_W);
+    const model_view *g = model_layout_view(&l, blk, MODEL_ROLE_EXPERT_GATE_W);
+    const model_view *u = model_layout_view(&l, blk, MODEL_ROLE_EXPERT_UP_W);
+    const model_view *gb = model_layout_view(&l, blk, MODEL_ROLE_EXPERT_GATE_B);
+    const model_view *ub = model_layout_view(&l, blk, MODEL_ROLE_EXPERT_UP_B);
+    const model_view *d = model_layout_view(&l, blk, MODEL_ROLE_EXPERT_DOWN_W);
+    const model_view *db = model_layout_view(&l, blk, MODEL_ROLE_EXPERT_DOWN_B);
+    assert_true(gu && g && u && gb && ub && d && db);
+    assert_true(g->offset == gu->offset && u->offset == gu->offset + f * h && g->numel == f * h && u->numel == f * h);
+    assert_true(ub->offset == gb->offset + f && db->offset == d->offset + h * f);
+    assert_non_null(model_layout_view(&l, blk, MODEL_ROLE_SINKS));
+    assert_non_null(model_layout_view(&l, blk, MODEL_ROLE_ROUTER_B));
+    /* the transformer computes none of it yet (tf_init's check) */
+    assert_int_equal(zo_model_config_layout_check(&c), ZO_OK);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "attention sinks"));
+
+    char path[512];
+    float **blocks = numbered_blocks_saved(&l, "gpt_oss.safetensors", path, sizeof path);
+    model_st_file sf;
+    assert_int_equal(model_st_open(&sf, path), ZO_OK);
+    static const char *const names[4] = {"gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"};
+    const size_t dims[4][2] = {{h, 2 * f}, {2 * f, 0}, {f, h}, {h, 0}};
+    float *x[4];
+    for (int k = 0; k < 4; k++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.1.mlp.experts.%s", names[k]);
+        const model_st_tensor *t = model_st_find(&sf, name);
+        if (!t) fail_msg("%s: missing", name);
+        assert_int_equal(t->ndim, dims[k][1] ? 3 : 2);
+        assert_true((size_t)t->shape[0] == E && (size_t)t->shape[1] == dims[k][0]);
+        if (dims[k][1]) assert_int_equal((size_t)t->shape[2], dims[k][1]);
+        assert_non_null(x[k] = malloc((size_t)t->numel * 4));
+        assert_int_equal(model_st_read(&sf, t, x[k], ZO_DTYPE_F32, 0), ZO_OK);
+    }
+    assert_non_null(model_st_find(&sf, "model.layers.1.self_attn.sinks"));
+    assert_non_null(model_st_find(&sf, "model.layers.1.mlp.router.bias"));
+    /* 17 a layer: two norms, q, k, v, o and their biases, the sinks, the router and its bias, the four fused */
+    assert_int_equal(sf.n_tensors, 2 * 17 + 3);
+    const float *x0 = blocks[blk] + gu->offset;
+    for (size_t e = 0; e < E; e++) {
+        const float *ex = x0 + e * S, *bias = ex + 2 * f * h, *dw = bias + 2 * f, *dbias = dw + h * f;
+        for (size_t j = 0; j < h; j++)
+            for (size_t col = 0; col < 2 * f; col++) { /* gate row i at column 2i, up row i at 2i + 1 */
+                size_t row = col / 2 + (col % 2) * f;
+                if (x[0][(e * h + j) * 2 * f + col] != ex[row * h + j]) fail_msg("gate_up_proj[%zu][%zu][%zu]", e, j, col);
+            }
+        for (size_t col = 0; col < 2 * f; col++)
+            if (x[1][e * 2 * f + col] != bias[col / 2 + (col % 2) * f]) fail_msg("gate_up_proj_bias[%zu][%zu]", e, col);
+        for (size_t r = 0; r < f; r++)
+            for (size_t col = 0; col < h; col++) /* down [f, h] in the file, ours [h, f] */
+                if (x[2][(e * f + r) * h + col] != dw[col * f + r]) fail_msg("down_proj[%zu][%zu][%zu]", e, r, col);
+        for (size_t col = 0; col < h; col++)
+            if (x[3][e * h + col] != dbias[col]) fail_msg("down_proj_bias[%zu][%zu]", e, col);
+    }
+    for (int k = 0; k < 4; k++) free(x[k]);
+    model_st_close(&sf);
+    /* loaded back: the same blocks; a window of experts 1..2 their slices */
+    for (int win = 0; win <= 1; win++) {
+        model_layout wl;
+        assert_int_equal(win ? model_layout_init_experts(&wl, &c, 1, 2) : model_layout_init(&wl, &c), ZO_OK);
+        float **wb = calloc((size_t)wl.n_blocks, sizeof *wb);
+        assert_non_null(wb);
+        for (int b = 0; b < wl.n_blocks; b++) assert_non_null(wb[b] = calloc(wl.block_numel[b] + 1, sizeof(float)));
+        if (model_load_path(path, &wl, (void *const *)wb, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL))
+            fail_msg("%s", zo_last_error());
+        if (win) {
+            const float *w0 = wb[blk] + model_layout_view(&wl, blk, MODEL_ROLE_EXPERT_GATE_UP_W)->offset;
+            assert_memory_equal(w0, x0 + S, 2 * S * sizeof(float));
+        } else {
+            for (int b = 0; b < l.n_blocks; b++) assert_memory_equal(wb[b], blocks[b], l.block_numel[b] * sizeof(float));
+        }
+        blocks_free(&wl, wb);
+        model_layout_free(&wl);
+    }
+    blocks_free(&l, blocks);
+    model_layout_free(&l);
+}
+
 static void test_granitemoe_config(void **state)
 {
     (void)state;
@@ -1697,16 +1823,8 @@ static void test_granitemoe_config(void **state)
      * gate, up and down where the file has them (written here from plain
      * index arithmetic); read back into a window of experts 2..5, each
      * expert's slices as the whole layout's */
-    float **blocks = calloc((size_t)l.n_blocks, sizeof *blocks);
-    assert_non_null(blocks);
-    for (int b = 0; b < l.n_blocks; b++) {
-        blocks[b] = malloc((l.block_numel[b] + 1) * sizeof(float));
-        assert_non_null(blocks[b]);
-        for (size_t i = 0; i < l.block_numel[b]; i++) blocks[b][i] = (float)(100000 * b + i);
-    }
     char path[512];
-    snprintf(path, sizeof path, "%s/granitemoe.safetensors", tmpdir);
-    if (model_save(path, &l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32)) fail_msg("%s", zo_last_error());
+    float **blocks = numbered_blocks_saved(&l, "granitemoe.safetensors", path, sizeof path);
     model_st_file sf;
     assert_int_equal(model_st_open(&sf, path), ZO_OK);
     const model_st_tensor *in = model_st_find(&sf, "model.layers.1.block_sparse_moe.input_linear.weight");
@@ -1746,11 +1864,9 @@ static void test_granitemoe_config(void **state)
     assert_int_equal(model_save(path, &wl, (const void *const *)wb, ZO_DTYPE_F32, ZO_DTYPE_F32), ZO_ERR_INVALID);
     printf("  refused: %s\n", zo_last_error());
     assert_non_null(strstr(zo_last_error(), "input_linear.weight\" is written whole only"));
-    for (int b = 0; b < wl.n_blocks; b++) free(wb[b]);
-    free(wb);
+    blocks_free(&wl, wb);
     model_layout_free(&wl);
-    for (int b = 0; b < l.n_blocks; b++) free(blocks[b]);
-    free(blocks);
+    blocks_free(&l, blocks);
     model_layout_free(&l);
     /* LoRA: the attention's four (all-linear is those); an MLP target is refused, naming why */
     zo_lora_config lc = {.r = 4, .alpha = 8.0f, .targets = ZO_LORA_ALL_LINEAR};
@@ -2093,6 +2209,7 @@ int main(void)
         cmocka_unit_test(test_multimodal_text_config),
         cmocka_unit_test(test_granite_config),
         cmocka_unit_test(test_granitemoe_config),
+        cmocka_unit_test(test_gpt_oss_layout),
         cmocka_unit_test(test_cohere_config),
         cmocka_unit_test(test_cohere2_config),
         cmocka_unit_test(test_smollm3_config),

@@ -1146,7 +1146,7 @@ static void mx_model_build(mx_model *m, const model_layout *l)
         if (model_tensor_fused_rest(t)) continue;
         assert_true(m->n + 2 <= 24);
         int k = m->n;
-        if (t->hf_fused[0]) {
+        if (t->hf_fused[0] && t->hf_fused[2]) { /* (a 2-D fused tensor, gpt-oss's biases: F32 below) */
             int64_t E = t->hf_fused[0], A = t->hf_fused[1], B = t->hf_fused[2];
             uint8_t *bl, *sc;
             mx_fill(&bl, &sc, E, B, A / 32, (unsigned)i, 110, 30);
@@ -1161,11 +1161,15 @@ static void mx_model_build(mx_model *m, const model_layout *l)
             m->n += 2;
             continue;
         }
-        float *v = malloc(t->numel * 4);
+        const int fused = t->hf_fused[0] != 0;
+        size_t numel = fused ? (size_t)model_tensor_fused_numel(t) : t->numel;
+        float *v = malloc(numel * 4);
         assert_non_null(v);
-        for (size_t j = 0; j < t->numel; j++) v[j] = (float)((int)((j + (size_t)i) % 11) - 5) * 0.125f;
+        for (size_t j = 0; j < numel; j++) v[j] = (float)((int)((j + (size_t)i) % 11) - 5) * 0.125f;
         snprintf(m->names[k], sizeof m->names[k], "%s", t->name);
-        m->in[k] = (st_nd){m->names[k], "F32", t->ndim, {t->shape[0], t->ndim == 2 ? t->shape[1] : 0}, v, t->numel * 4};
+        m->in[k] = (st_nd){m->names[k], "F32", fused ? 2 : t->ndim,
+                           {fused ? t->hf_fused[0] : t->shape[0], fused ? t->hf_fused[1] : t->ndim == 2 ? t->shape[1] : 0},
+                           v, numel * 4};
         m->data[k] = v;
         m->n++;
     }
@@ -1185,6 +1189,68 @@ static void mx_model_write(const mx_model *m, const char *path, int skip, const 
         if (i != skip) in[n++] = m->in[i];
     if (extra) in[n++] = *extra;
     write_st_nd(path, in, n);
+}
+
+/* gpt-oss as published: its experts' gate_up_proj [E, h, 2 f] and
+ * down_proj [E, f, h] as MXFP4 (blocks of D, each expert's matrix
+ * transposed: [E, 2 f, h / 32, 16] and [E, h, f / 32, 16]), their biases,
+ * the router, the attention and the sinks unquantized. Loaded strictly in
+ * BF16 and F32, each expert's gate row i is the file's column 2i of its
+ * [h, 2 f] matrix, its up row i column 2i + 1, its down [h, f] the
+ * transpose of its [f, h], the biases likewise, every element the
+ * reference's (index arithmetic written here). */
+static void test_mxfp4_gpt_oss_load(void **state)
+{
+    (void)state;
+    char path[512];
+    model_layout l;
+    layout_of_json(&l, "{\"model_type\":\"gpt_oss\",\"num_hidden_layers\":1,\"hidden_size\":64,"
+                       "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":32,"
+                       "\"intermediate_size\":32,\"num_local_experts\":3,\"num_experts_per_tok\":2,"
+                       "\"vocab_size\":16,\"quantization_config\":{\"quant_method\":\"mxfp4\","
+                       "\"modules_to_not_convert\":[\"model.layers.*.self_attn\",\"model.layers.*.mlp.router\","
+                       "\"model.embed_tokens\",\"lm_head\"]}}");
+    mx_model m;
+    mx_model_build(&m, &l);
+    tmp_path(path, sizeof path, "mxoss.safetensors");
+    mx_model_write(&m, path, -1, NULL);
+    const int64_t f = 32;
+    for (int pass = 0; pass < 2; pass++) {
+        zo_dtype dt = pass ? ZO_DTYPE_F32 : ZO_DTYPE_BF16;
+        void **blocks = load_strict(path, &l, dt, 4); /* two blocks and two scales */
+        int checked = 0;
+        for (int i = 0; i < l.n_tensors; i++) {
+            const model_tensor *t = &l.tensors[i];
+            const uint8_t *got = (const uint8_t *)blocks[t->block] + t->offset * zo_dtype_size(dt);
+            const int mx = t->hf_fused[0] && t->hf_fused[2];
+            char name[MODEL_TENSOR_NAME_MAX + 16];
+            snprintf(name, sizeof name, "%s%s", t->name, mx ? "_blocks" : "");
+            int k = 0;
+            while (k < m.n && strcmp(m.in[k].name, name)) k++;
+            assert_true(k < m.n);
+            const int gate_up = t->role == MODEL_ROLE_EXPERT_GATE_UP_W || t->role == MODEL_ROLE_EXPERT_GATE_UP_B;
+            const int64_t e = t->hf_fused[0] ? (int64_t)t->hf_fused_at / (t->hf_fused[1] * (mx ? t->hf_fused[2] : 1)) : 0;
+            for (size_t j = 0; j < t->numel; j++) {
+                /* our row and column; the file's column of our row (gate i at 2i, up i at 2i + 1) */
+                int64_t row = t->ndim == 2 ? (int64_t)j / t->shape[1] : (int64_t)j;
+                int64_t col = t->ndim == 2 ? (int64_t)j % t->shape[1] : 0;
+                int64_t c = gate_up ? (row < f ? 2 * row : 2 * (row - f) + 1) : row;
+                double want;
+                if (mx) /* X [E, A, B]: ours [B, A] transposed, X[e][col][c] */
+                    want = ref_mx(m.in[k].data, m.in[k + 1].data, m.B[k], m.A[k], e, col, c);
+                else if (t->hf_fused[0])
+                    want = ((const float *)m.in[k].data)[e * t->hf_fused[1] + c];
+                else
+                    want = ((const float *)m.in[k].data)[j];
+                if (!mx_equal(got, dt, j, want)) fail_msg("%s element %zu (expert %lld): want %g", t->name, j, (long long)e, want);
+            }
+            checked += t->hf_fused[0] != 0;
+        }
+        assert_int_equal(checked, 3 * 4);
+        free_blocks(&l, blocks);
+    }
+    mx_model_free(&m);
+    model_layout_free(&l);
 }
 
 /* An MXFP4 Granite-MoE checkpoint (quant_method "mxfp4", the attention,
@@ -1860,6 +1926,7 @@ int main(void)
         cmocka_unit_test(test_mxfp4_dequant),
         cmocka_unit_test(test_mxfp4_refusals),
         cmocka_unit_test(test_mxfp4_granitemoe_load),
+        cmocka_unit_test(test_mxfp4_gpt_oss_load),
         cmocka_unit_test(test_mxfp4_config_fields),
         cmocka_unit_test(test_st_write_atomic),
         cmocka_unit_test(test_st_truncated_after_open),

@@ -688,6 +688,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (opts) m->opts = *opts;
     if (B < 1 || T < 1)
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
+    /* (the layout holds more than the transformer computes: gpt-oss) */
+    if ((st = zo_model_config_runtime_check(cfg)) != ZO_OK) return zo_error_wrap(st, "tf_init");
     if (m->opts.recompute_layers < 0)
         return zo_error(ZO_ERR_INVALID, "tf_init: recompute_layers %d is negative", m->opts.recompute_layers);
     if (m->opts.recompute < TF_RECOMPUTE_NONE || m->opts.recompute > TF_RECOMPUTE_OPS)
