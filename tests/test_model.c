@@ -1091,6 +1091,17 @@ static void refused(const char *json, const char *key, const char *says, zo_stat
     if (says) assert_non_null(strstr(zo_last_error(), says));
 }
 
+/* A config refused: its text, the key and words the message names, the status. */
+typedef struct refusal {
+    const char *json, *key, *says;
+    zo_status code;
+} refusal;
+
+static void refused_each(const refusal *bad, size_t n)
+{
+    for (size_t i = 0; i < n; i++) refused(bad[i].json, bad[i].key, bad[i].says, bad[i].code);
+}
+
 static void load_hf_fixture(const char *name, zo_model_config *c)
 {
     char path[512];
@@ -1691,10 +1702,7 @@ static void test_exaone4_config(void **state)
                                            "null.json", &c), ZO_OK);
     for (int l = 0; l < 8; l++) assert_true(!zo_model_layer_window(&c, l) && zo_model_layer_rotary(&c, l));
 #undef ALL
-    static const struct {
-        const char *json, *key, *says;
-        zo_status code;
-    } bad[] = {
+    static const refusal bad[] = {
         {E4 ", \"sliding_window_pattern\": \"LGLL\"}", "sliding_window_pattern", "\"LLLG\"", ZO_ERR_UNSUPPORTED},
         {E4 ", \"sliding_window_pattern\": \"LLG\"}", "sliding_window_pattern", "over 8 layers", ZO_ERR_UNSUPPORTED},
         {E4 ", \"sliding_window_pattern\": null}", "sliding_window_pattern", "layer_types", ZO_ERR_FORMAT},
@@ -1705,7 +1713,7 @@ static void test_exaone4_config(void **state)
             "\"full_attention\"]}", "layer_types", "every p-th layer", ZO_ERR_UNSUPPORTED},
         {E4 ", \"attention_bias\": true}", "attention_bias", "biases", ZO_ERR_UNSUPPORTED},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) refused(bad[i].json, bad[i].key, bad[i].says, bad[i].code);
+    refused_each(bad, sizeof bad / sizeof bad[0]);
 #undef E4
 }
 
