@@ -2118,6 +2118,61 @@ static void parse_gpt_oss(hf *r, zo_model_config *c, const family *f)
     c->rope_attention_factor = (float)yarn_mscale(c->rope_factor, 1.0);
 }
 
+/* EXAONE 4.0's layer pattern without layer_types: sliding_window_pattern as
+ * a period (every p-th layer global), or the string "L...LG" of p letters,
+ * which Exaone4Config's docstring reads as that period with the last layer
+ * global (so the layers must be a whole number of periods). Refused by name:
+ * another string, and null (Hugging Face's config then fails on it). */
+static int hf_exaone4_period(hf *r, const zo_model_config *c)
+{
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(r->root, "sliding_window_pattern");
+    if (!pat) return 4;
+    if (!cJSON_IsString(pat)) {
+        if (cJSON_IsNull(pat))
+            hf_fail(r, ZO_ERR_FORMAT, "sliding_window_pattern",
+                    "is null with a sliding_window and no layer_types (give layer_types, or the period)");
+        return hf_int(r, "sliding_window_pattern", 4);
+    }
+    const char *s = pat->valuestring;
+    size_t n = strlen(s);
+    int ok = n >= 1 && n < 1024 && s[n - 1] == 'G';
+    for (size_t i = 0; ok && i + 1 < n; i++) ok = s[i] == 'L';
+    if (!ok) {
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "sliding_window_pattern",
+                "\"%.40s\": the runtime takes local layers (L) then one global (G), repeated (\"LLLG\")", s);
+        return 0;
+    }
+    if (c->n_layers % (int)n)
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "sliding_window_pattern",
+                "\"%s\" over %d layers: a last layer global out of the pattern's turn is not modelled (give "
+                "layer_types)", s, c->n_layers);
+    return (int)n;
+}
+
+/* EXAONE 4.0 (Exaone4Config: EXAONE-4.0-1.2B, -32B): LLaMA's keys with
+ * Exaone4Config's defaults (kv heads as the heads, rms_norm_eps 1e-5,
+ * rope_theta 10000, 2048 positions, untied), OLMo-2's norms on the
+ * attention's and the MLP's outputs alone (post_norms_only) and Qwen3's
+ * per-head q/k RMSNorms before the rotary. With a sliding_window (default
+ * 4096) the layers that layer_types names "sliding_attention" (absent it,
+ * hf_exaone4_period's) attend over it and turn; the global ones take no
+ * rotary (global_nope, as Cohere2's). sliding_window null: every layer
+ * global, turned (the 1.2B). rope_scaling (llama3) through parse_llama. */
+static void parse_exaone4(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->norm_eps = hf_float(r, "rms_norm_eps", 1e-5f);
+    c->qk_norm = 1;
+    c->post_norms_only = 1;
+    c->layer_norms = 2;
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(r->root, "sliding_window");
+    if (r->st || (w && cJSON_IsNull(w))) return;
+    c->sliding_window = hf_int(r, "sliding_window", 4096);
+    int period = hf_item(r, "layer_types") ? 0 : hf_exaone4_period(r, c);
+    c->global_nope = 1;
+    hf_window_layers(r, c, period);
+}
+
 #define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
 #define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
                 "moe_layer_freq"
@@ -2166,6 +2221,11 @@ static const family families[] = {
      1, 2, 128, NULL, 1},
     {"seed_oss", "SeedOssForCausalLM", parse_seed_oss,
      "Seed-OSS: LLaMA layers with q/k/v biases (attention_bias), head_dim 128", 0, 8, 128, "attention_bias", 1},
+    {"exaone4", "Exaone4ForCausalLM", parse_exaone4,
+     "EXAONE 4.0: LLaMA layers with RMSNorms on the attention's and the MLP's outputs alone (none before), "
+     "q/k RMSNorms over head_dim, three of four layers (layer_types) over a sliding window with rotary, the "
+     "others global without (NoPE)",
+     0, 0, 0, NULL, 1},
     {"olmo2", "Olmo2ForCausalLM", parse_olmo2,
      "OLMo-2: LLaMA layers with RMSNorms on the attention's and the MLP's outputs alone (none before), "
      "q/k RMSNorms over the whole projections",

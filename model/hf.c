@@ -21,13 +21,13 @@ const char *model_hf_dtype_name(zo_dtype dt)
 /* ---- config.json ------------------------------------------------------------------- */
 
 /* The family's model_type: the dense families the runtime builds (GPT-2,
- * GPT-NeoX, Falcon, OPT, BLOOM, Phi, GPT-J, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2, Granite, SmolLM3, ...); NULL for a mixture of
+ * GPT-NeoX, Falcon, OPT, BLOOM, Phi, GPT-J, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2, Granite, SmolLM3, EXAONE 4.0, ...); NULL for a mixture of
  * experts, whose router and expert keys this writer does not make. */
 static const char *model_type(const zo_model_config *c)
 {
     static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
                                       "granite", "cohere", "cohere2", "olmo2", "olmo3", "smollm3",
-                                      "ernie4_5", "seed_oss"};
+                                      "ernie4_5", "seed_oss", "exaone4"};
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -51,7 +51,8 @@ static const char *llama_class(const char *type)
         {"gemma3_text", "Gemma3ForCausalLM"}, {"granite", "GraniteForCausalLM"},
         {"cohere", "CohereForCausalLM"},   {"cohere2", "Cohere2ForCausalLM"},
         {"olmo2", "Olmo2ForCausalLM"},     {"olmo3", "Olmo3ForCausalLM"},   {"smollm3", "SmolLM3ForCausalLM"},
-        {"ernie4_5", "Ernie4_5ForCausalLM"}, {"seed_oss", "SeedOssForCausalLM"}};
+        {"ernie4_5", "Ernie4_5ForCausalLM"}, {"seed_oss", "SeedOssForCausalLM"},
+        {"exaone4", "Exaone4ForCausalLM"}};
     for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
         if (!strcmp(type, of[i][0])) return of[i][1];
     return "LlamaForCausalLM";
@@ -207,6 +208,21 @@ static void add_llama_keys(cJSON *o, const char *type, const zo_model_config *c)
             cJSON_AddItemToArray(nl, cJSON_CreateNumber(zo_model_layer_rotary(c, l)));
         cJSON_AddBoolToObject(o, "use_sliding_window", 0);
         cJSON_AddNullToObject(o, "sliding_window");
+    }
+    if (!strcmp(type, "exaone4")) {
+        /* global_nope: the window (4096, Exaone4Config's, where no layer
+         * slides) and which layers take it, the others global without
+         * rotary; none: a null window, every layer global and turned (the
+         * 1.2B's) */
+        if (c->global_nope) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
+        else cJSON_AddNullToObject(o, "sliding_window");
+        if (c->global_nope && c->window_period > 0) cJSON_AddNumberToObject(o, "sliding_window_pattern", c->window_period);
+        else cJSON_AddNullToObject(o, "sliding_window_pattern");
+        cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
+        for (int l = 0; lt && l < c->n_layers; l++)
+            cJSON_AddItemToArray(lt, cJSON_CreateString(c->global_nope && zo_model_layer_sliding(c, l)
+                                                             ? "sliding_attention"
+                                                             : "full_attention"));
     }
     if (!strcmp(type, "granite")) {
         /* the four multipliers (0 in the config: none, GraniteConfig's 1) */

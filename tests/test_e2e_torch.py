@@ -697,6 +697,24 @@ FAMILIES["smollm3"] = dict(
             "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True, "torch_dtype": "float32"},
     run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
     lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2), qlora=True)
+# EXAONE 4.0 (EXAONE-4.0-32B's kind): no norm before the attention or the MLP, one on each one's
+# output, q_norm and k_norm over each head (head_dim 64, one weight for every head) before the rotary;
+# GQA (4 heads over 2 kv heads); sliding_window_pattern "LLLG" (no layer_types): layers 0-2 attend
+# over a window of 33 keys of the 130 and turn, with llama3's rope_scaling (the pairs past a
+# wavelength of 64 slowed), layer 3 is global without rotary (NoPE); untied; LoRA on every linear
+# layer, QLoRA (merged too)
+FAMILIES["exaone4"] = dict(
+    seed=86,
+    config={"architectures": ["Exaone4ForCausalLM"], "model_type": "exaone4", "num_hidden_layers": 4,
+            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu",
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 64},
+            "sliding_window": 33, "sliding_window_pattern": "LLLG", "attention_dropout": 0.0,
+            "tie_word_embeddings": False, "torch_dtype": "float32"},
+    run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+    lora=dict(r=8, alpha=16.0, targets="all-linear", lr=2e-2), qlora=True, qlora_merge=True)
 # Phi-3.5-MoE (PhiMoEForCausalLM): Mixtral's MoE layers (4 experts of 96, 2 a token) with LayerNorms
 # with a bias, q, k, v and o biased, lm_head biased, GQA (heads of 64, 4 over 2 kv heads), a window of 48
 # keys, longrope over an original length of 64 that the rows of 70 pass (long_factor, long_mscale 1.5;
@@ -1745,7 +1763,9 @@ def check_family(train, name, workdir):
             variants["glm4_moe"]["use_qk_norm"] = False
     if c["model_type"] == "cohere2":  # the logits unscaled; every layer sliding (the global one turned)
         variants["cohere2"] = {"logit_scale": 1.0, "sliding_window_pattern": c["num_hidden_layers"] + 1}
-    if c["model_type"] == "cohere2":  # the window one key wider, one narrower
+    if c["model_type"] == "exaone4":  # every layer sliding (the global one turned); no window (all turned)
+        variants["exaone4"] = {"sliding_window_pattern": c["num_hidden_layers"] + 1, "sliding_window": None}
+    if c["model_type"] in ("cohere2", "exaone4"):  # the window one key wider, one narrower
         with torch.no_grad():
             given = micro_loss(c, params, data, run, 0).item()
         for other in (c["sliding_window"] + 1, c["sliding_window"] - 1):
@@ -1847,7 +1867,7 @@ def check_family(train, name, workdir):
             ck.rel(f"--loss-chunk step {k} loss", cl[k], want_l[k])
             ck.rel(f"--loss-chunk step {k} grad norm", cn[k], want_n[k], slack=5e-5)
         ck.rel("--loss-chunk eval loss", cev, want_ev)
-    if is_moe(c) or c["model_type"] in ("gemma2", "gemma3_text", "olmo2"):
+    if is_moe(c) or c["model_type"] in ("gemma2", "gemma3_text", "olmo2", "exaone4"):
         # the MoE layer recomputed in backward (its routing redone), Gemma-2's and OLMo-2's post
         # norms (their inputs and 1/rms kept by the recompute), and streamed from host memory: the
         # same run

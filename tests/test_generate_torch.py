@@ -272,6 +272,15 @@ FAMILIES["olmo2"] = dict(
     seed=56, lora=FAMILIES["llama"]["lora"],
     config=dict(e2e.FAMILIES["olmo2"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                 eos_token_id=127))
+# EXAONE 4.0: test_e2e_torch's (output norms alone, per-head q/k norms before RoPE, so the cached
+# keys are normed ones; GQA; llama3's rope_scaling) with its layers as a layer_types list (0 and 2
+# sliding over a window of 12 keys and turned, 1 and 3 global without rotary, their keys cached as
+# projected), each prompt and its 32 new tokens past the window; LLaMA's adapters (PEFT's seven)
+FAMILIES["exaone4"] = dict(
+    seed=61, lora=FAMILIES["llama"]["lora"],
+    config=dict({k: v for k, v in e2e.FAMILIES["exaone4"]["config"].items() if k != "sliding_window_pattern"},
+                max_position_embeddings=128, eos_token_id=127, sliding_window=12,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]))
 # OLMo-3: test_e2e_torch's layers, 4 of them without layer_types (Olmo3Config's default: three
 # sliding layers of four, their rotary unscaled, yarn's on the fourth), a window of 24, which the
 # sequences (5 or 11 + 32) pass

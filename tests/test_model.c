@@ -35,6 +35,7 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
                                    "gemma-3-1b.json", "deepseek-moe-16b.json", "opt-125m.json", "opt-1.3b.json",
                                    "bloom-560m.json", "bloom-7b1.json", "falcon-rw-1b.json", "phi-2.json",
+                                   "exaone-4.0-1.2b.json", "exaone-4.0-32b.json",
                                    "granite-3.1-2b.json", "granite-3.1-8b.json", "granite-3.0-1b-a400m.json",
                                    "granite-3.0-3b-a800m.json", "gpt-j-6b.json",
                                    "gemma-3-4b-it.json", "gemma-3-27b-it.json", "llava-1.5-7b-hf.json",
@@ -1090,6 +1091,17 @@ static void refused(const char *json, const char *key, const char *says, zo_stat
     if (says) assert_non_null(strstr(zo_last_error(), says));
 }
 
+/* A config refused: its text, the key and words the message names, the status. */
+typedef struct refusal {
+    const char *json, *key, *says;
+    zo_status code;
+} refusal;
+
+static void refused_each(const refusal *bad, size_t n)
+{
+    for (size_t i = 0; i < n; i++) refused(bad[i].json, bad[i].key, bad[i].says, bad[i].code);
+}
+
 static void load_hf_fixture(const char *name, zo_model_config *c)
 {
     char path[512];
@@ -1099,15 +1111,21 @@ static void load_hf_fixture(const char *name, zo_model_config *c)
 
 /* Preset `name` into c, and its config.json (model_hf_config) read back
  * into back. */
-static void preset_round_trip(const char *name, zo_model_config *c, zo_model_config *back)
+/* c's config.json (model_hf_config) read back into back. */
+static void written_back(const zo_model_config *c, zo_model_config *back)
 {
-    assert_int_equal(zo_model_preset_find(name, c), ZO_OK);
     cJSON *js = NULL;
     assert_int_equal(model_hf_config(c, ZO_DTYPE_BF16, &js), ZO_OK);
     char *text = cJSON_Print(js);
-    if (zo_model_config_parse(text, "written.json", back) != ZO_OK) fail_msg("%s: %s", name, zo_last_error());
+    if (zo_model_config_parse(text, "written.json", back) != ZO_OK) fail_msg("%s: %s", c->name, zo_last_error());
     free(text);
     cJSON_Delete(js);
+}
+
+static void preset_round_trip(const char *name, zo_model_config *c, zo_model_config *back)
+{
+    assert_int_equal(zo_model_preset_find(name, c), ZO_OK);
+    written_back(c, back);
 }
 
 /* c is the same text model as want: family, shape, positions, norm eps,
@@ -1590,6 +1608,113 @@ static void test_ernie_seed_oss_config(void **state)
         assert_same_shape(&back, &c);
         assert_true(back.attn_bias == c.attn_bias && back.out_bias == c.out_bias);
     }
+}
+
+/* EXAONE 4.0 as Exaone4Config reads it: the 32B (three layers of four over
+ * a window of 4096, turned with llama3's scaling, the fourth global without
+ * rotary; output norms alone, per-head q/k norms, untied) and the 1.2B (no
+ * window: every layer global and turned, tied); their tensors under the
+ * checkpoints' names; the defaults (a window of 4096 over three layers of
+ * four, kv heads as the heads, eps 1e-5, 2048 positions, untied); the
+ * pattern as a number or "L...LG"; every layer "sliding_attention" (all
+ * turned) or "full_attention" (none); refused by name: another pattern
+ * string, a pattern string the layers do not end, a null pattern without
+ * layer_types, a window below 1, a layer list of no period; saved configs
+ * read back with the same layers. */
+static void test_exaone4_config(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    load_hf_fixture("exaone-4.0-32b.json", &c);
+    assert_string_equal(c.family, "exaone4");
+    assert_true(c.arch == ZO_ARCH_LLAMA && c.n_kv_heads == 8 && c.head_dim == 128 && c.rope_theta == 1e6f);
+    assert_true(c.qk_norm && !c.qk_norm_full && !c.qk_norm_heads && c.post_norms_only && c.layer_norms == 2);
+    assert_true(!zo_model_pre_norms(&c) && zo_model_post_norms(&c) && !c.tied_embeddings && c.norm_eps == 1e-5f);
+    assert_true(c.sliding_window == 4096 && c.window_period == 4 && c.global_nope && c.max_seq == 131072);
+    assert_string_equal(c.rope_scaling, "llama3");
+    assert_true(c.rope_factor == 16.0f && c.rope_original_max == 8192);
+    for (int l = 0; l < c.n_layers; l++) {
+        int local = (l + 1) % 4 != 0;
+        assert_int_equal(zo_model_layer_window(&c, l), local ? 4096 : 0);
+        assert_int_equal(zo_model_layer_rotary(&c, l), local);
+    }
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    model_layout lay;
+    assert_int_equal(model_layout_init(&lay, &c), ZO_OK);
+    static const char *const has[] = {"model.layers.3.self_attn.q_norm.weight", "model.layers.3.self_attn.k_norm.weight",
+                                      "model.layers.3.post_attention_layernorm.weight",
+                                      "model.layers.3.post_feedforward_layernorm.weight", "lm_head.weight"};
+    for (size_t i = 0; i < sizeof has / sizeof has[0]; i++) {
+        const model_tensor *t = model_layout_find(&lay, has[i]);
+        if (!t) fail_msg("no %s", has[i]);
+        if (i < 2) assert_int_equal(t->shape[0], 128);
+    }
+    assert_null(model_layout_find(&lay, "model.layers.3.input_layernorm.weight"));
+    assert_null(model_layout_find(&lay, "model.layers.3.pre_feedforward_layernorm.weight"));
+    model_layout_free(&lay);
+    written_back(&c, &back);
+    assert_same_shape(&back, &c);
+    assert_true(back.post_norms_only && back.qk_norm && !back.qk_norm_full && back.global_nope);
+    load_hf_fixture("exaone-4.0-1.2b.json", &c);
+    assert_true(c.n_layers == 30 && c.head_dim == 64 && c.n_kv_heads == 8 && c.tied_embeddings);
+    assert_true(!c.sliding_window && !c.global_nope && c.post_norms_only && c.qk_norm);
+    for (int l = 0; l < c.n_layers; l++) {
+        assert_int_equal(zo_model_layer_window(&c, l), 0);
+        assert_true(zo_model_layer_rotary(&c, l));
+    }
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    written_back(&c, &back);
+    assert_same_shape(&back, &c);
+    assert_true(!back.global_nope && back.tied_embeddings);
+#define E4 "{\"model_type\": \"exaone4\", \"num_hidden_layers\": 8, \"hidden_size\": 64, " \
+           "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"vocab_size\": 100"
+    assert_int_equal(zo_model_config_parse(E4 "}", "defaults.json", &c), ZO_OK);
+    assert_true(c.sliding_window == 4096 && c.window_period == 4 && c.global_nope && c.n_kv_heads == 4);
+    assert_true(c.head_dim == 16 && c.norm_eps == 1e-5f && c.rope_theta == 10000.0f && c.max_seq == 2048);
+    assert_true(!c.tied_embeddings && !c.rope_scaling[0]);
+    assert_true(zo_model_layer_rotary(&c, 2) && !zo_model_layer_rotary(&c, 3) && !zo_model_layer_rotary(&c, 7));
+    static const char *const alike[] = {E4 ", \"sliding_window\": 16, \"sliding_window_pattern\": 2}",
+                                        E4 ", \"sliding_window\": 16, \"sliding_window_pattern\": \"LG\"}",
+                                        E4 ", \"sliding_window\": 16, \"sliding_window_pattern\": \"LLLG\", "
+                                           "\"layer_types\": [\"sliding_attention\", \"full_attention\", "
+                                           "\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+                                           "\"full_attention\", \"sliding_attention\", \"full_attention\"]}"};
+    for (size_t i = 0; i < sizeof alike / sizeof alike[0]; i++) {
+        if (zo_model_config_parse(alike[i], "pattern.json", &c) != ZO_OK) fail_msg("%s", zo_last_error());
+        for (int l = 0; l < 8; l++) {
+            assert_int_equal(zo_model_layer_window(&c, l), l % 2 ? 0 : 16);
+            assert_int_equal(zo_model_layer_rotary(&c, l), l % 2 == 0);
+        }
+        written_back(&c, &back);
+        assert_same_shape(&back, &c);
+    }
+#define ALL(kind) "[\"" kind "\", \"" kind "\", \"" kind "\", \"" kind "\", \"" kind "\", \"" kind "\", \"" \
+                  kind "\", \"" kind "\"]"
+    assert_int_equal(zo_model_config_parse(E4 ", \"layer_types\": " ALL("sliding_attention") "}", "s.json", &c), ZO_OK);
+    for (int l = 0; l < 8; l++) assert_true(zo_model_layer_window(&c, l) == 4096 && zo_model_layer_rotary(&c, l));
+    written_back(&c, &back);
+    assert_same_shape(&back, &c);
+    assert_int_equal(zo_model_config_parse(E4 ", \"layer_types\": " ALL("full_attention") "}", "f.json", &c), ZO_OK);
+    for (int l = 0; l < 8; l++) assert_true(!zo_model_layer_window(&c, l) && !zo_model_layer_rotary(&c, l));
+    written_back(&c, &back);
+    assert_same_shape(&back, &c);
+    assert_int_equal(zo_model_config_parse(E4 ", \"sliding_window\": null, \"sliding_window_pattern\": \"LLLG\"}",
+                                           "null.json", &c), ZO_OK);
+    for (int l = 0; l < 8; l++) assert_true(!zo_model_layer_window(&c, l) && zo_model_layer_rotary(&c, l));
+#undef ALL
+    static const refusal bad[] = {
+        {E4 ", \"sliding_window_pattern\": \"LGLL\"}", "sliding_window_pattern", "\"LLLG\"", ZO_ERR_UNSUPPORTED},
+        {E4 ", \"sliding_window_pattern\": \"LLG\"}", "sliding_window_pattern", "over 8 layers", ZO_ERR_UNSUPPORTED},
+        {E4 ", \"sliding_window_pattern\": null}", "sliding_window_pattern", "layer_types", ZO_ERR_FORMAT},
+        {E4 ", \"sliding_window_pattern\": 0}", "sliding_window_pattern", "at least 1", ZO_ERR_FORMAT},
+        {E4 ", \"sliding_window\": 0}", "sliding_window", "at least 1", ZO_ERR_FORMAT},
+        {E4 ", \"layer_types\": [\"sliding_attention\", \"full_attention\", \"full_attention\", "
+            "\"sliding_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+            "\"full_attention\"]}", "layer_types", "every p-th layer", ZO_ERR_UNSUPPORTED},
+        {E4 ", \"attention_bias\": true}", "attention_bias", "biases", ZO_ERR_UNSUPPORTED},
+    };
+    refused_each(bad, sizeof bad / sizeof bad[0]);
+#undef E4
 }
 
 /* Granite as GraniteConfig reads it: granite-3.1-8b's and -2b's multipliers
@@ -2213,6 +2338,7 @@ int main(void)
         cmocka_unit_test(test_cohere_config),
         cmocka_unit_test(test_cohere2_config),
         cmocka_unit_test(test_smollm3_config),
+        cmocka_unit_test(test_exaone4_config),
         cmocka_unit_test(test_starcoder2_config),
         cmocka_unit_test(test_ernie_seed_oss_config),
         cmocka_unit_test(test_hf_config_copy),

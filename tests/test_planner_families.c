@@ -142,6 +142,17 @@ static const struct {
      * 2 x 2048 x 4 x 128 + two norms 2 x 2048 + mlp 3 x 2048 x 11008 =
      * 78,123,008) + 128256 x 2048 + the final norm 2048, tied */
     {"smollm3-3b.json", 3075098624ull, 0},
+    /* EXAONE-4.0-32B (32.00B; 30.95B without the embeddings), by hand: 64
+     * layers x (q and o 2 x 5120 x 40 x 128 + k and v 2 x 5120 x 8 x 128 +
+     * mlp 3 x 5120 x 27392 + the two output norms 2 x 5120 + q/k norms 2 x
+     * 128 = 483,666,176) + embed and lm_head 2 x 102400 x 5120 + the final
+     * norm 5120, untied; the window and NoPE change no size */
+    {"exaone-4.0-32b.json", 32003216384ull, 0},
+    /* EXAONE-4.0-1.2B (1.28B; 1.07B without the embeddings), by hand: 30
+     * layers x (q and o 2 x 2048 x 32 x 64 + k and v 2 x 2048 x 8 x 64 + mlp
+     * 3 x 2048 x 4096 + 2 x 2048 + 2 x 64 = 35,655,808) + 102400 x 2048 +
+     * 2048, tied */
+    {"exaone-4.0-1.2b.json", 1279391488ull, 0},
     /* StarCoder2-3B (3.03B), by hand: 30 layers x (q and o 2 x (3072^2 +
      * 3072) + k and v 2 x (256 x 3072 + 256) + two LayerNorms 4 x 3072 +
      * c_fc 3072 x 12288 + 12288 + c_proj 12288 x 3072 + 3072 = 95,979,008) +

@@ -2755,12 +2755,25 @@ static void test_family_gemma(void **state)
     family_rows("gemma", gemma_config);
 }
 
+/* EXAONE 4.0: OLMo-2's output norms alone with per-head q/k norms (16
+ * wide), GQA (4 over 2), "LLLG": the first three layers over a window of 8
+ * (the sequence is 32) turned with llama3's scaling, the fourth global
+ * without rotary; untied. */
+static const char exaone4_config[] =
+    "{\"model_type\": \"exaone4\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, "
+    "\"rope_theta\": 10000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 4.0, "
+    "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16}, "
+    "\"sliding_window\": 8, \"sliding_window_pattern\": \"LLLG\", \"tie_word_embeddings\": false}";
+
 static void test_family_gemma2(void **state)
 {
     (void)state;
     family_rows("gemma2", gemma2_config);
     family_rows("olmo2", olmo2_config);
     family_rows("olmo3", olmo3_config);
+    family_rows("exaone4", exaone4_config);
 }
 
 static void test_family_gemma3(void **state)
