@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h> /* defines: _mm512_* (zo_shim_mma16's AVX-512 loops) */
+#include <immintrin.h> /* defines: _mm512_*, _mm256_* (zo_shim_mma16's AVX-512 and AVX2 loops) */
 #endif
 
 #include <memory>
@@ -697,6 +697,36 @@ __attribute__((target("avx512f"))) ZO_UNCHECKED static void mma16_avx512(float *
         for (int i = 0; i < 8; i++) _mm512_storeu_ps(out + (r + i) * 16, s[i]);
     }
 }
+
+/* Without AVX-512 (AVX2 machines): four rows at a time, each row's 16
+ * columns two vectors of 8, b's rows read from L1 (16 registers hold
+ * only part of them); the same products and sums in the same order, each
+ * one rounding (a multiply, then an add: no FMA). */
+__attribute__((target("avx2"))) ZO_UNCHECKED static void mma16_avx2(float *__restrict out,
+                                                                   const float *__restrict a,
+                                                                   const float *__restrict b,
+                                                                   const float *__restrict c)
+{
+    for (int r = 0; r < 16; r += 4) {
+        __m256 s[4][2];
+        for (int i = 0; i < 4; i++) {
+            s[i][0] = _mm256_loadu_ps(c + (r + i) * 16);
+            s[i][1] = _mm256_loadu_ps(c + (r + i) * 16 + 8);
+        }
+        for (int k = 0; k < 16; k++) {
+            const __m256 b0 = _mm256_loadu_ps(b + k * 16), b1 = _mm256_loadu_ps(b + k * 16 + 8);
+            for (int i = 0; i < 4; i++) {
+                const __m256 x = _mm256_set1_ps(a[(r + i) * 16 + k]);
+                s[i][0] = _mm256_add_ps(s[i][0], _mm256_mul_ps(x, b0));
+                s[i][1] = _mm256_add_ps(s[i][1], _mm256_mul_ps(x, b1));
+            }
+        }
+        for (int i = 0; i < 4; i++) {
+            _mm256_storeu_ps(out + (r + i) * 16, s[i][0]);
+            _mm256_storeu_ps(out + (r + i) * 16 + 8, s[i][1]);
+        }
+    }
+}
 #endif
 
 ZO_UNCHECKED static void mma16_plain(float *__restrict out, const float *__restrict a,
@@ -713,6 +743,10 @@ extern "C" ZO_UNCHECKED void zo_shim_mma16(float *out, const float *a, const flo
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx512f")) {
         mma16_avx512(out, a, b, c);
+        return;
+    }
+    if (__builtin_cpu_supports("avx2")) {
+        mma16_avx2(out, a, b, c);
         return;
     }
 #endif
@@ -806,6 +840,24 @@ extern "C" float zo_shim_tc_dot16(float c, const float *a, const float *b, int l
     return c;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* 256 16-bit values to fp32, 8 at a time: bf16 by a shift into the high
+ * half, fp16 by F16C's conversion (exact, as zo_f16_to_f32, subnormals
+ * too; a signalling NaN comes out quiet). The scalar fp16 conversion was most of the 16-bit tensor-core
+ * kernels' time on the shim where AVX-512 is missing. */
+__attribute__((target("avx2,f16c"))) ZO_UNCHECKED static void cvt16_avx2(float *__restrict dst,
+                                                                        const uint16_t *__restrict src,
+                                                                        int bf16)
+{
+    for (int i = 0; i < 256; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i));
+        const __m256 f = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                              : _mm256_cvtph_ps(h);
+        _mm256_storeu_ps(dst + i, f);
+    }
+}
+#endif
+
 /* flatten: the conversions inlined in every build (the sanitizer build's
  * -O2 called a function an element). */
 extern "C" ZO_UNCHECKED __attribute__((flatten)) void zo_shim_mma16_16(float *d, const uint16_t *a,
@@ -813,6 +865,13 @@ extern "C" ZO_UNCHECKED __attribute__((flatten)) void zo_shim_mma16_16(float *d,
                                                                         int bf16)
 {
     float fa[256], fb[256], out[256];
+#if defined(__x86_64__) && defined(__GNUC__)
+    static const int f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    if (f16c) {
+        cvt16_avx2(fa, a, bf16);
+        cvt16_avx2(fb, b, bf16);
+    } else
+#endif
     if (bf16)
         for (int i = 0; i < 256; i++) fa[i] = zo_bf16_to_f32(a[i]), fb[i] = zo_bf16_to_f32(b[i]);
     else
