@@ -386,6 +386,14 @@ FAMILIES["phimoe"] = dict(
     config=dict(e2e.FAMILIES["phimoe"]["config"], num_hidden_layers=4, num_local_experts=8, intermediate_size=64,
                 max_position_embeddings=128, sliding_window=24, eos_token_id=127),
     lora=dict(r=4, alpha=8.0, targets="q_proj,o_proj,w1,w2,w3"))
+# gpt-oss: test_e2e_torch's model (sinks, q/k/v/o biased, GQA at head 64, yarn, a biased router over 4
+# biased experts, 2 a token, the GLU clamped at 1.5) with 4 layers alternating a window of 12 keys, which
+# each prompt and its 32 new tokens pass, and full attention: the sinks in the cached attention; LoRA is
+# refused on gpt-oss
+FAMILIES["gpt_oss"] = dict(
+    seed=97, moe=True, lora=None,
+    config=dict(e2e.FAMILIES["gpt_oss"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                sliding_window=12, layer_types=["sliding_attention", "full_attention"] * 2, eos_token_id=127))
 # the same past an original length of 24 (rope_scaling's: PhiMoE's), which the longer sequence crosses
 # after 14 new tokens: long_factor and long_mscale from the crossing's forward on; no adapters (phimoe's
 # run them over the same layers)
