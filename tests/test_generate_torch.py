@@ -861,7 +861,8 @@ def check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes):
     E, _, f, _ = e2e.moe_shape(c)
     h = c["hidden_size"]
     L = sum(not e2e.dense_layer(c, l) for l in range(c["num_hidden_layers"]))  # the MoE layers
-    eb = 3 * f * h * 4  # an expert's gate, up and down, fp32
+    # an expert's gate, up and down, fp32 (gpt-oss's with their biases: 2f + h)
+    eb = (3 * f * h + (2 * f + h if e2e.gpt_oss(c) else 0)) * 4
     stats = os.path.join(d, "stats.json")
     if run_ok(gen, d, prompts, ["--params-on", "cpu", "--prefetch", "1", "--stats-json", stats]) is None:
         ck.failed += 1
