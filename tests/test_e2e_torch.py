@@ -82,6 +82,11 @@ GLM-4.5 (glm4_moe, glm4_moe_qk): the reference's attention is written here from 
 (q/k/v biases, use_qk_norm's per-head RMSNorm, rotate_half over the first partial_rotary_factor of
 each head and the rest passed through), its MoE layers V3's router (deepseek_route); the test checks
 that the rotary over the whole head, and the q/k norms left out, each move the reference's loss.
+gpt-oss (gpt_oss): the reference written here from modeling_gpt_oss (sink attention, biased q/k/v/o,
+the router's bias and top-k softmax, the fused interleaved experts with their biases and the clamped
+GLU, a swiglu_limit low enough that about 30% of gates and ups clip); full fine-tuning as above, plus
+every tensor's first gradient element by element (check_gradients: one AdamW step at eps 1 gives g
+back from the saved weights), a bf16 run, and LoRA, QLoRA and 2 ranks refused by name (exit 2).
 
 Losses agree to a relative 1e-4 (train in fp32, PyTorch in float64); the
 gradient norm, printed with 4 decimals, to 1e-4 relative plus the rounding.
@@ -2089,6 +2094,16 @@ def check_family(train, name, workdir):
             rc, out = run_refused(train, d, run, flags)
             ck.fact(f"{' '.join(flags)} on gpt-oss refused by name (exit {rc}: {out})",
                     rc == 2 and "gpt-oss with" in out)
+        # several ranks (data-parallel ZeRO, expert parallelism) are refused by name too
+        mpi = shutil.which("mpiexec") or shutil.which("mpirun")
+        if mpi:
+            p = subprocess.run(["sh", os.path.join(HERE, "run_mpi.sh"), mpi, "2"] + run_train_cmd(train, d, run, []),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            named = [x for x in p.stdout.splitlines() if "gpt-oss on 2 ranks" in x]
+            ck.fact(f"2 ranks on gpt-oss refused by name (exit {p.returncode}: {named[:1]})",
+                    p.returncode == 2 and named)
+        else:
+            print("  (no mpiexec: 2 ranks' refusal not checked)")
     if lora is None:  # (latent attention, gpt-oss: train refuses LoRA, by name)
         return ck.failed
     if is_moe(c):

@@ -11,7 +11,9 @@ output layer; GPT-J, head size 64, 24 rotary dimensions interleaved in pairs, on
 norm, a biased output layer; Cohere2, head size 64, GQA, layers over a window of 12 keys with
 the interleaved rotary and global layers without rotary, whose keys are cached unturned; Phi-3
 with longrope past its original length, crossed during the decode or by the prompt, against
-greedy_longrope's decode, Hugging Face's rule written here), a
+greedy_longrope's decode, Hugging Face's rule written here; gpt-oss, head size 64, GQA, the sinks
+in the cached attention, layers over a window of 12 keys and full ones, biased experts with the
+clamped GLU, test_e2e_torch's reference), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
