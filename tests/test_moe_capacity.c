@@ -559,16 +559,15 @@ static void test_phimoe(void **state)
 static void test_gpt_oss_refusals(void **state)
 {
     (void)state;
-    static const char *const shape =
-        "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
-        "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": 8, "
-        "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 32, \"sliding_window\": 4%s}";
-    char json[512];
+#define GPT_OSS_SHAPE                                                                                      \
+    "\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, " \
+    "\"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": 8, \"num_local_experts\": 4, "           \
+    "\"num_experts_per_tok\": 2, \"vocab_size\": 32, \"sliding_window\": 4"
     zo_model_config cfg, aux;
-    snprintf(json, sizeof json, shape, "");
-    assert_int_equal(zo_model_config_parse(json, "gpt_oss.json", &cfg), ZO_OK);
-    snprintf(json, sizeof json, shape, ", \"output_router_logits\": true");
-    assert_int_equal(zo_model_config_parse(json, "gpt_oss.json", &aux), ZO_OK);
+    assert_int_equal(zo_model_config_parse("{" GPT_OSS_SHAPE "}", "gpt_oss.json", &cfg), ZO_OK);
+    assert_int_equal(zo_model_config_parse("{" GPT_OSS_SHAPE ", \"output_router_logits\": true}", "gpt_oss.json", &aux),
+                     ZO_OK);
+#undef GPT_OSS_SHAPE
     gpu_cpu_options co = {.n_threads = 1};
     gpu_device_t dev;
     assert_int_equal(gpu_device_init_cpu(&co, &dev), ZO_OK);
