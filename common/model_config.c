@@ -734,11 +734,11 @@ static const char *const preset_families[] = {"", "gpt3", "megatron", "custom", 
 static int family_trainable(const char *type);
 static size_t trainable_list(char *out, size_t cap);
 
-/* layout_only: what model_layout_init builds, which holds gpt-oss's
- * tensors before the transformer computes them */
-static zo_status runtime_check(const zo_model_config *c, int layout_only)
+/* What the runtime computes (model_layout_init asks the same: the layout holds
+ * what the transformer computes, no more) */
+static zo_status runtime_check(const zo_model_config *c)
 {
-    int known = family_trainable(c->family) || (layout_only && zo_model_gpt_oss(c));
+    int known = family_trainable(c->family);
     for (size_t i = 0; i < sizeof preset_families / sizeof preset_families[0]; i++)
         known |= !strcmp(c->family, preset_families[i]);
     /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these), GPT-NeoX's
@@ -768,9 +768,9 @@ static zo_status runtime_check(const zo_model_config *c, int layout_only)
     else if (c->mla.kv_rank && c->attn_bias)
         snprintf(lacks, sizeof lacks, "latent attention with biases (attention_bias)");
     else if ((c->attn_sinks || c->moe.expert_bias || c->moe.router_logit_bias || c->moe.glu_limit > 0.0f) &&
-             (!layout_only || !zo_model_gpt_oss(c)))
-        snprintf(lacks, sizeof lacks, "attention sinks and gpt-oss's experts (biased, clamped)%s",
-                 layout_only ? " outside gpt-oss's layers" : "");
+             !zo_model_gpt_oss(c))
+        snprintf(lacks, sizeof lacks, "attention sinks and gpt-oss's experts (biased, clamped) outside gpt-oss's "
+                 "layers");
     else if (!known) snprintf(lacks, sizeof lacks, "its layers");
     else if (c->moe.experts && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
@@ -807,8 +807,8 @@ static zo_status runtime_check(const zo_model_config *c, int layout_only)
                     c->name, c->family, lacks, list);
 }
 
-zo_status zo_model_config_runtime_check(const zo_model_config *c) { return runtime_check(c, 0); }
-zo_status zo_model_config_layout_check(const zo_model_config *c) { return runtime_check(c, 1); }
+zo_status zo_model_config_runtime_check(const zo_model_config *c) { return runtime_check(c); }
+zo_status zo_model_config_layout_check(const zo_model_config *c) { return runtime_check(c); }
 
 /* ---- Hugging Face config.json ------------------------------------------- */
 
@@ -2241,8 +2241,8 @@ static const family families[] = {
     {"gpt_oss", "GptOssForCausalLM", parse_gpt_oss,
      "gpt-oss: LLaMA layers with biased q/k/v/o, a sink logit per head, every second layer over a window of "
      "128, yarn rotary, MoE MLP (a biased router + num_local_experts biased experts with a clamped GLU, top-k "
-     "of the logits weighed by their softmax); memplan sizes it, training is not implemented yet",
-     0, 8, 64, "num_local_experts,attention_bias", 0},
+     "of the logits weighed by their softmax); full fine-tuning on one rank",
+     0, 8, 64, "num_local_experts,attention_bias", 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
      "num_local_experts", 1},

@@ -423,8 +423,8 @@ const zo_family_info *zo_model_families(size_t *count);
  * else ZO_ERR_UNSUPPORTED naming the family and what it lacks. */
 zo_status zo_model_config_runtime_check(const zo_model_config *cfg);
 /* The same for what model_layout_init lays out and the loader reads and
- * writes: the runtime's families and gpt-oss, whose tensors are laid out
- * before the transformer computes them (tf_init refuses it). */
+ * writes: the runtime's families (gpt-oss among them since the transformer
+ * computes it; the layout came first). */
 zo_status zo_model_config_layout_check(const zo_model_config *cfg);
 
 /* One layer's parameters, by how tensor parallelism treats them. */

@@ -221,7 +221,9 @@ zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, i
  * fine-tuning, LoRA, QLoRA) with checkpoints on the GPU and is refused otherwise, naming
  * the field; recompute full of part of the layers
  * (training.recompute_layers) and a reduction in bf16 or fp16
- * (training.reduce_dtype) run.
+ * (training.reduce_dtype) run. gpt-oss runs in full fine-tuning on one
+ * rank, dropless: another training.method, parallel.dp or parallel.ep past
+ * 1 or a parallel.capacity_factor is refused, naming the field.
  * ZO_ERR_UNSUPPORTED. zo_plan_check_run checks it too. */
 zo_status zo_plan_runtime_check(const zo_plan *p, const char *path);
 

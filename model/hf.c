@@ -28,6 +28,7 @@ static const char *model_type(const zo_model_config *c)
     static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
                                       "granite", "cohere", "cohere2", "olmo2", "olmo3", "smollm3",
                                       "ernie4_5", "seed_oss", "exaone4"};
+    if (zo_model_gpt_oss(c)) return "gpt_oss"; /* (its router and experts' keys are few: written below) */
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -52,7 +53,7 @@ static const char *llama_class(const char *type)
         {"cohere", "CohereForCausalLM"},   {"cohere2", "Cohere2ForCausalLM"},
         {"olmo2", "Olmo2ForCausalLM"},     {"olmo3", "Olmo3ForCausalLM"},   {"smollm3", "SmolLM3ForCausalLM"},
         {"ernie4_5", "Ernie4_5ForCausalLM"}, {"seed_oss", "SeedOssForCausalLM"},
-        {"exaone4", "Exaone4ForCausalLM"}};
+        {"exaone4", "Exaone4ForCausalLM"}, {"gpt_oss", "GptOssForCausalLM"}};
     for (size_t i = 0; i < sizeof of / sizeof of[0]; i++)
         if (!strcmp(type, of[i][0])) return of[i][1];
     return "LlamaForCausalLM";
@@ -157,9 +158,10 @@ static void add_rope_scaling(cJSON *o, const char *type, const zo_model_config *
 static void add_llama_keys(cJSON *o, const char *type, const zo_model_config *c)
 {
     int gemma3 = !strcmp(type, "gemma3_text"), gemma2 = gemma3 || !strcmp(type, "gemma2");
-    int gemma = zo_family_gemma(type), qwen3 = !strcmp(type, "qwen3");
-    /* Gemma's head_dim defaults to 256 and Qwen3's, ERNIE 4.5's and Seed-OSS's to 128, not hidden / heads */
-    if (gemma || qwen3 || !strcmp(type, "ernie4_5") || !strcmp(type, "seed_oss") ||
+    int gemma = zo_family_gemma(type), qwen3 = !strcmp(type, "qwen3"), gpt_oss = !strcmp(type, "gpt_oss");
+    /* Gemma's head_dim defaults to 256, Qwen3's, ERNIE 4.5's and Seed-OSS's to 128 and gpt-oss's to 64, not
+     * hidden / heads */
+    if (gemma || qwen3 || gpt_oss || !strcmp(type, "ernie4_5") || !strcmp(type, "seed_oss") ||
         c->head_dim * c->n_heads != c->hidden)
         cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
     /* Gemma: Hugging Face reads hidden_activation (GELU's tanh form) */
@@ -175,7 +177,7 @@ static void add_llama_keys(cJSON *o, const char *type, const zo_model_config *c)
         cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
         cJSON_AddNumberToObject(o, "max_window_layers", c->sliding_window ? c->window_from_layer : c->n_layers);
-    } else if (gemma2 || !strcmp(type, "olmo3")) {
+    } else if (gemma2 || !strcmp(type, "olmo3") || gpt_oss) {
         /* the window, which layers take it (layer_types, as new configs
          * write them), Gemma's score scale and caps (null: none) */
         if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
@@ -184,15 +186,27 @@ static void add_llama_keys(cJSON *o, const char *type, const zo_model_config *c)
         for (int l = 0; lt && l < c->n_layers; l++)
             cJSON_AddItemToArray(lt, cJSON_CreateString(zo_model_layer_sliding(c, l) ? "sliding_attention"
                                                                                       : "full_attention"));
-        if (!gemma2) return;
-        if (gemma3) cJSON_AddNumberToObject(o, "rope_local_base_freq", c->rope_local_theta);
-        cJSON_AddNumberToObject(o, "query_pre_attn_scalar", c->query_pre_attn_scalar);
-        const char *caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
-        const float capv[] = {c->attn_softcap, c->final_softcap};
-        for (int k = 0; k < 2; k++) {
-            if (capv[k] > 0.0f) cJSON_AddNumberToObject(o, caps[k], capv[k]);
-            else cJSON_AddNullToObject(o, caps[k]);
+        if (gemma2) {
+            if (gemma3) cJSON_AddNumberToObject(o, "rope_local_base_freq", c->rope_local_theta);
+            cJSON_AddNumberToObject(o, "query_pre_attn_scalar", c->query_pre_attn_scalar);
+            const char *caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
+            const float capv[] = {c->attn_softcap, c->final_softcap};
+            for (int k = 0; k < 2; k++) {
+                if (capv[k] > 0.0f) cJSON_AddNumberToObject(o, caps[k], capv[k]);
+                else cJSON_AddNullToObject(o, caps[k]);
+            }
         }
+    }
+    if (gpt_oss) {
+        /* q/k/v/o biases, the experts (intermediate_size is an expert's
+         * width: common's ffn), the clamp, the balance loss; the sinks and
+         * the router's and experts' biases are the family's own */
+        cJSON_AddBoolToObject(o, "attention_bias", c->attn_bias);
+        cJSON_AddNumberToObject(o, "num_local_experts", c->moe.experts);
+        cJSON_AddNumberToObject(o, "num_experts_per_tok", c->moe.top_k);
+        cJSON_AddNumberToObject(o, "swiglu_limit", c->moe.glu_limit);
+        cJSON_AddBoolToObject(o, "output_router_logits", c->moe.aux_loss);
+        cJSON_AddNumberToObject(o, "router_aux_loss_coef", c->moe.aux_coef);
     }
     if (!strcmp(type, "ernie4_5")) cJSON_AddBoolToObject(o, "use_bias", c->attn_bias);
     if (!strcmp(type, "seed_oss")) {

@@ -11,7 +11,9 @@ output layer; GPT-J, head size 64, 24 rotary dimensions interleaved in pairs, on
 norm, a biased output layer; Cohere2, head size 64, GQA, layers over a window of 12 keys with
 the interleaved rotary and global layers without rotary, whose keys are cached unturned; Phi-3
 with longrope past its original length, crossed during the decode or by the prompt, against
-greedy_longrope's decode, Hugging Face's rule written here), a
+greedy_longrope's decode, Hugging Face's rule written here; gpt-oss, head size 64, GQA, the sinks
+in the cached attention, layers over a window of 12 keys and full ones, biased experts with the
+clamped GLU, test_e2e_torch's reference), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -386,6 +388,14 @@ FAMILIES["phimoe"] = dict(
     config=dict(e2e.FAMILIES["phimoe"]["config"], num_hidden_layers=4, num_local_experts=8, intermediate_size=64,
                 max_position_embeddings=128, sliding_window=24, eos_token_id=127),
     lora=dict(r=4, alpha=8.0, targets="q_proj,o_proj,w1,w2,w3"))
+# gpt-oss: test_e2e_torch's model (sinks, q/k/v/o biased, GQA at head 64, yarn, a biased router over 4
+# biased experts, 2 a token, the GLU clamped at 1.5) with 4 layers alternating a window of 12 keys, which
+# each prompt and its 32 new tokens pass, and full attention: the sinks in the cached attention; LoRA is
+# refused on gpt-oss
+FAMILIES["gpt_oss"] = dict(
+    seed=97, moe=True, lora=None,
+    config=dict(e2e.FAMILIES["gpt_oss"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                sliding_window=12, layer_types=["sliding_attention", "full_attention"] * 2, eos_token_id=127))
 # the same past an original length of 24 (rope_scaling's: PhiMoE's), which the longer sequence crosses
 # after 14 new tokens: long_factor and long_mscale from the crossing's forward on; no adapters (phimoe's
 # run them over the same layers)
@@ -853,7 +863,8 @@ def check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes):
     E, _, f, _ = e2e.moe_shape(c)
     h = c["hidden_size"]
     L = sum(not e2e.dense_layer(c, l) for l in range(c["num_hidden_layers"]))  # the MoE layers
-    eb = 3 * f * h * 4  # an expert's gate, up and down, fp32
+    # an expert's gate, up and down, fp32 (gpt-oss's with their biases: 2f + h)
+    eb = (3 * f * h + (2 * f + h if e2e.gpt_oss(c) else 0)) * 4
     stats = os.path.join(d, "stats.json")
     if run_ok(gen, d, prompts, ["--params-on", "cpu", "--prefetch", "1", "--stats-json", stats]) is None:
         ck.failed += 1

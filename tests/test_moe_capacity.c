@@ -553,6 +553,47 @@ static void test_phimoe(void **state)
 
 /* The buffers hold what can arrive: min(N top_k, E C) rows, and LoRA's
  * expert scratch one expert's, min(N, C); refusals. */
+/* gpt-oss trains in full on one rank; what it does not run is refused by
+ * name: LoRA, QLoRA, a capacity factor, its balance loss (generation
+ * routes dropless and takes no loss: accepted) */
+static void test_gpt_oss_refusals(void **state)
+{
+    (void)state;
+#define GPT_OSS_SHAPE                                                                                      \
+    "\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, " \
+    "\"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": 8, \"num_local_experts\": 4, "           \
+    "\"num_experts_per_tok\": 2, \"vocab_size\": 32, \"sliding_window\": 4"
+    zo_model_config cfg, aux;
+    assert_int_equal(zo_model_config_parse("{" GPT_OSS_SHAPE "}", "gpt_oss.json", &cfg), ZO_OK);
+    assert_int_equal(zo_model_config_parse("{" GPT_OSS_SHAPE ", \"output_router_logits\": true}", "gpt_oss.json", &aux),
+                     ZO_OK);
+#undef GPT_OSS_SHAPE
+    gpu_cpu_options co = {.n_threads = 1};
+    gpu_device_t dev;
+    assert_int_equal(gpu_device_init_cpu(&co, &dev), ZO_OK);
+    tf_model m;
+    tf_options full = {0}, gen = {.kv_len = 16, .capacity_factor = 1.0};
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_BF16, 2, 9, &full), ZO_OK);
+    tf_free(&m);
+    assert_int_equal(tf_init_opts(&m, &aux, dev, ZO_DTYPE_F32, 2, 9, &gen), ZO_OK);
+    tf_free(&m);
+    const struct {
+        tf_options o;
+        const zo_model_config *c;
+        const char *named;
+    } refused[] = {
+        {{.lora = {.r = 2, .alpha = 4, .targets = ZO_LORA_ALL_LINEAR}}, &cfg, "gpt-oss with LoRA"},
+        {{.lora = {.r = 2, .alpha = 4, .targets = ZO_LORA_ALL_LINEAR, .nf4 = 1}}, &cfg, "gpt-oss with QLoRA"},
+        {{.capacity_factor = 1.0}, &cfg, "gpt-oss with a capacity factor"},
+        {{0}, &aux, "gpt-oss with output_router_logits"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        assert_int_equal(tf_init_opts(&m, refused[i].c, dev, ZO_DTYPE_F32, 2, 9, &refused[i].o), ZO_ERR_UNSUPPORTED);
+        if (!strstr(zo_last_error(), refused[i].named)) fail_msg("case %zu: %s", i, zo_last_error());
+    }
+    gpu_device_free(dev);
+}
+
 static void test_sizes_and_refusals(void **state)
 {
     (void)state;
@@ -647,6 +688,7 @@ int main(void)
         cmocka_unit_test(test_qwen2_moe),
         cmocka_unit_test(test_phimoe),
         cmocka_unit_test(test_sizes_and_refusals),
+        cmocka_unit_test(test_gpt_oss_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

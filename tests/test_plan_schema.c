@@ -998,6 +998,36 @@ static void test_train_check_plan(void **state)
  * field, exit 2; one that recomputes 2 of the tiny model's 4 layers, or
  * reduces in bf16, runs (train says so); `memplan plan --json-out` writes
  * only what the runtime runs. */
+/* A plan for gpt-oss runs in full fine-tuning on one rank, dropless; the
+ * runtime check names the plan field of anything else. */
+static void test_gpt_oss_plan_refusals(void **state)
+{
+    (void)state;
+    zo_plan p;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, "
+                                           "\"hidden_size\": 32, \"num_attention_heads\": 2, "
+                                           "\"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": 8, "
+                                           "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 32}",
+                                           "gpt_oss.json", &p.model),
+                     ZO_OK);
+    p.parallel.dp = p.parallel.tp = p.parallel.pp = p.parallel.ep = 1;
+    assert_int_equal(zo_plan_runtime_check(&p, "plan.json"), ZO_OK);
+    const char *const keys[] = {"training.method", "training.method", "parallel.dp", "parallel.ep",
+                                "parallel.capacity_factor"};
+    for (int i = 0; i < 5; i++) {
+        zo_plan q = p;
+        q.training.method = i == 0 ? ZO_PLAN_LORA : i == 1 ? ZO_PLAN_QLORA : ZO_PLAN_FULL;
+        if (i == 2) q.parallel.dp = 2;
+        if (i == 3) q.parallel.ep = 2;
+        if (i == 4) q.parallel.capacity_factor = 1.25;
+        assert_int_equal(zo_plan_runtime_check(&q, "plan.json"), ZO_ERR_UNSUPPORTED);
+        char want[80];
+        snprintf(want, sizeof want, "field \"%s\" on gpt-oss", keys[i]);
+        if (!strstr(zo_last_error(), want)) fail_msg("case %d: %s", i, zo_last_error());
+    }
+}
+
 static void test_train_refuses_partial_recompute(void **state)
 {
     (void)state;
@@ -1184,6 +1214,7 @@ int main(void)
         cmocka_unit_test(test_memplan_json_convention),
         cmocka_unit_test(test_memplan_version_help),
         cmocka_unit_test(test_memplan_plan_nothing_searched),
+        cmocka_unit_test(test_gpt_oss_plan_refusals),
 #endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

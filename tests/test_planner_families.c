@@ -376,9 +376,8 @@ static void test_gpt_oss_config(void **state)
                     c.moe.expert_bias && c.moe.router_logit_bias && !c.moe.router_bias && c.moe.glu_limit == 7.0f &&
                     c.moe.glu_alpha == 1.702f && !c.moe.aux_loss && c.moe.aux_coef == 0.9f && !c.moe.shared_ffn);
         assert_true(!strcmp(c.quant_method, "mxfp4"));
-        /* memplan sizes it; the runtime refuses it, naming what it lacks */
-        assert_int_equal(zo_model_config_runtime_check(&c), ZO_ERR_UNSUPPORTED);
-        assert_non_null(strstr(zo_last_error(), "attention sinks"));
+        /* the runtime computes it (tf_init refuses by name what it does not run: test_moe_capacity) */
+        if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
     }
     /* GptOssConfig's defaults: 128 experts, 4 a token, every second layer
      * windowed (128), yarn as the published configs give it, limit 7 */

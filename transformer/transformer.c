@@ -501,6 +501,30 @@ static gpu_attn_desc layer_attn(const tf_model *m, int l)
     return ad;
 }
 
+static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_role role);
+
+/* gpt-oss: layer l's sink logits (the block's SINKS, in the model dtype)
+ * cast to fp32 for the attention ops, one per query head; with `grad` (the
+ * backward) also where their gradient goes (sinks32's second half, added
+ * to the block's gradient by attn_sinks_grad). Nothing without sinks. */
+static zo_status attn_sinks(tf_model *m, gpu_stream_t s, const void *W, int blk, gpu_attn_desc *ad, int grad)
+{
+    if (!m->cfg.attn_sinks) return ZO_OK;
+    const int H = m->cfg.n_heads;
+    ad->sinks = m->sinks32;
+    if (grad) ad->dsinks = m->sinks32 + H;
+    return gpu_cast(s, gpu_t(m->sinks32, ZO_DTYPE_F32), bview(m, W, blk, MODEL_ROLE_SINKS), (size_t)H);
+}
+
+/* The sinks' gradient (attn_sinks with grad) added to the block's (G NULL: frozen). */
+static zo_status attn_sinks_grad(tf_model *m, gpu_stream_t s, const void *G, int blk)
+{
+    gpu_tensor g = tf_view(m, G, blk, MODEL_ROLE_SINKS);
+    if (!m->cfg.attn_sinks || !g.data) return ZO_OK;
+    const int H = m->cfg.n_heads;
+    return gpu_bias_backward(s, g, gpu_t(m->sinks32 + H, ZO_DTYPE_F32), 1, H, H);
+}
+
 /* Elements of the widest 16-bit activation gradient of a micro-batch of N
  * tokens: a linear layer's output (q|k|v, the MLP's or an MoE layer's
  * pairs, the hidden size) or the logits (of a chunk of `chunk` tokens). */
@@ -652,6 +676,7 @@ static zo_status gen_alloc(tf_model *m)
         {&m->moe_y, K * N * h * es, "expert outputs"},
         {&m->eu, E && m->lora_experts ? (size_t)zo_moe_expert_rows(c, 0, N, 1) * m->opts.lora.r * es : 0,
          "expert LoRA A x"},
+        {(void **)&m->sinks32, c->attn_sinks ? 2 * (size_t)c->n_heads * 4 : 0, "attention sinks"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
     if (E && L && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
@@ -688,7 +713,6 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (opts) m->opts = *opts;
     if (B < 1 || T < 1)
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
-    /* (the layout holds more than the transformer computes: gpt-oss) */
     if ((st = zo_model_config_runtime_check(cfg)) != ZO_OK) return zo_error_wrap(st, "tf_init");
     if (m->opts.recompute_layers < 0)
         return zo_error(ZO_ERR_INVALID, "tf_init: recompute_layers %d is negative", m->opts.recompute_layers);
@@ -720,6 +744,22 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (cfg->moe.top_k >= GPU_MOE_NOT_CHOSEN && m->opts.capacity_factor > 0)
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: a capacity factor with top_k %d (at most %d)",
                         cfg->name, cfg->moe.top_k, GPU_MOE_NOT_CHOSEN - 1);
+    /* gpt-oss: full fine-tuning (and generation) with every expert on the
+     * rank; its biases and sinks are not taken through the adapters, the
+     * expert-parallel exchange or capacity drops, so those are refused */
+    if (zo_model_gpt_oss(cfg) && m->opts.lora.r > 0)
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: gpt-oss with %s is not implemented (full "
+                        "fine-tuning is)", cfg->name, m->opts.lora.nf4 ? "QLoRA" : "LoRA");
+    if (zo_model_gpt_oss(cfg) && m->opts.ep && comm_size(m->opts.ep) > 1)
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: gpt-oss with expert parallelism (--ep) is not "
+                        "implemented", cfg->name);
+    if (zo_model_gpt_oss(cfg) && cfg->moe.aux_loss && !m->opts.kv_len)
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: gpt-oss with output_router_logits (its balance "
+                        "loss: Hugging Face's reads the router's top-k scores, not Mixtral's logits) is not "
+                        "implemented", cfg->name);
+    if (zo_model_gpt_oss(cfg) && m->opts.capacity_factor > 0 && !m->opts.kv_len)
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: gpt-oss with a capacity factor is not "
+                        "implemented (it routes dropless)", cfg->name);
     if (m->opts.kv_len) m->opts.capacity_factor = 0; /* generation routes dropless */
     /* expert parallelism: this rank's window of the experts */
     int ep_first = 0, ep_count = cfg->moe.experts;
@@ -913,6 +953,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->moe_order, F > 0 ? N * E : 0, "router choice order"},
         {(void **)&m->dweights, N * E * 4, "expert weight gradient"},
         {(void **)&m->dz, c->moe.shared_gate ? N * 4 : 0, "shared expert gate gradient"},
+        {(void **)&m->sinks32, c->attn_sinks ? 2 * (size_t)c->n_heads * 4 : 0, "attention sinks"},
         {&m->sact, E ? max_z(N * (size_t)c->moe.shared_ffn, X * fe) * es : 0, "weighted expert activation"},
         {&m->moe_x, Mr * h * es, "expert inputs"},
         {&m->moe_y, Mr * h * es, "expert outputs"},
@@ -1007,7 +1048,7 @@ void tf_free(tf_model *m)
     void *p[] = {m->lnf,  m->meanf, m->rstdf, m->emb_x, m->emb_mean, m->emb_rstd, m->logits, m->losses, m->tmp,
                  m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
                  m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter, m->moe_order,
-                 m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
+                 m->dweights, m->dz, m->sinks32, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
                  m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d,
                  m->mla_kva, m->mla_kv, m->mla_kdec, m->mla_u, m->mla_dkva, m->mla_dkv, m->mla_dckv, m->mla_dqa,
                  m->mla_dattv};
@@ -1892,11 +1933,17 @@ static zo_status expert_weight(tf_model *m, gpu_stream_t s, const tf_block_bufs 
     return ZO_OK;
 }
 
+/* A role repeated per routed expert (gpt-oss's fused gate_up and the biases too) */
+static int is_expert_role(model_role role)
+{
+    return (role >= MODEL_ROLE_EXPERT_GATE_W && role <= MODEL_ROLE_EXPERT_DOWN_W) ||
+           (role >= MODEL_ROLE_EXPERT_GATE_UP_W && role <= MODEL_ROLE_EXPERT_DOWN_B);
+}
+
 static gpu_tensor base_grad(const tf_model *m, const tf_block_bufs *bb, int blk, model_role role, int e)
 {
     const void *G = has_lora(m) ? NULL : bb->grads;
-    return role >= MODEL_ROLE_EXPERT_GATE_W && role <= MODEL_ROLE_EXPERT_DOWN_W ? expert_view(m, G, blk, role, e)
-                                                                                : tf_view(m, G, blk, role);
+    return is_expert_role(role) ? expert_view(m, G, blk, role, e) : tf_view(m, G, blk, role);
 }
 
 /* Rows from `row` of a [rows, cols] tensor. */
@@ -2169,6 +2216,39 @@ static gpu_moe_gate router_gate(const tf_model *m, int l)
                           .bias = m->router_bias ? m->router_bias + (size_t)l * mo->experts : NULL};
 }
 
+/* gpt-oss: expert e's gate and up biases added to its n rows' fc, up [n, fe]. */
+static zo_status expert_biases_forward(tf_model *m, gpu_stream_t s, const tf_block_bufs *bb, int blk, int e,
+                                       const void *ew, gpu_tensor fc, gpu_tensor up, int n)
+{
+    if (!m->cfg.moe.expert_bias) return ZO_OK;
+    const int fe = m->cfg.moe.expert_ffn;
+    zo_status st;
+    gpu_tensor b;
+    if ((st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_GATE_B, e, ew, &b)) != ZO_OK ||
+        (st = gpu_bias_forward(s, fc, b, n, fe, fe)) != ZO_OK ||
+        (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_UP_B, e, ew, &b)) != ZO_OK)
+        return st;
+    return gpu_bias_forward(s, up, b, n, fe, fe);
+}
+
+/* The experts' GLU: SwiGLU, or gpt-oss's clamped one (moe.glu_limit > 0). */
+static zo_status expert_glu_forward(const tf_model *m, gpu_stream_t s, gpu_tensor act, gpu_tensor fc, gpu_tensor up,
+                                    size_t n)
+{
+    const zo_moe *mo = &m->cfg.moe;
+    return mo->glu_limit > 0.0f ? gpu_swiglu_clamped_forward(s, act, fc, up, n, mo->glu_limit, mo->glu_alpha)
+                                : gpu_swiglu_forward(s, act, fc, up, n, 0);
+}
+
+static zo_status expert_glu_backward(const tf_model *m, gpu_stream_t s, gpu_tensor dfc, gpu_tensor dup,
+                                     gpu_tensor dy, gpu_tensor fc, gpu_tensor up, size_t n)
+{
+    const zo_moe *mo = &m->cfg.moe;
+    return mo->glu_limit > 0.0f
+               ? gpu_swiglu_clamped_backward(s, dfc, dup, dy, fc, up, n, mo->glu_limit, mo->glu_alpha)
+               : gpu_swiglu_backward(s, dfc, dup, dy, fc, up, n, 0);
+}
+
 /* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
  * once the activations backward reads are saved. A routed expert's
  * adapters add to its GEMMs on its pairs; the shared expert's as a dense
@@ -2191,6 +2271,9 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     const size_t S = stat_rows(m);
     const gpu_moe_gate gate = router_gate(m, l);
     if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
+        (mo->router_logit_bias && (st = gpu_bias_forward(s, F32(a->router_logits),
+                                                         bview(m, base_buf(m, bb), blk, MODEL_ROLE_ROUTER_B), N, E,
+                                                         E)) != ZO_OK) ||
         (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits), m->moe_stats + (size_t)l * S * 2 * E,
                                      m->moe_order, N, E, mo->top_k, &gate,
                                      S > 1 ? m->t : N)) != ZO_OK)
@@ -2224,9 +2307,19 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_UP_W, e, ew, &w)) != ZO_OK ||
             (st = gemm_xwt(s, upe, x, w, n, fe, h, 0.0f)) != ZO_OK ||
             (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_UP, e, x, upe, fe, n)) != ZO_OK ||
-            (st = gpu_swiglu_forward(s, acte, fce, upe, (size_t)n * fe, 0)) != ZO_OK)
+            (st = expert_biases_forward(m, s, bb, blk, e, ew, fce, upe, n)) != ZO_OK ||
+            (st = expert_glu_forward(m, s, acte, fce, upe, (size_t)n * fe)) != ZO_OK)
             return st;
         if (recompute) continue;
+        if (mo->expert_bias) { /* gpt-oss: y = w (act Wdown^T + b_down) */
+            if ((st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
+                (st = gemm_xwt(s, y, acte, w, n, h, fe, 0.0f)) != ZO_OK ||
+                (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_B, e, ew, &w)) != ZO_OK ||
+                (st = gpu_bias_forward(s, y, w, n, h, h)) != ZO_OK ||
+                (st = gpu_moe_scale_forward(s, y, y, wp + eoff[e], n, h, 1, 0)) != ZO_OK)
+                return st;
+            continue;
+        }
         if ((st = gpu_moe_scale_forward(s, sx, acte, wp + eoff[e], n, fe, 1, 0)) != ZO_OK ||
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
             (st = gpu_gemm(s, &(gpu_gemm_desc){.trans_b = 1, .m = n, .n = h, .k = fe, .alpha = ralpha, .a = sx,
@@ -2347,6 +2440,25 @@ static zo_status ep_weight_grad(tf_model *m, const tf_layer_acts *a, int e, gpu_
     return ZO_OK;
 }
 
+/* gpt-oss's down bias of expert e, which its n pairs' outputs carry times
+ * their weights w: each pair's weight gradient ds += dg . b_down (op: dg
+ * [n, h] as the GEMMs take it), and db_down += sum of w dg over the pairs
+ * (dg scaled in place: the caller's next use overwrites it). */
+static zo_status expert_down_bias_backward(tf_model *m, gpu_stream_t s, const tf_block_bufs *bb, int blk, int e,
+                                           const void *ew, float *ds, gpu_tensor op, gpu_tensor dg, const float *wp,
+                                           int n)
+{
+    if (!m->cfg.moe.expert_bias) return ZO_OK;
+    const int h = m->cfg.hidden;
+    zo_status st;
+    gpu_tensor b, db = base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_B, e);
+    if ((st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_B, e, ew, &b)) != ZO_OK ||
+        (st = gemm_xwt(s, gpu_t(ds, ZO_DTYPE_F32), op, b, n, 1, h, 1.0f)) != ZO_OK || !db.data)
+        return st;
+    if ((st = gpu_moe_scale_forward(s, dg, dg, wp, n, h, 1, 0)) != ZO_OK) return st;
+    return gpu_bias_backward(s, db, dg, n, h, h);
+}
+
 /* The routed experts' backward on their pairs, from dres: their weights'
  * (or adapters') gradients, dweights [N, E] (each pair's weight gradient at
  * its token and expert), dh += the pairs' input gradients added back to
@@ -2408,7 +2520,15 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
             return st;
         /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
         if ((st = gpu_moe_scale_backward(s, g, ex_ds + o, g, rows_at(act, o, fe), wp + o, n, fe, 1, 0)) != ZO_OK ||
-            (st = gpu_swiglu_backward(s, g, gu, g, rows_at(fc, o, fe), rows_at(up, o, fe), (size_t)n * fe, 0)) != ZO_OK)
+            (st = expert_down_bias_backward(m, s, bb, blk, e, ew, ex_ds + o, op, dxe, wp + o, n)) != ZO_OK ||
+            (st = expert_glu_backward(m, s, g, gu, g, rows_at(fc, o, fe), rows_at(up, o, fe), (size_t)n * fe)) !=
+                ZO_OK)
+            return st;
+        /* gpt-oss: the gate and up biases' gradients, their rows' column sums */
+        gpu_tensor dbg = base_grad(m, bb, blk, MODEL_ROLE_EXPERT_GATE_B, e);
+        gpu_tensor dbu = base_grad(m, bb, blk, MODEL_ROLE_EXPERT_UP_B, e);
+        if ((dbg.data && (st = gpu_bias_backward(s, dbg, g, n, fe, fe)) != ZO_OK) ||
+            (dbu.data && (st = gpu_bias_backward(s, dbu, gu, n, fe, fe)) != ZO_OK))
             return st;
         /* gate, then up: dW += d^T xg, dx [n, h] = dgate Wg + dup Wu (dg is spent) */
         gpu_tensor d[2] = {g, gu};
@@ -2489,6 +2609,9 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
         (mo->shared_ffn && (st = shared_expert_backward(m, l, bb, s)) != ZO_OK))
         return st;
     if ((st = router_backward(m, l, s)) != ZO_OK) return st;
+    /* gpt-oss: the router's logit bias, the column sums of drouter */
+    gpu_tensor drb = base_grad(m, bb, model_layout_layer_block(l), MODEL_ROLE_ROUTER_B, 0);
+    if (drb.data && (st = gpu_bias_backward(s, drb, F32(m->drouter), N, E, E)) != ZO_OK) return st;
     return plain_linear_backward(m, l, bb, s, MODEL_ROLE_ROUTER_W, TF_LORA_NONE, F32(m->drouter),
                                  gpu_t(a->ln2, m->dtype), N, E, h);
 }
@@ -2983,6 +3106,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         /* (Cohere2's global layers: q and k as projected, the keys cached so) */
         if (layer_rope(m, l) && (st = rope_rows(m, l, s, qkv, ld)) != ZO_OK) return st;
         gpu_attn_desc ad = layer_attn(m, l);
+        if ((st = attn_sinks(m, s, W, blk, &ad, 0)) != ZO_OK) return st;
         /* generation: the new keys and values into the caches, the queries against them
          * (the latent cache's prompt: its rows into the cache, the keys and values scratch) */
         st = latent_cache(m) ? mla_decompressed_attention(m, l, bb, s, &ad, att, qkv)
@@ -3235,7 +3359,10 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
                             bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
     gpu_attn_desc ad = layer_attn(m, l);
-    if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
+    if ((st = attn_sinks(m, s, W, blk, &ad, 1)) != ZO_OK ||
+        (st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK ||
+        (st = attn_sinks_grad(m, s, G, blk)) != ZO_OK)
+        return st;
     if (layer_rope(m, l) && (st = rope_heads(m, l, s, dqkv, N, ld, 1)) != ZO_OK)
         return st;
     if (is_mla(c)) {

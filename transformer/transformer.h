@@ -294,6 +294,8 @@ typedef struct tf_model {
     float *drouter;         /* [N, experts] gradient of the router's logits */
     float *dweights;        /* [N, experts] gradient of the chosen experts' weights */
     float *dz;              /* [N] gradient of the shared expert's gate */
+    float *sinks32;         /* gpt-oss (cfg.attn_sinks): [2, heads] fp32 a layer's sink logits, their
+                               gradient (the attention ops take fp32; the block holds dtype) */
     void *sact;             /* [N, max(top_k expert_ffn, shared_ffn)] activations times their weights */
     void *moe_x, *moe_y;    /* [moe_rows, h] the pairs' inputs, the experts' outputs (dtype) */
     float *moe_dx;          /* [moe_rows, h] the pairs' input gradients */
