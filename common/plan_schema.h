@@ -227,6 +227,15 @@ zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, i
  * ZO_ERR_UNSUPPORTED. zo_plan_check_run checks it too. */
 zo_status zo_plan_runtime_check(const zo_plan *p, const char *path);
 
+/* Of a run of model m with this method, data-parallel ranks dp, expert
+ * parallelism ep and capacity factor (0: dropless), the plan field the
+ * runtime does not run for that model ("training.method", "parallel.dp",
+ * ...; gpt-oss: full fine-tuning on one rank, dropless), or NULL where it
+ * runs. zo_plan_runtime_check refuses by it; memplan's search for a plan
+ * file leaves such configurations out. */
+const char *zo_model_run_gap(const zo_model_config *m, zo_plan_method method, int dp, int ep,
+                             double capacity_factor);
+
 /* Whether a plan can run here: the model `m` has the plan's parameter count
  * and shape (layers, widths, heads, vocabulary, biases, tied embeddings, and
  * the features of its family: positions, norms, experts, latent attention),

@@ -558,6 +558,54 @@ static void table_words(const zo_run_shape *r, char *buf, size_t len)
     snprintf(buf, len, "memplan: %s", why);
 }
 
+/* gpt-oss: the runtime trains it in full on one rank, dropless. A plan file
+ * for it is that, even with --method auto (which ranks LoRA and QLoRA
+ * first where they are faster); --method lora, --gpus 2 or a capacity
+ * factor fixed with --json-out are refused, exit 2, naming the flag and
+ * the plan field (train's refusal of such a plan: test_plan_schema); the
+ * table without a plan file still sizes them. */
+static void test_plan_file_gpt_oss(void **state)
+{
+    (void)state;
+    static char out[1 << 18];
+    char dir[] = "/tmp/memplan-gptoss-XXXXXX", args[1024], path[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/p.json", dir);
+    const char *model = ZO_FIXTURES_DIR "/hf-configs/gpt-oss-20b.json";
+    snprintf(args, sizeof args, "plan --model %s --gpus 1 --method auto --json-out %s", model, path);
+    if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
+    zo_plan p;
+    assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+    printf("  gpt-oss-20b, --method auto: %s, DP %d, EP %d, capacity %g\n",
+           p.training.method == ZO_PLAN_FULL ? "full" : "an adapter", p.parallel.dp, p.parallel.ep,
+           p.parallel.capacity_factor);
+    assert_int_equal(p.training.method, ZO_PLAN_FULL);
+    assert_int_equal(p.parallel.dp, 1);
+    assert_true(p.parallel.ep <= 1);
+    assert_true(p.parallel.capacity_factor == 0);
+    assert_int_equal(zo_plan_runtime_check(&p, path), ZO_OK);
+    static const struct {
+        const char *flags, *flag, *field;
+    } refused[] = {{"--gpus 1 --method lora", "--method", "training.method"},
+                   {"--gpus 2 --gpus-per-node 2", "--gpus", "parallel.dp"},
+                   {"--gpus 1 --capacity-factor 1.0", "--capacity-factor", "parallel.capacity_factor"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        remove(path);
+        snprintf(args, sizeof args, "plan --model %s %s --json-out %s", model, refused[i].flags, path);
+        int rc = run_memplan(args, out, sizeof out);
+        printf("  %s: exit %d, %s", refused[i].flags, rc, out);
+        assert_int_equal(rc, 2);
+        char want[128];
+        snprintf(want, sizeof want, "%s as asked is not (field \"%s\"", refused[i].flag, refused[i].field);
+        assert_non_null(strstr(out, want));
+        assert_int_equal(access(path, F_OK), -1); /* no plan written */
+        /* the table alone (no plan file) sizes it */
+        snprintf(args, sizeof args, "plan --model %s %s", model, refused[i].flags);
+        if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
+    }
+    rmdir(dir);
+}
+
 /* A plan file is for train (issue 27): `memplan plan --json-out` searches
  * only what the capability table runs (LLaMA-2-70B on 8 GPUs: the best for
  * the table alone may be tensor parallel; the plan file is data parallel),
@@ -1155,6 +1203,7 @@ int main(void)
         cmocka_unit_test(test_family_shape),      cmocka_unit_test(test_search_22b_64gpus),
         cmocka_unit_test(test_objective_cost),    cmocka_unit_test(test_plan_file_roundtrip),
         cmocka_unit_test(test_cli_plan),          cmocka_unit_test(test_plan_file_runs),
+        cmocka_unit_test(test_plan_file_gpt_oss),
         cmocka_unit_test(test_fits_with_distinct), cmocka_unit_test(test_plan_method),
         cmocka_unit_test(test_step_cap),          cmocka_unit_test(test_step_bound),
     };
