@@ -127,7 +127,6 @@ static struct engine {
     MPI_Request *reply_reqs; /* [size] */
     answer *answers;         /* [size], filled while collecting after a timeout */
     double last_tick;
-    double yield_s; /* poll_until_done's yielding: ENGINE_YIELD_S, or 0 where oversubscribed */
 } E = {.once = PTHREAD_ONCE_INIT,
        .lock = PTHREAD_MUTEX_INITIALIZER,
        .cond = PTHREAD_COND_INITIALIZER};
@@ -531,7 +530,7 @@ static void poll_until_done(mpi_op *op, MPI_Request *r, int id)
         }
         run_watchdogs();
         check_abort();
-        if (now - start < E.yield_s) {
+        if (now - start < ENGINE_YIELD_S) {
             sched_yield();
         } else {
             sleep_ns = sleep_ns ? (sleep_ns * 2 > 200000 ? 200000 : sleep_ns * 2) : 20000;
@@ -637,20 +636,6 @@ static zo_status engine_init_mpi(void)
         return zo_error(ZO_ERR_NOMEM, "comm_init: out of host memory");
     for (int p = 0; p < E.size; p++) E.reply_reqs[p] = MPI_REQUEST_NULL;
     MPI_Irecv(E.query_in, 4, MPI_INT64_T, MPI_ANY_SOURCE, MPI_ANY_TAG, E.fault_comm, &E.query_req);
-    /* More ranks on this host than it has cores: a waiting rank that yields
-     * finds the other waiters runnable and spins among them, system calls
-     * taking the cores the ranks still computing need (4 ranks on 2 cores:
-     * a third of a job's CPU time in sched_yield and the switches; docs/
-     * testing.md). There a wait sleeps at once; a rank a core keeps the
-     * yielding, its wake-up a yield away. */
-    MPI_Comm node;
-    int local = 1;
-    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-        MPI_Comm_size(node, &local);
-        MPI_Comm_free(&node);
-    }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    E.yield_s = cores > 0 && local > cores ? 0.0 : ENGINE_YIELD_S;
     return ZO_OK;
 }
 
