@@ -736,7 +736,7 @@ static size_t trainable_list(char *out, size_t cap);
 
 /* What the runtime computes (model_layout_init asks the same: the layout holds
  * what the transformer computes, no more) */
-static zo_status runtime_check(const zo_model_config *c)
+zo_status zo_model_config_runtime_check(const zo_model_config *c)
 {
     int known = family_trainable(c->family);
     for (size_t i = 0; i < sizeof preset_families / sizeof preset_families[0]; i++)
@@ -806,9 +806,6 @@ static zo_status runtime_check(const zo_model_config *c)
                     "%s; memplan sizes this family)",
                     c->name, c->family, lacks, list);
 }
-
-zo_status zo_model_config_runtime_check(const zo_model_config *c) { return runtime_check(c); }
-zo_status zo_model_config_layout_check(const zo_model_config *c) { return runtime_check(c); }
 
 /* ---- Hugging Face config.json ------------------------------------------- */
 

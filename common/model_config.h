@@ -420,12 +420,10 @@ const zo_family_info *zo_model_families(size_t *count);
 
 /* ZO_OK when the runtime (model/, examples/) implements this shape: GPT-2,
  * LLaMA, Mistral or Qwen2 layers and nothing of the planner-only fields;
- * else ZO_ERR_UNSUPPORTED naming the family and what it lacks. */
+ * else ZO_ERR_UNSUPPORTED naming the family and what it lacks. What
+ * model_layout_init lays out and the loader reads and writes is the same
+ * set (tf_init and model_layout_init both ask it). */
 zo_status zo_model_config_runtime_check(const zo_model_config *cfg);
-/* The same for what model_layout_init lays out and the loader reads and
- * writes: the runtime's families (gpt-oss among them since the transformer
- * computes it; the layout came first). */
-zo_status zo_model_config_layout_check(const zo_model_config *cfg);
 
 /* One layer's parameters, by how tensor parallelism treats them. */
 typedef struct zo_layer_params {

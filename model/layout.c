@@ -663,7 +663,7 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
     if ((st = zo_model_config_validate(&cfg)) != ZO_OK) /* with its limits (model_limits.h) */
         return zo_error_wrap(st, "model layout: %s", cfg.name);
     /* memplan sizes more families than the layout builds: refuse the rest by name */
-    if ((st = zo_model_config_layout_check(&cfg)) != ZO_OK)
+    if ((st = zo_model_config_runtime_check(&cfg)) != ZO_OK)
         return zo_error_wrap(st, "model layout");
     l->cfg = cfg;
     l->expert_first = first;

@@ -1855,8 +1855,7 @@ static void test_gpt_oss_layout(void **state)
     assert_true(ub->offset == gb->offset + f && db->offset == d->offset + h * f);
     assert_non_null(model_layout_view(&l, blk, MODEL_ROLE_SINKS));
     assert_non_null(model_layout_view(&l, blk, MODEL_ROLE_ROUTER_B));
-    /* the layout and the transformer take it alike */
-    assert_int_equal(zo_model_config_layout_check(&c), ZO_OK);
+    /* the layout and the transformer take it alike (one check) */
     if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
 
     char path[512];
