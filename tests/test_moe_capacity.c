@@ -551,8 +551,6 @@ static void test_phimoe(void **state)
     run_model(2);
 }
 
-/* The buffers hold what can arrive: min(N top_k, E C) rows, and LoRA's
- * expert scratch one expert's, min(N, C); refusals. */
 /* gpt-oss trains in full on one rank; what it does not run is refused by
  * name: LoRA, QLoRA, a capacity factor, its balance loss (generation
  * routes dropless and takes no loss: accepted) */
@@ -594,6 +592,8 @@ static void test_gpt_oss_refusals(void **state)
     gpu_device_free(dev);
 }
 
+/* The buffers hold what can arrive: min(N top_k, E C) rows, and LoRA's
+ * expert scratch one expert's, min(N, C); refusals. */
 static void test_sizes_and_refusals(void **state)
 {
     (void)state;
