@@ -186,33 +186,131 @@ static char *team_slice(char *base, size_t shared, size_t per)
 
 typedef float v16f __attribute__((vector_size(64)));
 
-/* acc[MR][ldacc] += Ap[kc][MR] . Bp[kc][NR] */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-gemm_kernel(int kc, const float *restrict Ap, const float *restrict Bp, float *restrict acc,
-            int ldacc)
+/* acc[MR][ldacc] += Ap[kc][MR] . Bp[kc][NR], over the panel's first w
+ * columns (1 <= w <= NR: the live ones; the rest of acc's row is padding
+ * no caller reads, left as it was). Each element's products are summed in
+ * p order into a register that starts at zero, then added to acc once:
+ * whichever of the kernels below runs, and whatever w, a column's bits are
+ * the same. The generic kernel: GCC's vectors, built for AVX-512 (32
+ * registers hold the 12 accumulators, with FMA) and plain x86-64. */
+__attribute__((target_clones("avx512f", "default"))) static void
+gemm_kernel_generic(int kc, const float *restrict Ap, const float *restrict Bp, float *restrict acc,
+                    int ldacc, int w)
 {
+    const int halves = w > 16 ? 2 : 1;
     v16f c[MR][2];
     memset(c, 0, sizeof c);
     for (int p = 0; p < kc; p++) {
         v16f b0, b1;
         memcpy(&b0, Bp + (size_t)p * NR, sizeof b0);
-        memcpy(&b1, Bp + (size_t)p * NR + 16, sizeof b1);
         const float *a = Ap + (size_t)p * MR;
-        for (int r = 0; r < MR; r++) {
-            c[r][0] += a[r] * b0;
-            c[r][1] += a[r] * b1;
+        if (halves == 2) {
+            memcpy(&b1, Bp + (size_t)p * NR + 16, sizeof b1);
+            for (int r = 0; r < MR; r++) {
+                c[r][0] += a[r] * b0;
+                c[r][1] += a[r] * b1;
+            }
+        } else {
+            for (int r = 0; r < MR; r++) c[r][0] += a[r] * b0;
         }
     }
-    for (int r = 0; r < MR; r++) {
-        v16f t0, t1;
-        float *row = acc + (size_t)r * ldacc;
-        memcpy(&t0, row, sizeof t0);
-        memcpy(&t1, row + 16, sizeof t1);
-        t0 += c[r][0];
-        t1 += c[r][1];
-        memcpy(row, &t0, sizeof t0);
-        memcpy(row + 16, &t1, sizeof t1);
+    for (int r = 0; r < MR; r++)
+        for (int hv = 0; hv < halves; hv++) {
+            v16f t;
+            float *row = acc + (size_t)r * ldacc + 16 * hv;
+            memcpy(&t, row, sizeof t);
+            t += c[r][hv];
+            memcpy(row, &t, sizeof t);
+        }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ZO_GEMM_AVX2 1
+/* The kernel for AVX2 machines without AVX-512 (16 vector registers: the
+ * generic kernel's 24 accumulators spilled to the stack, most of its
+ * time): 16 columns at a time (12 accumulators, two of B, one broadcast),
+ * 8 where no more are live; FMA, as the AVX-512 build of the generic
+ * kernel contracts its products, so both machines get the same bits. */
+__attribute__((target("avx2,fma"))) static void
+gemm_kernel_avx2(int kc, const float *restrict Ap, const float *restrict Bp, float *restrict acc, int ldacc,
+                 int w)
+{
+    for (int h = 0; h < w; h += 16) {
+        const float *b = Bp + h;
+        __m256 c0[MR], c1[MR];
+        for (int r = 0; r < MR; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+        if (w - h > 8) {
+            for (int p = 0; p < kc; p++) {
+                const __m256 b0 = _mm256_loadu_ps(b + (size_t)p * NR), b1 = _mm256_loadu_ps(b + (size_t)p * NR + 8);
+                const float *a = Ap + (size_t)p * MR;
+                for (int r = 0; r < MR; r++) {
+                    const __m256 x = _mm256_broadcast_ss(a + r);
+                    c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
+                    c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
+                }
+            }
+        } else {
+            for (int p = 0; p < kc; p++) {
+                const __m256 b0 = _mm256_loadu_ps(b + (size_t)p * NR);
+                const float *a = Ap + (size_t)p * MR;
+                for (int r = 0; r < MR; r++) c0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + r), b0, c0[r]);
+            }
+        }
+        for (int r = 0; r < MR; r++) {
+            float *row = acc + (size_t)r * ldacc + h;
+            _mm256_storeu_ps(row, _mm256_add_ps(_mm256_loadu_ps(row), c0[r]));
+            if (w - h > 8) _mm256_storeu_ps(row + 8, _mm256_add_ps(_mm256_loadu_ps(row + 8), c1[r]));
+        }
     }
+}
+#endif
+
+/* Which register kernel runs: -1 not yet chosen, else a cpu_gemm_kernel. */
+static atomic_int gemm_kernel_choice = -1;
+
+/* The machine's best: the AVX2 kernel where AVX2 and FMA are and AVX-512
+ * is not; ZO_CPU_KERNEL=generic (tests, benchmarks) keeps the generic one. */
+static int gemm_kernel_pick(void)
+{
+    int k = CPU_KERNEL_GENERIC;
+#ifdef ZO_GEMM_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !__builtin_cpu_supports("avx512f"))
+        k = CPU_KERNEL_AVX2;
+#endif
+    const char *e = getenv("ZO_CPU_KERNEL");
+    if (e && !strcmp(e, "generic")) k = CPU_KERNEL_GENERIC;
+    int unset = -1;
+    atomic_compare_exchange_strong(&gemm_kernel_choice, &unset, k);
+    return atomic_load(&gemm_kernel_choice);
+}
+
+static inline void gemm_kernel(int kc, const float *restrict Ap, const float *restrict Bp, float *restrict acc,
+                               int ldacc, int w)
+{
+    int k = atomic_load_explicit(&gemm_kernel_choice, memory_order_relaxed);
+    if (k < 0) k = gemm_kernel_pick();
+#ifdef ZO_GEMM_AVX2
+    if (k == CPU_KERNEL_AVX2) {
+        gemm_kernel_avx2(kc, Ap, Bp, acc, ldacc, w);
+        return;
+    }
+#endif
+    gemm_kernel_generic(kc, Ap, Bp, acc, ldacc, w);
+}
+
+cpu_gemm_kernel cpu_gemm_set_kernel(cpu_gemm_kernel k)
+{
+    int want = k == CPU_KERNEL_AUTO ? -1 : (int)k;
+#ifndef ZO_GEMM_AVX2
+    if (want == CPU_KERNEL_AVX2) want = CPU_KERNEL_GENERIC;
+#else
+    if (want == CPU_KERNEL_AVX2 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
+        want = CPU_KERNEL_GENERIC;
+#endif
+    atomic_store(&gemm_kernel_choice, want);
+    return want < 0 ? (cpu_gemm_kernel)gemm_kernel_pick() : (cpu_gemm_kernel)want;
 }
 
 /* Packed panels (R = MR rows for A, NR columns for B) and the depth they
@@ -378,7 +476,8 @@ static zo_status own_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
                 for (int js = 0; js < nslv; js++)
                     for (int is = 0; is < mslv; is++)
                         gemm_kernel(kc, Ap + (size_t)is * MR * kc, Bp + (size_t)js * NR * kc,
-                                    acc + (size_t)is * MR * NC + (size_t)js * NR, NC);
+                                    acc + (size_t)is * MR * NC + (size_t)js * NR, NC,
+                                    nc - js * NR < NR ? nc - js * NR : NR);
             }
             /* C = alpha * acc + beta * C; beta == 0 never reads C */
             for (int i = 0; i < mc; i++) {
@@ -1139,7 +1238,7 @@ static void panel_gemm(panels A, panels B, float *C, int ldc, int m, int n, int 
         for (int js = 0; js < (n + NR - 1) / NR; js++) {
             if (skip_upper && js * NR > last) break;
             gemm_kernel(kc, A.p + (size_t)is * MR * A.depth, B.p + (size_t)js * NR * B.depth,
-                        C + (size_t)is * MR * ldc + (size_t)js * NR, ldc);
+                        C + (size_t)is * MR * ldc + (size_t)js * NR, ldc, n - js * NR < NR ? n - js * NR : NR);
         }
     }
 }

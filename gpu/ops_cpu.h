@@ -79,6 +79,16 @@ typedef enum cpu_gemm_impl { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_BLAS } cp
 /* (tests, benchmarks) Set it for the whole process, from then on; the
  * environment's ZO_CPU_GEMM=own|blas|auto gives the first value. */
 void cpu_gemm_set_impl(cpu_gemm_impl impl);
+/* The register kernel under the own GEMM and the attention blocks: AUTO the
+ * machine's best (AVX2 where there is AVX2 and FMA but no AVX-512; the
+ * environment's ZO_CPU_KERNEL=generic keeps the generic one), GENERIC the
+ * portable one (AVX-512 or plain x86-64), AVX2 the AVX2 one. A column's
+ * bits are the same on both where both use FMA. */
+typedef enum cpu_gemm_kernel { CPU_KERNEL_AUTO = -1, CPU_KERNEL_GENERIC = 0, CPU_KERNEL_AVX2 } cpu_gemm_kernel;
+/* (tests, benchmarks) Set it for the whole process; returns the kernel
+ * that runs (GENERIC where the AVX2 one is asked for on a machine without
+ * AVX2 and FMA). */
+cpu_gemm_kernel cpu_gemm_set_kernel(cpu_gemm_kernel k);
 /* The library cpu_gemm can call, as "OpenBLAS 0.3.21 (SkylakeX kernels,
  * OpenMP build)"; NULL without one it can use (not built with one, or a
  * serial build, which is not safe to call from several threads at once). */

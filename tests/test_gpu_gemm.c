@@ -212,11 +212,21 @@ static int run_all(const char *what)
     return bad;
 }
 
+/* The own GEMM on each register kernel this machine runs: the generic one
+ * (AVX-512 or plain x86-64) and, where AVX2 and FMA are, the AVX2 one; the
+ * shapes' last panels have 1 to 32 live columns (the kernels' 8- and
+ * 16-column branches). */
 static void test_gemm_own(void **state)
 {
     (void)state;
     cpu_gemm_set_impl(CPU_GEMM_OWN);
-    assert_int_equal(run_all("own kernel"), 0);
+    assert_int_equal(cpu_gemm_set_kernel(CPU_KERNEL_GENERIC), CPU_KERNEL_GENERIC);
+    assert_int_equal(run_all("own kernel (generic registers)"), 0);
+    if (cpu_gemm_set_kernel(CPU_KERNEL_AVX2) == CPU_KERNEL_AVX2)
+        assert_int_equal(run_all("own kernel (AVX2 registers)"), 0);
+    else
+        printf("  no AVX2 and FMA here: the AVX2 register kernel is not run\n");
+    cpu_gemm_set_kernel(CPU_KERNEL_AUTO);
 }
 
 static void test_gemm_blas(void **state)
@@ -253,9 +263,11 @@ static void test_gemm_determinism(void **state)
         {.ta = 0, .tb = 1, .m = 64, .n = 200, .k = 700, .batch = 3, .alpha = 1.0, .da = F,
          .db = BF, .dc = F},
     };
-    const cpu_gemm_impl impls[] = {CPU_GEMM_AUTO, CPU_GEMM_OWN, CPU_GEMM_BLAS};
-    for (int ii = 0; ii < 3; ii++) {
+    /* the own GEMM twice: on the generic register kernel, then the machine's choice */
+    const cpu_gemm_impl impls[] = {CPU_GEMM_AUTO, CPU_GEMM_OWN, CPU_GEMM_OWN, CPU_GEMM_BLAS};
+    for (int ii = 0; ii < 4; ii++) {
         cpu_gemm_set_impl(impls[ii]);
+        cpu_gemm_set_kernel(ii == 1 ? CPU_KERNEL_GENERIC : CPU_KERNEL_AUTO);
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             gbufs B = make(&cases[ci]);
             size_t bytes = B.nc * zo_dtype_size(cases[ci].dc);

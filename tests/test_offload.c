@@ -987,12 +987,20 @@ static void test_larger_than_device(void **state)
     gpu_device_free(dev);
 }
 
-/* k micro-batches of b rows = one batch of k*b rows, within fp32 rounding. */
+/* k micro-batches of b rows = one batch of k*b rows, within fp32 rounding:
+ * the first step's gradient within 1e-6 of its largest element (the sums
+ * of rows split at other places: 5.96e-8 of 0.251 here), then four steps'
+ * losses and gradient norms within 1e-4. The gradient is compared at the
+ * first step: after an AdamW update, a weight whose gradient is rounding
+ * noise moves by about lr whichever sign the noise takes, so a later
+ * step's gradients differ by far more than the accumulation's rounding
+ * (2.4e-6 of 0.154 at the second step, 1.5e-6 to 2.2e-6 of 0.205 at the
+ * fourth, by register kernel). */
 static void test_grad_accum(void **state)
 {
     (void)state;
     static float g1[1 << 20], g4[1 << 20];
-    run one = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F32, .B = 4, .T = 16, .steps = 4,
+    run one = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F32, .B = 4, .T = 16, .steps = 1,
                .final_grad = g1};
     base_config(&one.oc);
     run acc = one;
@@ -1002,8 +1010,6 @@ static void test_grad_accum(void **state)
     acc.final_grad = g4;
     assert_int_equal(do_run(&one), ZO_OK);
     assert_int_equal(do_run(&acc), ZO_OK);
-    print_losses("batch 4", &one);
-    print_losses("4 micro-batches of 1", &acc);
     assert_int_equal(one.final_grad_n, acc.final_grad_n);
     double maxabs = 0, maxdiff = 0;
     for (size_t i = 0; i < one.final_grad_n; i++) {
@@ -1011,8 +1017,14 @@ static void test_grad_accum(void **state)
         if (fabs(a) > maxabs) maxabs = fabs(a);
         if (fabs(a - b) > maxdiff) maxdiff = fabs(a - b);
     }
-    printf("  gradient max |g| %.3g, max difference %.3g\n", maxabs, maxdiff);
-    assert_true(maxdiff <= 1e-5 * maxabs + 1e-9);
+    printf("  first step's gradient: max |g| %.3g, max difference %.3g\n", maxabs, maxdiff);
+    assert_true(maxdiff <= 1e-6 * maxabs + 1e-9);
+    one.steps = acc.steps = 4;
+    one.final_grad = acc.final_grad = NULL;
+    assert_int_equal(do_run(&one), ZO_OK);
+    assert_int_equal(do_run(&acc), ZO_OK);
+    print_losses("batch 4", &one);
+    print_losses("4 micro-batches of 1", &acc);
     for (int k = 0; k < one.steps; k++) {
         assert_true(fabsf(one.loss[k] - acc.loss[k]) < 1e-4f * one.loss[k]);
         assert_true(fabsf(one.info[k].grad_norm - acc.info[k].grad_norm) < 1e-4f * one.info[k].grad_norm);
