@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h> /* defines: sysconf */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h> /* defines: _mm256_fmadd_ps (the AVX2 register kernel) */
+#define ZO_GEMM_AVX2 1
+#endif
 
 #ifdef ZO_HAVE_OPENBLAS
 #include <cblas.h> /* defines: cblas_sgemm, openblas_get_parallel, openblas_get_corename */
@@ -224,9 +228,7 @@ gemm_kernel_generic(int kc, const float *restrict Ap, const float *restrict Bp, 
         }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define ZO_GEMM_AVX2 1
+#ifdef ZO_GEMM_AVX2
 /* The kernel for AVX2 machines without AVX-512 (16 vector registers: the
  * generic kernel's 24 accumulators spilled to the stack, most of its
  * time): 16 columns at a time (12 accumulators, two of B, one broadcast),
@@ -269,15 +271,23 @@ gemm_kernel_avx2(int kc, const float *restrict Ap, const float *restrict Bp, flo
 /* Which register kernel runs: -1 not yet chosen, else a cpu_gemm_kernel. */
 static atomic_int gemm_kernel_choice = -1;
 
+/* The AVX2 kernel is built and this machine can run it. */
+static int have_avx2_fma(void)
+{
+#ifdef ZO_GEMM_AVX2
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
 /* The machine's best: the AVX2 kernel where AVX2 and FMA are and AVX-512
  * is not; ZO_CPU_KERNEL=generic (tests, benchmarks) keeps the generic one. */
 static int gemm_kernel_pick(void)
 {
     int k = CPU_KERNEL_GENERIC;
 #ifdef ZO_GEMM_AVX2
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !__builtin_cpu_supports("avx512f"))
-        k = CPU_KERNEL_AVX2;
+    if (have_avx2_fma() && !__builtin_cpu_supports("avx512f")) k = CPU_KERNEL_AVX2;
 #endif
     const char *e = getenv("ZO_CPU_KERNEL");
     if (e && !strcmp(e, "generic")) k = CPU_KERNEL_GENERIC;
@@ -286,9 +296,12 @@ static int gemm_kernel_pick(void)
     return atomic_load(&gemm_kernel_choice);
 }
 
+/* The register kernel that runs, on a panel whose columns from its first
+ * on number `left` (the panel's w: at most NR of them). */
 static inline void gemm_kernel(int kc, const float *restrict Ap, const float *restrict Bp, float *restrict acc,
-                               int ldacc, int w)
+                               int ldacc, int left)
 {
+    const int w = left < NR ? left : NR;
     int k = atomic_load_explicit(&gemm_kernel_choice, memory_order_relaxed);
     if (k < 0) k = gemm_kernel_pick();
 #ifdef ZO_GEMM_AVX2
@@ -303,12 +316,7 @@ static inline void gemm_kernel(int kc, const float *restrict Ap, const float *re
 cpu_gemm_kernel cpu_gemm_set_kernel(cpu_gemm_kernel k)
 {
     int want = k == CPU_KERNEL_AUTO ? -1 : (int)k;
-#ifndef ZO_GEMM_AVX2
-    if (want == CPU_KERNEL_AVX2) want = CPU_KERNEL_GENERIC;
-#else
-    if (want == CPU_KERNEL_AVX2 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
-        want = CPU_KERNEL_GENERIC;
-#endif
+    if (want == CPU_KERNEL_AVX2 && !have_avx2_fma()) want = CPU_KERNEL_GENERIC;
     atomic_store(&gemm_kernel_choice, want);
     return want < 0 ? (cpu_gemm_kernel)gemm_kernel_pick() : (cpu_gemm_kernel)want;
 }
@@ -476,8 +484,7 @@ static zo_status own_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
                 for (int js = 0; js < nslv; js++)
                     for (int is = 0; is < mslv; is++)
                         gemm_kernel(kc, Ap + (size_t)is * MR * kc, Bp + (size_t)js * NR * kc,
-                                    acc + (size_t)is * MR * NC + (size_t)js * NR, NC,
-                                    nc - js * NR < NR ? nc - js * NR : NR);
+                                    acc + (size_t)is * MR * NC + (size_t)js * NR, NC, nc - js * NR);
             }
             /* C = alpha * acc + beta * C; beta == 0 never reads C */
             for (int i = 0; i < mc; i++) {
@@ -1238,7 +1245,7 @@ static void panel_gemm(panels A, panels B, float *C, int ldc, int m, int n, int 
         for (int js = 0; js < (n + NR - 1) / NR; js++) {
             if (skip_upper && js * NR > last) break;
             gemm_kernel(kc, A.p + (size_t)is * MR * A.depth, B.p + (size_t)js * NR * B.depth,
-                        C + (size_t)is * MR * ldc + (size_t)js * NR, ldc, n - js * NR < NR ? n - js * NR : NR);
+                        C + (size_t)is * MR * ldc + (size_t)js * NR, ldc, n - js * NR);
         }
     }
 }
