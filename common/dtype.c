@@ -1,7 +1,11 @@
 #include "dtype.h"
 
 #include <omp.h>
+#include <stdatomic.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include <strings.h>
 
@@ -42,9 +46,105 @@ zo_status zo_dtype_parse(const char *s, zo_dtype *out)
                     s ? s : "(null)");
 }
 
+/* ---- rows of bf16 and fp32 ------------------------------------------------------------- */
+
+/* -1: not yet asked; 0: the scalar loops; 1: AVX2. The CPU's answer alone
+ * ever sets 1 (zo_convert_simd(1) asks it again). */
+static _Atomic int row_simd = -1;
+
+static int rows_simd(void)
+{
+    int s = atomic_load_explicit(&row_simd, memory_order_relaxed);
+    if (s < 0) {
+#if defined(__x86_64__) && defined(__GNUC__)
+        __builtin_cpu_init();
+        s = __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+        s = 0;
+#endif
+        atomic_store_explicit(&row_simd, s, memory_order_relaxed);
+    }
+    return s;
+}
+
+int zo_convert_simd(int on)
+{
+    int before = rows_simd();
+    atomic_store_explicit(&row_simd, on ? -1 : 0, memory_order_relaxed);
+    return before;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) static void bf16_to_f32_avx2(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+    for (; i < n; i++) dst[i] = zo_bf16_to_f32(src[i]);
+}
+
+/* zo_f32_to_bf16 on 8 lanes, in the low 16 bits of each: a nan keeps its
+ * sign and top bits, made quiet; the rest round to nearest even (no lane
+ * but a nan's sum wraps). */
+__attribute__((target("avx2"))) static inline __m256i bf16_round8(__m256i u)
+{
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+    return _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+}
+
+__attribute__((target("avx2"))) static void f32_to_bf16_avx2(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i a = bf16_round8(_mm256_castps_si256(_mm256_loadu_ps(src + i)));
+        __m256i b = bf16_round8(_mm256_castps_si256(_mm256_loadu_ps(src + i + 8)));
+        /* packus interleaves the 128-bit halves: a0-3 b0-3 a4-7 b4-7 */
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+        _mm256_storeu_si256((__m256i *)(dst + i), p);
+    }
+    for (; i < n; i++) dst[i] = zo_f32_to_bf16(src[i]);
+}
+#endif
+
+void zo_bf16_to_f32_row(float *dst, const uint16_t *src, size_t n)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (rows_simd()) {
+        bf16_to_f32_avx2(dst, src, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = zo_bf16_to_f32(src[i]);
+}
+
+void zo_f32_to_bf16_row(uint16_t *dst, const float *src, size_t n)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (rows_simd()) {
+        f32_to_bf16_avx2(dst, src, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = zo_f32_to_bf16(src[i]);
+}
+
 void zo_convert(void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n)
 {
-    for (size_t i = 0; i < n; i++) zo_store_f32(dst, dt, i, zo_load_f32(src, st, i));
+    if (dt == ZO_DTYPE_F32 && st == ZO_DTYPE_F32) {
+        if (n) memmove(dst, src, n * sizeof(float));
+    } else if (dt == ZO_DTYPE_F32 && st == ZO_DTYPE_BF16) {
+        zo_bf16_to_f32_row(dst, src, n);
+    } else if (dt == ZO_DTYPE_BF16 && st == ZO_DTYPE_F32) {
+        zo_f32_to_bf16_row(dst, src, n);
+    } else {
+        for (size_t i = 0; i < n; i++) zo_store_f32(dst, dt, i, zo_load_f32(src, st, i));
+    }
 }
 
 /* A team for `pieces` pieces: n_threads (0: OpenMP's default), no more than

@@ -120,8 +120,23 @@ static inline void zo_store_f32(void *p, zo_dtype t, size_t i, float v)
     }
 }
 
-/* Convert n elements between any two types (scalar reference). */
+/* Convert n elements between any two types: the bytes of zo_store_f32 of
+ * zo_load_f32, element by element. fp32 to fp32 is a copy; bf16 to fp32 and
+ * fp32 to bf16 run the rows below; the others are scalar loops. */
 void zo_convert(void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n);
+
+/* Rows of bf16 widened to fp32 and fp32 rounded to bf16: zo_bf16_to_f32 and
+ * zo_f32_to_bf16 on each element, bit for bit, 8 (16) elements an AVX2
+ * instruction where the CPU has AVX2, else the scalar loop. The sanitizer
+ * build checks a vector's bytes once rather than each element's (the
+ * scalar loops do not vectorize there). dst and src do not overlap, but
+ * that a row may be narrowed in place (dst == src), as the scalar loop can. */
+void zo_bf16_to_f32_row(float *dst, const uint16_t *src, size_t n);
+void zo_f32_to_bf16_row(uint16_t *dst, const float *src, size_t n);
+/* Whether the rows take the AVX2 path: 1 where the CPU has AVX2; set to 0
+ * (tests) to run the scalar loops, to 1 to return to the CPU's choice.
+ * Returns the setting in force before. */
+int zo_convert_simd(int on);
 
 /* memcpy of `bytes` by an OpenMP team of n_threads (0: OpenMP's default),
  * each thread a contiguous run of whole pieces of ZO_COPY_PIECE bytes; one

@@ -39,7 +39,7 @@ static void load_row(float *dst, gpu_tensor t, size_t off, size_t n)
     }
     const uint16_t *p = (const uint16_t *)t.data + off;
     if (t.dtype == ZO_DTYPE_BF16)
-        for (size_t i = 0; i < n; i++) dst[i] = zo_bf16_to_f32(p[i]);
+        zo_bf16_to_f32_row(dst, p, n);
     else
         for (size_t i = 0; i < n; i++) dst[i] = zo_f16_to_f32(p[i]);
 }
@@ -53,7 +53,7 @@ static void store_row(gpu_tensor t, size_t off, const float *src, size_t n)
     }
     uint16_t *p = (uint16_t *)t.data + off;
     if (t.dtype == ZO_DTYPE_BF16)
-        for (size_t i = 0; i < n; i++) p[i] = zo_f32_to_bf16(src[i]);
+        zo_f32_to_bf16_row(p, src, n);
     else
         for (size_t i = 0; i < n; i++) p[i] = zo_f32_to_f16(src[i]);
 }
@@ -622,49 +622,6 @@ static int blas_fits(const gpu_gemm_desc *d)
     return blas_usable && d->lda <= INT_MAX && d->ldb <= INT_MAX && d->ldc <= INT_MAX;
 }
 
-/* Row conversions of the library path: load_row / store_row's roundings,
- * element by element; the bf16 ones cloned for AVX-512/AVX2, where they
- * vectorize (fp16's branches keep it scalar). */
-VEC_CLONES static void widen_bf16(float *restrict dst, const uint16_t *restrict src, int n)
-{
-    for (int i = 0; i < n; i++) dst[i] = zo_bf16_to_f32(src[i]);
-}
-
-static void widen_f16(float *restrict dst, const uint16_t *restrict src, int n)
-{
-    for (int i = 0; i < n; i++) dst[i] = zo_f16_to_f32(src[i]);
-}
-
-VEC_CLONES static void narrow_bf16(uint16_t *restrict dst, const float *restrict src, int n)
-{
-    for (int i = 0; i < n; i++) dst[i] = zo_f32_to_bf16(src[i]);
-}
-
-static void narrow_f16(uint16_t *restrict dst, const float *restrict src, int n)
-{
-    for (int i = 0; i < n; i++) dst[i] = zo_f32_to_f16(src[i]);
-}
-
-/* dst[0..n) = t[off..off+n) as fp32, t stored in 16 bits. */
-static void widen(float *dst, gpu_tensor t, size_t off, int n)
-{
-    const uint16_t *p = (const uint16_t *)t.data + off;
-    if (t.dtype == ZO_DTYPE_BF16)
-        widen_bf16(dst, p, n);
-    else
-        widen_f16(dst, p, n);
-}
-
-/* t[off..off+n) = src rounded to t's 16-bit storage. */
-static void narrow(gpu_tensor t, size_t off, const float *src, int n)
-{
-    uint16_t *p = (uint16_t *)t.data + off;
-    if (t.dtype == ZO_DTYPE_BF16)
-        narrow_bf16(p, src, n);
-    else
-        narrow_f16(p, src, n);
-}
-
 static gpu_tensor batch_view(gpu_tensor t, int bi, int64_t stride)
 {
     return (gpu_tensor){(char *)t.data + (size_t)bi * stride * zo_dtype_size(t.dtype), t.dtype};
@@ -688,20 +645,20 @@ static void blas_tile(const gpu_gemm_desc *d, const blas_tiles *bt, long t, floa
     const float *pa = (const float *)a.data + (d->trans_a ? (size_t)i0 : (size_t)i0 * d->lda);
     int lda = (int)d->lda;
     if (is16(a.dtype) && !d->trans_a) { /* A [m][k]: rows i0.. */
-        for (int i = 0; i < mc; i++) widen(abuf + (size_t)i * k, a, (size_t)(i0 + i) * d->lda, k);
+        for (int i = 0; i < mc; i++) load_row(abuf + (size_t)i * k, a, (size_t)(i0 + i) * d->lda, k);
         pa = abuf, lda = k;
     } else if (is16(a.dtype)) { /* A stored [k][m]: columns i0.. */
-        for (int p = 0; p < k; p++) widen(abuf + (size_t)p * mc, a, (size_t)p * d->lda + i0, mc);
+        for (int p = 0; p < k; p++) load_row(abuf + (size_t)p * mc, a, (size_t)p * d->lda + i0, mc);
         pa = abuf, lda = mc;
     }
     /* op(B)[0..k, j0..j0+nc) */
     const float *pb = (const float *)b.data + (d->trans_b ? (size_t)j0 * d->ldb : (size_t)j0);
     int ldb = (int)d->ldb;
     if (is16(b.dtype) && !d->trans_b) { /* B [k][n]: columns j0.. */
-        for (int p = 0; p < k; p++) widen(bbuf + (size_t)p * nc, b, (size_t)p * d->ldb + j0, nc);
+        for (int p = 0; p < k; p++) load_row(bbuf + (size_t)p * nc, b, (size_t)p * d->ldb + j0, nc);
         pb = bbuf, ldb = nc;
     } else if (is16(b.dtype)) { /* B stored [n][k]: rows j0.. */
-        for (int j = 0; j < nc; j++) widen(bbuf + (size_t)j * k, b, (size_t)(j0 + j) * d->ldb, k);
+        for (int j = 0; j < nc; j++) load_row(bbuf + (size_t)j * k, b, (size_t)(j0 + j) * d->ldb, k);
         pb = bbuf, ldb = k;
     }
     /* C[i0.., j0..]; beta == 0: the library never reads C (nor the copy) */
@@ -710,14 +667,14 @@ static void blas_tile(const gpu_gemm_desc *d, const blas_tiles *bt, long t, floa
     if (is16(c.dtype)) {
         if (d->beta != 0.0f)
             for (int i = 0; i < mc; i++)
-                widen(cbuf + (size_t)i * nc, c, (size_t)(i0 + i) * d->ldc + j0, nc);
+                load_row(cbuf + (size_t)i * nc, c, (size_t)(i0 + i) * d->ldc + j0, nc);
         pc = cbuf, ldc = nc;
     }
     cblas_sgemm(CblasRowMajor, d->trans_a ? CblasTrans : CblasNoTrans,
                 d->trans_b ? CblasTrans : CblasNoTrans, mc, nc, k, d->alpha, pa, lda, pb, ldb,
                 d->beta, pc, ldc);
     if (is16(c.dtype))
-        for (int i = 0; i < mc; i++) narrow(c, (size_t)(i0 + i) * d->ldc + j0, cbuf + (size_t)i * nc, nc);
+        for (int i = 0; i < mc; i++) store_row(c, (size_t)(i0 + i) * d->ldc + j0, cbuf + (size_t)i * nc, nc);
 }
 
 static zo_status blas_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)

@@ -110,6 +110,91 @@ static void test_bf16_stochastic(void **state)
     }
 }
 
+/* The bf16 an fp32 pattern must round to: bf16_ref, with nan, inf and the
+ * top of the range (where bf16_ref's neighbours run out) written out. */
+static uint16_t bf16_want(uint32_t u)
+{
+    uint32_t a = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
+    if (a > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    if (a >= 0x7f7f0000u) { /* the largest bf16 0x7f7f, or inf from its tie up */
+        uint32_t low = a & 0xffffu;
+        return (uint16_t)(sign | (a == 0x7f800000u || low >= 0x8000u ? 0x7f80u : 0x7f7fu));
+    }
+    return bf16_ref(zo_bits_f32(u));
+}
+
+/* zo_bf16_to_f32_row and zo_f32_to_bf16_row (and zo_convert through them),
+ * on the AVX2 path where the CPU has it and on the scalar loops: every bf16
+ * widened to its bits shifted up; every fp32 high half with the low halves
+ * around a tie (below, at, above it, 0 and all ones) rounded as bf16_want
+ * says; rows of 0 to 40 elements at 4 alignments (each side of the 8- and
+ * 16-element vectors), the elements past the row untouched; narrowed in
+ * place. */
+static void test_bf16_rows(void **state)
+{
+    (void)state;
+    const size_t all = 65536, lows = 5;
+    static const uint32_t low[5] = {0x0000u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu};
+    uint16_t *h = malloc(all * lows * sizeof *h);
+    float *f = malloc(all * lows * sizeof *f);
+    assert_non_null(h);
+    assert_non_null(f);
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    int have = __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+    int have = 0;
+#endif
+    assert_int_equal(zo_convert_simd(1), have);
+    for (int simd = have; simd >= 0; simd--) {
+        zo_convert_simd(simd);
+        uint64_t bad = 0;
+        for (size_t i = 0; i < all; i++) h[i] = (uint16_t)i;
+        zo_bf16_to_f32_row(f, h, all);
+        for (size_t i = 0; i < all; i++) bad += zo_f32_bits(f[i]) != (uint32_t)i << 16;
+        for (size_t i = 0; i < all * lows; i++) f[i] = zo_bits_f32((uint32_t)(i / lows) << 16 | low[i % lows]);
+        zo_f32_to_bf16_row(h, f, all * lows);
+        for (size_t i = 0; i < all * lows; i++) bad += h[i] != bf16_want(zo_f32_bits(f[i]));
+        /* in place: the same bytes */
+        uint16_t *inplace = (uint16_t *)f;
+        zo_f32_to_bf16_row(inplace, f, all * lows);
+        for (size_t i = 0; i < all * lows; i++) bad += inplace[i] != h[i];
+        /* lengths and alignments, guards past the row */
+        uint32_t x = 12345u;
+        for (size_t n = 0; n <= 40; n++)
+            for (size_t off = 0; off < 4; off++) {
+                float src[48], wide[48];
+                uint16_t nar[48], back[48];
+                for (size_t i = 0; i < 48; i++) {
+                    x = x * 1664525u + 1013904223u;
+                    src[i] = zo_bits_f32(x);
+                    nar[i] = back[i] = 0xbeefu;
+                    wide[i] = -7.0f;
+                }
+                zo_f32_to_bf16_row(nar + off, src + off, n);
+                for (size_t i = 0; i < 48; i++)
+                    bad += i >= off && i < off + n ? nar[i] != bf16_want(zo_f32_bits(src[i])) : nar[i] != 0xbeefu;
+                for (size_t i = 0; i < 48; i++) back[i] = (uint16_t)(x >> (i % 16));
+                zo_bf16_to_f32_row(wide + off, back + off, n);
+                for (size_t i = 0; i < 48; i++)
+                    bad += i >= off && i < off + n ? zo_f32_bits(wide[i]) != (uint32_t)back[i] << 16
+                                                   : wide[i] != -7.0f;
+                /* zo_convert: the same rows, and fp32 to fp32 a copy */
+                uint16_t conv[48];
+                float copy[48];
+                zo_convert(conv, ZO_DTYPE_BF16, src + off, ZO_DTYPE_F32, n);
+                for (size_t i = 0; i < n; i++) bad += conv[i] != nar[off + i];
+                zo_convert(copy, ZO_DTYPE_F32, src + off, ZO_DTYPE_F32, n);
+                bad += n && memcmp(copy, src + off, n * sizeof(float)) != 0;
+            }
+        printf("  %s: %llu elements wrong\n", simd ? "AVX2" : "scalar", (unsigned long long)bad);
+        assert_int_equal(bad, 0);
+    }
+    zo_convert_simd(1);
+    free(h);
+    free(f);
+}
+
 __attribute__((target("f16c"))) static uint16_t f16_hw(float f)
 {
     return (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0);
@@ -704,7 +789,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_check),     cmocka_unit_test(test_bf16_rounding),
-        cmocka_unit_test(test_bf16_stochastic),
+        cmocka_unit_test(test_bf16_stochastic),   cmocka_unit_test(test_bf16_rows),
         cmocka_unit_test(test_f16_against_hardware), cmocka_unit_test(test_f16_edges),
         cmocka_unit_test(test_parse_size),       cmocka_unit_test(test_parse_count),
         cmocka_unit_test(test_format),           cmocka_unit_test(test_file_write_read),
