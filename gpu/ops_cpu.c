@@ -124,6 +124,13 @@ static void out_done(gpu_tensor t, size_t off, const float *v, size_t n)
 
 int cpu_team(int nt) { return nt > 0 ? nt : omp_get_max_threads(); }
 
+int cpu_run_team(int team, double work)
+{
+    if (team <= 1 || work < 2.0 * CPU_MIN_WORK) return 1;
+    double most = work / CPU_MIN_WORK;
+    return most < team ? (int)most : team;
+}
+
 /* ---- scratch arena ------------------------------------------------------------ */
 
 #define SCRATCH_ALIGN 64u
@@ -455,7 +462,7 @@ static zo_status own_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
     char *base;
     zo_status st = reserve_team(ws, "gpu_gemm", 0, per, team, &base);
     if (st != ZO_OK) return st;
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)(d->batch > 0 ? d->batch : 1) * d->m * d->n * d->k))
     {
         char *mine = team_slice(base, 0, per);
         float *Ap = (float *)mine;
@@ -690,7 +697,7 @@ static zo_status blas_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
     char *base;
     zo_status st = reserve_team(ws, "gpu_gemm", 0, per, team, &base);
     if (st != ZO_OK) return st;
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)batch * d->m * d->n * d->k))
     {
         /* the OpenMP build runs a call on one thread inside a team of 2 or
          * more; in a team of one it reads this thread's setting */
@@ -804,7 +811,7 @@ zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n
     if (st != ZO_OK) return st;
     float *bv = (float *)base;
     load_row(bv, bias, 0, c);
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * c))
     {
         float *row = (float *)team_slice(base, cb, cb);
 #pragma omp for schedule(static)
@@ -824,7 +831,7 @@ zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n
 void cpu_bias_backward(gpu_tensor dbias, gpu_tensor dy, int n, int c, int64_t lddy, int nt)
 {
     int blocks = (c + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n * c))
     for (int cb = 0; cb < blocks; cb++) {
         int j0 = cb * COLS, w = c - j0 < COLS ? c - j0 : COLS;
         float acc[COLS], row[COLS];
@@ -854,7 +861,7 @@ zo_status cpu_layernorm_forward(cpu_scratch *ws, gpu_tensor y, float *mean, floa
         load_row(bv, b, 0, c);
     else
         memset(bv, 0, (size_t)c * sizeof(float));
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * c))
     {
         float *row = (float *)team_slice(base, 2 * al64(cb), cb);
 #pragma omp for schedule(static)
@@ -899,7 +906,7 @@ static void norm_param_grads(char *part, gpu_tensor dw, gpu_tensor db, gpu_tenso
     if (!dw.data && !db.data) return;
     const int blocks = (c + COLS - 1) / COLS, chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
     float *pw = (float *)part, *pb = (float *)(part + (dw.data ? al64((size_t)NORM_CHUNKS * c * sizeof(float)) : 0));
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n * c))
     for (int task = 0; task < blocks * NORM_CHUNKS; task++) {
         int cb = task % blocks, k = task / blocks, j0 = cb * COLS, wd = c - j0 < COLS ? c - j0 : COLS;
         int r1 = (k + 1) * chunk < n ? (k + 1) * chunk : n;
@@ -921,7 +928,7 @@ static void norm_param_grads(char *part, gpu_tensor dw, gpu_tensor db, gpu_tenso
         if (dw.data) memcpy(pw + (size_t)k * c + j0, aw, (size_t)wd * sizeof(float));
         if (db.data) memcpy(pb + (size_t)k * c + j0, ab, (size_t)wd * sizeof(float));
     }
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n * c))
     for (int j = 0; j < c; j++) {
         float sw = 0.0f, sb = 0.0f;
         for (int k = 0; k < NORM_CHUNKS; k++) {
@@ -974,7 +981,7 @@ static zo_status norm_backward(cpu_scratch *ws, const char *op, gpu_tensor dx, g
     if (st != ZO_OK) return st;
     float *wv = (float *)base;
     load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * c))
     {
         char *mine = team_slice(base, cb + part, 3 * cb);
         float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
@@ -1022,7 +1029,7 @@ zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_te
     if (st != ZO_OK) return st;
     float *wv = (float *)base;
     load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * c))
     {
         float *row = (float *)team_slice(base, cb, cb);
 #pragma omp for schedule(static)
@@ -1103,7 +1110,7 @@ zo_status cpu_head_norm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, gpu_
     if (st != ZO_OK) return st;
     float *wv = (float *)base;
     load_row(wv, w, 0, d * wrows);
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * heads * d))
     {
         float *row = (float *)team_slice(base, cb * wrows, 2 * cb), *xc = row + d;
 #pragma omp for schedule(static)
@@ -1153,7 +1160,7 @@ zo_status cpu_head_norm_backward(cpu_scratch *ws, gpu_tensor dx, int64_t ldx, gp
     norm_param_grads(base + wb, dw, none, dx, ldx, saved, NULL, rstd, n, gh, gc, d, nt);
     float *wv = (float *)base;
     load_row(wv, w, 0, d * wrows);
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * heads * d))
     {
         char *mine = team_slice(base, wb + part, 3 * cb);
         float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
@@ -1348,7 +1355,7 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
     char *sb;
     zo_status st = reserve_team(ws, "gpu_attention_forward", 0, per, team, &sb);
     if (st != ZO_OK) return st;
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)a->b * hq * t * t * d))
     {
         char *cur = team_slice(sb, 0, per);
         float *Kp = carve(&cur, n_kp), *Vp = carve(&cur, n_vp), *X = carve(&cur, n_x);
@@ -1424,7 +1431,7 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
     char *sb;
     zo_status st = reserve_team(ws, "gpu_attention_backward", n_sink * sizeof(double), per, team, &sb);
     if (st != ZO_OK) return st;
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)a->b * hq * t * t * d))
     {
         char *cur = team_slice(sb, n_sink * sizeof(double), per);
         double *sink_part = (double *)sb;
@@ -1627,7 +1634,7 @@ zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int
     if (st != ZO_OK) return st;
     double *inv_freq = (double *)base;
     for (int i = 0; i < half; i++) inv_freq[i] = freq ? freq[i] : pow((double)theta, -2.0 * i / d);
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * n_heads * d))
     {
         char *mine = team_slice(base, (size_t)half * sizeof(double), 2 * db);
         float *cs = (float *)mine, *row = (float *)(mine + db);
@@ -1795,7 +1802,7 @@ static int ew_len(size_t blk, size_t n)
 
 void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int form, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK], by[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1808,7 +1815,7 @@ void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int form, int nt)
 
 void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK], bdy[EW_BLOCK], bdx[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1822,7 +1829,7 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
 void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, float limit,
                         float alpha, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bg[EW_BLOCK], bu[EW_BLOCK], by[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1839,7 +1846,7 @@ void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, 
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
                          gpu_tensor up, size_t n, int gelu, float limit, float alpha, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bg[EW_BLOCK], bu[EW_BLOCK], bdy[EW_BLOCK], bdg[EW_BLOCK], bdu[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1870,7 +1877,7 @@ zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *
     char *base;
     s = reserve_team(ws, "gpu_embedding_forward", 0, 2 * cb, team, &base);
     if (s != ZO_OK) return s;
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * c))
     {
         char *mine = team_slice(base, 0, 2 * cb);
         float *row = (float *)mine, *pr = (float *)(mine + cb);
@@ -1908,7 +1915,7 @@ zo_status cpu_embedding_backward(cpu_scratch *ws, gpu_tensor dwte, gpu_tensor dw
     for (int v = 0; v < vocab; v++) start[v + 1] += start[v];
     for (int r = 0; r < n; r++) order[start[tokens[r]]++] = r; /* start[v]: end of token v */
     int blocks = (c + COLS - 1) / COLS, positions = t < n ? t : n;
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n * c))
     for (int cb = 0; cb < blocks; cb++) {
         int j0 = cb * COLS, w = c - j0 < COLS ? c - j0 : COLS;
         float g[COLS], sum[COLS];
@@ -1979,7 +1986,7 @@ zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor l
     char *base;
     s = reserve_team(ws, op, 0, vb, team, &base);
     if (s != ZO_OK) return s;
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * v))
     {
         float *row = (float *)team_slice(base, 0, vb);
 #pragma omp for schedule(static)
@@ -2012,7 +2019,7 @@ zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_te
     char *base;
     s = reserve_team(ws, op, 0, per, team, &base);
     if (s != ZO_OK) return s;
-#pragma omp parallel num_threads(team)
+#pragma omp parallel num_threads(cpu_run_team(team, (double)n * v))
     {
         float *row = (float *)team_slice(base, 0, per), *dcap = row + v;
 #pragma omp for schedule(static)
@@ -2071,7 +2078,7 @@ VEC_CLONES static double sumsq_f32(const float *restrict x, int n)
 
 void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float ba[EW_BLOCK], bb[EW_BLOCK], by[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -2090,7 +2097,7 @@ static void softcap_f32(float *y, const float *x, float cap, int n)
 /* x = f(x, p) in place, block by block (scale, soft cap) */
 static void map_in_place(gpu_tensor x, float p, size_t n, int nt, void (*f)(float *, const float *, float, int))
 {
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK], by[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -2111,7 +2118,7 @@ void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
         if (dst.data != src.data) memmove(dst.data, src.data, n * zo_dtype_size(dst.dtype));
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -2123,7 +2130,7 @@ void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
 void cpu_head_copy(gpu_tensor y, gpu_tensor x, int n, int heads, int w, int fill, int64_t ldy, int64_t hsy,
                    int64_t ldx, int64_t hsx, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n * heads * w))
     for (int r = 0; r < n; r++) {
         size_t yr = (size_t)r * ldy, xr = (size_t)r * ldx;
         if (!hsy) { /* the heads summed into one, in head order */
@@ -2145,7 +2152,7 @@ void cpu_head_copy(gpu_tensor y, gpu_tensor x, int n, int heads, int w, int fill
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt)
 {
     int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(cpu_run_team(cpu_team(nt), (double)n))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -2164,7 +2171,7 @@ zo_status cpu_sum_squares(cpu_scratch *ws, double *sum, gpu_tensor x, size_t n, 
     zo_status st = cpu_scratch_reserve(ws, chunks * sizeof(double), "gpu_sum_squares",
                                        (void **)&part);
     if (st != ZO_OK) return st;
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_run_team(cpu_team(nt), (double)n))
     for (size_t k = 0; k < chunks; k++) {
         size_t end = (k + 1) * SUMSQ_CHUNK < n ? (k + 1) * SUMSQ_CHUNK : n;
         double s = 0.0;

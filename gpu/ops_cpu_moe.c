@@ -149,7 +149,7 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
     zo_status st = route_scratch(ws, "gpu_moe_router_forward", nt, e, k, 2 * (size_t)e, &rows, &acc);
     if (st != ZO_OK) return st;
     float *w = weights.data;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(cpu_run_team(nt, (double)n * e * 8)) schedule(static)
     for (int r = 0; r < n; r++) {
         ROUTE_ROW(rows, omp_get_thread_num(), e, k);
         float *wr = w + (size_t)r * e;
@@ -214,7 +214,7 @@ zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tenso
         }
     const float *dw = dweights.data;
     float *dl = dlogits.data;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(cpu_run_team(nt, (double)n * e * 8)) schedule(static)
     for (int r = 0; r < n; r++) {
         int tid = omp_get_thread_num();
         ROUTE_ROW(rows, tid, e, k);
@@ -273,7 +273,7 @@ void cpu_moe_scale_forward(gpu_tensor y, gpu_tensor x, const float *scale, int n
                            int64_t lds, int sigmoid, int nt)
 {
     nt = cpu_team(nt); /* 0: OpenMP's team (num_threads takes a positive count) */
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(cpu_run_team(nt, (double)n * c)) schedule(static)
     for (int r = 0; r < n; r++) {
         float g = gate_of(scale[(size_t)r * lds], sigmoid);
         size_t o = (size_t)r * c;
@@ -286,7 +286,7 @@ void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_ten
                             const float *scale, int n, int c, int64_t lds, int sigmoid, int nt)
 {
     nt = cpu_team(nt); /* 0: OpenMP's team (num_threads takes a positive count) */
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(cpu_run_team(nt, (double)n * c)) schedule(static)
     for (int r = 0; r < n; r++) {
         float g = gate_of(scale[(size_t)r * lds], sigmoid);
         size_t o = (size_t)r * c;
@@ -303,7 +303,7 @@ void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_ten
 void cpu_moe_gather(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int nt)
 {
     nt = cpu_team(nt); /* 0: OpenMP's team (num_threads takes a positive count) */
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(cpu_run_team(nt, (double)n * c)) schedule(static)
     for (int i = 0; i < n; i++) {
         size_t from = (size_t)idx[i] * c, to = (size_t)i * c;
         for (int j = 0; j < c; j++)
@@ -315,7 +315,7 @@ void cpu_moe_scatter_add(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, 
                          int nt)
 {
     nt = cpu_team(nt); /* 0: OpenMP's team (num_threads takes a positive count) */
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(cpu_run_team(nt, (double)n * c)) schedule(static)
     for (int i = 0; i < n; i++) {
         size_t to = (size_t)idx[i] * (size_t)ldy, from = (size_t)i * c;
         for (int j = 0; j < c; j++)
