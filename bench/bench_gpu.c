@@ -14,7 +14,8 @@
  * whether OpenBLAS's own threading gave the bits of its 1-thread run (the
  * backend's are the same for any thread count: test_gpu_gemm).
  * Then one training step of a 4-layer, 256-wide GPT-2, own kernel and
- * backend alternated.
+ * backend alternated; then the bf16 rows of common/dtype.c on one thread,
+ * AVX2 and scalar alternated with a memcpy (bench_rows).
  * Last lines: own / OpenBLAS, then backend / OpenBLAS, geometric means over
  * the GEMM rows.
  *
@@ -31,6 +32,7 @@
 #endif
 
 #include "bench/bench.h"          /* defines: bench_header, bench_time_best, bench_row */
+#include "common/dtype.h"         /* defines: zo_bf16_to_f32_row, zo_f32_to_bf16_row, zo_convert_simd */
 #include "gpu/device.h"           /* defines: gpu_gemm, gpu_stream_synchronize */
 #include "gpu/ops_cpu.h"          /* defines: cpu_gemm_set_impl, cpu_gemm_blas */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_trainer_grads */
@@ -243,6 +245,69 @@ static void bench_train_step(gpu_device_t dev, gpu_stream_t s, int rounds)
     free(tg);
 }
 
+/* ---- bf16 rows (common/dtype.c) ---- */
+
+typedef struct rows_run {
+    float *f;
+    uint16_t *h;
+    float *copy;
+    size_t n;
+    int what; /* 0 widen, 1 round, 2 memcpy of the fp32 bytes */
+} rows_run;
+
+#define ROWS_REPS 256
+
+static void run_rows(void *arg)
+{
+    rows_run *r = arg;
+    for (int k = 0; k < ROWS_REPS; k++) {
+        if (r->what == 0) zo_bf16_to_f32_row(r->f, r->h, r->n);
+        else if (r->what == 1) zo_f32_to_bf16_row(r->h, r->f, r->n);
+        else memcpy(r->copy, r->f, r->n * sizeof(float));
+    }
+}
+
+/* The rows on one thread: 64K elements (the fp32 side 256 KiB, in the
+ * caches as an op's rows are) converted 256 times, widened and rounded on
+ * the AVX2 path and on the scalar loops (zo_convert_simd), alternated with
+ * a memcpy of the fp32 side's bytes; GB/s of the bytes each moves (2 + 4 an
+ * element; memcpy 8), best of `rounds`. The scalar loops are the sanitizer
+ * build's path (they do not vectorize there); in this build GCC vectorizes
+ * them too. */
+static void bench_rows(int rounds)
+{
+    const size_t n = (size_t)64 << 10;
+    rows_run r = {.f = malloc(n * sizeof(float)), .h = malloc(n * sizeof(uint16_t)),
+                  .copy = malloc(n * sizeof(float)), .n = n};
+    if (!r.f || !r.h || !r.copy) die();
+    for (size_t i = 0; i < n; i++) r.f[i] = (float)((double)(i % 1000003) * 1e-3 - 500.0);
+    memset(r.copy, 0, n * sizeof(float));
+    zo_f32_to_bf16_row(r.h, r.f, n);
+    double t[2][2] = {{1e30, 1e30}, {1e30, 1e30}}, tc = 1e30; /* [simd][widen, round] */
+    int have = zo_convert_simd(1);
+    for (int k = 0; k < rounds; k++)
+        for (int simd = have; simd >= 0; simd--) {
+            zo_convert_simd(simd);
+            for (int w = 0; w < 2; w++) {
+                r.what = w;
+                t[simd][w] = best_of(run_rows, &r, t[simd][w]);
+            }
+            r.what = 2;
+            tc = best_of(run_rows, &r, tc);
+        }
+    zo_convert_simd(1);
+    const double gb = 6.0 * n * ROWS_REPS / 1e9, gbc = 8.0 * n * ROWS_REPS / 1e9;
+    bench_row("%-22s %9s %9s %9s %10s %10s", "bf16 rows, 1 thread", "AVX2", "scalar", "memcpy", "AVX2/scal",
+              "AVX2/memcpy");
+    for (int w = 0; w < 2; w++)
+        bench_row("%-22s %6.1f GB/s %6.1f GB/s %6.1f GB/s %10.2f %10.2f", w ? "fp32 -> bf16 (round)" : "bf16 -> fp32 (widen)",
+                  have ? gb / t[1][w] : 0.0, gb / t[0][w], gbc / tc, have ? t[0][w] / t[1][w] : 0.0,
+                  have ? (gb / t[1][w]) / (gbc / tc) : 0.0);
+    free(r.f);
+    free(r.h);
+    free(r.copy);
+}
+
 int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
@@ -264,6 +329,7 @@ int main(int argc, char **argv)
         bench_gemm_case(dev, s, &cases[c], ZO_DTYPE_BF16, nt, rounds, &sum);
     }
     bench_train_step(dev, s, rounds);
+    bench_rows(rounds);
     gpu_stream_destroy(s);
     gpu_device_free(dev);
     if (sum.n_ratio) {
