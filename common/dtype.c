@@ -4,7 +4,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "bf16_avx2.h" /* defines: zo_avx2_bf16_to_f32, zo_avx2_round_bf16 */
 #endif
 
 #include <strings.h>
@@ -78,32 +78,16 @@ int zo_convert_simd(int on)
 __attribute__((target("avx2"))) static void bf16_to_f32_avx2(float *dst, const uint16_t *src, size_t n)
 {
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
-        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-    }
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, zo_avx2_bf16_to_f32(_mm_loadu_si128((const __m128i *)(src + i))));
     for (; i < n; i++) dst[i] = zo_bf16_to_f32(src[i]);
-}
-
-/* zo_f32_to_bf16 on 8 lanes, in the low 16 bits of each: a nan keeps its
- * sign and top bits, made quiet; the rest round to nearest even (no lane
- * but a nan's sum wraps). */
-__attribute__((target("avx2"))) static inline __m256i bf16_round8(__m256i u)
-{
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
-    const __m256i hi = _mm256_srli_epi32(u, 16);
-    const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
-    return _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
 }
 
 __attribute__((target("avx2"))) static void f32_to_bf16_avx2(uint16_t *dst, const float *src, size_t n)
 {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256i a = bf16_round8(_mm256_castps_si256(_mm256_loadu_ps(src + i)));
-        __m256i b = bf16_round8(_mm256_castps_si256(_mm256_loadu_ps(src + i + 8)));
+        __m256i a = zo_avx2_round_bf16(_mm256_castps_si256(_mm256_loadu_ps(src + i)));
+        __m256i b = zo_avx2_round_bf16(_mm256_castps_si256(_mm256_loadu_ps(src + i + 8)));
         /* packus interleaves the 128-bit halves: a0-3 b0-3 a4-7 b4-7 */
         __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
         _mm256_storeu_si256((__m256i *)(dst + i), p);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "adam_kernels.h" /* adam_consts, adam_update_scalar_range */
+#include "common/bf16_avx2.h" /* defines: zo_avx2_bf16_to_f32, zo_avx2_f32_to_bf16 */
 
 #define ADAM_INLINE static inline __attribute__((always_inline))
 
@@ -21,25 +22,12 @@ ADAM_INLINE __m256 avx2_load_grad(const void *g, size_t i, const zo_dtype gd)
     if (gd == ZO_DTYPE_F32) return _mm256_loadu_ps((const float *)g + i);
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)g + i));
     if (gd == ZO_DTYPE_F16) return _mm256_cvtph_ps(h); /* exact */
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bf16 */
+    return zo_avx2_bf16_to_f32(h); /* bf16 */
 }
 
 /* 8 fp32 -> 8 bf16, round to nearest even as zo_f32_to_bf16 (nan: sign
  * kept, made quiet). */
-ADAM_INLINE __m128i avx2_to_bf16(__m256 x)
-{
-    __m256i u = _mm256_castps_si256(x);
-    __m256i hi = _mm256_srli_epi32(u, 16);
-    __m256i r = _mm256_srli_epi32(
-        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                             _mm256_and_si256(hi, _mm256_set1_epi32(1)))),
-        16);
-    __m256i nanv = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, nanv, nan);
-    /* lanes hold 0..0xffff, so the unsigned saturating pack is exact */
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
+ADAM_INLINE __m128i avx2_to_bf16(__m256 x) { return zo_avx2_f32_to_bf16(x); }
 
 /* The update of 8 lanes: adam_step_elem's operations in its order. */
 ADAM_INLINE void avx2_adam(const avx2_k *K, __m256 *pp, __m256 *mm, __m256 *vv, __m256 gg, const int l2)

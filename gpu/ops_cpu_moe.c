@@ -149,6 +149,8 @@ zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor
     zo_status st = route_scratch(ws, "gpu_moe_router_forward", nt, e, k, 2 * (size_t)e, &rows, &acc);
     if (st != ZO_OK) return st;
     float *w = weights.data;
+    /* (the work: a row's softmax, selection and weights, a few operations an
+     * expert each; 8 for cpu_run_team) */
 #pragma omp parallel for num_threads(cpu_run_team(nt, (double)n * e * 8)) schedule(static)
     for (int r = 0; r < n; r++) {
         ROUTE_ROW(rows, omp_get_thread_num(), e, k);
