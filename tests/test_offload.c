@@ -2016,7 +2016,7 @@ static void test_state_fused(void **state)
  * a sparse mixture of experts, where an expert routed in this step may have
  * sat an earlier one out: the fused call must take the expert's own AdamW
  * step (its bias correction), not the run's (the bug da9e486 fixed, which
- * only test_e2e_torch_qwen2_moe_sparse, left out of the sanitizer pass,
+ * only the e2e family qwen2_moe_sparse, left out of the sanitizer pass,
  * caught). A Mixtral layer of 8 experts of 270336 elements (3 x 64 x
  * 1408: each chunk of 2^18 holds parts of at most two), one expert a token,
  * 8 tokens a step over 4 steps: an expert sits steps out often (each of the
