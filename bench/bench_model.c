@@ -10,9 +10,11 @@
  * experts ([2, 2880, 5760]) as MXFP4 (blocks and scales) and as BF16, read
  * into fp32 (and MXFP4 into bf16); a GPT-2
  * shaped one (Conv1D weights transposed on load); saving; and (B=8, T=1024)
- * sequential batches from a 16M-token file. The last line is the fp32 load
- * bandwidth over the raw read's. */
+ * sequential batches from a 16M-token file; and the weights' initialization
+ * from a seed (tf_normal_fill) against the libm loop it replaced. The last
+ * line is the fp32 load bandwidth over the raw read's. */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,7 @@
 #include "model/data.h"
 #include "model/layout.h"
 #include "model/safetensors.h"
+#include "transformer/transformer.h" /* defines: tf_normal_fill, tf_normal_simd, tf_init_rng */
 
 typedef struct load_case {
     model_ckpt *ckpt;
@@ -351,6 +354,63 @@ static int time_batches(const char *path)
     return 0;
 }
 
+/* The weights' normal draws (transformer/init_normal.c): tf_normal_fill's
+ * two loops against Box-Muller with glibc's log and cos (the loop it
+ * replaced, the same fp32 values), 65536 draws a call (one thread: below
+ * its parallel split), alternated three times, the best of each. */
+typedef struct init_case {
+    float *dst;
+    int simd; /* -1: the libm loop */
+} init_case;
+
+static uint64_t libm_splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void run_init(void *arg)
+{
+    init_case *c = arg;
+    uint64_t s0 = tf_init_rng(7);
+    if (c->simd >= 0) {
+        tf_normal_simd(c->simd);
+        tf_normal_fill(c->dst, 65536, s0, 0.02);
+        tf_normal_simd(1);
+    } else {
+        for (long long e = 0; e < 65536; e++) {
+            uint64_t x = s0 + 2 * (uint64_t)e * 0x9e3779b97f4a7c15ull;
+            double u1 = ((double)(libm_splitmix(&x) >> 11) + 1.0) / 9007199254740993.0;
+            double u2 = (double)(libm_splitmix(&x) >> 11) / 9007199254740992.0;
+            c->dst[e] = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * 3.14159265358979323846 * u2) * 0.02);
+        }
+    }
+    bench_sink(c->dst);
+}
+
+static void time_init(void)
+{
+    static const char *const names[3] = {"init: libm log and cos loop", "init: tf_normal_fill, plain loop",
+                                         "init: tf_normal_fill, AVX2 loop"};
+    float *dst[3];
+    double best[3] = {1e30, 1e30, 1e30};
+    for (int k = 0; k < 3; k++) dst[k] = malloc(65536 * sizeof(float));
+    for (int round = 0; round < 3; round++)
+        for (int k = 0; k < 3; k++) {
+            init_case c = {.dst = dst[k], .simd = k - 1};
+            double t = bench_time_best(run_init, &c, 1, 5, 0.2);
+            if (t < best[k]) best[k] = t;
+        }
+    int same = !memcmp(dst[0], dst[1], 65536 * sizeof(float)) && !memcmp(dst[0], dst[2], 65536 * sizeof(float));
+    for (int k = 0; k < 3; k++)
+        bench_row("%-34s %10s %10.3f %8s  %.1f ns a draw", names[k], "", best[k] * 1e3, "", best[k] * 1e9 / 65536);
+    bench_row("%-34s %10s %10s %8s  libm / AVX2 time: %.2f, libm / plain: %.2f; values %s", "", "", "", "",
+              best[0] / best[2], best[0] / best[1], same ? "bit for bit the same" : "DIFFER");
+    for (int k = 0; k < 3; k++) free(dst[k]);
+}
+
 int main(int argc, char **argv)
 {
     int layers = 2;
@@ -418,6 +478,7 @@ int main(int argc, char **argv)
     lc = (load_case){.l = &lg, .blocks = g32, .dt = ZO_DTYPE_F32, .path = files.save};
     time_row("save gpt2 fp32 -> F32 (Conv1D T)", run_save, &lc, 0, g_bytes);
     if (time_batches(files.tokens) != 0) return 1;
+    time_init();
 
     free_blocks(&l, b32);
     free_blocks(&l, b16);

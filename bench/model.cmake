@@ -1,6 +1,7 @@
-# bench_model: safetensors load/save throughput and the batch sampler.
+# bench_model: safetensors load/save throughput, the batch sampler and the
+# weights' initialization from a seed.
 add_executable(bench_model bench_model.c)
-target_link_libraries(bench_model PRIVATE zo_model zo_bench_harness)
+target_link_libraries(bench_model PRIVATE zo_model zo_transformer zo_bench_harness)
 
 # bench_tokenizer: the tokenizer against Hugging Face's JavaScript tokenizers
 # (tests/js, through node) on the same documents; C on one and on all threads.

@@ -1881,6 +1881,54 @@ static void test_init_sequence(void **state)
     model_layout_free(&lay);
 }
 
+/* tf_normal_fill against Box-Muller with libm's log and cos in double
+ * precision, rounded to fp32 once: element e draws the two values after
+ * s0 + 2e steps. Both paths (AVX2 where the CPU has it, and the plain
+ * loop), lengths around the parallel split's threshold and odd ones, three
+ * seeds: every value bit for bit the reference's. */
+static void test_normal_fill(void **state)
+{
+    (void)state;
+    const long long lens[] = {0, 1, 3, 17, 65536, 65537, 1000003};
+    const uint64_t seeds[] = {tf_init_rng(1), tf_init_rng(42), 0xfffffffffffffff0ull};
+    const double stds[] = {0.02, 1.0, 0.0028867513459481286};
+    float *got = malloc((1000003 + 1) * sizeof *got);
+    assert_non_null(got);
+    for (int simd = 0; simd < 2; simd++) {
+        tf_normal_simd(simd);
+        long long total = 0, off = 0;
+        double sum = 0, sum2 = 0;
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (size_t si = 0; si < 3; si++) {
+                long long n = lens[li];
+                got[n] = 12345.0f; /* a guard past the end */
+                tf_normal_fill(got, n, seeds[si], stds[si]);
+                assert_true(got[n] == 12345.0f);
+                for (long long e = 0; e < n; e++) {
+                    uint64_t x = seeds[si] + 2 * (uint64_t)e * 0x9e3779b97f4a7c15ull;
+                    double u1 = ((double)(ref_splitmix(&x) >> 11) + 1.0) / 9007199254740993.0;
+                    double u2 = (double)(ref_splitmix(&x) >> 11) / 9007199254740992.0;
+                    double z = sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+                    float want = (float)(z * stds[si]);
+                    if (memcmp(&got[e], &want, sizeof want) && off++ < 5)
+                        fprintf(stderr, "  seed %zu n %lld e %lld: %.9g, the reference %.9g\n", si, n, e,
+                                (double)got[e], (double)want);
+                    if (si == 1) sum += z, sum2 += z * z;
+                }
+                total += n;
+            }
+        long long n1 = 0;
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) n1 += lens[li];
+        printf("  %s loop: %lld draws, %lld not bit for bit the reference's; seed 42's mean %.4f, variance %.4f\n",
+               simd ? "the AVX2 (where the CPU has it)" : "the plain", total, off, sum / (double)n1,
+               sum2 / (double)n1 - (sum / (double)n1) * (sum / (double)n1));
+        assert_int_equal(off, 0);
+    }
+    tf_normal_simd(1);
+    free(got);
+}
+
+
 /* ---- capacity ------------------------------------------------------------------------------------ */
 
 static void test_capacity(void **state)
@@ -2299,6 +2347,7 @@ static void test_train_program(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_normal_fill),
         cmocka_unit_test(test_gpt2_vs_torch),
         cmocka_unit_test(test_loss_chunk),
         cmocka_unit_test(test_phi_vs_torch),

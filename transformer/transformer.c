@@ -3669,13 +3669,6 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static double gauss(uint64_t *s) /* Box-Muller */
-{
-    double u1 = ((splitmix(s) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (splitmix(s) >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-}
-
 uint64_t tf_init_rng(uint64_t seed) { return seed * 0x2545f4914f6cdd1dull + 1; }
 
 void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng)
@@ -3718,11 +3711,7 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
          * values the sequential draw gives) */
         uint64_t s0 = *rng;
         long long n = (long long)t->numel;
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (long long e = 0; e < n; e++) {
-            uint64_t s = s0 + 2 * (uint64_t)e * 0x9e3779b97f4a7c15ull;
-            p[e] = (float)(gauss(&s) * std);
-        }
+        tf_normal_fill(p, n, s0, std);
         *rng = s0 + 2 * (uint64_t)(n + (long long)skip_after) * 0x9e3779b97f4a7c15ull;
     }
 }

@@ -504,6 +504,13 @@ zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss);
 void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t seed);
 /* The same weights one block at a time: *rng starts as tf_init_rng(seed) and
  * the blocks are taken in order, 0 to n_blocks - 1. */
+/* dst[e] = std * a standard normal draw, e < n: Box-Muller on the two
+ * splitmix64 outputs after s0 + 2e steps of its increment (so elements are
+ * independent of how the work is split), in fp32 as glibc's log and cos
+ * would give it (init_normal.c). tf_normal_simd(0) takes the plain loop
+ * where the AVX2 one would run (tests), 1 (the default) restores it. */
+void tf_normal_fill(float *dst, long long n, uint64_t s0, double std);
+void tf_normal_simd(int on);
 uint64_t tf_init_rng(uint64_t seed);
 void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng);
 /* Receives block `block`'s fp32 weights (model/safetensors.h's sink). */
