@@ -226,6 +226,7 @@ typedef struct cpu_stream {
     cpu_cmd *head, *tail;
     uint64_t submitted, completed;
     int stop;
+    int inline_running;     /* the head is running on a submitting thread (enqueue) */
     zo_status error;        /* first failure, sticky until synchronize */
     char message[512];
     int n_threads;
@@ -246,8 +247,8 @@ static void *stream_worker(void *arg)
     cpu_stream *cs = arg;
     pthread_mutex_lock(&cs->lock);
     for (;;) {
-        while (!cs->head && !cs->stop) pthread_cond_wait(&cs->work, &cs->lock);
-        if (!cs->head) break; /* stop with an empty queue */
+        while ((!cs->head || cs->inline_running) && !cs->stop) pthread_cond_wait(&cs->work, &cs->lock);
+        if (!cs->head || cs->inline_running) break; /* stop with an empty queue */
         cpu_cmd *cmd = cs->head;
         pthread_mutex_unlock(&cs->lock);
 
@@ -293,19 +294,56 @@ static zo_status cpu_stream_create(gpu_device_t dev, gpu_stream_t s)
     return ZO_OK;
 }
 
-/* Append a command (allocated by new_cmd) and wake the worker. */
+static zo_status run_memcpy(cpu_cmd *cmd, int nt);
+static zo_status run_memset(cpu_cmd *cmd, int nt);
+static zo_status run_free(cpu_cmd *cmd, int nt);
+static zo_status run_event_complete(cpu_cmd *cmd, int nt);
+
+/* Commands an idle stream runs on the thread that submits them (enqueue):
+ * an event's record, a free, a copy or fill of at most this many bytes
+ * (a few microseconds). Waking the worker for each cost two context
+ * switches, most of a small model's on this backend; ops and longer
+ * copies stay on the worker, so the host still overlaps the device. */
+#define INLINE_BYTES (64u << 10)
+
+/* Append a command (allocated by new_cmd) and wake the worker, or run it
+ * here when the stream is idle and it is one of the above. */
 static zo_status enqueue(gpu_stream_t s, cpu_cmd *cmd)
 {
     cpu_stream *cs = s->impl;
     pthread_mutex_lock(&cs->lock);
+    int here = !cs->head && (cmd->run == run_event_complete || cmd->run == run_free ||
+                             ((cmd->run == run_memcpy || cmd->run == run_memset) && cmd->u.mem.bytes <= INLINE_BYTES));
     if (cs->tail)
         cs->tail->next = cmd;
     else
         cs->head = cmd;
     cs->tail = cmd;
     cs->submitted++;
-    pthread_cond_signal(&cs->work);
+    if (!here) {
+        pthread_cond_signal(&cs->work);
+        pthread_mutex_unlock(&cs->lock);
+        return ZO_OK;
+    }
+    cs->inline_running = 1;
     pthread_mutex_unlock(&cs->lock);
+    cmd->ws = &cs->scratch;
+    zo_status st = cmd->run(cmd, cs->n_threads);
+    pthread_mutex_lock(&cs->lock);
+    if (st != ZO_OK && cs->error == ZO_OK) {
+        cs->error = st;
+        snprintf(cs->message, sizeof cs->message, "%s", zo_last_error());
+    }
+    cs->inline_running = 0;
+    cs->head = cmd->next;
+    if (!cs->head)
+        cs->tail = NULL;
+    else
+        pthread_cond_signal(&cs->work); /* appended meanwhile by another thread */
+    cs->completed++;
+    pthread_cond_broadcast(&cs->idle);
+    pthread_mutex_unlock(&cs->lock);
+    free(cmd);
     return ZO_OK;
 }
 
