@@ -242,6 +242,24 @@ typedef struct cpu_event {
     double t_done;      /* zo_now() when the worker reached the latest record */
 } cpu_event;
 
+/* Run the stream's head command (the lock not held), then, locked, keep
+ * its failure (sticky until synchronize), take it off the queue and count
+ * it done; returns with the lock held. */
+static void run_head(cpu_stream *cs, cpu_cmd *cmd)
+{
+    cmd->ws = &cs->scratch;
+    zo_status st = cmd->run(cmd, cs->n_threads);
+    pthread_mutex_lock(&cs->lock);
+    if (st != ZO_OK && cs->error == ZO_OK) {
+        cs->error = st;
+        snprintf(cs->message, sizeof cs->message, "%s", zo_last_error());
+    }
+    cs->head = cmd->next;
+    if (!cs->head) cs->tail = NULL;
+    cs->completed++;
+    pthread_cond_broadcast(&cs->idle);
+}
+
 static void *stream_worker(void *arg)
 {
     cpu_stream *cs = arg;
@@ -251,19 +269,7 @@ static void *stream_worker(void *arg)
         if (!cs->head || cs->inline_running) break; /* stop with an empty queue */
         cpu_cmd *cmd = cs->head;
         pthread_mutex_unlock(&cs->lock);
-
-        cmd->ws = &cs->scratch;
-        zo_status st = cmd->run(cmd, cs->n_threads);
-
-        pthread_mutex_lock(&cs->lock);
-        if (st != ZO_OK && cs->error == ZO_OK) {
-            cs->error = st;
-            snprintf(cs->message, sizeof cs->message, "%s", zo_last_error());
-        }
-        cs->head = cmd->next;
-        if (!cs->head) cs->tail = NULL;
-        cs->completed++;
-        pthread_cond_broadcast(&cs->idle);
+        run_head(cs, cmd);
         free(cmd);
     }
     pthread_mutex_unlock(&cs->lock);
@@ -327,21 +333,9 @@ static zo_status enqueue(gpu_stream_t s, cpu_cmd *cmd)
     }
     cs->inline_running = 1;
     pthread_mutex_unlock(&cs->lock);
-    cmd->ws = &cs->scratch;
-    zo_status st = cmd->run(cmd, cs->n_threads);
-    pthread_mutex_lock(&cs->lock);
-    if (st != ZO_OK && cs->error == ZO_OK) {
-        cs->error = st;
-        snprintf(cs->message, sizeof cs->message, "%s", zo_last_error());
-    }
+    run_head(cs, cmd);
     cs->inline_running = 0;
-    cs->head = cmd->next;
-    if (!cs->head)
-        cs->tail = NULL;
-    else
-        pthread_cond_signal(&cs->work); /* appended meanwhile by another thread */
-    cs->completed++;
-    pthread_cond_broadcast(&cs->idle);
+    if (cs->head) pthread_cond_signal(&cs->work); /* appended meanwhile by another thread */
     pthread_mutex_unlock(&cs->lock);
     free(cmd);
     return ZO_OK;
