@@ -110,11 +110,13 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
                         : zo_model_opt(cfg) || zo_model_phi(cfg) ? "fc1 and fc2"
                         : zo_model_gptj(cfg)                     ? "fc_in and fc_out"
                                                                  : "c_fc and c_proj");
-    if (zo_model_granitemoe(cfg) && (lc->targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN)) && !all)
+    const int granite = zo_model_granitemoe(cfg);
+    if ((granite || zo_model_gpt_oss(cfg)) && (lc->targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN)) && !all)
         return zo_error(ZO_ERR_INVALID,
-                        "LoRA: %s (Granite-MoE) adapts the attention's projections only (targets q, k, v, o; "
-                        "all-linear is those): its experts (block_sparse_moe.input_linear, output_linear) are "
-                        "not Linear modules PEFT adapts", cfg->name);
+                        "LoRA: %s (%s) adapts the attention's projections only (targets q, k, v, o; all-linear "
+                        "is those): its experts (%s) are not Linear modules PEFT adapts", cfg->name,
+                        granite ? "Granite-MoE" : "gpt-oss",
+                        granite ? "block_sparse_moe.input_linear, output_linear" : "mlp.experts.gate_up_proj, down_proj");
     return ZO_OK;
 }
 
@@ -160,12 +162,13 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         llama[LLAMA_DOWN],
     };
     /* a mixture of experts: the attention's, then the routed experts' (each
-     * module once per expert), then the shared expert's. Granite-MoE's
-     * attention's only: its experts are not Linear modules (PEFT's LoRA
-     * refuses ParallelExperts) and its router (router.layer, a Linear that
-     * PEFT's "all-linear" would reach) carries no adapters here, as no
-     * MoE router does */
-    const int mixtral = zo_model_mixtral_names(c), granite = zo_model_granitemoe(c);
+     * module once per expert), then the shared expert's. Granite-MoE's and
+     * gpt-oss's attention's only: their experts are not Linear modules
+     * (PEFT's LoRA refuses ParallelExperts; GptOssExperts holds parameters)
+     * and their routers (router.layer, mlp.router: Linears that PEFT's
+     * "all-linear" would reach) carry no adapters here, as no MoE router does */
+    const int mixtral = zo_model_mixtral_names(c);
+    const int attn_only = zo_model_granitemoe(c) || zo_model_gpt_oss(c);
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
     /* the shared expert's paths (Qwen2-MoE's mlp.shared_expert, DeepSeek's mlp.shared_experts) */
@@ -262,7 +265,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
                    : is_gptj ? sizeof gptj / sizeof gptj[0]
                    : is_sc2 ? sizeof starcoder2 / sizeof starcoder2[0]
                    : gpt2   ? sizeof gpt / sizeof gpt[0]
-                   : E     ? (granite ? 4 : sizeof moe / sizeof moe[0] - (fs ? 0 : 3))
+                   : E     ? (attn_only ? 4 : sizeof moe / sizeof moe[0] - (fs ? 0 : 3))
                    : fused ? sizeof phi3 / sizeof phi3[0]
                            : sizeof llama / sizeof llama[0];
     for (size_t i = 0; i < count; i++)
@@ -305,6 +308,12 @@ uint64_t zo_lora_dequant_elems(const zo_model_config *cfg)
      * MLP's gate, up and down, each h x ffn (an MoE model's are never fused) */
     uint64_t dense = cfg->moe.experts && cfg->moe.first_dense ? (uint64_t)cfg->hidden * (uint64_t)cfg->ffn : 0;
     if (dense > widest) widest = dense;
+    /* experts without adapters are NF4 all the same (Granite-MoE's, each h x
+     * fe; gpt-oss's gate_up_proj one [2 fe, h] tensor an expert, gate and
+     * up row ranges of it) */
+    uint64_t experts = cfg->moe.experts ? (uint64_t)cfg->hidden * (uint64_t)cfg->moe.expert_ffn : 0;
+    if (zo_model_gpt_oss(cfg)) experts *= 2;
+    if (experts > widest) widest = experts;
     return qkv > widest ? qkv : widest;
 }
 

@@ -727,6 +727,8 @@ int plan_peft_modules(const zo_model_config *m, int layer, unsigned targets, int
 {
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
     int moe = zo_model_layer_is_moe(m, layer), n = 0;
+    const int linear = (targets & PLAN_PEFT_LINEAR) != 0;
+    targets &= ~PLAN_PEFT_LINEAR;
     /* the attention's (and a dense MLP's: DeepSeek's first layers too) as PEFT names them */
     int k = zo_lora_layer_modules_at(m, layer, moe ? targets & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O)
                                                    : targets, mods);
@@ -736,7 +738,9 @@ int plan_peft_modules(const zo_model_config *m, int layer, unsigned targets, int
     if (!moe) return n;
     /* an MoE layer: gate (w1), up (w3) and down (w2) of each routed expert on
      * the rank, over the routed rows (top_k a token), and of the shared
-     * expert, over every token */
+     * expert, over every token; adapters only where the model's LoRA reaches
+     * them (Granite-MoE's and gpt-oss's experts: none, zo_lora_layer_modules) */
+    if (!linear) targets &= zo_lora_targets_effective(m, targets) | ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O;
     static const unsigned mlp[3] = {ZO_LORA_GATE, ZO_LORA_UP, ZO_LORA_DOWN};
     int64_t h = m->hidden;
     for (int j = 0; j < 3; j++) {
@@ -767,7 +771,7 @@ static void peft_layer(const zo_model_config *m, const plan_train *t, int layer,
      * expert's), split by TP; the norms, biases and an MoE router stay in the
      * model dtype */
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
-    int n = plan_peft_modules(m, layer, ZO_LORA_ALL_LINEAR, t->ep, mods);
+    int n = plan_peft_modules(m, layer, ZO_LORA_ALL_LINEAR | PLAN_PEFT_LINEAR, t->ep, mods);
     *expert_nf4 = *expert_linear = 0;
     for (int i = 0; i < n; i++) {
         uint64_t w = ceil_div((uint64_t)(mods[i].in * mods[i].out), tp);

@@ -417,8 +417,11 @@ typedef struct plan_peft_module {
 } plan_peft_module;
 
 /* The adapted layers of layer `layer` for `targets` (zo_lora_layer_modules_at's,
- * count 1; an MoE layer's: its attention's, then its experts'); returns how
- * many kinds. */
+ * count 1; an MoE layer's: its attention's, then its experts' where the
+ * model's LoRA adapts them, not Granite-MoE's or gpt-oss's); with
+ * PLAN_PEFT_LINEAR in targets its linear weights whether adapted or not
+ * (every expert's). Returns how many kinds. */
+#define PLAN_PEFT_LINEAR 0x80000000u
 int plan_peft_modules(const zo_model_config *m, int layer, unsigned targets, int ep,
                       plan_peft_module out[PLAN_PEFT_MAX_MODULES]);
 

@@ -419,19 +419,13 @@ static zo_status refuse_fixed(const search_cmd *c)
         run.optimizer[ZO_PLAN_GPU] = s->opt_min[ZO_PLAN_GPU];
         run.optimizer[ZO_PLAN_CPU] = 1 - s->opt_min[ZO_PLAN_GPU];
     }
-    /* what the runtime runs of this model (gpt-oss: full fine-tuning on one
-     * rank, dropless): a method, ranks or a capacity fixed outside it */
-    zo_plan_method method = run.method; /* (a method searched among others: full, where it is one) */
-    if (s->methods) method = s->methods & (1u << ZO_PLAN_FULL) ? ZO_PLAN_FULL : ZO_PLAN_LORA;
-    const char *gap = zo_model_run_gap(&c->m, method, run.ranks, run.ep, s->base.capacity_factor);
+    /* what the runtime runs of this model (gpt-oss: every expert on each
+     * rank, dropless): expert parallelism or a capacity fixed outside it */
+    const char *gap = zo_model_run_gap(&c->m, run.ep, s->base.capacity_factor);
     if (gap)
-        return zo_error(ZO_ERR_UNSUPPORTED, "plan: model %s: the runtime runs it in full fine-tuning on one "
-                        "rank, dropless; %s as asked is not (field \"%s\"; memplan plan --method full "
-                        "--gpus 1, or memplan estimate to size it)", c->m.name,
-                        !strcmp(gap, "training.method") ? "--method"
-                        : !strcmp(gap, "parallel.dp")   ? "--gpus"
-                        : !strcmp(gap, "parallel.ep")   ? "--ep"
-                                                        : "--capacity-factor",
+        return zo_error(ZO_ERR_UNSUPPORTED, "plan: model %s: the runtime runs it with every expert on each "
+                        "rank, dropless; %s as asked is not (field \"%s\"; memplan plan without it, or memplan "
+                        "estimate to size it)", c->m.name, !strcmp(gap, "parallel.ep") ? "--ep" : "--capacity-factor",
                         gap);
     return zo_capability_check(&run, NULL, 0);
 }

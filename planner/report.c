@@ -539,6 +539,8 @@ static void print_method(FILE *out, const plan_train *t, const plan_estimate *e,
             100.0 * (double)e->trainable / (double)e->params,
             moe && mlp && zo_model_granitemoe(m)
                 ? "the attention's targets: Granite-MoE's experts are not Linear modules PEFT adapts"
+            : moe && mlp && zo_model_gpt_oss(m)
+                ? "the attention's targets: gpt-oss's experts are not Linear modules PEFT adapts"
             : moe && mlp ? "the MLP targets on every expert; the router not adapted"
                          : "as PEFT counts them");
     if (t->method == ZO_PLAN_QLORA)

@@ -390,10 +390,10 @@ FAMILIES["phimoe"] = dict(
     lora=dict(r=4, alpha=8.0, targets="q_proj,o_proj,w1,w2,w3"))
 # gpt-oss: test_e2e_torch's model (sinks, q/k/v/o biased, GQA at head 64, yarn, a biased router over 4
 # biased experts, 2 a token, the GLU clamped at 1.5) with 4 layers alternating a window of 12 keys, which
-# each prompt and its 32 new tokens pass, and full attention: the sinks in the cached attention; LoRA is
-# refused on gpt-oss
+# each prompt and its 32 new tokens pass, and full attention: the sinks in the cached attention; LoRA on
+# the attention's q, k, v and o (its experts are not Linear modules PEFT adapts)
 FAMILIES["gpt_oss"] = dict(
-    seed=97, moe=True, lora=None,
+    seed=97, moe=True, lora=dict(r=4, alpha=8.0, targets="q_proj,k_proj,v_proj,o_proj"),
     config=dict(e2e.FAMILIES["gpt_oss"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                 sliding_window=12, layer_types=["sliding_attention", "full_attention"] * 2, eos_token_id=127))
 # the same past an original length of 24 (rope_scaling's: PhiMoE's), which the longer sequence crosses
@@ -752,7 +752,10 @@ def nf4_base(params, c=None):
     """The weights QLoRA computes with: every linear weight of the layers through the NF4 round
     trip but an MoE layer's router and shared expert gate (kept in the model dtype); Granite-MoE's
     fused experts each expert's gate, up and down apart (the runtime's tensors), its router
-    (router.layer) kept; Cohere's 2-D q/k norm weights are norms, kept too. A latent-attention
+    (router.layer) kept; gpt-oss's each expert's gate_up_proj as the runtime's [2 f, h] tensor (gate
+    rows, then up rows, each row a column of the file's x @ W layout: NF4's blocks of 64 run along
+    them) and its down_proj as [h, f], its router and every bias kept; Cohere's 2-D q/k norm weights
+    are norms, kept too. A latent-attention
     weight is quantized in the runtime's row order (rope_row_order), which changes its blocks of 64
     only where a row is not a multiple of 64 wide (deepseek_v2_q's q_b_proj, 48)."""
     def nf4(w):
@@ -773,6 +776,17 @@ def nf4_base(params, c=None):
             p[k] = torch.stack([torch.cat([nf4(w[e, :f]), nf4(w[e, f:])]) for e in range(w.shape[0])])
         elif k.endswith(".output_linear.weight"):  # [E, h, f]
             p[k] = torch.stack([nf4(w[e]) for e in range(w.shape[0])])
+        elif k.endswith(".experts.gate_up_proj"):  # gpt-oss [E, h, 2 f]: column 2j gate j, 2j + 1 up j
+            out = torch.empty_like(w, dtype=torch.float64)
+            f = w.shape[2] // 2
+            for e in range(w.shape[0]):
+                q = nf4(torch.cat([w[e][:, 0::2].T, w[e][:, 1::2].T]))
+                out[e][:, 0::2], out[e][:, 1::2] = q[:f].T, q[f:].T
+            p[k] = out
+        elif k.endswith(".experts.down_proj"):  # gpt-oss [E, f, h]: the runtime's [h, f] an expert
+            p[k] = torch.stack([nf4(w[e].T).T for e in range(w.shape[0])])
+        elif k.endswith(("_bias", ".sinks", ".router.weight")):  # (gpt-oss's 2-D biases, its router)
+            continue
         elif k.startswith("model.layers.") and w.dim() == 2 and not k.endswith(("norm.weight", ".gate.weight",
                                                                                   ".router.layer.weight",
                                                                                   ".shared_expert_gate.weight")):

@@ -625,7 +625,11 @@ static void test_sizes(void **state)
  * (q|k|v widest), Phi-3 (gate_up_proj), Gemma (q wider than hidden),
  * Qwen3-MoE with an intermediate_size no layer uses (every layer MoE: the
  * runtime sized the scratch by it, 32768 elements for 8192), Qwen2-MoE
- * (its shared expert widest) and GPT-2 (c_fc). */
+ * (its shared expert widest), GPT-2 (c_fc), and the experts without
+ * adapters (whose NF4 weights are dequantized all the same): Granite-MoE's
+ * (an expert's gate wider than q|k|v: the scratch was sized by the adapted
+ * modules alone, q|k|v's 8192 elements for 10240) and gpt-oss's (an
+ * expert's gate_up_proj one tensor, gate and up row ranges of it). */
 static void test_dequant_scratch(void **state)
 {
     (void)state;
@@ -646,8 +650,15 @@ static void test_dequant_scratch(void **state)
         "\"decoder_sparse_step\": 1, \"mlp_only_layers\": [], \"vocab_size\": 64}",
         "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 64, \"n_head\": 2, \"n_positions\": 16, "
         "\"vocab_size\": 64}",
+        "{\"model_type\": \"granitemoe\", \"num_hidden_layers\": 1, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"intermediate_size\": 160, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
+        "\"vocab_size\": 64}",
+        "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 1, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 96, \"num_local_experts\": 4, "
+        "\"num_experts_per_tok\": 2, \"vocab_size\": 64}",
     };
-    static const size_t want[] = {128 * 64, 2 * 128 * 64, 192 * 64, 128 * 64, 160 * 64, 256 * 64};
+    static const size_t want[] = {128 * 64, 2 * 128 * 64, 192 * 64, 128 * 64, 160 * 64, 256 * 64, 160 * 64,
+                                  2 * 96 * 64};
     gpu_device_t dev;
     gpu_cpu_options co = {.n_threads = 1};
     assert_int_equal(gpu_device_init_cpu(&co, &dev), ZO_OK);

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/lora.h"             /* defines: zo_lora_check, zo_lora_trainable_params */
 #include "common/model_config.h"     /* defines: zo_model_config_parse */
 #include "transformer/transformer.h" /* defines: tf_init_opts, tf_block_forward, tf_block_backward */
 
@@ -551,9 +552,11 @@ static void test_phimoe(void **state)
     run_model(2);
 }
 
-/* gpt-oss trains in full on one rank; what it does not run is refused by
- * name: LoRA, QLoRA, a capacity factor, its balance loss (generation
- * routes dropless and takes no loss: accepted) */
+/* gpt-oss trains in full, with LoRA or QLoRA (on the attention's q, k, v
+ * and o: its experts take no adapters, and targets naming only theirs are
+ * refused by name); what it does not run is refused by name: a capacity
+ * factor, its balance loss (generation routes dropless and takes no loss:
+ * accepted) */
 static void test_gpt_oss_refusals(void **state)
 {
     (void)state;
@@ -575,13 +578,22 @@ static void test_gpt_oss_refusals(void **state)
     tf_free(&m);
     assert_int_equal(tf_init_opts(&m, &aux, dev, ZO_DTYPE_F32, 2, 9, &gen), ZO_OK);
     tf_free(&m);
+    for (int nf4 = 0; nf4 < 2; nf4++) {
+        tf_options lo = {.lora = {.r = 2, .alpha = 4, .targets = ZO_LORA_ALL_LINEAR, .nf4 = nf4}};
+        assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &lo), ZO_OK);
+        /* the adapters: q, k, v and o of each layer, r (in + out) each */
+        size_t want = 2 * 2 * ((32 + 32) + (32 + 16) + (32 + 16) + (32 + 32));
+        assert_int_equal(zo_lora_trainable_params(&cfg, 2, ZO_LORA_ALL_LINEAR), want);
+        tf_free(&m);
+    }
+    zo_lora_config mlp = {.r = 2, .alpha = 4, .targets = ZO_LORA_GATE | ZO_LORA_UP};
+    assert_int_equal(zo_lora_check(&cfg, &mlp), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "(gpt-oss) adapts the attention's projections only"));
     const struct {
         tf_options o;
         const zo_model_config *c;
         const char *named;
     } refused[] = {
-        {{.lora = {.r = 2, .alpha = 4, .targets = ZO_LORA_ALL_LINEAR}}, &cfg, "gpt-oss with LoRA"},
-        {{.lora = {.r = 2, .alpha = 4, .targets = ZO_LORA_ALL_LINEAR, .nf4 = 1}}, &cfg, "gpt-oss with QLoRA"},
         {{.capacity_factor = 1.0}, &cfg, "gpt-oss with a capacity factor"},
         {{0}, &aux, "gpt-oss with output_router_logits"},
     };

@@ -557,12 +557,14 @@ static void table_words(const zo_run_shape *r, char *buf, size_t len)
     snprintf(buf, len, "memplan: %s", why);
 }
 
-/* gpt-oss: the runtime trains it in full on one rank, dropless. A plan file
- * for it is that, even with --method auto (which ranks LoRA and QLoRA
- * first where they are faster); --method lora, --gpus 2 or a capacity
- * factor fixed with --json-out are refused, exit 2, naming the flag and
- * the plan field (train's refusal of such a plan: test_plan_schema); the
- * table without a plan file still sizes them. */
+/* gpt-oss: the runtime trains it with every expert on each rank, dropless:
+ * full fine-tuning, LoRA and QLoRA on one rank or several. A plan file for
+ * it with --method auto is what the search ranks first (an adapter on one
+ * GPU of the default machine), with --gpus 2 a data-parallel one, each
+ * passing the runtime check; --ep 2 or a capacity factor fixed with
+ * --json-out are refused, exit 2, naming the flag and the plan field
+ * (train's refusal of such a plan: test_plan_schema); the table without a
+ * plan file still sizes them. */
 static void test_plan_file_gpt_oss(void **state)
 {
     (void)state;
@@ -571,22 +573,27 @@ static void test_plan_file_gpt_oss(void **state)
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/p.json", dir);
     const char *model = ZO_FIXTURES_DIR "/hf-configs/gpt-oss-20b.json";
-    snprintf(args, sizeof args, "plan --model %s --gpus 1 --method auto --json-out %s", model, path);
-    if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
-    zo_plan p;
-    assert_int_equal(zo_plan_load(path, &p), ZO_OK);
-    printf("  gpt-oss-20b, --method auto: %s, DP %d, EP %d, capacity %g\n",
-           p.training.method == ZO_PLAN_FULL ? "full" : "an adapter", p.parallel.dp, p.parallel.ep,
-           p.parallel.capacity_factor);
-    assert_int_equal(p.training.method, ZO_PLAN_FULL);
-    assert_int_equal(p.parallel.dp, 1);
-    assert_true(p.parallel.ep <= 1);
-    assert_true(p.parallel.capacity_factor == 0);
-    assert_int_equal(zo_plan_runtime_check(&p, path), ZO_OK);
+    static const struct {
+        const char *flags;
+        int dp;
+    } runs[] = {{"--gpus 1 --method auto", 1}, {"--gpus 1 --method qlora", 1}, {"--gpus 2 --gpus-per-node 2", 2}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        remove(path);
+        snprintf(args, sizeof args, "plan --model %s %s --json-out %s", model, runs[i].flags, path);
+        if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
+        zo_plan p;
+        assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+        printf("  gpt-oss-20b, %s: %s, DP %d, EP %d, capacity %g\n", runs[i].flags,
+               zo_plan_method_name(p.training.method), p.parallel.dp, p.parallel.ep, p.parallel.capacity_factor);
+        assert_int_equal(p.parallel.dp, runs[i].dp);
+        assert_true(p.parallel.ep <= 1);
+        assert_true(p.parallel.capacity_factor == 0);
+        if (i == 1) assert_int_equal(p.training.method, ZO_PLAN_QLORA);
+        assert_int_equal(zo_plan_runtime_check(&p, path), ZO_OK);
+    }
     static const struct {
         const char *flags, *flag, *field;
-    } refused[] = {{"--gpus 1 --method lora", "--method", "training.method"},
-                   {"--gpus 2 --gpus-per-node 2", "--gpus", "parallel.dp"},
+    } refused[] = {{"--gpus 2 --gpus-per-node 2 --ep 2", "--ep", "parallel.ep"},
                    {"--gpus 1 --capacity-factor 1.0", "--capacity-factor", "parallel.capacity_factor"}};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         remove(path);
@@ -602,6 +609,7 @@ static void test_plan_file_gpt_oss(void **state)
         snprintf(args, sizeof args, "plan --model %s %s", model, refused[i].flags);
         if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
     }
+    remove(path);
     rmdir(dir);
 }
 

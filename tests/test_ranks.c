@@ -2249,6 +2249,22 @@ static void test_moe_ep_capacity(void **state)
     ep_capacity(7, 0);
 }
 
+/* gpt-oss: biased q/k/v/o, a sink logit per head, alternating windowed (8
+ * of the 32 positions) and full layers, yarn past an original length of
+ * 16, GQA (4 over 2); a biased router over 4 experts, top 2 weighed by
+ * their softmax, biased experts (gate_up_proj fused, its gate and up
+ * interleaved in the file) with the GLU clamped at 7; untied. */
+static const char gpt_oss_config[] =
+    "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 64, "
+    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, \"rope_theta\": 150000.0, "
+    "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 32.0, \"beta_slow\": 1.0, "
+    "\"truncate\": false, \"original_max_position_embeddings\": 16}, \"sliding_window\": 8, "
+    "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"], "
+    "\"attention_bias\": true, \"swiglu_limit\": 7.0, \"output_router_logits\": false, "
+    "\"tie_word_embeddings\": false}";
+
 static void family_rows(const char *name, const char *text);
 static void family_use(const char *name, const char *text);
 static void family_row(const char *name, int method, int p);
@@ -2741,12 +2757,15 @@ static void test_family_qwen3(void **state)
     family_rows("smollm3", smollm3_config);
 }
 
-/* Phi-3's rows, then Phi-3.5-MoE's (a few seconds: they share Phi-3's ctest entry) */
+/* Phi-3's rows, then Phi-3.5-MoE's and gpt-oss's (a few seconds each: they
+ * share Phi-3's ctest entry; gpt-oss's LoRA and QLoRA adapt its attention's
+ * projections, its biases and sinks frozen) */
 static void test_family_phi3(void **state)
 {
     (void)state;
     family_rows("phi3", phi3_config);
     family_rows("phimoe", phimoe_config);
+    family_rows("gpt_oss", gpt_oss_config);
 }
 
 static void test_family_gemma(void **state)

@@ -744,12 +744,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (cfg->moe.top_k >= GPU_MOE_NOT_CHOSEN && m->opts.capacity_factor > 0)
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: a capacity factor with top_k %d (at most %d)",
                         cfg->name, cfg->moe.top_k, GPU_MOE_NOT_CHOSEN - 1);
-    /* gpt-oss: full fine-tuning (and generation) with every expert on the
-     * rank; its biases and sinks are not taken through the adapters, the
+    /* gpt-oss: full fine-tuning, LoRA and QLoRA (and generation) with every
+     * expert on the rank; its expert biases are not taken through the
      * expert-parallel exchange or capacity drops, so those are refused */
-    if (zo_model_gpt_oss(cfg) && m->opts.lora.r > 0)
-        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: gpt-oss with %s is not implemented (full "
-                        "fine-tuning is)", cfg->name, m->opts.lora.nf4 ? "QLoRA" : "LoRA");
     if (zo_model_gpt_oss(cfg) && m->opts.ep && comm_size(m->opts.ep) > 1)
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: gpt-oss with expert parallelism (--ep) is not "
                         "implemented", cfg->name);
@@ -1900,15 +1897,23 @@ static zo_status base_expert_weight(tf_model *m, gpu_stream_t s, const tf_block_
         return ZO_OK;
     }
     const model_view *v = model_layout_view(&m->layout, blk, role);
-    int i = tensor_at(&m->layout, blk, v->offset + (size_t)e * model_layout_expert_stride(&m->layout));
+    size_t at = v->offset + (size_t)e * model_layout_expert_stride(&m->layout);
+    int i = tensor_at(&m->layout, blk, at);
+    const model_tensor *t = &m->layout.tensors[i];
+    /* (gpt-oss's gate and up, weights and biases: row ranges of one tensor) */
+    const size_t rel = (at - t->offset) * zo_dtype_size(m->dtype);
     const char *p = (const char *)bb->frozen + m->frozen_off[i];
-    if (!frozen_is_nf4(m, &m->layout.tensors[i])) {
-        *w = gpu_t((void *)p, m->dtype);
+    if (!frozen_is_nf4(m, t)) {
+        *w = gpu_t((void *)(p + rel), m->dtype);
         return ZO_OK;
     }
-    *w = gpu_t(m->wdq, m->dtype);
-    m->wdq_src = NULL;
-    return gpu_nf4_dequantize(s, *w, p, m->layout.tensors[i].numel);
+    /* NF4: the tensor dequantized whole, once for its row ranges */
+    *w = gpu_t((char *)m->wdq + rel, m->dtype);
+    if (m->wdq_src == p && m->wdq_block == blk) return ZO_OK;
+    zo_status st = gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), p, t->numel);
+    m->wdq_src = st == ZO_OK ? p : NULL;
+    m->wdq_block = blk;
+    return st;
 }
 
 /* A layer's weight gradient of `role` (expert e's for EXPERT_* roles, e

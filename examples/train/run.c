@@ -398,10 +398,6 @@ zo_status run_setup(train_run *r)
     oc->ep_comm = r->ep_comm;
     oc->expert_comm = r->expert_comm;
     if ((st = gpu_stream_create(r->dev, &r->s)) != ZO_OK) return st;
-    /* gpt-oss's sinks and biases have been checked on one rank only */
-    if (zo_model_gpt_oss(&r->cfg) && r->ranks > 1)
-        return zo_error(ZO_ERR_UNSUPPORTED, "train: model %s: gpt-oss on %d ranks is not implemented (one rank "
-                        "is)", r->cfg.name, r->ranks);
     tf_options to = {.recompute = oc->recompute, .recompute_layers = oc->recompute_layers, .external_res = 1,
                      .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora},
                      .loss_chunk = a->p.file.training.loss_chunk, .ep = r->ep_comm,
