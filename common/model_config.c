@@ -2238,7 +2238,7 @@ static const family families[] = {
     {"gpt_oss", "GptOssForCausalLM", parse_gpt_oss,
      "gpt-oss: LLaMA layers with biased q/k/v/o, a sink logit per head, every second layer over a window of "
      "128, yarn rotary, MoE MLP (a biased router + num_local_experts biased experts with a clamped GLU, top-k "
-     "of the logits weighed by their softmax); without expert parallelism",
+     "of the logits weighed by their softmax); dropless",
      0, 8, 64, "num_local_experts,attention_bias", 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,

@@ -937,18 +937,17 @@ zo_status zo_plan_runtime_check(const zo_plan *p, const char *path)
                         "recomputes by op in dense layers, checkpoints on the GPU "
                         "(plan with --recompute full or none)", path,
                         p->model.moe.experts ? "experts (model.moe)" : "placement.checkpoints cpu");
-    const char *key = zo_model_run_gap(&p->model, p->parallel.ep, p->parallel.capacity_factor);
+    const char *key = zo_model_run_gap(&p->model, p->parallel.capacity_factor);
     if (key)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"%s\" on gpt-oss: the runtime runs gpt-oss with every "
-                        "expert on each rank, dropless (plan without --ep and --capacity-factor)", path, key);
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"%s\" on gpt-oss: the runtime routes gpt-oss dropless "
+                        "(plan without --capacity-factor)", path, key);
     return ZO_OK;
 }
 
-const char *zo_model_run_gap(const zo_model_config *m, int ep, double capacity_factor)
+const char *zo_model_run_gap(const zo_model_config *m, double capacity_factor)
 {
-    /* gpt-oss: every expert on each rank, dropless (tf_init's refusals) */
-    if (!zo_model_gpt_oss(m)) return NULL;
-    return ep > 1 ? "parallel.ep" : capacity_factor > 0 ? "parallel.capacity_factor" : NULL;
+    /* gpt-oss: dropless (tf_init's refusal) */
+    return zo_model_gpt_oss(m) && capacity_factor > 0 ? "parallel.capacity_factor" : NULL;
 }
 
 zo_status zo_plan_check_run(const zo_plan *p, const zo_model_config *m, int world_size,

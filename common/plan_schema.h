@@ -221,18 +221,17 @@ zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, i
  * fine-tuning, LoRA, QLoRA) with checkpoints on the GPU and is refused otherwise, naming
  * the field; recompute full of part of the layers
  * (training.recompute_layers) and a reduction in bf16 or fp16
- * (training.reduce_dtype) run. gpt-oss runs with every expert on each
- * rank, dropless: parallel.ep past 1 or a parallel.capacity_factor is
- * refused, naming the field.
+ * (training.reduce_dtype) run. gpt-oss routes dropless: a
+ * parallel.capacity_factor is refused, naming the field.
  * ZO_ERR_UNSUPPORTED. zo_plan_check_run checks it too. */
 zo_status zo_plan_runtime_check(const zo_plan *p, const char *path);
 
-/* Of a run of model m with expert parallelism ep and capacity factor (0:
- * dropless), the plan field the runtime does not run for that model
- * ("parallel.ep", "parallel.capacity_factor"; gpt-oss: every expert on each
- * rank, dropless), or NULL where it runs. zo_plan_runtime_check refuses by
- * it; memplan's search for a plan file leaves such configurations out. */
-const char *zo_model_run_gap(const zo_model_config *m, int ep, double capacity_factor);
+/* Of a run of model m with capacity factor (0: dropless), the plan field
+ * the runtime does not run for that model ("parallel.capacity_factor":
+ * gpt-oss routes dropless), or NULL where it runs. zo_plan_runtime_check
+ * refuses by it; memplan's search for a plan file leaves such
+ * configurations out. */
+const char *zo_model_run_gap(const zo_model_config *m, double capacity_factor);
 
 /* Whether a plan can run here: the model `m` has the plan's parameter count
  * and shape (layers, widths, heads, vocabulary, biases, tied embeddings, and

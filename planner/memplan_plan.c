@@ -419,14 +419,13 @@ static zo_status refuse_fixed(const search_cmd *c)
         run.optimizer[ZO_PLAN_GPU] = s->opt_min[ZO_PLAN_GPU];
         run.optimizer[ZO_PLAN_CPU] = 1 - s->opt_min[ZO_PLAN_GPU];
     }
-    /* what the runtime runs of this model (gpt-oss: every expert on each
-     * rank, dropless): expert parallelism or a capacity fixed outside it */
-    const char *gap = zo_model_run_gap(&c->m, run.ep, s->base.capacity_factor);
+    /* what the runtime runs of this model (gpt-oss: dropless): a capacity
+     * fixed outside it */
+    const char *gap = zo_model_run_gap(&c->m, s->base.capacity_factor);
     if (gap)
-        return zo_error(ZO_ERR_UNSUPPORTED, "plan: model %s: the runtime runs it with every expert on each "
-                        "rank, dropless; %s as asked is not (field \"%s\"; memplan plan without it, or memplan "
-                        "estimate to size it)", c->m.name, !strcmp(gap, "parallel.ep") ? "--ep" : "--capacity-factor",
-                        gap);
+        return zo_error(ZO_ERR_UNSUPPORTED, "plan: model %s: the runtime routes it dropless; --capacity-factor as "
+                        "asked is not (field \"%s\"; memplan plan without it, or memplan estimate to size it)",
+                        c->m.name, gap);
     return zo_capability_check(&run, NULL, 0);
 }
 

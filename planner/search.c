@@ -187,7 +187,7 @@ static void rank_schedules(walk *w, plan_train *t, const plan_estimate *e, plan_
             zo_run_shape run;
             plan_run_shape(w->m, t, &run);
             if (zo_capability_find(&run) != ZO_CAP_RUNS ||
-                zo_model_run_gap(w->m, t->ep, t->capacity_factor))
+                zo_model_run_gap(w->m, t->capacity_factor))
                 continue;
         }
         const plan_estimate *se = e;

@@ -557,14 +557,15 @@ static void table_words(const zo_run_shape *r, char *buf, size_t len)
     snprintf(buf, len, "memplan: %s", why);
 }
 
-/* gpt-oss: the runtime trains it with every expert on each rank, dropless:
- * full fine-tuning, LoRA and QLoRA on one rank or several. A plan file for
+/* gpt-oss: the runtime trains it dropless: full fine-tuning, LoRA and
+ * QLoRA on one rank or several, with expert parallelism. A plan file for
  * it with --method auto is what the search ranks first (an adapter on one
- * GPU of the default machine), with --gpus 2 a data-parallel one, each
- * passing the runtime check; --ep 2 or a capacity factor fixed with
- * --json-out are refused, exit 2, naming the flag and the plan field
- * (train's refusal of such a plan: test_plan_schema); the table without a
- * plan file still sizes them. */
+ * GPU of the default machine), with --gpus 2 a data-parallel one (expert
+ * parallel where the search finds it faster), with --ep 1 and --ep 2 the
+ * one asked, each passing the runtime check; a
+ * capacity factor fixed with --json-out is refused, exit 2, naming the
+ * flag and the plan field (train's refusal of such a plan:
+ * test_plan_schema); the table without a plan file still sizes it. */
 static void test_plan_file_gpt_oss(void **state)
 {
     (void)state;
@@ -575,8 +576,10 @@ static void test_plan_file_gpt_oss(void **state)
     const char *model = ZO_FIXTURES_DIR "/hf-configs/gpt-oss-20b.json";
     static const struct {
         const char *flags;
-        int dp;
-    } runs[] = {{"--gpus 1 --method auto", 1}, {"--gpus 1 --method qlora", 1}, {"--gpus 2 --gpus-per-node 2", 2}};
+        int dp, ep;
+    } runs[] = {{"--gpus 1 --method auto", 1, 1}, {"--gpus 1 --method qlora", 1, 1},
+                {"--gpus 2 --gpus-per-node 2", 2, 0}, {"--gpus 2 --gpus-per-node 2 --ep 1", 2, 1},
+                {"--gpus 2 --gpus-per-node 2 --ep 2", 2, 2}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         remove(path);
         snprintf(args, sizeof args, "plan --model %s %s --json-out %s", model, runs[i].flags, path);
@@ -586,15 +589,14 @@ static void test_plan_file_gpt_oss(void **state)
         printf("  gpt-oss-20b, %s: %s, DP %d, EP %d, capacity %g\n", runs[i].flags,
                zo_plan_method_name(p.training.method), p.parallel.dp, p.parallel.ep, p.parallel.capacity_factor);
         assert_int_equal(p.parallel.dp, runs[i].dp);
-        assert_true(p.parallel.ep <= 1);
+        if (runs[i].ep) assert_int_equal(p.parallel.ep > 1 ? p.parallel.ep : 1, runs[i].ep); /* (0: searched) */
         assert_true(p.parallel.capacity_factor == 0);
         if (i == 1) assert_int_equal(p.training.method, ZO_PLAN_QLORA);
         assert_int_equal(zo_plan_runtime_check(&p, path), ZO_OK);
     }
     static const struct {
         const char *flags, *flag, *field;
-    } refused[] = {{"--gpus 2 --gpus-per-node 2 --ep 2", "--ep", "parallel.ep"},
-                   {"--gpus 1 --capacity-factor 1.0", "--capacity-factor", "parallel.capacity_factor"}};
+    } refused[] = {{"--gpus 1 --capacity-factor 1.0", "--capacity-factor", "parallel.capacity_factor"}};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         remove(path);
         snprintf(args, sizeof args, "plan --model %s %s --json-out %s", model, refused[i].flags, path);

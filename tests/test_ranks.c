@@ -1008,18 +1008,34 @@ static const char qwen3_moe8_config[] =
     "\"decoder_sparse_step\": 1, \"mlp_only_layers\": [], \"vocab_size\": 256, \"max_position_embeddings\": 64, "
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
+/* gpt-oss: biased q/k/v/o, a sink logit per head, alternating windowed (8
+ * of the 32 positions) and full layers, yarn past an original length of
+ * 16, GQA (4 over 2); a biased router over 4 experts, top 2 weighed by
+ * their softmax, biased experts (gate_up_proj fused, its gate and up
+ * interleaved in the file) with the GLU clamped at 7; untied. */
+static const char gpt_oss_config[] =
+    "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 64, "
+    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, \"rope_theta\": 150000.0, "
+    "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 32.0, \"beta_slow\": 1.0, "
+    "\"truncate\": false, \"original_max_position_embeddings\": 16}, \"sliding_window\": 8, "
+    "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"], "
+    "\"attention_bias\": true, \"swiglu_limit\": 7.0, \"output_router_logits\": false, "
+    "\"tie_word_embeddings\": false}";
+
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[10] = {"mixtral",    "qwen2_moe8",    "qwen3_moe8", "deepseek",
+static const char *const ep_names[11] = {"mixtral",    "qwen2_moe8",    "qwen3_moe8", "deepseek",
                                          "granitemoe", "deepseek_v2_q", "phimoe",     "deepseek_v3",
-                                         "glm4_moe",   "olmoe"};
+                                         "glm4_moe",   "olmoe",         "gpt_oss"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[10] = {mixtral_config,    qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
+    const char *texts[11] = {mixtral_config,    qwen2_moe8_config,    qwen3_moe8_config, deepseek_config,
                              granitemoe_config, deepseek_v2_q_config, phimoe_config,     deepseek_v3_config,
-                             glm4_moe_config,   olmoe_config};
+                             glm4_moe_config,   olmoe_config,         gpt_oss_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -2249,22 +2265,6 @@ static void test_moe_ep_capacity(void **state)
     ep_capacity(7, 0);
 }
 
-/* gpt-oss: biased q/k/v/o, a sink logit per head, alternating windowed (8
- * of the 32 positions) and full layers, yarn past an original length of
- * 16, GQA (4 over 2); a biased router over 4 experts, top 2 weighed by
- * their softmax, biased experts (gate_up_proj fused, its gate and up
- * interleaved in the file) with the GLU clamped at 7; untied. */
-static const char gpt_oss_config[] =
-    "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
-    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 64, "
-    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
-    "\"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, \"rope_theta\": 150000.0, "
-    "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 32.0, \"beta_slow\": 1.0, "
-    "\"truncate\": false, \"original_max_position_embeddings\": 16}, \"sliding_window\": 8, "
-    "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"], "
-    "\"attention_bias\": true, \"swiglu_limit\": 7.0, \"output_router_logits\": false, "
-    "\"tie_word_embeddings\": false}";
-
 static void family_rows(const char *name, const char *text);
 static void family_use(const char *name, const char *text);
 static void family_row(const char *name, int method, int p);
@@ -2434,6 +2434,11 @@ static void test_moe_ep_qwen3(void **state)
     /* OLMoE's whole-projection q/k norms with experts: LoRA on every linear
      * layer at ZeRO-0 */
     ep_rows_of(9, "olmoel", 1, 0);
+    /* gpt-oss (each rank's experts with their gate, up and down biases, the
+     * down bias inside the routing weight; sinks, the router's bias): full
+     * fine-tuning at ZeRO-0 and ZeRO-3, LoRA (its attention's) at ZeRO-0 */
+    ep_rows_of(10, "go", 0, 1);
+    ep_rows_of(10, "gol", 1, 0);
 }
 
 /* LoRA and QLoRA with --ep 2 on 4 ranks: two data-parallel replicas of

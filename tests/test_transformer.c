@@ -1881,6 +1881,73 @@ static void test_init_sequence(void **state)
     model_layout_free(&lay);
 }
 
+/* A window of experts (expert parallelism: a rank's layout holds experts
+ * first .. first + count - 1) draws each of its experts the values the
+ * whole model's layout draws them, and every other tensor the same: a
+ * Mixtral-shaped layer (gate, up, down an expert) and a gpt-oss-shaped one
+ * (gate_up fused, 1-D biases that draw nothing between the matrices), each
+ * window of 4 experts. A skip counting the biases' elements (or none
+ * before a fused gate_up) gave gpt-oss's windows other experts: its --ep
+ * runs started from another model than one rank's. */
+static void test_init_expert_windows(void **state)
+{
+    (void)state;
+    static const char *const configs[] = {
+        "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"intermediate_size\": 24, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
+        "\"vocab_size\": 40}",
+        "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": 24, \"num_local_experts\": 4, "
+        "\"num_experts_per_tok\": 2, \"vocab_size\": 40}",
+    };
+    for (size_t k = 0; k < sizeof configs / sizeof *configs; k++) {
+        zo_model_config c;
+        assert_int_equal(zo_model_config_parse(configs[k], "window.json", &c), ZO_OK);
+        model_layout whole;
+        assert_int_equal(model_layout_init(&whole, &c), ZO_OK);
+        float **w = calloc((size_t)whole.n_blocks, sizeof *w);
+        for (int b = 0; b < whole.n_blocks; b++) w[b] = calloc(whole.block_numel[b] + 1, sizeof(float));
+        tf_init_weights(&whole, w, 7);
+        const size_t ws = model_layout_expert_stride(&whole);
+        int windows = 0;
+        for (int first = 0; first < 4; first++)
+            for (int count = 1; first + count <= 4; count++) {
+                model_layout win;
+                assert_int_equal(model_layout_init_experts(&win, &c, first, count), ZO_OK);
+                float **v = calloc((size_t)win.n_blocks, sizeof *v);
+                for (int b = 0; b < win.n_blocks; b++) v[b] = calloc(win.block_numel[b] + 1, sizeof(float));
+                tf_init_weights(&win, v, 7);
+                /* each tensor of the window: the whole layout's tensor of its name
+                 * (an expert's: the same expert, first + its place) */
+                for (int i = 0; i < win.n_tensors; i++) {
+                    const model_tensor *t = &win.tensors[i];
+                    const model_view *x = model_layout_view(&win, t->block, MODEL_ROLE_EXPERT_GATE_W);
+                    size_t at = t->offset;
+                    int expert = (t->role >= MODEL_ROLE_EXPERT_GATE_W && t->role <= MODEL_ROLE_EXPERT_DOWN_W) ||
+                                 (t->role >= MODEL_ROLE_EXPERT_GATE_UP_W && t->role <= MODEL_ROLE_EXPERT_DOWN_B);
+                    if (expert && x && x->numel) {
+                        /* the whole layout's expert block starts where the window's does */
+                        size_t loc = (t->offset - x->offset) / model_layout_expert_stride(&win);
+                        at = t->offset + ((size_t)first + loc) * ws - loc * model_layout_expert_stride(&win);
+                    } else if (x && x->numel && t->offset > x->offset) {
+                        at = t->offset + (size_t)(4 - count) * ws; /* after the experts */
+                    }
+                    if (memcmp(v[t->block] + t->offset, w[t->block] + at, t->numel * sizeof(float)))
+                        fail_msg("%s, experts %d..%d: %s differs from the whole model's", c.family, first,
+                                 first + count - 1, t->name);
+                }
+                for (int b = 0; b < win.n_blocks; b++) free(v[b]);
+                free(v);
+                model_layout_free(&win);
+                windows++;
+            }
+        printf("  %s: %d windows of its 4 experts, every tensor the whole model's\n", c.family, windows);
+        for (int b = 0; b < whole.n_blocks; b++) free(w[b]);
+        free(w);
+        model_layout_free(&whole);
+    }
+}
+
 /* tf_normal_fill against Box-Muller with libm's log and cos in double
  * precision, rounded to fp32 once: element e draws the two values after
  * s0 + 2e steps. Both paths (AVX2 where the CPU has it, and the plain
@@ -2375,6 +2442,7 @@ int main(void)
         cmocka_unit_test(test_block_streaming),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_init_sequence),
+        cmocka_unit_test(test_init_expert_windows),
         cmocka_unit_test(test_train_lora),
         cmocka_unit_test(test_train_lora_qwen3),
         cmocka_unit_test(test_train_lora_gemma),

@@ -744,12 +744,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (cfg->moe.top_k >= GPU_MOE_NOT_CHOSEN && m->opts.capacity_factor > 0)
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: a capacity factor with top_k %d (at most %d)",
                         cfg->name, cfg->moe.top_k, GPU_MOE_NOT_CHOSEN - 1);
-    /* gpt-oss: full fine-tuning, LoRA and QLoRA (and generation) with every
-     * expert on the rank; its expert biases are not taken through the
-     * expert-parallel exchange or capacity drops, so those are refused */
-    if (zo_model_gpt_oss(cfg) && m->opts.ep && comm_size(m->opts.ep) > 1)
-        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: gpt-oss with expert parallelism (--ep) is not "
-                        "implemented", cfg->name);
+    /* gpt-oss: its balance loss (Hugging Face's own form) and capacity
+     * drops are not implemented for it: refused by name */
     if (zo_model_gpt_oss(cfg) && cfg->moe.aux_loss && !m->opts.kv_len)
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: gpt-oss with output_router_logits (its balance "
                         "loss: Hugging Face's reads the router's top-k scores, not Mixtral's logits) is not "
@@ -3679,6 +3675,21 @@ uint64_t tf_init_rng(uint64_t seed) { return seed * 0x2545f4914f6cdd1dull + 1; }
 void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng)
 {
     double proj_std = 0.02 / sqrt(2.0 * (l->n_layers > 0 ? l->n_layers : 1));
+    /* an expert window (model/layout.h): the draws of the experts before it
+     * and after it are skipped, so that each expert gets the values of the
+     * whole model's. An expert's draws: two for each element of its 2-D
+     * tensors (gpt-oss's biases, 1-D, draw none); skipped before the
+     * window's first such tensor and after its last */
+    int first_x = -1, last_x = -1;
+    uint64_t xd = 0;
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->block != block || !is_expert_role(t->role) || t->ndim != 2) continue;
+        if (first_x < 0) first_x = i;
+        last_x = i;
+        xd += t->numel;
+    }
+    const uint64_t per = l->expert_count ? 2 * xd / (uint64_t)l->expert_count : 0;
     /* the layout's tensors are in block order */
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
@@ -3699,25 +3710,16 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
                       t->role == MODEL_ROLE_EXPERT_DOWN_W)
                          ? proj_std
                          : 0.02;
-        /* an expert window (model/layout.h): the draws of the experts
-         * before it and after it are skipped, so that each expert gets the
-         * values of the whole model's */
-        size_t skip_after = 0;
-        if (t->role >= MODEL_ROLE_EXPERT_GATE_W && t->role <= MODEL_ROLE_EXPERT_DOWN_W) {
-            size_t stride = model_layout_expert_stride(l);
-            size_t i_loc = (t->offset - model_layout_view(l, block, MODEL_ROLE_EXPERT_GATE_W)->offset) / stride;
-            if (t->role == MODEL_ROLE_EXPERT_GATE_W && i_loc == 0)
-                *rng += 2 * (uint64_t)((size_t)l->expert_first * stride) * 0x9e3779b97f4a7c15ull;
-            if (t->role == MODEL_ROLE_EXPERT_DOWN_W && (int)i_loc == l->expert_count - 1)
-                skip_after = (size_t)(l->cfg.moe.experts - l->expert_first - l->expert_count) * stride;
-        }
+        if (i == first_x) *rng += (uint64_t)l->expert_first * per * 0x9e3779b97f4a7c15ull;
         /* splitmix is a counter: element e draws the two values after
          * 2e draws of the tensor, so the elements are independent (and the
          * values the sequential draw gives) */
         uint64_t s0 = *rng;
         long long n = (long long)t->numel;
         tf_normal_fill(p, n, s0, std);
-        *rng = s0 + 2 * (uint64_t)(n + (long long)skip_after) * 0x9e3779b97f4a7c15ull;
+        *rng = s0 + 2 * (uint64_t)n * 0x9e3779b97f4a7c15ull;
+        if (i == last_x)
+            *rng += (uint64_t)(l->cfg.moe.experts - l->expert_first - l->expert_count) * per * 0x9e3779b97f4a7c15ull;
     }
 }
 

@@ -29,7 +29,7 @@ static const char HELP[] =
     "Cohere (Command-R, Aya), Cohere2 (Command-R7B, Command-A) or LLaMA-family transformer (LLaMA,\n"
     "Mistral, Qwen2/3, Phi-3, Gemma, Gemma-2/3, Granite, OLMo-2/3, EXAONE 4.0, SmolLM3, Seed-OSS,\n"
     "ERNIE 4.5; Mixtral, Granite-MoE, Qwen-MoE, DeepSeekMoE, DeepSeek-V2/V3 and Kimi-K2 with their\n"
-    "latent attention, GLM-4.5, OLMoE, Phi-3.5-MoE, gpt-oss (without --ep); 'memplan\n"
+    "latent attention, GLM-4.5, OLMoE, Phi-3.5-MoE, gpt-oss; 'memplan\n"
     "models' lists each model_type, * where it trains) on a token file, or on text through the model's tokenizer.json (docs/finetune.md).\n"
     "Batches are sequential: at step k, row i starts at token ((k*B + i) * S) mod (N - S - 1)\n"
     "(padded rows: row i is record (k*B + i) mod R).\n"
