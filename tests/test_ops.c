@@ -1384,6 +1384,7 @@ typedef struct backend {
     int fibers;  /* the host shim's fiber kernels: ZO_OPS_SHIM_MAX_T and _LEAN apply */
     int skipped; /* attention cases past ZO_OPS_SHIM_MAX_T not run here */
     int lean;    /* cases left out by ZO_OPS_SHIM_LEAN */
+    int split;   /* cases left to the sanitizer pass by ZO_OPS_SHIM_SPLIT */
 } backend;
 
 /* ZO_OPS_SHIM_MAX_T=N (both builds' ctest entries set 200): the shim's
@@ -1423,12 +1424,43 @@ static int long_for_fibers(const backend *be, const pcase *c)
  * or 0, every case runs. */
 static int shim_lean;
 
-static int lean_for_fibers(const backend *be, const pcase *c)
+/* The cases ZO_OPS_SHIM_LEAN leaves out on a backend (set or not) */
+static int lean_case(const backend *be, const pcase *c)
 {
-    if (!be->fibers || !shim_lean) return 0;
+    if (!be->fibers) return 0;
     if (c->fiber_repeat) return 1;
     int g16 = c->op == GPU_OP_ATTENTION_BACKWARD && c->a.d.attn.grads16;
     return (g16 && !strcmp(be->name, "cuda-shim")) || (c->tc_repeat && !strcmp(be->name, "cuda-shim-tc"));
+}
+
+static int lean_for_fibers(const backend *be, const pcase *c) { return shim_lean && lean_case(be, c); }
+
+/* ZO_OPS_SHIM_SPLIT=1 (scripts/test.sh sets it for the plain build's pass
+ * when the sanitizer build's follows, in the same run): the host shim's
+ * backends run here only the cases ZO_OPS_SHIM_LEAN leaves out of the
+ * sanitizer build's entry; every other shim case runs there, generated
+ * alike and held to the same reference and bounds, under ASan and UBSan
+ * too. The CPU backend (and a GPU's cuda backend) run every case. Unset or
+ * 0 (a bare ctest, or scripts/test.sh with ZO_SKIP_SANITIZE=1): every case
+ * runs here. The shim took 41 of the plain entry's 54 s. */
+static int shim_split;
+
+/* An environment flag, 0 or 1 (unset: *out unchanged); -1 naming it otherwise. */
+static int env_flag(const char *name, int *out)
+{
+    const char *v = getenv(name);
+    if (!v) return 0;
+    if (strcmp(v, "0") && strcmp(v, "1")) {
+        fprintf(stderr, "test_ops: %s=%s: expected 0 or 1\n", name, v);
+        return -1;
+    }
+    *out = v[0] == '1';
+    return 0;
+}
+
+static int split_out(const backend *be, const pcase *c)
+{
+    return shim_split && !strncmp(be->name, "cuda-shim", 9) && !lean_case(be, c);
 }
 
 /* A device of the device interface: the CPU backend, or CUDA (cuda:0). The
@@ -1828,6 +1860,10 @@ static void emit(pcase *c)
         }
         if (lean_for_fibers(backends[b], c)) {
             backends[b]->lean++;
+            continue;
+        }
+        if (split_out(backends[b], c)) {
+            backends[b]->split++;
             continue;
         }
         cur = backends[b]->dev;
@@ -4158,6 +4194,8 @@ static void test_every_op(void **state)
             printf(", %d attention cases past t %d left out (ZO_OPS_SHIM_MAX_T)", backends[b]->skipped, shim_max_t);
         if (backends[b]->lean)
             printf(", %d whose paths other cases run left out (ZO_OPS_SHIM_LEAN)", backends[b]->lean);
+        if (backends[b]->split)
+            printf(", %d left to the sanitizer build's pass (ZO_OPS_SHIM_SPLIT)", backends[b]->split);
         printf("\n");
     }
     printf("  %d ops, %d cases\n", GPU_OP_COUNT, total);
@@ -4785,28 +4823,26 @@ int main(void)
         }
         shim_max_t = (int)v;
     }
-    if (getenv("ZO_OPS_SHIM_LEAN")) {
-        const char *v = getenv("ZO_OPS_SHIM_LEAN");
-        if (strcmp(v, "0") && strcmp(v, "1")) {
-            fprintf(stderr, "test_ops: ZO_OPS_SHIM_LEAN=%s: expected 0 or 1\n", v);
-            return 2;
-        }
-        shim_lean = v[0] == '1';
+    if (env_flag("ZO_OPS_SHIM_LEAN", &shim_lean) || env_flag("ZO_OPS_SHIM_SPLIT", &shim_split)) return 2;
+    if (shim_split && shim_lean) {
+        fprintf(stderr, "test_ops: ZO_OPS_SHIM_SPLIT=1 with ZO_OPS_SHIM_LEAN=1 would run neither half "
+                        "of the shim's cases\n");
+        return 2;
     }
-    static backend cpu = {"cpu", &cpu_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 0, NULL, 0, 0, 0};
-    static backend cuda = {"cuda", &cuda_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 1, NULL, 0, 0, 0};
+    static backend cpu = {"cpu", &cpu_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 0, NULL, 0, 0, 0, 0};
+    static backend cuda = {"cuda", &cuda_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 1, NULL, 0, 0, 0, 0};
     if (!open_device(&cpu_dev, "cpu")) return 1;
     backends[n_backends++] = &cpu;
 #ifdef ZO_HAVE_CUDA_SHIM
-    static backend sh = {"cuda-shim", NULL, host_alloc, free, host_copy, host_copy, shim_run, 0, 0, 0, NULL, 1, 0, 0};
+    static backend sh = {"cuda-shim", NULL, host_alloc, free, host_copy, host_copy, shim_run, 0, 0, 0, NULL, 1, 0, 0, 0};
     static backend shg = {"cuda-shim-gemm", NULL, host_alloc, free, host_copy, host_copy, shim_gemm_run,
-                          0, 0, 0, takes_gemm_attention, 0, 0, 0};
+                          0, 0, 0, takes_gemm_attention, 0, 0, 0, 0};
     static backend shs = {"cuda-shim-gemm-small", NULL, host_alloc, free, host_copy, host_copy,
-                          shim_gemm_small_run, 0, 0, 0, takes_gemm_small_attention, 0, 0, 0};
+                          shim_gemm_small_run, 0, 0, 0, takes_gemm_small_attention, 0, 0, 0, 0};
     static backend sht = {"cuda-shim-tc", NULL, host_alloc, free, host_copy, host_copy, shim_tc_run,
-                          0, 0, 0, takes_tc_attention, 1, 0, 0};
+                          0, 0, 0, takes_tc_attention, 1, 0, 0, 0};
     static backend shm = {"cuda-shim-mma", NULL, host_alloc, free, host_copy, host_copy, shim_mma_run,
-                          0, 0, 0, takes_mma_attention, 1, 0, 0};
+                          0, 0, 0, takes_mma_attention, 1, 0, 0, 0};
     if (shim_exec_init(&shim) != ZO_OK || shim_exec_init(&shim_gemm) != ZO_OK || shim_exec_init(&shim_tc) != ZO_OK ||
         shim_exec_init(&shim_mma) != ZO_OK)
         return 1;
