@@ -1824,27 +1824,13 @@ static uint64_t ref_splitmix(uint64_t *s)
 }
 
 /* tf_init_weights (its elements drawn in parallel) gives the sequential
- * stream's values, bit for bit, and block by block the same. */
-static void test_init_sequence(void **state)
+ * stream's values, bit for bit, and block by block the same: a LLaMA whose
+ * matrices of 384 x 1152 pass the size the draw goes parallel at, then a
+ * Mixtral-shaped and a gpt-oss-shaped layout (experts one after another,
+ * their down projections at the output projections' std; gpt-oss's 1-D
+ * biases and sinks drawing nothing between its matrices). */
+static void init_sequence_of(const model_layout *l)
 {
-    (void)state;
-    /* matrices of 384 x 1152: past the size the draw goes parallel at */
-    zo_model_config c = {0};
-    snprintf(c.name, sizeof c.name, "init-llama");
-    snprintf(c.family, sizeof c.family, "llama2");
-    c.arch = ZO_ARCH_LLAMA;
-    c.n_layers = 2;
-    c.hidden = 384;
-    c.n_heads = c.n_kv_heads = 4;
-    c.ffn = 1152;
-    c.vocab = 300;
-    c.max_seq = 64;
-    c.norm_eps = 1e-5f;
-    c.rope_theta = 10000.0f;
-    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-    model_layout lay;
-    assert_int_equal(model_layout_init(&lay, &c), ZO_OK);
-    const model_layout *l = &lay;
     int nb = l->n_blocks;
     float **w = calloc((size_t)nb, sizeof *w);
     for (int b = 0; b < nb; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
@@ -1854,7 +1840,10 @@ static void test_init_sequence(void **state)
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
         if (t->ndim == 1) continue;
-        double std = t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W ? proj_std : 0.02;
+        double std = t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W ||
+                             t->role == MODEL_ROLE_EXPERT_DOWN_W
+                         ? proj_std
+                         : 0.02;
         for (size_t e = 0; e < t->numel; e++) {
             double u1 = ((ref_splitmix(&s) >> 11) + 1.0) / 9007199254740993.0;
             double u2 = (ref_splitmix(&s) >> 11) / 9007199254740992.0;
@@ -1878,12 +1867,48 @@ static void test_init_sequence(void **state)
     free(one);
     for (int b = 0; b < nb; b++) free(w[b]);
     free(w);
+}
+
+static void test_init_sequence(void **state)
+{
+    (void)state;
+    zo_model_config c = {0};
+    snprintf(c.name, sizeof c.name, "init-llama");
+    snprintf(c.family, sizeof c.family, "llama2");
+    c.arch = ZO_ARCH_LLAMA;
+    c.n_layers = 2;
+    c.hidden = 384;
+    c.n_heads = c.n_kv_heads = 4;
+    c.ffn = 1152;
+    c.vocab = 300;
+    c.max_seq = 64;
+    c.norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
+    model_layout lay;
+    assert_int_equal(model_layout_init(&lay, &c), ZO_OK);
+    init_sequence_of(&lay);
     model_layout_free(&lay);
+    static const char *const moe[] = {
+        "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"intermediate_size\": 24, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
+        "\"vocab_size\": 40}",
+        "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": 24, \"num_local_experts\": 4, "
+        "\"num_experts_per_tok\": 2, \"vocab_size\": 40}",
+    };
+    for (size_t k = 0; k < sizeof moe / sizeof *moe; k++) {
+        assert_int_equal(zo_model_config_parse(moe[k], "init.json", &c), ZO_OK);
+        assert_int_equal(model_layout_init(&lay, &c), ZO_OK);
+        init_sequence_of(&lay);
+        model_layout_free(&lay);
+    }
 }
 
 /* A window of experts (expert parallelism: a rank's layout holds experts
  * first .. first + count - 1) draws each of its experts the values the
- * whole model's layout draws them, and every other tensor the same: a
+ * whole model's layout draws them (those test_init_sequence holds to the
+ * sequence), and every other tensor the same: a
  * Mixtral-shaped layer (gate, up, down an expert) and a gpt-oss-shaped one
  * (gate_up fused, 1-D biases that draw nothing between the matrices), each
  * window of 4 experts. A skip counting the biases' elements (or none
