@@ -1823,6 +1823,18 @@ static uint64_t ref_splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+/* The MoE layouts of the init's tests: Mixtral's (gate, up, down an
+ * expert) and gpt-oss's (gate_up fused, biases between the matrices), 4
+ * experts each. */
+static const char *const init_moe[] = {
+    "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
+    "\"num_key_value_heads\": 1, \"intermediate_size\": 24, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
+    "\"vocab_size\": 40}",
+    "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
+    "\"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": 24, \"num_local_experts\": 4, "
+    "\"num_experts_per_tok\": 2, \"vocab_size\": 40}",
+};
+
 /* tf_init_weights (its elements drawn in parallel) gives the sequential
  * stream's values, bit for bit, and block by block the same: a LLaMA whose
  * matrices of 384 x 1152 pass the size the draw goes parallel at, then a
@@ -1889,16 +1901,8 @@ static void test_init_sequence(void **state)
     assert_int_equal(model_layout_init(&lay, &c), ZO_OK);
     init_sequence_of(&lay);
     model_layout_free(&lay);
-    static const char *const moe[] = {
-        "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
-        "\"num_key_value_heads\": 1, \"intermediate_size\": 24, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
-        "\"vocab_size\": 40}",
-        "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
-        "\"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": 24, \"num_local_experts\": 4, "
-        "\"num_experts_per_tok\": 2, \"vocab_size\": 40}",
-    };
-    for (size_t k = 0; k < sizeof moe / sizeof *moe; k++) {
-        assert_int_equal(zo_model_config_parse(moe[k], "init.json", &c), ZO_OK);
+    for (size_t k = 0; k < sizeof init_moe / sizeof *init_moe; k++) {
+        assert_int_equal(zo_model_config_parse(init_moe[k], "init.json", &c), ZO_OK);
         assert_int_equal(model_layout_init(&lay, &c), ZO_OK);
         init_sequence_of(&lay);
         model_layout_free(&lay);
@@ -1917,17 +1921,9 @@ static void test_init_sequence(void **state)
 static void test_init_expert_windows(void **state)
 {
     (void)state;
-    static const char *const configs[] = {
-        "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
-        "\"num_key_value_heads\": 1, \"intermediate_size\": 24, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
-        "\"vocab_size\": 40}",
-        "{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, "
-        "\"num_key_value_heads\": 1, \"head_dim\": 16, \"intermediate_size\": 24, \"num_local_experts\": 4, "
-        "\"num_experts_per_tok\": 2, \"vocab_size\": 40}",
-    };
-    for (size_t k = 0; k < sizeof configs / sizeof *configs; k++) {
+    for (size_t k = 0; k < sizeof init_moe / sizeof *init_moe; k++) {
         zo_model_config c;
-        assert_int_equal(zo_model_config_parse(configs[k], "window.json", &c), ZO_OK);
+        assert_int_equal(zo_model_config_parse(init_moe[k], "window.json", &c), ZO_OK);
         model_layout whole;
         assert_int_equal(model_layout_init(&whole, &c), ZO_OK);
         float **w = calloc((size_t)whole.n_blocks, sizeof *w);
