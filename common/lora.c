@@ -93,6 +93,11 @@ const char *zo_lora_targets_str(unsigned targets, char *buf, size_t len)
     return buf;
 }
 
+int zo_lora_adapts_experts(const zo_model_config *cfg)
+{
+    return !zo_model_granitemoe(cfg) && !zo_model_gpt_oss(cfg);
+}
+
 zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
 {
     if (lc->r < 1) return zo_error(ZO_ERR_INVALID, "LoRA: rank %d must be >= 1", lc->r);
@@ -111,7 +116,7 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
                         : zo_model_gptj(cfg)                     ? "fc_in and fc_out"
                                                                  : "c_fc and c_proj");
     const int granite = zo_model_granitemoe(cfg);
-    if ((granite || zo_model_gpt_oss(cfg)) && (lc->targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN)) && !all)
+    if (!zo_lora_adapts_experts(cfg) && (lc->targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN)) && !all)
         return zo_error(ZO_ERR_INVALID,
                         "LoRA: %s (%s) adapts the attention's projections only (targets q, k, v, o; all-linear "
                         "is those): its experts (%s) are not Linear modules PEFT adapts", cfg->name,
@@ -168,7 +173,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
      * and their routers (router.layer, mlp.router: Linears that PEFT's
      * "all-linear" would reach) carry no adapters here, as no MoE router does */
     const int mixtral = zo_model_mixtral_names(c);
-    const int attn_only = zo_model_granitemoe(c) || zo_model_gpt_oss(c);
+    const int attn_only = !zo_lora_adapts_experts(c);
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
     /* the shared expert's paths (Qwen2-MoE's mlp.shared_expert, DeepSeek's mlp.shared_experts) */

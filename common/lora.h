@@ -137,6 +137,11 @@ uint64_t zo_lora_dequant_elems(const zo_model_config *cfg);
  * is q|k|v|o|up|down). Two target sets adapt the same layers exactly when
  * these are equal ("all-linear" and the list of every module, "q" and
  * "c_attn" on GPT-2). */
+/* Whether LoRA adapts an MoE layer's routed experts: not Granite-MoE's or
+ * gpt-oss's, whose experts are not Linear modules PEFT wraps (their
+ * adapters are the attention's). */
+int zo_lora_adapts_experts(const zo_model_config *cfg);
+
 unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets);
 
 /* Trainable parameters of rank-r adapters on `targets`, as PEFT's

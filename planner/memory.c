@@ -740,7 +740,7 @@ int plan_peft_modules(const zo_model_config *m, int layer, unsigned targets, int
      * the rank, over the routed rows (top_k a token), and of the shared
      * expert, over every token; adapters only where the model's LoRA reaches
      * them (Granite-MoE's and gpt-oss's experts: none, zo_lora_layer_modules) */
-    if (!linear) targets &= zo_lora_targets_effective(m, targets) | ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O;
+    if (!linear && !zo_lora_adapts_experts(m)) return n;
     static const unsigned mlp[3] = {ZO_LORA_GATE, ZO_LORA_UP, ZO_LORA_DOWN};
     int64_t h = m->hidden;
     for (int j = 0; j < 3; j++) {

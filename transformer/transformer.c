@@ -1320,6 +1320,21 @@ static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_rol
     return gpu_t((char *)buf + m->frozen_off[i] + skip, m->dtype);
 }
 
+/* A row range of an NF4 tensor of `block` (src: its bytes, numel its
+ * elements, skip the range's bytes from its start): the tensor dequantized
+ * into m->wdq whole, once for its ranges (gate and up of a fused gate_up),
+ * in stream order. */
+static zo_status wdq_range(tf_model *m, gpu_stream_t s, const char *src, size_t numel, int block, size_t skip,
+                           gpu_tensor *w)
+{
+    *w = gpu_t((char *)m->wdq + skip, m->dtype);
+    if (m->wdq_src == src && m->wdq_block == block) return ZO_OK;
+    zo_status st = gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), src, numel);
+    m->wdq_src = st == ZO_OK ? src : NULL;
+    m->wdq_block = block;
+    return st;
+}
+
 /* A linear weight of a layer (QKV_W fused, ATTN_OUT_W, MLP_*_W, an MoE
  * layer's router and shared expert gate): a view of the base buffer, or,
  * NF4, each of its tensors dequantized into m->wdq in stream order (the
@@ -1342,13 +1357,8 @@ static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int b
     if (t && (t->offset < v->offset || t->offset + t->numel > v->offset + v->numel)) {
         /* a row range of one tensor (Phi-3's gate or up of gate_up_proj): the
          * tensor dequantized once, the range's rows of it */
-        const char *src = (const char *)buf + m->frozen_off[first];
-        *w = gpu_t((char *)m->wdq + (v->offset - t->offset) * es, m->dtype);
-        if (m->wdq_src == src && m->wdq_block == block) return ZO_OK;
-        st = gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), src, t->numel);
-        m->wdq_src = st == ZO_OK ? src : NULL;
-        m->wdq_block = block;
-        return st;
+        return wdq_range(m, s, (const char *)buf + m->frozen_off[first], t->numel, block,
+                         (v->offset - t->offset) * es, w);
     }
     m->wdq_src = NULL;
     for (int i = 0; v && i < m->layout.n_tensors; i++) {
@@ -1903,13 +1913,7 @@ static zo_status base_expert_weight(tf_model *m, gpu_stream_t s, const tf_block_
         *w = gpu_t((void *)(p + rel), m->dtype);
         return ZO_OK;
     }
-    /* NF4: the tensor dequantized whole, once for its row ranges */
-    *w = gpu_t((char *)m->wdq + rel, m->dtype);
-    if (m->wdq_src == p && m->wdq_block == blk) return ZO_OK;
-    zo_status st = gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), p, t->numel);
-    m->wdq_src = st == ZO_OK ? p : NULL;
-    m->wdq_block = blk;
-    return st;
+    return wdq_range(m, s, p, t->numel, blk, rel, w);
 }
 
 /* A layer's weight gradient of `role` (expert e's for EXPERT_* roles, e
