@@ -14,6 +14,7 @@
 #include "common/fileio.h" /* defines: zo_file_open_regular, zo_file_create, zo_file_append,
                               zo_file_commit, zo_file_read_all */
 #include "common/json.h"   /* defines: zo_json_parse */
+#include "common/splitmix.h" /* defines: zo_splitmix_mix, ZO_SPLITMIX_GOLDEN */
 
 zo_status model_tokens_open(model_tokens *t, const char *path, model_token_width width, int vocab)
 {
@@ -191,14 +192,8 @@ zo_status model_tokens_check_seq(const model_tokens *t, int T, uint64_t *rows_cu
                     (unsigned long long)need, (unsigned long long)need);
 }
 
-/* splitmix64: a full-period 64-bit mixer, enough for picking offsets. */
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+/* splitmix64's draw after x: a full-period 64-bit mixer, enough for picking offsets. */
+static uint64_t mix64(uint64_t x) { return zo_splitmix_mix(x + ZO_SPLITMIX_GOLDEN); }
 
 uint64_t model_batch_offset(const model_tokens *t, int B, int T, int64_t step, int row,
                             uint64_t seed, model_sample mode)

@@ -23,9 +23,10 @@
 #include <omp.h> /* defines: omp_get_thread_num, omp_get_num_threads */
 #endif
 
+#include "common/splitmix.h"         /* defines: zo_splitmix_mix, ZO_SPLITMIX_GOLDEN */
 #include "transformer/transformer.h" /* defines: tf_normal_fill, tf_normal_simd */
 
-#define GOLDEN 0x9e3779b97f4a7c15ull
+#define GOLDEN ZO_SPLITMIX_GOLDEN
 #define TWO52 4503599627370496.0 /* 2^52: the double whose low bits hold an integer */
 
 static int use_simd = 1;
@@ -36,13 +37,6 @@ typedef union {
     double d;
     uint64_t u;
 } bits64;
-
-static inline uint64_t mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* x < 2^53 as a double, exactly: its two 32-bit halves through 2^52 (AVX2
  * has no 64-bit integer conversion, so (double)x would not vectorize). */
@@ -120,7 +114,7 @@ static inline double cos_rad(double t)
 static inline float draw(uint64_t s0, long long e, double std)
 {
     uint64_t s = s0 + 2 * (uint64_t)e * GOLDEN;
-    uint64_t x1 = mix(s + GOLDEN) >> 11, x2 = mix(s + 2 * GOLDEN) >> 11;
+    uint64_t x1 = zo_splitmix_mix(s + GOLDEN) >> 11, x2 = zo_splitmix_mix(s + 2 * GOLDEN) >> 11;
     double u1 = (exact53(x1) + 1.0) / 9007199254740993.0;
     double u2 = exact53(x2) / 9007199254740992.0;
     return (float)(sqrt(-2.0 * log_unit(u1)) * cos_rad(2.0 * 3.14159265358979323846 * u2) * std);
@@ -131,8 +125,8 @@ static void fill_plain(float *dst, long long lo, long long hi, uint64_t s0, doub
 {
     for (long long e = lo; e < hi; e++) {
         uint64_t s = s0 + 2 * (uint64_t)e * GOLDEN;
-        double u1 = ((double)(mix(s + GOLDEN) >> 11) + 1.0) / 9007199254740993.0;
-        double u2 = (double)(mix(s + 2 * GOLDEN) >> 11) / 9007199254740992.0;
+        double u1 = ((double)(zo_splitmix_mix(s + GOLDEN) >> 11) + 1.0) / 9007199254740993.0;
+        double u2 = (double)(zo_splitmix_mix(s + 2 * GOLDEN) >> 11) / 9007199254740992.0;
         dst[e] = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * 3.14159265358979323846 * u2) * std);
     }
 }

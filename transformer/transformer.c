@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/nf4.h" /* defines: zo_nf4_bytes, zo_nf4_quantize */
+#include "common/splitmix.h" /* defines: zo_splitmix_next, zo_splitmix_skip */
 #include "model/lora.h" /* defines: model_lora_layout_init, MODEL_LORA_A */
 
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
@@ -3666,34 +3667,48 @@ zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss)
 
 /* ---- initialization ------------------------------------------------------------------ */
 
-static uint64_t splitmix(uint64_t *s)
+uint64_t tf_init_rng(uint64_t seed) { return seed * 0x2545f4914f6cdd1dull + 1; }
+
+/* An expert window (model/layout.h): the draws of the experts before it
+ * and after it are skipped, so that each expert gets the values the whole
+ * model's initialization gives it. A tensor's draws: two for each element
+ * of a weight (Box-Muller), one of a LoRA A, none of a B; gpt-oss's biases,
+ * 1-D, draw none and take no part. `before` is skipped at the window's
+ * first expert tensor in the block, `after` once its last has drawn. */
+typedef struct expert_skip {
+    int first, last; /* the tensors' indices; -1: the block has none */
+    uint64_t before, after;
+} expert_skip;
+
+static uint64_t init_draws(const model_tensor *t)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    if (t->ndim != 2 || t->lora == MODEL_LORA_B) return 0;
+    return (t->lora == MODEL_LORA_A ? 1 : 2) * (uint64_t)t->numel;
 }
 
-uint64_t tf_init_rng(uint64_t seed) { return seed * 0x2545f4914f6cdd1dull + 1; }
+static expert_skip expert_window_skip(const model_layout *l, int block)
+{
+    expert_skip k = {-1, -1, 0, 0};
+    uint64_t draws = 0;
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->block != block || !is_expert_role(t->role) || t->ndim != 2) continue;
+        if (k.first < 0) k.first = i;
+        k.last = i;
+        draws += init_draws(t);
+    }
+    if (l->expert_count) {
+        uint64_t per = draws / (uint64_t)l->expert_count;
+        k.before = (uint64_t)l->expert_first * per;
+        k.after = (uint64_t)(l->cfg.moe.experts - l->expert_first - l->expert_count) * per;
+    }
+    return k;
+}
 
 void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng)
 {
     double proj_std = 0.02 / sqrt(2.0 * (l->n_layers > 0 ? l->n_layers : 1));
-    /* an expert window (model/layout.h): the draws of the experts before it
-     * and after it are skipped, so that each expert gets the values of the
-     * whole model's. An expert's draws: two for each element of its 2-D
-     * tensors (gpt-oss's biases, 1-D, draw none); skipped before the
-     * window's first such tensor and after its last */
-    int first_x = -1, last_x = -1;
-    uint64_t xd = 0;
-    for (int i = 0; i < l->n_tensors; i++) {
-        const model_tensor *t = &l->tensors[i];
-        if (t->block != block || !is_expert_role(t->role) || t->ndim != 2) continue;
-        if (first_x < 0) first_x = i;
-        last_x = i;
-        xd += t->numel;
-    }
-    const uint64_t per = l->expert_count ? 2 * xd / (uint64_t)l->expert_count : 0;
+    expert_skip skip = expert_window_skip(l, block);
     /* the layout's tensors are in block order */
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
@@ -3714,16 +3729,14 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
                       t->role == MODEL_ROLE_EXPERT_DOWN_W)
                          ? proj_std
                          : 0.02;
-        if (i == first_x) *rng += (uint64_t)l->expert_first * per * 0x9e3779b97f4a7c15ull;
+        if (i == skip.first) *rng = zo_splitmix_skip(*rng, skip.before);
         /* splitmix is a counter: element e draws the two values after
          * 2e draws of the tensor, so the elements are independent (and the
          * values the sequential draw gives) */
         uint64_t s0 = *rng;
-        long long n = (long long)t->numel;
-        tf_normal_fill(p, n, s0, std);
-        *rng = s0 + 2 * (uint64_t)n * 0x9e3779b97f4a7c15ull;
-        if (i == last_x)
-            *rng += (uint64_t)(l->cfg.moe.experts - l->expert_first - l->expert_count) * per * 0x9e3779b97f4a7c15ull;
+        tf_normal_fill(p, (long long)t->numel, s0, std);
+        *rng = zo_splitmix_skip(s0, init_draws(t));
+        if (i == skip.last) *rng = zo_splitmix_skip(*rng, skip.after);
     }
 }
 
@@ -3735,44 +3748,28 @@ void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t 
 
 void tf_init_lora_block(const model_layout *adapters, int block, float *dst, uint64_t *rng)
 {
-    /* an expert window (model/layout.h): the draws of the experts before it
-     * and after it are skipped, so that each expert's adapters get the
-     * whole model's values (an expert's A draws: the window's over its
-     * experts) */
-    const model_layout *l = adapters;
-    int first_x = -1, last_x = -1;
-    uint64_t xa = 0;
-    for (int i = 0; i < l->n_tensors; i++) {
-        const model_tensor *t = &l->tensors[i];
-        if (t->block != block || t->role < MODEL_ROLE_EXPERT_GATE_W || t->role > MODEL_ROLE_EXPERT_DOWN_W) continue;
-        if (first_x < 0) first_x = i;
-        last_x = i;
-        if (t->lora == MODEL_LORA_A) xa += t->numel;
-    }
-    uint64_t per = l->expert_count ? xa / (uint64_t)l->expert_count : 0;
+    expert_skip skip = expert_window_skip(adapters, block);
     for (int i = 0; i < adapters->n_tensors; i++) {
         const model_tensor *t = &adapters->tensors[i];
         if (t->block != block) continue;
-        if (i == first_x) *rng += (uint64_t)l->expert_first * per * 0x9e3779b97f4a7c15ull;
-        if (i == last_x) /* (after its draws, below: it is a B, which draws none) */
-            *rng += (uint64_t)(l->cfg.moe.experts - l->expert_first - l->expert_count) * per *
-                    0x9e3779b97f4a7c15ull;
+        if (i == skip.first) *rng = zo_splitmix_skip(*rng, skip.before);
         float *p = dst + t->offset;
         long long n = (long long)t->numel;
         if (t->lora == MODEL_LORA_B) { /* B = 0: the adapted model starts as the base */
             memset(p, 0, t->numel * sizeof *p);
-            continue;
-        }
-        /* A ~ U(-b, b), b = gain sqrt(3 / fan_in) with gain sqrt(2 / (1 + 5)):
-         * b = 1 / sqrt(in); one draw per element, counter-based as above */
-        double bound = 1.0 / sqrt((double)t->shape[1]);
-        uint64_t s0 = *rng;
+        } else {
+            /* A ~ U(-b, b), b = gain sqrt(3 / fan_in) with gain sqrt(2 / (1 + 5)):
+             * b = 1 / sqrt(in); one draw per element, counter-based as above */
+            double bound = 1.0 / sqrt((double)t->shape[1]);
+            uint64_t s0 = *rng;
 #pragma omp parallel for schedule(static) if (n > 65536)
-        for (long long e = 0; e < n; e++) {
-            uint64_t s = s0 + (uint64_t)e * 0x9e3779b97f4a7c15ull;
-            double u = (splitmix(&s) >> 11) / 9007199254740992.0; /* [0, 1) */
-            p[e] = (float)((2.0 * u - 1.0) * bound);
+            for (long long e = 0; e < n; e++) {
+                uint64_t s = zo_splitmix_skip(s0, (uint64_t)e);
+                double u = (zo_splitmix_next(&s) >> 11) / 9007199254740992.0; /* [0, 1) */
+                p[e] = (float)((2.0 * u - 1.0) * bound);
+            }
+            *rng = zo_splitmix_skip(s0, init_draws(t));
         }
-        *rng = s0 + (uint64_t)n * 0x9e3779b97f4a7c15ull;
+        if (i == skip.last) *rng = zo_splitmix_skip(*rng, skip.after);
     }
 }

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "common/splitmix.h" /* defines: zo_splitmix_next */
+
 zo_status gen_sampler_init(gen_sampler *s, int vocab, double temperature, int top_k, double top_p, uint64_t seed)
 {
     *s = (gen_sampler){.temperature = temperature, .top_k = top_k, .top_p = top_p, .state = seed, .vocab = vocab};
@@ -22,14 +24,6 @@ void gen_sampler_free(gen_sampler *s)
     free(s->order);
     s->scratch = NULL;
     s->order = NULL;
-}
-
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
 }
 
 /* The scores, most likely first (ties: the lower id first); qsort's
@@ -87,7 +81,7 @@ int32_t gen_sample(gen_sampler *s, const float *logits)
         for (int r = 0; r < keep; r++) p[r] = (float)(p[r] / sum);
     }
     /* one draw in [0, 1), walked down the tokens kept */
-    double u = (double)(splitmix(&s->state) >> 11) / 9007199254740992.0, c = 0.0;
+    double u = (double)(zo_splitmix_next(&s->state) >> 11) / 9007199254740992.0, c = 0.0;
     for (int r = 0; r < keep; r++) {
         c += p[r];
         if (u < c) return s->order[r];
