@@ -39,6 +39,7 @@
 
 #include "common/clock.h"
 #include "gpu/comm.h" /* defines: comm_init, comm_all_reduce */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 #define TIMEOUT_S 3
 #define SLACK_S 20 /* launch and teardown of mpiexec on a loaded 2-core machine */
@@ -151,7 +152,7 @@ static int is_open_mpi(void)
 static int job_start(struct job *j)
 {
     char cmd[8192];
-    snprintf(j->file, sizeof j->file, "/tmp/zo_comm_fault_XXXXXX");
+    scratch_path(j->file, sizeof j->file, "zo_comm_fault_XXXXXX");
     int fd = mkstemp(j->file);
     if (fd < 0) return -1;
     close(fd);

@@ -21,6 +21,7 @@
 #include "common/json.h"
 #include "common/status.h"
 #include "common/units.h"
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static zo_status failing_call(void) { return zo_error(ZO_ERR_IO, "open x.bin: No such file"); }
 
@@ -296,7 +297,7 @@ static void test_format(void **state)
 static char *temp_dir(void)
 {
     static char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_fileio_XXXXXX");
+    scratch_path(dir, sizeof dir, "zo_test_fileio_XXXXXX");
     assert_non_null(mkdtemp(dir));
     return dir;
 }

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "gpu/device.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 #define LIMIT_KIB (40 * 1024)
 
@@ -140,7 +141,7 @@ static void test_cuda_errors(void **state)
 
 int main(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/zo_test_cuda_module_%d", (int)getpid());
+    scratch_path(dir, sizeof dir, "zo_test_cuda_module_%d", (int)getpid());
     if (mkdir(dir, 0700) ||
         write_file("config.json",
                    "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "

@@ -38,13 +38,14 @@
 #include "model/safetensors.h"  /* defines: model_st_open, model_load_path */
 
 /* ---- helpers --------------------------------------------------------------------------- */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static char dir[64];
 
 static int setup_dir(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/zo_test_ft.XXXXXX");
+    scratch_path(dir, sizeof dir, "zo_test_ft.XXXXXX");
     return mkdtemp(dir) ? 0 : -1;
 }
 

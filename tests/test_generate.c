@@ -25,6 +25,7 @@
 #include "tests/support/run.h"        /* defines: run_program */
 
 /* ---- the sampler --------------------------------------------------------------------- */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 /* The probability of each token after temperature, top-k and top-p, as
  * Hugging Face's TemperatureLogitsWarper, TopKLogitsWarper (every token
@@ -136,7 +137,7 @@ static char dir[64], cfg[128];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/zo_test_generate_%d", (int)getpid());
+    scratch_path(dir, sizeof dir, "zo_test_generate_%d", (int)getpid());
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
     if (system(cmd)) return -1;

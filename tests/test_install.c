@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "tests/support/run.h" /* defines: run_capture */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static char prefix[256];
 
@@ -42,7 +43,7 @@ static int sh(const char *fmt, ...)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(prefix, sizeof prefix, "/tmp/zo_test_install_%d", (int)getpid());
+    scratch_path(prefix, sizeof prefix, "zo_test_install_%d", (int)getpid());
     char cmd[512];
     snprintf(cmd, sizeof cmd, "mkdir -p %s", prefix);
     return system(cmd);

@@ -28,6 +28,7 @@
 #include "model/safetensors.h"       /* defines: model_load_path, model_st_open */
 #include "tests/support/check.h"     /* defines: check_close_f32 */
 #include "transformer/transformer.h" /* defines: tf_model, tf_frozen_pack */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 #define B 2
 #define T 8
@@ -757,7 +758,7 @@ static void test_save_resume(void **state)
     }
     float loss = fx_grads(&fx, in, tg);
     char dir[128];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_resume_%d", (int)getpid());
+    scratch_path(dir, sizeof dir, "zo_test_lora_resume_%d", (int)getpid());
     zo_lora_config lc = {.r = fx.opts.lora.r, .alpha = fx.opts.lora.alpha, .targets = fx.opts.lora.targets};
     assert_int_equal(model_lora_save(dir, &fx.m.adapters, &lc, "gpt2", (const void *const *)fx.master,
                                      ZO_DTYPE_F32, ZO_DTYPE_F32), ZO_OK);

@@ -21,6 +21,7 @@
 #include "model/lora.h"        /* defines: model_lora_layout_init */
 #include "model/safetensors.h" /* defines: model_save, model_load_path, model_st_open */
 #include "tests/support/files.h" /* defines: files_write */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "llama-2-7b.json",
                                    "llama-2-13b.json",  "llama-2-70b.json", "llama-3-8b.json",
@@ -458,7 +459,7 @@ static char tmpdir[256];
 static int setup_tmp(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/zo_test_model.XXXXXX");
+    scratch_path(tmpdir, sizeof tmpdir, "zo_test_model.XXXXXX");
     return mkdtemp(tmpdir) ? 0 : -1;
 }
 
@@ -713,7 +714,8 @@ static void test_byte_tokens(void **state)
 static void qkv_rows_round_trip(const char *tag, const model_layout *l, const model_layout *ad, int d, int groups,
                                 const int *ours, int want_qkv, int nan_head)
 {
-    char dir[] = "/tmp/zo_qkv_XXXXXX", path[256], apath[256];
+    char dir[64], path[256], apath[256];
+    scratch_path(dir, sizeof dir, "zo_qkv_XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     snprintf(apath, sizeof apath, "%s/adapter.safetensors", dir);
@@ -868,7 +870,8 @@ static void test_gptj_rot_rows(void **state)
     /* our row of each file row of a head, by hand */
     static const int ours[10] = {0, 3, 1, 4, 2, 5, 6, 7, 8, 9};
     const size_t d = 10;
-    char dir[] = "/tmp/zo_gptj_XXXXXX", path[256];
+    char dir[64], path[256];
+    scratch_path(dir, sizeof dir, "zo_gptj_XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     for (int pass = 0; pass < 2; pass++) { /* the model, then the adapters */
@@ -988,7 +991,7 @@ static void test_hf_config_copy(void **state)
 {
     (void)state;
     char path[128];
-    snprintf(path, sizeof path, "/tmp/zo_test_copy_%d.json", (int)getpid());
+    scratch_path(path, sizeof path, "zo_test_copy_%d.json", (int)getpid());
     zo_model_config c;
     static const char *const given[2] = {
         "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, \"num_attention_heads\": 4, "

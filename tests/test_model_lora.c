@@ -20,6 +20,7 @@
 #include "common/fileio.h"     /* defines: zo_file_read_all, zo_file_write_all */
 #include "model/lora.h"        /* defines: model_lora_layout_init, model_lora_save */
 #include "model/safetensors.h" /* defines: model_st_open, model_layout_match_hf */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static zo_model_config load_cfg(const char *path_in_fixtures)
 {
@@ -136,7 +137,7 @@ static void round_trip(const char *cfg_path, zo_lora_config lc, const char *cons
         for (size_t e = 0; e < l.block_numel[b]; e++) blocks[b][e] = (float)((b * 131 + e * 7) % 97) / 97.0f - 0.5f;
     }
     char dir[128];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_%d", (int)getpid());
+    scratch_path(dir, sizeof dir, "zo_test_lora_%d", (int)getpid());
     assert_int_equal(model_lora_save(dir, &l, &lc, "meta-llama/Llama-2-7b-hf", (const void *const *)blocks,
                                      ZO_DTYPE_F32, file_dt), ZO_OK);
 
@@ -418,7 +419,7 @@ static void test_configs(void **state)
 {
     (void)state;
     char dir[128], path[256];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_cfg_%d", (int)getpid());
+    scratch_path(dir, sizeof dir, "zo_test_lora_cfg_%d", (int)getpid());
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);

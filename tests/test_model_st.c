@@ -21,6 +21,7 @@
 #include "common/model_config.h"
 #include "model/layout.h"
 #include "model/safetensors.h"
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 #define FIX ZO_FIXTURES_DIR "/model"
 
@@ -37,7 +38,7 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
 static int setup_tmp(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/zo_test_model_st.XXXXXX");
+    scratch_path(tmpdir, sizeof tmpdir, "zo_test_model_st.XXXXXX");
     return mkdtemp(tmpdir) ? 0 : -1;
 }
 

@@ -29,6 +29,7 @@
 #include "tests/support/run.h"         /* defines: run_capture, run_paused */
 #include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 #define THREADS 2
 
@@ -2508,7 +2509,7 @@ static void test_nvme_state_bytes(void **state)
 
 int main(void)
 {
-    snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_offload_%d", (int)getpid());
+    scratch_path(nvme_dir, sizeof nvme_dir, "zo_test_offload_%d", (int)getpid());
     mkdir(nvme_dir, 0755);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trains),

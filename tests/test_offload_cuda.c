@@ -39,6 +39,7 @@
 #include "tests/support/files.h"       /* defines: files_remove_tree, files_write_sample_text */
 #include "tests/support/models.h"      /* defines: tiny_model */
 #include "tests/support/run.h"         /* defines: run_capture */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 #define THREADS 2
 #define STEPS 10
@@ -401,7 +402,7 @@ static void train_both(const char *dir, const char *what, const char *extra, cha
 /* A fresh folder with text.txt and config.json holding `config`. */
 static void program_dir(char *dir, size_t n, const char *tag, const char *config)
 {
-    snprintf(dir, n, "/tmp/zo_test_offload_cuda_%s_%d", tag, (int)getpid());
+    scratch_path(dir, n, "zo_test_offload_cuda_%s_%d", tag, (int)getpid());
     assert_int_equal(mkdir(dir, 0755), 0);
     char path[128];
     snprintf(path, sizeof path, "%s/text.txt", dir);

@@ -35,6 +35,7 @@
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
 #include "tests/support/files.h" /* defines: files_write_plan, files_write_text, files_remove_tree */
 #include "tests/support/run.h"   /* defines: run_program, run_capture, run_paused */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static char tmp_dir[256];
 
@@ -1859,7 +1860,7 @@ static void test_searched_plan_runs(void **state)
 
 int main(void)
 {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_offload_edges_%d", (int)getpid());
+    scratch_path(tmp_dir, sizeof tmp_dir, "zo_test_offload_edges_%d", (int)getpid());
     mkdir(tmp_dir, 0755);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ep_partition),

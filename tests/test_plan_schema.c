@@ -25,6 +25,7 @@
 #include "offload/offload.h"    /* defines: offload_plan_load */
 #include "tests/support/files.h" /* defines: files_write_text, files_read_text, files_json_set */
 #include "tests/support/run.h"   /* defines: run_program, run_capture */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static char tmp_dir[256];
 
@@ -1192,7 +1193,7 @@ static void test_memplan_plan_nothing_searched(void **state)
 
 int main(void)
 {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_plan_schema_%d", (int)getpid());
+    scratch_path(tmp_dir, sizeof tmp_dir, "zo_test_plan_schema_%d", (int)getpid());
     mkdir(tmp_dir, 0755);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),

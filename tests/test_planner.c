@@ -27,6 +27,7 @@
 #include "tests/support/run.h"   /* defines: run_memplan */
 
 /* ---- parameter counts ------------------------------------------------------ */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static const struct { const char *preset, *config; uint64_t params; } counts[] = {
     {"gpt2", "gpt2.json", 124439808ull},
@@ -891,7 +892,8 @@ static void expect_bad(const char *args, const char *needle)
 static void test_cli_bad_input(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/memplan-test-XXXXXX", path[256], args[512];
+    char dir[64], path[256], args[512];
+    scratch_path(dir, sizeof dir, "memplan-test-XXXXXX");
     assert_non_null(mkdtemp(dir));
     expect_bad("estimate --model llama-2-14b", "closest presets: llama-2-13b");
     expect_bad("estimate --model llama-2-13b --tp 3", "--tp 3 does not divide the 40 attention heads");
@@ -1057,7 +1059,8 @@ static void test_attention_scratch(void **state)
     assert_null(strstr(out, "attention scratch"));
     /* pool memory outside the runtime's counted allocations: the plan's
      * alloc_bytes leave it out, with the context and the workspace */
-    char dir[] = "/tmp/zo_attn_scratch_XXXXXX", plan[128];
+    char dir[64], plan[128];
+    scratch_path(dir, sizeof dir, "zo_attn_scratch_XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(plan, sizeof plan, "%s/plan.json", dir);
     snprintf(cmd, sizeof cmd, "%s --plan-out %s", base, plan);

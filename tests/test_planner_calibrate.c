@@ -18,6 +18,7 @@
 
 #include "planner/calibrate.h"  /* defines: plan_calibrate_sizes, plan_calibrate_llc_bytes */
 #include "tests/support/run.h" /* defines: run_memplan */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static cJSON *load_json(const char *path)
 {
@@ -44,7 +45,8 @@ static void test_calibrate_profile(void **state)
 {
     (void)state;
     static char out[1 << 18];
-    char dir[] = "/tmp/memplan-cal-XXXXXX", args[1024], path[512];
+    char dir[64], args[1024], path[512];
+    scratch_path(dir, sizeof dir, "memplan-cal-XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/local.json", dir);
     snprintf(args, sizeof args,

@@ -22,6 +22,7 @@
 #include "tests/support/run.h" /* defines: run_memplan, run_memplan_json, run_json_num */
 
 /* A small shape for the parser's defaults and refusals */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 #define SHAPE_ONLY "\"num_hidden_layers\": 2, \"hidden_size\": 128, \"num_attention_heads\": 8, " \
                    "\"intermediate_size\": 128, \"vocab_size\": 100"
 
@@ -956,7 +957,7 @@ static void test_nonsense_refused(void **state)
     /* memplan: bad input */
     char path[64], args[128];
     static char out[1 << 16];
-    snprintf(path, sizeof path, "/tmp/zo_test_families_%d.json", (int)getpid());
+    scratch_path(path, sizeof path, "zo_test_families_%d.json", (int)getpid());
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs(cases[0].json, f);
@@ -1472,7 +1473,7 @@ static void test_kimi_k2_alias(void **state)
         assert_true(!strcmp(c[i].rope_scaling, c[0].rope_scaling) && c[i].rope_factor == c[0].rope_factor &&
                     c[i].rope_beta_fast == c[0].rope_beta_fast && c[i].rope_mscale == c[0].rope_mscale);
         /* memplan's report of it, the model's name left out */
-        snprintf(path, sizeof path, "/tmp/zo_test_kimi_%d_%d.json", (int)getpid(), i);
+        scratch_path(path, sizeof path, "zo_test_kimi_%d_%d.json", (int)getpid(), i);
         FILE *f = fopen(path, "w");
         assert_non_null(f);
         fputs(json, f);

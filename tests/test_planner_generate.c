@@ -27,6 +27,7 @@
 #include "tests/support/files.h"  /* defines: files_write_text */
 #include "tests/support/run.h"    /* defines: run_memplan */
 #include "transformer/generate.h" /* defines: tf_gen */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static char nvme_dir[64];
 
@@ -707,7 +708,7 @@ static void test_logits_wait(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_plan_gen_%d", (int)getpid());
+    scratch_path(nvme_dir, sizeof nvme_dir, "zo_test_plan_gen_%d", (int)getpid());
     return mkdir(nvme_dir, 0700);
 }
 

@@ -27,6 +27,7 @@
 #include "tests/support/run.h" /* defines: run_memplan, run_memplan_json, run_json_num */
 
 /* the desktop of the issue, and its NVMe placement (memplan max-model's) */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 #define DESKTOP "--model llama-2-13b --gpu rtx-4090 --cpu-mem 64GB --seq 4096"
 #define NVME_PLACEMENT "--recompute full --params nvme --grads cpu --optimizer nvme --prefetch 1"
 
@@ -349,7 +350,8 @@ static void test_flags_and_plan_files(void **state)
         if (rc != 2 || !strstr(out, bad[i].msg))
             fail_msg("memplan %s: exit %d, wanted 2 and '%s':\n%s", args, rc, bad[i].msg, out);
     }
-    char dir[] = "/tmp/memplan-optim-XXXXXX";
+    char dir[64];
+    scratch_path(dir, sizeof dir, "memplan-optim-XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(args, sizeof args, "estimate " DESKTOP " " NVME_PLACEMENT " --optim adamw8bit --master kahan "
              "--loss-chunk 1024 --plan-out %s/p.json", dir);

@@ -26,6 +26,7 @@
 #include "planner/memory.h"
 #include "planner/suggest.h"
 #include "tests/support/run.h" /* defines: run_memplan, run_memplan_json, run_json_num */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static void load(const char *name, zo_model_config *c)
 {
@@ -650,7 +651,7 @@ static void test_plan_file(void **state)
 {
     (void)state;
     char path[256], args[1024];
-    snprintf(path, sizeof path, "/tmp/zo_test_peft_%d.json", (int)getpid());
+    scratch_path(path, sizeof path, "zo_test_peft_%d.json", (int)getpid());
     snprintf(args, sizeof args, "estimate --model llama-2-13b --gpu rtx-4090 --seq 1024 --lora 32 "
              "--lora-targets q,k,v,o --lora-alpha 64 --qlora --recompute full --optimizer cpu --schedule dpu "
              "--opt-threads 6 --plan-out %s", path);

@@ -24,6 +24,7 @@
 #include "planner/planfile.h"
 #include "planner/search.h"
 #include "tests/support/run.h" /* defines: run_memplan */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static double dmax(double a, double b) { return a > b ? a : b; }
 
@@ -286,7 +287,7 @@ static void test_cli(void **state)
     (void)state;
     static char out[1 << 17];
     char path[128], args[512];
-    snprintf(path, sizeof path, "/tmp/zo_test_schedule_%d.json", (int)getpid());
+    scratch_path(path, sizeof path, "zo_test_schedule_%d.json", (int)getpid());
     snprintf(args, sizeof args, "plan --model llama-2-13b --hw h100-80gb --seq 4096 --global-batch 8 "
              "--top 3 --json-out %s", path);
     assert_int_equal(run_memplan(args, out, sizeof out), 0);

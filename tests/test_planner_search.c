@@ -28,6 +28,7 @@
 #include "tests/support/run.h" /* defines: run_memplan */
 
 /* The documented margin of max-model against the papers (docs/memplan.md). */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 #define MAX_MODEL_MARGIN 1.5
 
 static void load(const char *model, const char *hw_name, int gpus, zo_model_config *m, plan_hw *hw)
@@ -498,7 +499,8 @@ static void test_cli_plan(void **state)
 {
     (void)state;
     static char out[1 << 18], out2[1 << 18];
-    char dir[] = "/tmp/memplan-plan-XXXXXX", args[1024];
+    char dir[64], args[1024];
+    scratch_path(dir, sizeof dir, "memplan-plan-XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(args, sizeof args,
              "plan --model llama-2-13b --hw h100-80gb --cpu-mem 96GiB --json-out %s/p.json --svg %s/p.svg",
@@ -570,7 +572,8 @@ static void test_plan_file_gpt_oss(void **state)
 {
     (void)state;
     static char out[1 << 18];
-    char dir[] = "/tmp/memplan-gptoss-XXXXXX", args[1024], path[512];
+    char dir[64], args[1024], path[512];
+    scratch_path(dir, sizeof dir, "memplan-gptoss-XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/p.json", dir);
     const char *model = ZO_FIXTURES_DIR "/hf-configs/gpt-oss-20b.json";
@@ -624,7 +627,8 @@ static void test_plan_file_runs(void **state)
 {
     (void)state;
     static char out[1 << 18];
-    char dir[] = "/tmp/memplan-runs-XXXXXX", args[1024], path[512], want[1024];
+    char dir[64], args[1024], path[512], want[1024];
+    scratch_path(dir, sizeof dir, "memplan-runs-XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/p.json", dir);
     /* and what the model and the optimizer's encoding rule out: a mixture of
@@ -773,7 +777,8 @@ static void test_plan_method(void **state)
 {
     (void)state;
     static char out[1 << 18], full[1 << 18];
-    char dir[] = "/tmp/memplan-method-XXXXXX", args[1024], path[512];
+    char dir[64], args[1024], path[512];
+    scratch_path(dir, sizeof dir, "memplan-method-XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/p.json", dir);
     const char *base = "plan --model llama-2-13b --gpu rtx-4090 --cpu-mem 64GB --seq 2048";

@@ -18,6 +18,7 @@
 #include "planner/cost.h"
 #include "planner/svg.h"
 #include "tests/support/run.h" /* defines: run_memplan_bin */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static int count(const char *hay, const char *needle)
 {
@@ -81,7 +82,8 @@ static uint32_t be32(const unsigned char *p)
 static void test_svg_renders(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/memplan-svg-XXXXXX", cmd[2048], path[512];
+    char dir[64], cmd[2048], path[512];
+    scratch_path(dir, sizeof dir, "memplan-svg-XXXXXX");
     assert_non_null(mkdtemp(dir));
     const char *memplan = run_memplan_bin();
     snprintf(cmd, sizeof cmd,

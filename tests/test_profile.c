@@ -30,13 +30,14 @@
 #include "gpu/profile.h"      /* defines: gpu_profile_start, gpu_gemm_flops, ... */
 #include "tests/support/files.h" /* defines: files_write_text, files_read_text, files_remove_tree */
 #include "tests/support/run.h"   /* defines: run_capture, run_train_losses */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static char dir[64];
 
 static int setup_dir(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/zo_test_profile.XXXXXX");
+    scratch_path(dir, sizeof dir, "zo_test_profile.XXXXXX");
     return mkdtemp(dir) ? 0 : -1;
 }
 

@@ -70,6 +70,7 @@
 #include "common/capability.h" /* defines: zo_capability_check */
 #include "tests/support/files.h" /* defines: files_write_text, files_remove_tree */
 #include "tests/support/run.h"   /* defines: run_capture, run_memplan, run_train_losses */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 #define STEPS 4
 
@@ -2906,7 +2907,7 @@ static void test_refusals(void **state)
 
 int main(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/zo_test_ranks_%d", (int)getpid());
+    scratch_path(dir, sizeof dir, "zo_test_ranks_%d", (int)getpid());
     mkdir(dir, 0755);
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", dir);

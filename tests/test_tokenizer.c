@@ -27,6 +27,7 @@
 #include "model/data.h"
 #include "model/tokenizer.h"
 #include "model/unicode.h"
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 static const char *fix_dir(void)
 {
@@ -70,7 +71,7 @@ static char tmpdir[64];
 static int setup_tmp(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/zo_test_tok.XXXXXX");
+    scratch_path(tmpdir, sizeof tmpdir, "zo_test_tok.XXXXXX");
     return mkdtemp(tmpdir) ? 0 : -1;
 }
 

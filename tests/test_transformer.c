@@ -29,6 +29,7 @@
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
 #include "tests/support/run.h"         /* defines: run_capture */
 #include "transformer/generate.h"      /* defines: tf_gen, tf_gen_prompt, tf_gen_next */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 /* The PyTorch references: the committed ones, or those the ctest entry
  * test_transformer_torch has just made with /usr/bin/python3 (ZO_GPU_FIXTURES). */
@@ -460,7 +461,7 @@ static void run_gen_placements(const char *name)
     char cfgp[512], wp[512], nvme[64];
     snprintf(cfgp, sizeof cfgp, "%s/%s.json", fix_dir(), name);
     snprintf(wp, sizeof wp, "%s/%s.safetensors", fix_dir(), name);
-    snprintf(nvme, sizeof nvme, "/tmp/zo_test_gen_%d", (int)getpid());
+    scratch_path(nvme, sizeof nvme, "zo_test_gen_%d", (int)getpid());
     assert_int_equal(mkdir(nvme, 0700), 0);
     zo_model_config cfg;
     assert_int_equal(zo_model_config_load(cfgp, &cfg), ZO_OK);
@@ -644,7 +645,7 @@ static void test_mla_latent_cache(void **state)
     char cfgp[512], wp[512], adir[64];
     snprintf(cfgp, sizeof cfgp, "%s/tiny_deepseek_v2.json", fix_dir());
     snprintf(wp, sizeof wp, "%s/tiny_deepseek_v2.safetensors", fix_dir());
-    snprintf(adir, sizeof adir, "/tmp/zo_test_mla_%d", (int)getpid());
+    scratch_path(adir, sizeof adir, "zo_test_mla_%d", (int)getpid());
     zo_model_config cfg;
     assert_int_equal(zo_model_config_load(cfgp, &cfg), ZO_OK);
     const size_t n = (size_t)(1 + MLA_STEPS) * B * cfg.vocab;
@@ -767,8 +768,8 @@ static void test_mla_latent_calls(void **state)
     char cfgp[512], wp[512], adir1[64], adir2[64];
     snprintf(cfgp, sizeof cfgp, "%s/tiny_deepseek_v2.json", fix_dir());
     snprintf(wp, sizeof wp, "%s/tiny_deepseek_v2.safetensors", fix_dir());
-    snprintf(adir1, sizeof adir1, "/tmp/zo_test_mla1_%d", (int)getpid());
-    snprintf(adir2, sizeof adir2, "/tmp/zo_test_mla2_%d", (int)getpid());
+    scratch_path(adir1, sizeof adir1, "zo_test_mla1_%d", (int)getpid());
+    scratch_path(adir2, sizeof adir2, "zo_test_mla2_%d", (int)getpid());
     zo_model_config cfg;
     assert_int_equal(zo_model_config_load(cfgp, &cfg), ZO_OK);
     tf_lora_options lo = {.r = 4, .alpha = 8.0f, .targets = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V};
@@ -820,7 +821,7 @@ static void write_tokens(const char *name, char *path, size_t len)
 {
     size_t n;
     float *data = read_expected(name, "data", &n);
-    snprintf(path, len, "/tmp/zo_test_tf_%d_%s.u16", (int)getpid(), name);
+    scratch_path(path, len, "zo_test_tf_%d_%s.u16", (int)getpid(), name);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     for (size_t i = 0; i < n; i++) {
@@ -909,7 +910,7 @@ static void check_file_holds(const char *path, const model_layout *l, float *con
 static void export_round_trip(fixture *fx, const char *cls, zo_model_config *back, zo_model_config *gen)
 {
     char dir[128], path[256], cfgp[256];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_%s_%d", fx->name, (int)getpid());
+    scratch_path(dir, sizeof dir, "zo_test_%s_%d", fx->name, (int)getpid());
     snprintf(cfgp, sizeof cfgp, "%s/%s.json", fix_dir(), fx->name);
     model_hf_folder hf = {.dir = dir, .l = &fx->m.layout, .dtype = ZO_DTYPE_F32, .config = cfgp};
     int shards = 0;
@@ -1483,12 +1484,12 @@ static float lora_losses(const char *out, int *steps, float *last5, int nsteps)
     return first;
 }
 
-/* A fresh folder /tmp/zo_test_<tag>_<pid> (dir) with a small repetitive
+/* A fresh folder zo_test_<tag>_<pid> in the scratch root (dir) with a small repetitive
  * text in it (text) for the LoRA runs. */
 static void lora_workdir(const char *tag, char dir[64], char text[128])
 {
     char cmd[128];
-    snprintf(dir, 64, "/tmp/zo_test_%s_%d", tag, (int)getpid());
+    scratch_path(dir, 64, "zo_test_%s_%d", tag, (int)getpid());
     snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
     assert_int_equal(system(cmd), 0);
     snprintf(text, 128, "%s/text.txt", dir);
@@ -2348,7 +2349,7 @@ static void test_train_program(void **state)
 {
     (void)state;
     char dir[64], text[128], save[128], cfg[128], cmd[1024];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_train_%d", (int)getpid());
+    scratch_path(dir, sizeof dir, "zo_test_train_%d", (int)getpid());
     snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
     assert_int_equal(system(cmd), 0);
     snprintf(text, sizeof text, "%s/text.txt", dir);

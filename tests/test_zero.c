@@ -66,6 +66,7 @@
 #include "tests/support/run.h"         /* defines: run_train_losses */
 #include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model */
+#include "tests/support/scratch.h" /* defines: scratch_path */
 
 #define STEPS 20
 #define THREADS 1
@@ -1223,10 +1224,10 @@ int main(int argc, char **argv)
     }
     rank = comm_rank(comm);
     ranks = comm_size(comm);
-    snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_zero_%d_%d", (int)getppid(), rank);
+    scratch_path(nvme_dir, sizeof nvme_dir, "zo_test_zero_%d_%d", (int)getppid(), rank);
     mkdir(nvme_dir, 0755);
     if (ranks == 1) {
-        snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_zero_train_%d", (int)getpid());
+        scratch_path(tmp_dir, sizeof tmp_dir, "zo_test_zero_train_%d", (int)getpid());
         mkdir(tmp_dir, 0755);
         write_inputs();
     }
