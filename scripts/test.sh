@@ -24,7 +24,7 @@ split=1
 # The plain pass's scratch files (tests/support/scratch.h; Python's tempfile,
 # mktemp and OpenMPI's session folders read TMPDIR too) go to a folder on
 # /dev/shm when TMPDIR is unset and /dev/shm is a tmpfs with 1 GiB free (the
-# pass used 160 MiB at most there): the runtime tests' NVMe tier there does
+# pass used 230 MiB at most there): the runtime tests' NVMe tier there does
 # not wait on the disk (O_DIRECT works on tmpfs; docs/testing.md has what it
 # saves).
 # The sanitizer pass keeps the disk, where transfers complete late and a
