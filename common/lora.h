@@ -132,16 +132,16 @@ int zo_lora_dense_modules(const zo_lora_module *mods, int n, int *experts);
  * plan's and memplan's QLoRA scratch (divided by TP there) are this. */
 uint64_t zo_lora_dequant_elems(const zo_model_config *cfg);
 
-/* The targets as the architecture has them: the bits of the linear layers
- * `targets` adapts (GPT-2: any of q, k, v is all three, c_attn; all-linear
- * is q|k|v|o|up|down). Two target sets adapt the same layers exactly when
- * these are equal ("all-linear" and the list of every module, "q" and
- * "c_attn" on GPT-2). */
 /* Whether LoRA adapts an MoE layer's routed experts: not Granite-MoE's or
  * gpt-oss's, whose experts are not Linear modules PEFT wraps (their
  * adapters are the attention's). */
 int zo_lora_adapts_experts(const zo_model_config *cfg);
 
+/* The targets as the architecture has them: the bits of the linear layers
+ * `targets` adapts (GPT-2: any of q, k, v is all three, c_attn; all-linear
+ * is q|k|v|o|up|down). Two target sets adapt the same layers exactly when
+ * these are equal ("all-linear" and the list of every module, "q" and
+ * "c_attn" on GPT-2). */
 unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets);
 
 /* Trainable parameters of rank-r adapters on `targets`, as PEFT's
