@@ -19,6 +19,10 @@
  *   attention (attn_shapes): GPT-2's heads of 64, a sliding window
  *   (Mistral-7B's heads), a soft cap (Gemma-2-27B's) and Gemma-2-9B's
  *   heads of 256 (window and cap).
+ * - the MoE router, forward (weights, order, load-balancing statistics)
+ *   and backward, at 4096 tokens of Mixtral's, Qwen3-MoE's, DeepSeek-V3's
+ *   (groups, sigmoid scores, a bias) and Qwen3-Next's gates, each against
+ *   a device copy of its logits' bytes in the same rounds.
  * Every input is random (uniform in [-1, 1], a fixed seed), as training's
  * are: constant data toggles few bits in the multipliers and on the buses,
  * draws less power and lets the GPU hold clocks that real data would not,
@@ -519,6 +523,117 @@ static int bench_attention(void *stage)
     return 0;
 }
 
+/* ---- the MoE router -------------------------------------------------------------------- */
+
+/* A router the rows time: `e` experts choosing k by `mode`, among the best
+ * topk of `groups` groups, a choice bias and a scale where `bias` (those
+ * of DeepSeek-V3's gate) */
+typedef struct router_shape {
+    const char *name;
+    int e, k;
+    gpu_moe_route mode;
+    int groups, topk, bias;
+    float scale;
+} router_shape;
+
+static const router_shape router_shapes[] = {
+    {"mixtral", 8, 2, GPU_MOE_ROUTE_NORM, 0, 0, 0, 0.0f},
+    {"qwen3_moe", 128, 8, GPU_MOE_ROUTE_NORM, 0, 0, 0, 0.0f},
+    {"deepseek_v3", 256, 8, GPU_MOE_ROUTE_SIGMOID_NORM, 8, 4, 1, 2.5f},
+    {"qwen3_next", 512, 10, GPU_MOE_ROUTE_NORM, 0, 0, 0, 0.0f},
+};
+
+typedef struct router_run {
+    const gpu_moe_gate *g;
+    gpu_tensor w, logits, dlogits;
+    float *stats;
+    uint8_t *order;
+    int n, e, k, backward;
+    float aux;
+} router_run;
+
+static void run_router(void *arg)
+{
+    router_run *r = arg;
+    if (r->backward)
+        (void)gpu_moe_router_backward(S, r->dlogits, r->w, r->logits, r->stats, r->n, r->e, r->k, r->g, 1, r->n,
+                                      r->aux);
+    else
+        (void)gpu_moe_router_forward(S, r->w, r->logits, r->stats, r->order, r->n, r->e, r->k, r->g, r->n);
+    (void)gpu_stream_synchronize(S);
+}
+
+/* n fp32 values uniform in [lo, hi) into device memory dst, through the
+ * pinned staging (n at most STAGE / 4) */
+static zo_status fill_random_f32(void *dst, size_t n, float lo, float hi, void *stage, uint64_t seed)
+{
+    uint64_t s = seed | 1;
+    float *h = stage;
+    for (size_t i = 0; i < n; i++) h[i] = lo + (hi - lo) * (float)((rng_next(&s) >> 40) * 0x1p-24);
+    zo_status st = gpu_memcpy_async(S, dst, stage, n * sizeof(float), GPU_COPY_HOST_TO_DEVICE);
+    return st == ZO_OK ? gpu_stream_synchronize(S) : st;
+}
+
+/* The router's rows at TOKENS tokens: the forward (the weights, the order
+ * and the load-balancing statistics) and the backward (with the auxiliary
+ * loss's share where the scores are a softmax), each against a device copy
+ * of the logits' bytes (the least traffic either can have: read the
+ * logits, write as many bytes); 0, or 1 on a failure. */
+static int bench_router(void *stage)
+{
+    bench_row("%-12s %6s %5s %3s %10s %10s %10s %8s %8s", "router", "n", "e", "k", "fwd_ms", "bwd_ms", "copy_ms",
+              "fwd_x", "bwd_x");
+    for (size_t i = 0; i < sizeof router_shapes / sizeof *router_shapes; i++) {
+        const router_shape *sh = &router_shapes[i];
+        const int n = TOKENS, e = sh->e;
+        const size_t ne = (size_t)n * e;
+        float *logits, *w, *dl, *stats, *bias = NULL;
+        uint8_t *order;
+        if (gpu_mem_alloc(dev, ne * sizeof(float), (void **)&logits) != ZO_OK ||
+            gpu_mem_alloc(dev, ne * sizeof(float), (void **)&w) != ZO_OK ||
+            gpu_mem_alloc(dev, ne * sizeof(float), (void **)&dl) != ZO_OK ||
+            gpu_mem_alloc(dev, 2 * (size_t)e * sizeof(float), (void **)&stats) != ZO_OK ||
+            gpu_mem_alloc(dev, ne, (void **)&order) != ZO_OK ||
+            (sh->bias && gpu_mem_alloc(dev, (size_t)e * sizeof(float), (void **)&bias) != ZO_OK))
+            return fail("router buffers");
+        if (fill_random_f32(logits, ne, -3.0f, 3.0f, stage, 100 + i) != ZO_OK ||
+            (bias && fill_random_f32(bias, (size_t)e, -0.1f, 0.1f, stage, 200 + i) != ZO_OK))
+            return fail("router inputs");
+        const gpu_moe_gate g = {.mode = sh->mode, .groups = sh->groups, .topk_groups = sh->topk, .scale = sh->scale,
+                                .bias = bias};
+        router_run r = {.g = &g,
+                        .w = {w, ZO_DTYPE_F32},
+                        .logits = {logits, ZO_DTYPE_F32},
+                        .dlogits = {dl, ZO_DTYPE_F32},
+                        .stats = stats,
+                        .order = order,
+                        .n = n,
+                        .e = e,
+                        .k = sh->k,
+                        .aux = sh->mode == GPU_MOE_ROUTE_SIGMOID_NORM ? 0.0f : 1e-3f};
+        copy_run c = {dl, logits, ne * sizeof(float), GPU_COPY_DEVICE_TO_DEVICE};
+        double t[3] = {1e30, 1e30, 1e30};
+        for (int round = 0; round < ROUNDS; round++) {
+            r.backward = 0; /* (the forward first: the backward reads its statistics) */
+            double f = bench_time_best(run_router, &r, 1, 5, 0.1);
+            r.backward = 1;
+            double b = bench_time_best(run_router, &r, 1, 5, 0.1);
+            double cp = bench_time_best(run_copy, &c, 1, 5, 0.1);
+            t[0] = f < t[0] ? f : t[0], t[1] = b < t[1] ? b : t[1], t[2] = cp < t[2] ? cp : t[2];
+        }
+        r.backward = 0;
+        if (gpu_moe_router_forward(S, r.w, r.logits, stats, order, n, e, sh->k, &g, n) != ZO_OK ||
+            gpu_stream_synchronize(S) != ZO_OK)
+            return fail("gpu_moe_router_forward");
+        bench_row("%-12s %6d %5d %3d %10.3f %10.3f %10.3f %8.2f %8.2f", sh->name, n, e, sh->k, t[0] * 1e3,
+                  t[1] * 1e3, t[2] * 1e3, t[0] / t[2], t[1] / t[2]);
+        gpu_mem_free(dev, logits), gpu_mem_free(dev, w), gpu_mem_free(dev, dl), gpu_mem_free(dev, stats);
+        gpu_mem_free(dev, order);
+        if (bias) gpu_mem_free(dev, bias);
+    }
+    return 0;
+}
+
 int main(void)
 {
     if (gpu_cuda_device_count() == 0) {
@@ -537,7 +652,9 @@ int main(void)
     void *stage;
     if (gpu_host_alloc(dev, STAGE, &stage) != ZO_OK) return fail("gpu_host_alloc");
     double gemm_ratio = 0.0;
-    if (bench_gemms(stage, &gemm_ratio) != 0 || bench_copies() != 0 || bench_attention(stage) != 0) return 1;
+    if (bench_gemms(stage, &gemm_ratio) != 0 || bench_copies() != 0 || bench_attention(stage) != 0 ||
+        bench_router(stage) != 0)
+        return 1;
     gpu_host_free(dev, stage);
     gpu_stream_destroy(S);
     gpu_device_free(dev);

@@ -3943,15 +3943,20 @@ static void gate_case(int backward, const char *name, int n, int e, int k, int m
     emit(&c);
 }
 
-/* The gates users run, forward and backward (the rows few where the
- * CUDA kernels' O(e^2) a row is long on the shim): DeepSeek-V3 (sigmoid,
+/* The gates users run, forward and backward (the rows few: the CUDA
+ * kernels' lanes rank their experts by a scan of the row, O(e^2 / 32)
+ * a lane, long on the shim): DeepSeek-V3 (sigmoid,
  * 256 experts in 8 groups keeping 4, k 8, renormalized, times 2.5, a
  * bias), DeepSeek-V2 (softmax, 160 in 8 keeping 3, k 6, times 16, not
  * renormalized), Moonlight (64 experts, one group, k 6, times 2.446) and
  * GLM-4.5's (128, one group, k 8, times 2.5), the op's most groups (64
- * of 2 keeping 5: the CUDA kernels' kept groups' bits past 32); then 6 experts in 3 groups
+ * of 2 keeping 5: the CUDA kernels' kept groups' bits past 32),
+ * Qwen3-Next's 512 experts choosing 10 (renormalized; 40 rows: the CUDA
+ * statistics kernel's three warps a block, four chunks of rows, the last
+ * short); then 6 experts in 3 groups
  * of 2 keeping 1 to 3, k up to the kept experts, every mode, 1 to 300 rows
- * (across the CUDA blocks of 256), with and without a bias and a scale;
+ * (across the CUDA kernels' blocks of 8 rows and the statistics' chunks
+ * of 32, one to ten of them a group), with and without a bias and a scale;
  * then the tie rows. They leave the random stream as they found it. */
 static void gate_cases(int backward)
 {
@@ -3964,6 +3969,7 @@ static void gate_cases(int backward)
     gate_case(backward, "Moonlight", 257, 64, 6, SN, 1, 1, 2.446f, 1, 257, 0, 0);
     gate_case(backward, "GLM-4.5", 33, 128, 8, SN, 1, 1, 2.5f, 1, 11, 0, 0);
     gate_case(backward, "the most groups", 5, 128, 8, SN, 64, 5, 1.0f, 1, 5, 0, 0);
+    gate_case(backward, "Qwen3-Next", 40, 512, 10, N, 1, 1, 0.0f, 0, 40, backward, 0);
     static const struct {
         int n, k, mode, topk;
         float scale;

@@ -237,8 +237,8 @@ zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_ten
                                       int gelu, float limit, float alpha);
 
 /* moe.cu */
-zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights, gpu_tensor logits,
-                                         float *stats, uint8_t *order, int n, int e, int k,
+zo_status cuda_launch_moe_router_forward(cudaStream_t st, void *ws, size_t ws_bytes, gpu_tensor weights,
+                                         gpu_tensor logits, float *stats, uint8_t *order, int n, int e, int k,
                                          const gpu_moe_gate *g, int group_rows);
 zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits, gpu_tensor dweights,
                                           gpu_tensor logits, const float *stats, int n, int e,

@@ -590,14 +590,14 @@ static zo_status cuda_memset_async(gpu_stream_t s, void *dst, int value, size_t 
 
 /* The stream's cuBLASLt workspace, allocated by the first op that uses one:
  * the GEMM (cuBLASLt's scratch), attention (its GEMM path), the embedding
- * backward (its sort) and the norms' backwards (their parameter gradients'
- * partials). */
+ * backward (its sort), the norms' backwards (their parameter gradients'
+ * partials) and the router's forward (its statistics' partial sums). */
 static zo_status stream_workspace(cuda_stream *cs, gpu_op_id id)
 {
     if (cs->workspace || (id != GPU_OP_GEMM && id != GPU_OP_EMBEDDING_BACKWARD &&
                           id != GPU_OP_ATTENTION_FORWARD && id != GPU_OP_ATTENTION_BACKWARD &&
                           id != GPU_OP_LAYERNORM_BACKWARD && id != GPU_OP_RMSNORM_BACKWARD &&
-                          id != GPU_OP_HEAD_NORM_BACKWARD))
+                          id != GPU_OP_HEAD_NORM_BACKWARD && id != GPU_OP_MOE_ROUTER_FORWARD))
         return ZO_OK;
     return CU(cudaMalloc(&cs->workspace, CUDA_LT_WORKSPACE));
 }

@@ -2,98 +2,116 @@
  * the keys, within the best groups when it has groups, their weights, or
  * Phi-3.5-MoE's sparsemixer; the load-balancing loss's statistics) forward and backward, and
  * the per-token scaling of an expert's output, with the formulas of the CPU
- * reference (gpu/ops_cpu_moe.c) in fp32. The router runs one thread per
- * row (or per expert for the statistics) and finds the chosen experts by
- * rank, so no thread holds an array: expert j is chosen when fewer than k
- * experts come before it (a larger p, or an equal p and a lower index). */
+ * reference (gpu/ops_cpu_moe.c) in fp32. The router runs a row on a warp,
+ * its keys in shared memory, and finds the chosen experts by rank: expert
+ * j is chosen when fewer than k experts come before it (a larger key, or
+ * an equal key and a lower index), each lane ranking its own experts. The
+ * statistics of the load-balancing loss are summed a chunk of rows a
+ * block, the chunks' sums then added in order, so they depend on the
+ * shapes alone, never on timing. */
 #include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, grid_for */
 
 #define BS 256
 
-/* A row's router as the kernels read it: the gate's fields, the softmax's
- * maximum and sum (the softmax modes), and the kept groups' bits (bit q:
- * group q kept; all with one group). */
-struct router_ctx {
+/* The router's kernels run a row on a warp (ROUTER_WARPS rows a block at
+ * most). Each warp's shared memory holds the row's keys [e], its groups'
+ * scores [64] and kept flags [64], and each expert's place in the choice
+ * [e] (router_floats); the statistics kernel's sums [2 e] in double come
+ * before every warp's. A lane owns experts lane, lane + 32, ... */
+#define ROUTER_WARPS 8
+#define ROUTER_SMEM (48u << 10) /* the shared memory a block may have without opting in */
+
+__host__ __device__ static inline size_t router_floats(int e) { return 2 * (size_t)e + 128; }
+
+/* A row's router on its warp: the gate's fields, the softmax's maximum and
+ * sum (the softmax modes), the kept groups' bits (bit q: group q kept; all
+ * with one group), the keys and places in shared memory. */
+struct router_row {
     gpu_tensor logits;
     size_t r;
-    int e, k, sigmoid, groups, gsz;
-    const float *bias;
+    int e, k, sigmoid, G, gsz;
     float mx, sum;
     unsigned long long kept;
+    float *key; /* [e]: the score plus the bias */
+    int *place; /* [e]: the experts before it in the choice, k when not chosen */
 };
 
 /* Expert j's score: p of the row's softmax, or the sigmoid of its logit */
-__device__ float router_p(const router_ctx *c, int j)
+__device__ float router_p(const router_row *c, int j)
 {
     float x = tload(c->logits, c->r * c->e + j);
     return c->sigmoid ? 1.0f / (1.0f + expf(-x)) : expf(x - c->mx) / c->sum;
 }
 
-/* Its key for the choice: the score plus the bias */
-__device__ float router_key(const router_ctx *c, int j)
-{
-    float p = router_p(c, j);
-    return c->bias ? p + c->bias[j] : p;
-}
+__device__ int router_allowed(const router_row *c, int j) { return (int)((c->kept >> (j / c->gsz)) & 1ull); }
 
-/* Group q's score: its best key (softmax) or its best two keys' sum (sigmoid) */
-__device__ float router_group_score(const router_ctx *c, int q)
+/* Row r's router, by the whole warp (sm: its shared memory): the softmax's
+ * maximum and sum (warp reductions), every key, the topk_groups best
+ * groups (each scored by its best key, or its best two keys' sum with
+ * sigmoid scores; a group is kept when fewer than topk_groups score above
+ * it, or equal with a lower index), then each expert's place: the allowed
+ * experts with a larger key, or an equal key and a lower index, so the k
+ * chosen are the CPU's (largest key first, ties to the lower index). */
+__device__ void router_route(router_row *c, float *sm, gpu_tensor logits, size_t r, int e, int k, int mode,
+                             int groups, int topk_groups, const float *bias)
 {
-    float b1 = -INFINITY, b2 = -INFINITY;
-    for (int j = q * c->gsz; j < (q + 1) * c->gsz; j++) {
-        float x = router_key(c, j);
-        if (x > b1) b2 = b1, b1 = x;
-        else if (x > b2) b2 = x;
-    }
-    return c->sigmoid ? b1 + b2 : b1;
-}
-
-/* Row r's context: the softmax's maximum and sum, and the topk_groups best
- * groups (a group is kept when fewer than topk_groups score above it, or
- * equal with a lower index) */
-__device__ void router_row(router_ctx *c, gpu_tensor logits, size_t r, int e, int k, int mode, int groups,
-                           int topk_groups, const float *bias)
-{
-    c->logits = logits, c->r = r, c->e = e, c->k = k, c->bias = bias;
+    const int lane = threadIdx.x % WARP;
+    c->logits = logits, c->r = r, c->e = e, c->k = k;
     c->sigmoid = mode == GPU_MOE_ROUTE_SIGMOID || mode == GPU_MOE_ROUTE_SIGMOID_NORM;
-    c->groups = groups > 1 ? groups : 1, c->gsz = e / c->groups;
+    c->G = groups > 1 ? groups : 1, c->gsz = e / c->G;
+    c->key = sm;
+    float *gs = sm + e;
+    int *kf = (int *)(gs + 64);
+    c->place = kf + 64;
     float m = -INFINITY, s = 0.0f; /* (the softmax's alone: the sigmoid modes read neither) */
-    for (int j = 0; j < e && !c->sigmoid; j++) m = fmaxf(m, tload(logits, r * e + j));
-    for (int j = 0; j < e && !c->sigmoid; j++) s += expf(tload(logits, r * e + j) - m);
+    if (!c->sigmoid) {
+        for (int j = lane; j < e; j += WARP) m = fmaxf(m, tload(logits, r * e + j));
+        m = warp_max(m);
+        for (int j = lane; j < e; j += WARP) s += expf(tload(logits, r * e + j) - m);
+        s = warp_sum(s);
+    }
     c->mx = m, c->sum = s;
+    __syncwarp(); /* the previous row's readers are done */
+    for (int j = lane; j < e; j += WARP) {
+        float p = router_p(c, j);
+        sm[j] = bias ? p + bias[j] : p;
+    }
+    __syncwarp();
     c->kept = ~0ull;
-    if (c->groups > 1) {
-        c->kept = 0ull;
-        for (int q = 0; q < c->groups; q++) {
-            float gq = router_group_score(c, q);
-            int before = 0;
-            for (int t = 0; t < c->groups && before < topk_groups; t++) {
-                float gt = router_group_score(c, t);
-                before += gt > gq || (gt == gq && t < q);
+    if (c->G > 1) {
+        for (int q = lane; q < c->G; q += WARP) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int j = q * c->gsz; j < (q + 1) * c->gsz; j++) {
+                float x = sm[j];
+                if (x > b1) b2 = b1, b1 = x;
+                else if (x > b2) b2 = x;
             }
-            if (before < topk_groups) c->kept |= 1ull << q;
+            gs[q] = c->sigmoid ? b1 + b2 : b1;
         }
+        __syncwarp();
+        for (int q = lane; q < c->G; q += WARP) {
+            int before = 0;
+            for (int t = 0; t < c->G && before < topk_groups; t++)
+                before += gs[t] > gs[q] || (gs[t] == gs[q] && t < q);
+            kf[q] = before < topk_groups;
+        }
+        __syncwarp();
+        c->kept = 0ull;
+        for (int q = 0; q < c->G; q++)
+            if (kf[q]) c->kept |= 1ull << q;
     }
-}
-
-__device__ int router_allowed(const router_ctx *c, int j) { return (int)((c->kept >> (j / c->gsz)) & 1ull); }
-
-/* Expert j's place in row r's choice (the allowed experts before it), or
- * k when it is not chosen */
-__device__ int router_place(const router_ctx *c, int j)
-{
-    if (!router_allowed(c, j)) return c->k;
-    float kj = router_key(c, j);
-    int before = 0;
-    for (int q = 0; q < c->e && before < c->k; q++) {
-        if (!router_allowed(c, q)) continue;
-        float kq = router_key(c, q);
-        before += kq > kj || (kq == kj && q < j);
+    for (int j = lane; j < e; j += WARP) {
+        int before = k;
+        if (router_allowed(c, j)) {
+            const float kj = sm[j];
+            before = 0;
+            for (int q = 0; q < e && before < k; q++)
+                if (router_allowed(c, q)) before += sm[q] > kj || (sm[q] == kj && q < j);
+        }
+        c->place[j] = before;
     }
-    return before;
+    __syncwarp();
 }
-
-__device__ int router_chosen(const router_ctx *c, int j) { return router_place(c, j) < c->k; }
 
 /* The sparsemixer (GPU_MOE_ROUTE_SPARSEMIXER, eval form; gpu/ops_cpu_moe.c's
  * mixer_row): whether logit x lies more than thr below the maximum m,
@@ -106,7 +124,8 @@ __device__ int mixer_masked(float m, float x, double thr)
 
 /* Row r's two choices (i1 the largest logit, i2 the largest of the rest,
  * ties to the lower index) and their weights: each the softmax at its
- * choice over the logits its mask keeps (i1 left out of the second) */
+ * choice over the logits its mask keeps (i1 left out of the second); every
+ * lane of the warp alike (its two experts of at most a few dozen) */
 __device__ void mixer_row(gpu_tensor logits, size_t r, int e, double thr, int *sel, float *w)
 {
     for (int i = 0; i < 2; i++) {
@@ -129,84 +148,115 @@ __device__ void mixer_row(gpu_tensor logits, size_t r, int e, double thr, int *s
 /* weights [n, e]: the chosen experts' scores (divided by their sum with
  * the NORM modes, plus 1e-20 for the sigmoid's), times the scale (0:
  * none), 0 elsewhere; the sparsemixer's two weights; order [n, e] (NULL:
- * none): each chosen expert's place, GPU_MOE_NOT_CHOSEN elsewhere */
+ * none): each chosen expert's place, GPU_MOE_NOT_CHOSEN elsewhere. A row
+ * a warp. */
 __global__ void moe_router_forward_kernel(float *w, uint8_t *order, gpu_tensor logits, int n, int e, int k,
                                           int mode, double thr, int groups, int topk_groups,
                                           const float *bias, float scale)
 {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n) return;
+    ZO_EXTERN_SHARED(float, smem);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const size_t r = (size_t)blockIdx.x * (blockDim.x / WARP) + warp;
+    if (r >= (size_t)n) return; /* (the whole warp) */
     if (mode == GPU_MOE_ROUTE_SPARSEMIXER) {
         int sel[2];
         float mw[2];
         mixer_row(logits, r, e, thr, sel, mw);
-        for (int j = 0; j < e; j++) {
-            w[(size_t)r * e + j] = j == sel[0] ? mw[0] : j == sel[1] ? mw[1] : 0.0f;
-            if (order) order[(size_t)r * e + j] = j == sel[0] ? 0 : j == sel[1] ? 1 : GPU_MOE_NOT_CHOSEN;
+        for (int j = lane; j < e; j += WARP) {
+            w[r * e + j] = j == sel[0] ? mw[0] : j == sel[1] ? mw[1] : 0.0f;
+            if (order) order[r * e + j] = j == sel[0] ? 0 : j == sel[1] ? 1 : GPU_MOE_NOT_CHOSEN;
         }
         return;
     }
     const int norm = mode == GPU_MOE_ROUTE_NORM || mode == GPU_MOE_ROUTE_SIGMOID_NORM;
-    router_ctx c;
-    router_row(&c, logits, r, e, k, mode, groups, topk_groups, bias);
+    router_row c;
+    router_route(&c, smem + (size_t)warp * router_floats(e), logits, r, e, k, mode, groups, topk_groups, bias);
     float S = 0.0f;
-    for (int j = 0; j < e && norm; j++)
-        if (router_chosen(&c, j)) S += router_p(&c, j);
+    if (norm) {
+        for (int j = lane; j < e; j += WARP)
+            if (c.place[j] < k) S += router_p(&c, j);
+        S = warp_sum(S);
+    }
     if (mode == GPU_MOE_ROUTE_SIGMOID_NORM) S += 1e-20f;
-    for (int j = 0; j < e; j++) {
-        float p = router_p(&c, j);
-        int at = router_place(&c, j), ch = at < k;
-        float wj = norm ? p / S : p;
-        w[(size_t)r * e + j] = ch ? (scale != 0.0f ? wj * scale : wj) : 0.0f;
-        if (order) order[(size_t)r * e + j] = ch ? (uint8_t)at : GPU_MOE_NOT_CHOSEN;
+    for (int j = lane; j < e; j += WARP) {
+        const int at = c.place[j], ch = at < k;
+        float wj = 0.0f;
+        if (ch) {
+            float p = router_p(&c, j);
+            wj = norm ? p / S : p;
+            if (scale != 0.0f) wj *= scale;
+        }
+        w[r * e + j] = wj;
+        if (order) order[r * e + j] = ch ? (uint8_t)at : GPU_MOE_NOT_CHOSEN;
     }
 }
 
-/* stats [groups, 2 e]: expert j's score summed over group g's rows
- * (group_rows of them from g group_rows), and its rows choosing j; one
- * thread per expert and group (blockIdx.y), the rows in order */
-__global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, int e, int k, int group_rows,
-                                        int mode, double thr, int groups, int topk_groups, const float *bias)
+/* The statistics of group g's rows chunk_rows at a time (blockIdx.x the
+ * chunk, blockIdx.y the group): expert j's score summed over them, and
+ * its rows choosing j, in double; a warp's rows each on the warp, the
+ * warps' sums added in order. One chunk a group: stats [g, 2 e] itself;
+ * more: part [g, chunk, 2 e], which moe_router_stats_sum_kernel adds. */
+__global__ void moe_router_stats_kernel(float *stats, double *part, gpu_tensor logits, int n, int e, int k,
+                                        int group_rows, int chunk_rows, int chunks, int mode, double thr,
+                                        int groups, int topk_groups, const float *bias)
 {
-    int j = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
-    if (j >= e) return;
-    double ps = 0.0, cnt = 0.0;
-    const int r0 = g * group_rows, r1 = n - r0 < group_rows ? n : r0 + group_rows;
-    stats += (size_t)g * 2 * e;
-    for (int r = r0; r < r1; r++) {
-        router_ctx c;
-        router_row(&c, logits, r, e, k, mode, groups, topk_groups, bias);
-        ps += router_p(&c, j);
-        if (mode == GPU_MOE_ROUTE_SPARSEMIXER) { /* its choices, by the logits */
-            int sel[2];
-            float mw[2];
-            mixer_row(logits, r, e, thr, sel, mw);
-            cnt += sel[0] == j || sel[1] == j;
-        } else {
-            cnt += router_chosen(&c, j);
+    ZO_EXTERN_SHARED(double, dsm);
+    const int W = blockDim.x / WARP, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int g = blockIdx.y, ch = blockIdx.x, mixer = mode == GPU_MOE_ROUTE_SPARSEMIXER;
+    double *acc = dsm + (size_t)warp * 2 * e;
+    float *sm = (float *)(dsm + (size_t)W * 2 * e) + (size_t)warp * router_floats(e);
+    for (int j = lane; j < 2 * e; j += WARP) acc[j] = 0.0;
+    const long long g0 = (long long)g * group_rows, g1 = n - g0 < group_rows ? n : g0 + group_rows;
+    const long long r0 = g0 + (long long)ch * chunk_rows, r1 = g1 - r0 < chunk_rows ? g1 : r0 + chunk_rows;
+    for (long long r = r0 + warp; r < r1; r += W) {
+        router_row c;
+        router_route(&c, sm, logits, (size_t)r, e, k, mode, groups, topk_groups, bias);
+        int sel[2] = {-1, -1};
+        float mw[2];
+        if (mixer) mixer_row(logits, (size_t)r, e, thr, sel, mw); /* its choices, by the logits */
+        for (int j = lane; j < e; j += WARP) {
+            acc[j] += router_p(&c, j);
+            acc[e + j] += mixer ? (double)(sel[0] == j || sel[1] == j) : (double)(c.place[j] < k);
         }
     }
-    stats[j] = (float)ps;
-    stats[e + j] = (float)cnt;
+    __syncthreads();
+    for (int j = threadIdx.x; j < 2 * e; j += blockDim.x) {
+        double s = 0.0;
+        for (int v = 0; v < W; v++) s += dsm[(size_t)v * 2 * e + j];
+        if (chunks == 1) stats[(size_t)g * 2 * e + j] = (float)s;
+        else part[((size_t)g * chunks + ch) * 2 * e + j] = s;
+    }
+}
+
+/* stats [g, 2 e] = the sum of group g's chunks' part, in chunk order */
+__global__ void moe_router_stats_sum_kernel(float *stats, const double *part, int e, int chunks)
+{
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
+    if (j >= 2 * e) return;
+    double s = 0.0;
+    for (int c = 0; c < chunks; c++) s += part[((size_t)g * chunks + c) * 2 * e + j];
+    stats[(size_t)g * 2 * e + j] = (float)s;
 }
 
 /* dlogits [n, e] = p (dp - sum_j p_j dp_j) (the softmax modes) or dp s (1 -
  * s) (the sigmoid's); dp_j = aux_j + the chosen weights' share, dweights
  * times the scale (through the normalization with the NORM modes); the
  * sparsemixer: dp_j = aux_j, plus each weight's masked softmax's backward,
- * dw_i w_i ([j == sel_i] - q_j) for the j its mask keeps */
+ * dw_i w_i ([j == sel_i] - q_j) for the j its mask keeps. A row a warp. */
 __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tensor logits,
                                            const float *stats, int n, int e, int k, int mode,
                                            int layers, int group_rows, float aux_scale, double thr,
                                            int ngroups, int topk_groups, const float *bias, float scale)
 {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n) return;
+    ZO_EXTERN_SHARED(float, smem);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const size_t r = (size_t)blockIdx.x * (blockDim.x / WARP) + warp;
+    if (r >= (size_t)n) return; /* (the whole warp) */
     const int groups = (n + group_rows - 1) / group_rows;
-    stats += (size_t)(r / group_rows) * 2 * e; /* row r's group's, layer 0 */
-    const float *dwr = dw + (size_t)r * e;
-    router_ctx c;
-    router_row(&c, logits, r, e, k, mode, ngroups, topk_groups, bias);
+    stats += (r / group_rows) * 2 * e; /* row r's group's, layer 0 */
+    const float *dwr = dw + r * e;
+    router_row c;
+    router_route(&c, smem + (size_t)warp * router_floats(e), logits, r, e, k, mode, ngroups, topk_groups, bias);
     const int mixer = mode == GPU_MOE_ROUTE_SPARSEMIXER;
     const int norm = mode == GPU_MOE_ROUTE_NORM || mode == GPU_MOE_ROUTE_SIGMOID_NORM;
     const double sc = scale != 0.0f ? (double)scale : 1.0;
@@ -214,23 +264,27 @@ __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tenso
     float mw[2] = {0.0f, 0.0f};
     if (mixer) mixer_row(logits, r, e, thr, sel, mw);
     double S = 0.0, wdot = 0.0;
-    for (int j = 0; j < e && !mixer; j++)
-        if (router_chosen(&c, j)) S += router_p(&c, j);
-    if (mode == GPU_MOE_ROUTE_SIGMOID_NORM) S += 1e-20;
-    for (int j = 0; j < e && !mixer; j++)
-        if (router_chosen(&c, j)) wdot += sc * dwr[j] * router_p(&c, j) / S;
+    if (!mixer) {
+        for (int j = lane; j < e; j += WARP)
+            if (c.place[j] < k) S += router_p(&c, j);
+        S = warp_sum_d(S);
+        if (mode == GPU_MOE_ROUTE_SIGMOID_NORM) S += 1e-20;
+        for (int j = lane; j < e; j += WARP)
+            if (c.place[j] < k) wdot += sc * dwr[j] * router_p(&c, j) / S;
+        wdot = warp_sum_d(wdot);
+    }
     /* two passes: the dot product of p and dp, then the gradient */
     double dot = 0.0;
-    for (int pass = 0; pass < 2; pass++)
-        for (int j = 0; j < e; j++) {
+    for (int pass = c.sigmoid; pass < 2; pass++) {
+        for (int j = lane; j < e; j += WARP) {
             double cnt = 0.0;
             if (aux_scale != 0.0f)
                 for (int l = 0; l < layers; l++) cnt += stats[(size_t)l * groups * 2 * e + e + j];
             double dp = (double)aux_scale * cnt;
             float p = router_p(&c, j);
-            if (!mixer && router_chosen(&c, j)) dp += norm ? (sc * dwr[j] - wdot) / S : sc * dwr[j];
+            if (!mixer && c.place[j] < k) dp += norm ? (sc * dwr[j] - wdot) / S : sc * dwr[j];
             if (c.sigmoid) {
-                if (pass == 1) dl[(size_t)r * e + j] = (float)(dp * p * (1.0 - p));
+                dl[r * e + j] = (float)(dp * p * (1.0 - p));
                 continue;
             }
             if (pass == 0) {
@@ -240,16 +294,18 @@ __global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tenso
             float g = (float)(p * (dp - dot));
             if (mixer) {
                 double dm = 0.0;
-                float x = tload(logits, (size_t)r * e + j);
+                float x = tload(logits, r * e + j);
                 for (int i = 0; i < 2; i++) {
-                    float m = tload(logits, (size_t)r * e + sel[i]);
+                    float m = tload(logits, r * e + sel[i]);
                     if ((i == 1 && j == sel[0]) || mixer_masked(m, x, thr)) continue;
                     dm += (double)dwr[sel[i]] * mw[i] * ((j == sel[i]) - (double)expf(x - m) * mw[i]);
                 }
                 g = (float)((double)g + dm);
             }
-            dl[(size_t)r * e + j] = g;
+            dl[r * e + j] = g;
         }
+        if (pass == 0) dot = warp_sum_d(dot);
+    }
 }
 
 __device__ float moe_gate(float s, int sigmoid) { return sigmoid ? 1.0f / (1.0f + expf(-s)) : s; }
@@ -318,20 +374,58 @@ extern "C" zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, 
     return cuda_launch_check("moe_scatter_add_kernel");
 }
 
-extern "C" zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights,
-                                                    gpu_tensor logits, float *stats, uint8_t *order,
-                                                    int n, int e, int k, const gpu_moe_gate *g,
+/* Rows (warps) a block of the router's kernels whose warps each take
+ * `per` bytes of shared memory: up to ROUTER_WARPS within ROUTER_SMEM; 0
+ * when not even one fits. */
+static int router_warps(size_t per)
+{
+    size_t w = ROUTER_SMEM / per;
+    return w > ROUTER_WARPS ? ROUTER_WARPS : (int)w;
+}
+
+static zo_status router_too_wide(const char *op, int e, size_t per)
+{
+    return zo_error(ZO_ERR_UNSUPPORTED, "%s: %d experts take %zu bytes of shared memory a row, above the "
+                    "kernel's %u", op, e, per, ROUTER_SMEM);
+}
+
+extern "C" zo_status cuda_launch_moe_router_forward(cudaStream_t st, void *ws, size_t ws_bytes,
+                                                    gpu_tensor weights, gpu_tensor logits, float *stats,
+                                                    uint8_t *order, int n, int e, int k, const gpu_moe_gate *g,
                                                     int group_rows)
 {
     const double thr = 2.0 * (double)g->eps;
-    ZO_LAUNCH(moe_router_forward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)weights.data, order,
-              logits, n, e, k, (int)g->mode, thr, g->groups, g->topk_groups, g->bias, g->scale);
+    const size_t per = router_floats(e) * sizeof(float), per_stats = per + 2 * (size_t)e * sizeof(double);
+    const int W = router_warps(per), Ws = router_warps(per_stats);
+    if (!W) return router_too_wide("gpu_moe_router_forward", e, per);
+    if (!Ws) return router_too_wide("gpu_moe_router_forward's statistics", e, per_stats);
+    ZO_LAUNCH(moe_router_forward_kernel, (unsigned)((n + W - 1) / W), W * WARP, W * per, st,
+              (float *)weights.data, order, logits, n, e, k, (int)g->mode, thr, g->groups, g->topk_groups,
+              g->bias, g->scale);
     zo_status s = cuda_launch_check("moe_router_forward_kernel");
     if (s != ZO_OK) return s;
-    const int groups = (n + group_rows - 1) / group_rows;
-    ZO_LAUNCH(moe_router_stats_kernel, dim3((e + BS - 1) / BS, groups), BS, 0, st, stats, logits, n, e, k,
-              group_rows, (int)g->mode, thr, g->groups, g->topk_groups, g->bias);
-    return cuda_launch_check("moe_router_stats_kernel");
+    /* the statistics: a block for each chunk of a group's rows (four rows
+     * a warp), their sums in the workspace; chunks twice as long while
+     * those do not fit it, and a chunk the whole group when even that
+     * does not (its block writes the statistics itself) */
+    const int groups = (n + group_rows - 1) / group_rows, rows = n < group_rows ? n : group_rows;
+    if (groups > 65535)
+        return zo_error(ZO_ERR_UNSUPPORTED, "gpu_moe_router_forward: %d groups of rows for the statistics, above "
+                        "the grid's 65535", groups);
+    long long chunk_rows = 4LL * Ws, chunks = (rows + chunk_rows - 1) / chunk_rows;
+    while (chunks > 1 && (size_t)groups * (size_t)chunks * 2 * (size_t)e * sizeof(double) > ws_bytes) {
+        chunk_rows *= 2;
+        chunks = (rows + chunk_rows - 1) / chunk_rows;
+    }
+    if (!ws) chunk_rows = rows, chunks = 1;
+    ZO_LAUNCH(moe_router_stats_kernel, dim3((unsigned)chunks, (unsigned)groups), Ws * WARP, Ws * per_stats, st,
+              stats, (double *)ws, logits, n, e, k, group_rows, (int)chunk_rows, (int)chunks, (int)g->mode, thr,
+              g->groups, g->topk_groups, g->bias);
+    s = cuda_launch_check("moe_router_stats_kernel");
+    if (s != ZO_OK || chunks == 1) return s;
+    ZO_LAUNCH(moe_router_stats_sum_kernel, dim3((unsigned)((2 * e + BS - 1) / BS), (unsigned)groups), BS, 0, st,
+              stats, (const double *)ws, e, (int)chunks);
+    return cuda_launch_check("moe_router_stats_sum_kernel");
 }
 
 extern "C" zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits,
@@ -340,9 +434,12 @@ extern "C" zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor
                                                      const gpu_moe_gate *g, int layers, int group_rows,
                                                      float aux_scale)
 {
-    ZO_LAUNCH(moe_router_backward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)dlogits.data,
-              (const float *)dweights.data, logits, stats, n, e, k, (int)g->mode, layers, group_rows,
-              aux_scale, 2.0 * (double)g->eps, g->groups, g->topk_groups, g->bias, g->scale);
+    const size_t per = router_floats(e) * sizeof(float);
+    const int W = router_warps(per);
+    if (!W) return router_too_wide("gpu_moe_router_backward", e, per);
+    ZO_LAUNCH(moe_router_backward_kernel, (unsigned)((n + W - 1) / W), W * WARP, W * per, st,
+              (float *)dlogits.data, (const float *)dweights.data, logits, stats, n, e, k, (int)g->mode, layers,
+              group_rows, aux_scale, 2.0 * (double)g->eps, g->groups, g->topk_groups, g->bias, g->scale);
     return cuda_launch_check("moe_router_backward_kernel");
 }
 

@@ -472,7 +472,8 @@ static zo_status cuda_run_moe_router_forward(const cuda_exec *e, const gpu_op_ar
 {
     const gpu_moe_gate g = {.mode = (gpu_moe_route)a->i[3], .eps = a->f[1], .groups = (int)a->i[5],
                             .topk_groups = (int)a->i[6], .scale = a->f[2], .bias = a->p[2]};
-    return cuda_launch_moe_router_forward(e->stream, a->t[0], a->t[1], a->p[0], a->p[1], (int)a->i[0],
+    return cuda_launch_moe_router_forward(e->stream, e->workspace, e->ws_bytes, a->t[0], a->t[1], a->p[0],
+                                          a->p[1], (int)a->i[0],
                                           (int)a->i[1], (int)a->i[2], &g, (int)a->i[4]);
 }
 
