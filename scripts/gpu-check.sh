@@ -33,7 +33,7 @@
 #   bench      bench_gpu_cuda: gpu_gemm against cuBLASLt's best (goal >= 0.9),
 #              pinned and pageable copies, attention (with ZO_ATTENTION=tune
 #              and its choices in bench.log when this invocation's test step
-#              passed test_ops with mma forced)
+#              passed test_ops with mma forced), the MoE router's kernels
 #   sanitize   memcheck of test_ops (CPU and CUDA backends), test_gpu_parity_model,
 #              test_offload_cuda;
 #              racecheck, synccheck, initcheck (GEMMs on the own kernel:
@@ -707,6 +707,9 @@ step_bench() {
   row bench "bench_gpu_cuda: attention mma.sync kernels / flash kernel" info "$(awk "$shape"' $1 == "causal_mma" {printf "%s%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   # their backward with grads16 (FlashAttention-2's precision, ZO_ATTENTION_GRADS=16bit)
   row bench "bench_gpu_cuda: attention mma.sync backward, grads16" info "$(awk "$shape"' $1 == "causal_mma16" {printf "%s%s bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $8, $10, $12; sep = "; "}' "$out")"
+  # the MoE router (forward with its statistics, backward) at 4096 tokens,
+  # each over a device copy of its logits in the same rounds
+  row bench "bench_gpu_cuda: MoE router, 4096 tokens (x a copy of the logits)" info "$(awk '$1 ~ /^(mixtral|qwen3_moe|deepseek_v3|qwen3_next)$/ && NF == 9 {printf "%s%s e=%s k=%s fwd %s ms (%sx) bwd %s ms (%sx)", sep, $1, $3, $4, $5, $8, $6, $9; sep = "; "}' "$out")"
   # the tuned choice (ZO_ATTENTION=tune), the same columns; what it chose: bench.log
   [ ${#ATTN_ENV[@]} -gt 0 ] &&
     row bench "bench_gpu_cuda: attention tuned choice / flash kernel" info "$(awk "$shape"' $1 == "causal_tune" {printf "%s%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, shape(), $6, $9, $8, $10, $12; sep = "; "}' "$out")"

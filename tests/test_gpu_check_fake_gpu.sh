@@ -258,6 +258,9 @@ echo "stand-in bench: ZO_ATTENTION=${ZO_ATTENTION:-} ZO_ATTENTION_LOG=${ZO_ATTEN
 echo "causal_tune     1   2048     40       1.00      100.0       2.00      100.0     3.00     3.00       2.00      100.0  128   40      0     0"
 echo "causal_tune     8   1024     12       1.00       90.0       2.00       80.0     3.00     3.00       2.00       70.0   64   12      0     0"
 echo "causal_tune     1   4096     32       1.00       95.0       2.00       85.0     3.00     3.00       2.00       75.0  128    8   1024     0"
+echo "router            n     e   k     fwd_ms     bwd_ms    copy_ms    fwd_x    bwd_x"
+echo "mixtral        4096     8   2      0.020      0.030      0.010     2.00     3.00"
+echo "deepseek_v3    4096   256   8      0.500      0.400      0.100     5.00     4.00"
 echo "gpu_gemm / best cuBLASLt (geo. mean): 1.00"
 EOF
 chmod +x "$fb/gpu/test_ops" "$fb/bench/bench_gpu_cuda"
@@ -270,6 +273,7 @@ want test "test_ops attention, ZO_ATTENTION=mma" ok "^backend cuda 12 runs, 0 fa
 want test "test_ops attention, ZO_ATTENTION=tc" FAIL "1 failed"
 want bench "attention path" info "^ZO_ATTENTION=tune"
 want bench "bench_gpu_cuda: attention tuned choice / flash kernel" info "^t=2048 fwd 100.0 TF/s \(3.00x\) bwd 100.0 TF/s \(3.00x\), fp32 grads 100.0 TF/s; t=1024 hq=12 d=64 hkv=12 window=0 cap=0 fwd 90.0 TF/s \(3.00x\) bwd 80.0 TF/s \(3.00x\), fp32 grads 70.0 TF/s; t=4096 hq=32 d=128 hkv=8 window=1024 cap=0 fwd 95.0"
+want bench "bench_gpu_cuda: MoE router, 4096 tokens (x a copy of the logits)" info "^mixtral e=8 k=2 fwd 0.020 ms \(2.00x\) bwd 0.030 ms \(3.00x\); deepseek_v3 e=256 k=8 fwd 0.500 ms \(5.00x\) bwd 0.400 ms \(4.00x\)$"
 want torch "attention path" info "^ZO_ATTENTION=tune"
 grep -q '^stand-in bench: ZO_ATTENTION=tune ZO_ATTENTION_LOG=1$' "$tmp/out/bench.log" ||
   fail "bench.log: the bench did not get ZO_ATTENTION=tune ZO_ATTENTION_LOG=1: $(grep stand-in "$tmp/out/bench.log")"
