@@ -325,12 +325,14 @@ static const name_table node_table = {NPRESETS, preset_name, preset_aliases};
 static const name_table gpu_table = {NGPUS, gpu_name, gpu_aliases};
 static const name_table host_table = {NHOSTS, host_name, no_aliases};
 
-/* The three closest names over one or two tables, best first. */
+/* The three closest names over one or two tables, best first; a name both
+ * tables hold (a machine and its GPU: h100-80gb) once. */
 static void closest(const name_table *a, int *sa, const name_table *b, int *sb, char *hint,
                     size_t len)
 {
     hint[0] = '\0';
-    for (int k = 0; k < 3; k++) {
+    const char *said[3];
+    for (int k = 0; k < 3;) {
         const name_table *bt = NULL;
         int *bs = NULL;
         size_t bi = 0;
@@ -338,12 +340,17 @@ static void closest(const name_table *a, int *sa, const name_table *b, int *sb, 
             const name_table *t = w ? b : a;
             int *sc = w ? sb : sa;
             for (size_t i = 0; t && i < t->n; i++)
-                if (!bs || sc[i] > bs[bi]) bt = t, bs = sc, bi = i;
+                if (sc[i] >= 0 && (!bs || sc[i] > bs[bi])) bt = t, bs = sc, bi = i;
         }
         if (!bs) return;
-        size_t u = strlen(hint);
-        snprintf(hint + u, len - u, "%s%s", u ? ", " : "", bt->name(bi));
         bs[bi] = -1;
+        const char *nm = bt->name(bi);
+        int again = 0;
+        for (int q = 0; q < k; q++) again |= !strcmp(said[q], nm);
+        if (again) continue;
+        said[k++] = nm;
+        size_t u = strlen(hint);
+        snprintf(hint + u, len - u, "%s%s", u ? ", " : "", nm);
     }
 }
 

@@ -910,6 +910,8 @@ static void test_cli_bad_input(void **state)
     expect_bad("estimate --model llama-2-13b --dp 3 --gpus 8", "= 3 ranks, but the hardware has 8 GPUs");
     expect_bad("estimate --model gpt2 --seq 4096", "exceeds the 1024 learned positions");
     expect_bad("estimate --model llama-2-13b --hw h10", "closest presets: h100-80gb");
+    /* a name that is both a machine and a GPU preset suggested once */
+    expect_bad("estimate --model llama-2-13b --hw h100-80g", "closest presets: h100-80gb, h100-pcie, h200-141gb (");
     expect_bad("estimate", "no model");
     expect_bad("frobnicate", "unknown command 'frobnicate'");
     expect_bad("estimate --model gpt2 --frob", "unknown option '--frob'");
