@@ -91,7 +91,10 @@ void plan_time_schedule(plan_time *o, zo_plan_schedule s)
     double exposed;
     if (s == ZO_PLAN_SCHED_SERIAL || n <= 0) {
         exposed = o->opt_s = serial_opt;
-        o->bound = n > 0 ? PLAN_BOUND_OPT : PLAN_BOUND_GPU;
+        /* one after the other: the step is the sum, the larger part what
+         * bounds it (a LoRA update of milliseconds after seconds of GPU
+         * work does not) */
+        o->bound = n > 0 && serial_opt > base ? PLAN_BOUND_OPT : PLAN_BOUND_GPU;
         o->opt_threads = in->threads_serial;
         o->cpu_adam_rate = in->rate_serial;
         o->schedule = n > 0 ? s : ZO_PLAN_SCHED_SERIAL; /* nothing to overlap */

@@ -174,9 +174,16 @@ static void test_link_bound(void **state)
     assert_true(fabs(parts_sum(&pt) - pt.step) < 1e-12);
     assert_true(fabs(parts_sum(&pt) - pt.step) < 1e-12);
     assert_string_equal(plan_bound_name(pt.bound), "host-memory");
-    /* serial holds it anyway: the sums beside the backward, AdamW after it */
+    /* serial holds it anyway: the sums beside the backward, AdamW after it;
+     * the GPU's 1 s is the larger part of the step's 1.5 s, so it bounds it */
     plan_time_schedule(&pt, PLAN_SCHED_SERIAL);
-    assert_true(fabs(pt.step - 1.5) < 1e-12 && pt.bound == PLAN_BOUND_OPT);
+    assert_true(fabs(pt.step - 1.5) < 1e-12 && pt.bound == PLAN_BOUND_GPU);
+    /* an update longer than the GPU's work (2 s): the optimizer bounds the
+     * serial step */
+    in->rate_serial = 5e8;
+    plan_time_schedule(&pt, PLAN_SCHED_SERIAL);
+    assert_true(fabs(pt.step - 3.0) < 1e-12 && pt.bound == PLAN_BOUND_OPT);
+    in->rate_serial = 2e9;
     /* a smaller share of the sums: the GPU's work sets the step again */
     in->host_sum[0] = 0.4;
     plan_time_schedule(&pt, PLAN_SCHED_DPU);
