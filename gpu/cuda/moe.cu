@@ -322,18 +322,26 @@ __global__ void moe_scale_forward_kernel(gpu_tensor y, gpu_tensor x, const float
     }
 }
 
-/* dscale[r lds] = g' sum_j dy x, dx = g dy (dx may be dy); one thread per row */
+/* dscale[r lds] = g' sum_j dy x, dx = g dy (dx may be dy: a lane reads
+ * each of its elements before it writes it); a row a warp (ROW_WARPS rows
+ * a block), the lanes' consecutive columns, the dot product in double */
+#define ROW_WARPS 8
 __global__ void moe_scale_backward_kernel(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_tensor x,
                                           const float *scale, int n, int c, int64_t lds, int sigmoid)
 {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n) return;
-    float g = moe_gate(scale[(size_t)r * lds], sigmoid);
-    size_t o = (size_t)r * c;
+    const int lane = threadIdx.x % WARP;
+    const size_t r = (size_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (r >= (size_t)n) return; /* (the whole warp) */
+    const float g = moe_gate(scale[r * lds], sigmoid);
+    const size_t o = r * c;
     double dot = 0.0;
-    for (int j = 0; j < c; j++) dot += (double)tload(dy, o + j) * tload(x, o + j);
-    for (int j = 0; j < c; j++) tstore(dx, o + j, g * tload(dy, o + j));
-    dscale[(size_t)r * lds] = (float)(sigmoid ? dot * g * (1.0f - g) : dot);
+    for (int j = lane; j < c; j += WARP) {
+        const float d = tload(dy, o + j);
+        dot += (double)d * tload(x, o + j);
+        tstore(dx, o + j, g * d);
+    }
+    dot = warp_sum_d(dot);
+    if (lane == 0) dscale[r * lds] = (float)(sigmoid ? dot * g * (1.0f - g) : dot);
 }
 
 /* y[i, :] = x[idx[i], :]; one thread per element */
@@ -456,7 +464,7 @@ extern "C" zo_status cuda_launch_moe_scale_backward(cudaStream_t st, gpu_tensor 
                                                     gpu_tensor dy, gpu_tensor x, const float *scale,
                                                     int n, int c, int64_t lds, int sigmoid)
 {
-    ZO_LAUNCH(moe_scale_backward_kernel, (n + BS - 1) / BS, BS, 0, st, dx, dscale, dy, x, scale, n,
-              c, lds, sigmoid);
+    ZO_LAUNCH(moe_scale_backward_kernel, (unsigned)((n + ROW_WARPS - 1) / ROW_WARPS), ROW_WARPS * WARP, 0, st, dx,
+              dscale, dy, x, scale, n, c, lds, sigmoid);
     return cuda_launch_check("moe_scale_backward_kernel");
 }
